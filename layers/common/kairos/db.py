@@ -1,0 +1,128 @@
+"""Database access: named queries, a small connection pool, and transactions.
+
+Runtime SQL lives in ``kairos/sql/<table>.sql`` as named queries (Procrastinate-style): each block
+starts with ``-- name: <table>_<verb>`` and a one-line purpose, and is loaded once into ``QUERIES``.
+Only code that talks to the database reads them; nothing builds SQL from strings.
+
+Connections: one small pool per process (a Lambda container uses one connection at a time; the
+local stack and tests call handlers from several threads, which must never share a connection).
+Server-side prepared statements are off (``prepare_threshold=None``) so RDS Proxy can multiplex;
+a broken connection is discarded by the pool's check and replaced on the next call.
+
+Time: every query that needs "now" takes ``%(now)s`` and uses ``coalesce(%(now)s, now())``, so the
+database clock is the authority and tests can move it.
+"""
+
+from __future__ import annotations
+
+import re
+import threading
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager
+from datetime import datetime
+from importlib import resources
+from typing import Any, LiteralString, cast
+
+import psycopg
+from psycopg.rows import dict_row
+from psycopg_pool import ConnectionPool
+
+Row = dict[str, Any]
+Params = Mapping[str, Any]
+
+_HEADER = re.compile(r"^--\s*name:\s*(?P<name>[a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+
+
+def load_queries() -> dict[str, LiteralString]:
+    """Every named query of every ``sql/*.sql`` file. A duplicate name is an error."""
+    queries: dict[str, LiteralString] = {}
+    for entry in sorted(resources.files("kairos.sql").iterdir(), key=lambda e: e.name):
+        if not entry.name.endswith(".sql"):
+            continue
+        text = entry.read_text(encoding="utf-8")
+        matches = list(_HEADER.finditer(text))
+        for i, match in enumerate(matches):
+            end = matches[i + 1].start() if i + 1 < len(matches) else len(text)
+            body = text[match.end() : end].strip()
+            name = match.group("name")
+            if name in queries:
+                raise ValueError(f"query {name} defined twice")
+            if not body:
+                raise ValueError(f"query {name} is empty")
+            queries[name] = cast(LiteralString, body)  # shipped with the package, never user input
+    return queries
+
+
+QUERIES: dict[str, LiteralString] = load_queries()
+
+
+def q(name: str) -> LiteralString:
+    """The text of one named query."""
+    return QUERIES[name]
+
+
+def with_now(params: Params | None, now: datetime | None) -> dict[str, Any]:
+    out = dict(params or {})
+    out.setdefault("now", now)
+    return out
+
+
+class Database:
+    """A small thread-safe pool of autocommit-off connections returning dict rows."""
+
+    def __init__(self, url: str, *, max_size: int = 4, prepare_threshold: int | None = None) -> None:
+        self.url = url
+        self._pool = ConnectionPool(
+            url,
+            min_size=0,
+            max_size=max_size,
+            kwargs={"row_factory": dict_row, "prepare_threshold": prepare_threshold},
+            check=ConnectionPool.check_connection,
+            open=True,
+            name="kairos",
+        )
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Row]]:
+        """A connection inside one transaction: committed on exit, rolled back on error."""
+        with self._pool.connection() as conn:
+            yield cast("psycopg.Connection[Row]", conn)
+
+    @contextmanager
+    def connection(self) -> Iterator[psycopg.Connection[Row]]:
+        """A connection in autocommit mode, for callers that manage statements one by one."""
+        with self._pool.connection() as conn:
+            conn.autocommit = True
+            try:
+                yield cast("psycopg.Connection[Row]", conn)
+            finally:
+                conn.autocommit = False
+
+    def close(self) -> None:
+        self._pool.close()
+
+
+def fetch_one(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> Row | None:
+    return conn.execute(q(name), params or {}).fetchone()
+
+
+def fetch_all(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> list[Row]:
+    return conn.execute(q(name), params or {}).fetchall()
+
+
+def execute(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> int:
+    """Runs one named statement and returns the number of rows it touched."""
+    return conn.execute(q(name), params or {}).rowcount
+
+
+_databases: dict[str, Database] = {}
+_lock = threading.Lock()
+
+
+def shared(url: str, *, prepare_threshold: int | None = None) -> Database:
+    """The process-wide pool for ``url`` (one per Lambda container, reused across invocations)."""
+    with _lock:
+        db = _databases.get(url)
+        if db is None:
+            db = _databases[url] = Database(url, prepare_threshold=prepare_threshold)
+        return db

@@ -1,0 +1,68 @@
+"""Settings read from the environment (the contract table of DESIGN.md), validated once.
+
+``DATABASE_URL`` wins; otherwise ``DATABASE_SECRET_ARN`` names a Secrets Manager secret in the RDS
+shape (``{"host", "port", "username", "password", "dbname"}``) that is read once per container.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from functools import lru_cache
+from typing import Literal
+from urllib.parse import quote
+
+from pydantic import BaseModel, Field
+
+
+class Settings(BaseModel):
+    database_url: str | None = None
+    database_secret_arn: str | None = None
+    run_queue_url: str | None = None
+    auth: Literal["jwt", "dev"] = "jwt"
+    dev_tokens: dict[str, str] = Field(default_factory=dict)
+    public_url: str = "http://localhost:8000"
+    egress_allow: tuple[str, ...] = ()
+    # Behind RDS Proxy (transaction pinning) server-side prepared statements must stay off.
+    prepare_threshold: int | None = None
+
+    @classmethod
+    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+        env = dict(os.environ if env is None else env)
+        tokens: dict[str, str] = {}
+        for pair in filter(None, (p.strip() for p in env.get("KAIROS_DEV_TOKENS", "").split(","))):
+            token, _, principal = pair.partition("=")
+            if token and principal:
+                tokens[token.strip()] = principal.strip()
+        return cls(
+            database_url=env.get("DATABASE_URL") or None,
+            database_secret_arn=env.get("DATABASE_SECRET_ARN") or None,
+            run_queue_url=env.get("RUN_QUEUE_URL") or None,
+            auth="dev" if env.get("KAIROS_AUTH", "jwt") == "dev" else "jwt",
+            dev_tokens=tokens,
+            public_url=(env.get("KAIROS_PUBLIC_URL") or "http://localhost:8000").rstrip("/"),
+            egress_allow=tuple(
+                h.strip() for h in env.get("KAIROS_EGRESS_ALLOW", "").split(",") if h.strip()
+            ),
+        )
+
+    def resolve_database_url(self) -> str:
+        if self.database_url:
+            return self.database_url
+        if self.database_secret_arn:
+            return _url_from_secret(self.database_secret_arn)
+        raise RuntimeError("set DATABASE_URL or DATABASE_SECRET_ARN")
+
+
+@lru_cache(maxsize=8)
+def _url_from_secret(arn: str) -> str:
+    import boto3  # the Lambda runtime ships boto3; imported here to keep cold starts lean
+
+    raw = boto3.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"]
+    secret = json.loads(raw)
+    user = quote(str(secret["username"]), safe="")
+    password = quote(str(secret["password"]), safe="")
+    host = secret.get("proxy_host") or secret["host"]
+    port = secret.get("port", 5432)
+    dbname = secret.get("dbname", "postgres")
+    return f"postgresql://{user}:{password}@{host}:{port}/{dbname}?sslmode=require"

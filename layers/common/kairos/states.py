@@ -1,0 +1,158 @@
+"""State sets and the moves allowed between them.
+
+Each state set is a StrEnum whose values are exactly those of the schema's check constraints (a
+test reads them back from PostgreSQL). Each state's comment says which component moves a row out of
+it. Moves are applied by single guarded ``UPDATE … WHERE state = …`` statements in the SQL files;
+``RUN_MOVES`` is the table those statements follow, and tests hold every statement to it.
+"""
+
+from __future__ import annotations
+
+from enum import StrEnum
+
+
+class ScheduleStatus(StrEnum):
+    ACTIVE = "active"  # out by: tick (completed), settle (paused), API (paused, cancelled)
+    PAUSED = "paused"  # out by: API resume (active) or cancel
+    CANCELLED = "cancelled"  # final
+    COMPLETED = "completed"  # final: a once-schedule fired, or ends_at / max_occurrences reached
+
+
+class ScheduleKind(StrEnum):
+    CRON = "cron"
+    INTERVAL = "interval"
+    ONCE = "once"
+    WEBHOOK = "webhook"
+
+
+class Source(StrEnum):
+    SCHEDULED = "scheduled"
+    MANUAL = "manual"
+    BACKFILL = "backfill"
+    WEBHOOK = "webhook"
+
+
+class Decision(StrEnum):
+    DISPATCHED = "dispatched"
+    SKIPPED_LATE = "skipped_late"
+    SKIPPED_OVERLAP = "skipped_overlap"
+    QUEUED_BEHIND = "queued_behind"
+    EXPIRED = "expired"
+
+
+class Mode(StrEnum):
+    FORK = "fork"
+    APPEND = "append"
+    FRESH = "fresh"
+
+
+class Overlap(StrEnum):
+    ALLOW = "allow"
+    SKIP = "skip"
+    QUEUE_ONE = "queue_one"
+
+
+class DstGap(StrEnum):
+    AUTO = "auto"
+    SHIFT_FORWARD = "shift_forward"
+    SKIP = "skip"
+
+
+class DstFold(StrEnum):
+    AUTO = "auto"
+    FIRST = "first"
+    LAST = "last"
+    BOTH = "both"
+
+
+class RunState(StrEnum):
+    QUEUED = "queued"  # out by: run claim (running), cancel (cancelled), rescue/expiry (abandoned)
+    RUNNING = "running"  # out by: its fenced worker (terminal, queued for a retry), tick rescue
+    AWAITING_APPROVAL = "awaiting_approval"  # reserved for approval waits (not built yet)
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    CANCELLED = "cancelled"
+    EXPIRED = "expired"
+    ABANDONED = "abandoned"
+    POLICY_BLOCKED = "policy_blocked"
+
+    @property
+    def terminal(self) -> bool:
+        return self in TERMINAL_RUN_STATES
+
+
+TERMINAL_RUN_STATES: frozenset[RunState] = frozenset(
+    {
+        RunState.SUCCEEDED,
+        RunState.FAILED,
+        RunState.CANCELLED,
+        RunState.EXPIRED,
+        RunState.ABANDONED,
+        RunState.POLICY_BLOCKED,
+    }
+)
+ACTIVE_RUN_STATES: frozenset[RunState] = frozenset(
+    {RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_APPROVAL}
+)
+
+RUN_MOVES: dict[RunState, frozenset[RunState]] = {
+    RunState.QUEUED: frozenset(
+        {RunState.RUNNING, RunState.CANCELLED, RunState.ABANDONED, RunState.EXPIRED}
+    ),
+    RunState.RUNNING: frozenset(
+        {
+            RunState.QUEUED,  # rescue after an expired lease, or a retry-safe retry
+            RunState.AWAITING_APPROVAL,
+            RunState.SUCCEEDED,
+            RunState.FAILED,
+            RunState.CANCELLED,
+            RunState.ABANDONED,
+        }
+    ),
+    RunState.AWAITING_APPROVAL: frozenset(
+        {RunState.QUEUED, RunState.POLICY_BLOCKED, RunState.CANCELLED, RunState.EXPIRED}
+    ),
+    **{state: frozenset() for state in TERMINAL_RUN_STATES},
+}
+
+SCHEDULE_MOVES: dict[ScheduleStatus, frozenset[ScheduleStatus]] = {
+    ScheduleStatus.ACTIVE: frozenset(
+        {ScheduleStatus.PAUSED, ScheduleStatus.CANCELLED, ScheduleStatus.COMPLETED}
+    ),
+    ScheduleStatus.PAUSED: frozenset({ScheduleStatus.ACTIVE, ScheduleStatus.CANCELLED}),
+    ScheduleStatus.CANCELLED: frozenset(),
+    ScheduleStatus.COMPLETED: frozenset(),
+}
+
+
+class EffectState(StrEnum):
+    RESERVED = "reserved"  # out by: the reserving worker (settled, failed, ambiguous), rescue (ambiguous)
+    SETTLED = "settled"
+    AMBIGUOUS = "ambiguous"
+    FAILED = "failed"
+
+
+class EventType(StrEnum):
+    RUN_QUEUED = "run.queued"
+    RUN_CLAIMED = "run.claimed"
+    STEP_STARTED = "step.started"
+    STEP_PROGRESS = "step.progress"
+    STEP_FINISHED = "step.finished"
+    EFFECT_RESERVED = "effect.reserved"
+    EFFECT_SETTLED = "effect.settled"
+    OUTPUT_PUBLISHED = "output.published"
+    RUN_RESCUED = "run.rescued"
+    RUN_CANCEL_REQUESTED = "run.cancel_requested"
+    RUN_SUCCEEDED = "run.succeeded"
+    RUN_FAILED = "run.failed"
+    RUN_CANCELLED = "run.cancelled"
+    RUN_EXPIRED = "run.expired"
+    RUN_ABANDONED = "run.abandoned"
+    RUN_POLICY_BLOCKED = "run.policy_blocked"
+
+
+def terminal_event(state: RunState) -> EventType:
+    """The one terminal event of a terminal state: ``run.<state>``."""
+    if not state.terminal:
+        raise ValueError(f"{state} is not terminal")
+    return EventType(f"run.{state.value}")

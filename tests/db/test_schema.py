@@ -1,0 +1,100 @@
+"""The schema's check constraints hold the state invariants, and match kairos.states."""
+
+from __future__ import annotations
+
+import re
+import uuid
+from datetime import UTC, datetime
+
+import psycopg
+import pytest
+from kairos import states
+
+from tests import factories
+
+
+def _check_values(url: str, table: str, column: str) -> set[str]:
+    """The literal values a check constraint allows for ``column`` (``column IN ('a', 'b')``)."""
+    with psycopg.connect(url) as conn:
+        defs = [
+            r[0]
+            for r in conn.execute(
+                """SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
+                   JOIN pg_class t ON t.oid = c.conrelid WHERE t.relname = %s AND c.contype = 'c'""",
+                (table,),
+            )
+        ]
+    for d in defs:
+        if re.search(rf"\(?{column}\)? = ANY", d) and "ARRAY" in d and "state <> " not in d:
+            found = set(re.findall(r"'([a-z_.]+)'::text", d))
+            if found:
+                return found
+    raise AssertionError(f"no IN-list check on {table}.{column}: {defs}")
+
+
+@pytest.mark.parametrize(
+    ("table", "column", "enum"),
+    [
+        ("schedules", "status", states.ScheduleStatus),
+        ("schedules", "kind", states.ScheduleKind),
+        ("schedules", "mode", states.Mode),
+        ("schedules", "overlap", states.Overlap),
+        ("schedules", "dst_gap", states.DstGap),
+        ("schedules", "dst_fold", states.DstFold),
+        ("occurrences", "decision", states.Decision),
+        ("occurrences", "source", states.Source),
+        ("runs", "state", states.RunState),
+        ("run_events", "type", states.EventType),
+        ("effects", "state", states.EffectState),
+    ],
+)
+def test_check_constraints_match_the_enums(db_url: str, table: str, column: str, enum: type) -> None:
+    assert _check_values(db_url, table, column) == {e.value for e in enum}
+
+
+def test_every_state_has_a_row_in_the_move_table() -> None:
+    assert set(states.RUN_MOVES) == set(states.RunState)
+    for state in states.TERMINAL_RUN_STATES:
+        assert states.RUN_MOVES[state] == frozenset()
+
+
+def test_running_requires_lease_and_only_running_has_one(db_url: str) -> None:
+    run = factories.run(db_url, state="queued")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE runs SET state = 'running' WHERE id = %s", (run["id"],))
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute(
+                "UPDATE runs SET lease_token = %s, lease_expires_at = now() WHERE id = %s",
+                (uuid.uuid4(), run["id"]),
+            )
+
+
+def test_finished_at_set_exactly_when_terminal(db_url: str) -> None:
+    run = factories.run(db_url, state="queued")
+    done = factories.run(db_url, state="cancelled")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE runs SET finished_at = now() WHERE id = %s", (run["id"],))
+        with pytest.raises(psycopg.errors.CheckViolation):
+            conn.execute("UPDATE runs SET finished_at = NULL WHERE id = %s", (done["id"],))
+
+
+def test_occurrences_and_run_events_refuse_updates(db_url: str) -> None:
+    run = factories.run(db_url, state="queued")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute(
+            "INSERT INTO run_events (run_id, seq, type, attempt) VALUES (%s, 1, 'run.queued', 0)", (run["id"],)
+        )
+        with pytest.raises(psycopg.errors.RestrictViolation):
+            conn.execute("UPDATE occurrences SET decision = 'expired' WHERE id = %s", (run["occurrence_id"],))
+        with pytest.raises(psycopg.errors.RestrictViolation):
+            conn.execute("UPDATE run_events SET type = 'run.failed' WHERE run_id = %s", (run["id"],))
+
+
+def test_duplicate_timed_occurrence_is_refused(db_url: str) -> None:
+    sched = factories.schedule(db_url)
+    fire_at = datetime(2026, 1, 1, 7, tzinfo=UTC)
+    factories.run(db_url, schedule_row=sched, fire_at=fire_at)
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        factories.run(db_url, schedule_row=sched, fire_at=fire_at)
