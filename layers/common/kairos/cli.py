@@ -44,6 +44,10 @@ def build_parser() -> argparse.ArgumentParser:
 
     dev = sub.add_parser("dev", help="run the local stack with its demo")
     dev.add_argument("--data-dir", default=".kairos", help="where the embedded PostgreSQL keeps its data")
+    dev.add_argument("--port", type=int, default=8000, help="port of the local API (default 8000)")
+    dev.add_argument(
+        "--tick-seconds", type=float, default=60.0, help="seconds between ticks (EventBridge: 60; smaller for demos)"
+    )
     dev.add_argument("--once", action="store_true", help="set up, print the demo, and exit")
     dev.set_defaults(func=_cmd_dev)
     return parser

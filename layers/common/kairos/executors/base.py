@@ -1,0 +1,114 @@
+"""The executor contract between the run worker (``kairos.runs``) and each executor.
+
+An executor turns one run's input into one external call, in two phases so the worker can reserve
+the effect in the ledger between them:
+
+1. ``prepare(request)`` builds the exact call without touching the network: target, canonical body
+   and its SHA-256 digest, and whether the call mutates something outside (``mutation``). It raises
+   ``ExecutorError`` for configuration problems (bad agent, egress refused, missing secret) — the
+   outcome is known: nothing was sent.
+2. ``send(prepared, timeout=…)`` performs that one call and returns a ``Reply``. It raises
+   ``ExecutorError`` whose flags say what is known about the outcome: ``outcome_unknown`` when the
+   request may have reached the peer (a timeout after sending, a dropped connection mid-response);
+   ``retry_safe`` only when the evidence says nothing happened outside (connection refused, a 429 or
+   5xx answered before any work, per the executor's table).
+
+Executors never write to the database and never log prompts, completions or secrets.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from dataclasses import dataclass, field
+from typing import Any, Literal, Protocol
+
+EffectKind = Literal["model_call", "http_call"]
+
+
+@dataclass(frozen=True)
+class Message:
+    role: str  # system | user | assistant | tool
+    content: str
+
+
+@dataclass(frozen=True)
+class ExecutionRequest:
+    run_id: str
+    attempt: int
+    agent: dict[str, Any]
+    transcript: tuple[Message, ...]  # the target conversation before this run's prompt
+    prompt: str
+    payload: Any = None  # a webhook's JSON body, when the run came from a hook
+
+
+@dataclass(frozen=True)
+class PreparedCall:
+    kind: EffectKind
+    mutation: bool
+    method: str
+    url: str  # what is recorded as the effect's target (no credentials, no query secrets)
+    body: bytes
+    digest: str  # SHA-256 hex of body
+    headers: dict[str, str] = field(default_factory=dict, repr=False)  # may carry credentials: never log
+
+
+@dataclass(frozen=True)
+class Reply:
+    content: str
+    usage: dict[str, int] = field(default_factory=dict)  # e.g. prompt_tokens, completion_tokens
+    truncated: bool = False
+
+
+class ExecutorError(Exception):
+    """A failed call, classified. ``reason_code`` is one of ``REASON_CODES``."""
+
+    def __init__(self, reason_code: str, message: str, *, retry_safe: bool = False,
+                 outcome_unknown: bool = False) -> None:
+        if reason_code not in REASON_CODES:
+            raise ValueError(f"unknown reason code {reason_code}")
+        super().__init__(message)
+        self.reason_code = reason_code
+        self.message = message
+        self.retry_safe = retry_safe and not outcome_unknown
+        self.outcome_unknown = outcome_unknown
+
+
+# The closed list of failure reasons a run diagnosis may carry (the worker and the tick use it).
+REASON_CODES: frozenset[str] = frozenset(
+    {
+        "agent_invalid",  # the agent config cannot be executed
+        "egress_refused",  # the target host is not allowed (metadata, link-local, private)
+        "secret_unavailable",  # api_key_secret could not be resolved
+        "connect_failed",  # nothing was sent
+        "timeout",  # sent, no answer in time: outcome unknown
+        "peer_error",  # the peer answered with an error status
+        "rate_limited",  # the peer answered 429
+        "malformed_reply",  # the peer answered something we cannot read
+        "reply_too_large",  # the peer's answer exceeded the bound
+        "ambiguous_effect",  # a mutation whose outcome cannot be proven
+        "runtime_limit",  # the run exceeded its runtime limit
+        "lease_lost",  # another worker holds the run now
+        "restart_limit",  # rescued too often
+        "abandoned_late",  # catch-up off: not delivered late
+        "cancelled",  # cancellation requested
+        "internal",  # a bug on our side
+    }
+)
+
+
+class Executor(Protocol):
+    name: str
+
+    def prepare(self, request: ExecutionRequest) -> PreparedCall: ...
+
+    def send(self, prepared: PreparedCall, *, timeout: float) -> Reply: ...
+
+
+def canonical_json(value: Any) -> bytes:
+    """Sorted keys, compact separators, ASCII escapes: the digested form of a request body."""
+    return json.dumps(value, sort_keys=True, separators=(",", ":"), ensure_ascii=True).encode("ascii")
+
+
+def digest(body: bytes) -> str:
+    return hashlib.sha256(body).hexdigest()
