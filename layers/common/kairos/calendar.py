@@ -1,0 +1,872 @@
+"""The calendar: the one evaluator that turns a schedule rule into fire instants.
+
+Preview and dispatch both call this module, so what a user previews is exactly what the tick fires.
+
+Rules (DESIGN.md "Time"):
+
+* ``cron``: five Vixie fields (minute hour day-of-month month day-of-week) matched by croniter on the
+  *local wall clock* of an IANA zone; every wall time is then resolved to UTC through ``zoneinfo``
+  under two explicit policies. ``dst_gap``: ``shift_forward`` (a wall time inside a spring-forward
+  gap fires at the first instant after the gap; several such matches collapse into that one fire) or
+  ``skip``. ``dst_fold``: ``first``, ``last`` or ``both`` instances of a repeated wall time.
+  ``auto`` (the default for both) is Vixie cron's behaviour: an expression whose minute or hour
+  field begins with ``*`` follows real time (``skip`` + ``both``); any other fires once per
+  wall-clock match (``shift_forward`` + ``first``). Day fields follow Vixie: when day-of-month or
+  day-of-week begins with ``*`` a day must match both, otherwise either (croniter ORs ``*/N`` day
+  fields; we do not inherit that). ``starts_at``, when given, is the earliest instant a cron fires.
+* ``interval``: ``starts_at + k * interval_seconds`` for k >= 0, in UTC.
+* ``once``: ``starts_at``.
+* ``ends_at`` is inclusive: nothing fires after it.
+
+Guarantees: fires come strictly after ``after``, ascending, with unique ``fire_at``; each carries its
+UTC instant (``tzinfo=UTC``), the wall time at that instant, the offset, the fold, the zone and the
+tzdata version. Zones are read from the shipped ``tzdata`` package (never the host's
+``/usr/share/zoneinfo``), so ``TZDATA_VERSION`` names exactly the data every fire was computed with.
+Bad rules raise ``ValidationFailed`` naming field and rule; legacy abbreviation zones ('EST', 'CET',
+'PST8PDT', ...) are refused with the location to use instead. ``min_spacing`` measures the real
+(DST-aware) shortest gap for the frequency limit.
+
+Must not: touch the database, read the clock (callers pass ``after``), or parse cron itself beyond
+the syntax checks that give precise messages; croniter does the matching.
+"""
+
+from __future__ import annotations
+
+import calendar as _gregorian
+import copy
+import difflib
+import heapq
+import math
+import re
+from collections.abc import Iterable, Iterator
+from dataclasses import dataclass
+from datetime import UTC, date, datetime, time, timedelta
+from functools import cache, lru_cache
+from importlib import resources
+from itertools import islice, pairwise
+from zoneinfo import ZoneInfo
+
+import tzdata
+from croniter import croniter
+from croniter.croniter import CroniterBadDateError
+
+from kairos.errors import FieldError, ValidationFailed
+from kairos.states import DstFold, DstGap, ScheduleKind
+
+__all__ = [
+    "TZDATA_VERSION",
+    "DstFold",  # re-exported for callers that build rules
+    "DstGap",
+    "Fire",
+    "Rule",
+    "ScheduleKind",
+    "check_rule",
+    "describe",
+    "fires",
+    "fires_between",
+    "iter_fires",
+    "min_spacing",
+    "next_fire",
+]
+
+TZDATA_VERSION: str = tzdata.IANA_VERSION
+
+_ZERO = timedelta(0)
+_SECOND = timedelta(seconds=1)
+_MICRO = timedelta(microseconds=1)
+_DAY = timedelta(days=1)
+_MINUTE = timedelta(minutes=1)
+# Any UTC offset change spans less than this (Pacific/Apia's 2011 jump was 24 h).
+_MAX_SHIFT = timedelta(hours=26)
+
+
+@dataclass(frozen=True, slots=True)
+class Fire:
+    fire_at: datetime  # aware, tzinfo=UTC
+    local_time: datetime  # naive wall time at fire_at in `timezone`
+    utc_offset: timedelta  # offset at fire_at
+    fold: int  # 0, or 1 for the second instance of a repeated wall time
+    timezone: str
+    tzdata_version: str
+
+
+@dataclass(frozen=True, slots=True)
+class Rule:
+    kind: ScheduleKind
+    cron: str | None = None
+    interval_seconds: int | None = None
+    starts_at: datetime | None = None  # ONCE: the instant; INTERVAL: the anchor; CRON: earliest fire
+    ends_at: datetime | None = None  # inclusive bound: no fire after it
+    timezone: str = "UTC"
+    dst_gap: DstGap = DstGap.AUTO
+    dst_fold: DstFold = DstFold.AUTO
+
+
+# --------------------------------------------------------------------------------------------- zones
+
+# Legacy abbreviation zones are refused: 'EST' is a fixed UTC-5 all year, which is never what someone
+# writing "EST" for New York means in July. 'UTC' and 'GMT' stay.
+_LEGACY_ZONES: dict[str, str] = {
+    "EST": "America/New_York",
+    "EST5EDT": "America/New_York",
+    "CST6CDT": "America/Chicago",
+    "MST": "America/Phoenix",
+    "MST7MDT": "America/Denver",
+    "PST8PDT": "America/Los_Angeles",
+    "HST": "Pacific/Honolulu",
+    "CET": "Europe/Berlin",
+    "MET": "Europe/Berlin",
+    "EET": "Europe/Athens",
+    "WET": "Europe/Lisbon",
+}
+_ZONE_NAMES: frozenset[str] = frozenset(
+    resources.files("tzdata").joinpath("zones").read_text(encoding="utf-8").split()
+) - {"Factory", *_LEGACY_ZONES}
+
+
+@cache
+def _zone(name: str) -> ZoneInfo:
+    """The zone from the shipped tzdata package; unknown names raise ``ValidationFailed``."""
+    if name not in _ZONE_NAMES:
+        raise ValidationFailed([_unknown_zone(name)])
+    with resources.files("tzdata.zoneinfo").joinpath(*name.split("/")).open("rb") as data:
+        return ZoneInfo.from_file(data, key=name)
+
+
+def _unknown_zone(name: object) -> FieldError:
+    hint = ""
+    if isinstance(name, str) and name.upper() in _LEGACY_ZONES:
+        hint = (
+            f" {name!r} is a legacy abbreviation zone that ignores the local daylight-saving rules; use the "
+            f"location, e.g. {_LEGACY_ZONES[name.upper()]!r}."
+        )
+    elif isinstance(name, str) and name:
+        folded = {z.casefold(): z for z in _ZONE_NAMES}
+        match = folded.get(name.casefold()) or next(iter(difflib.get_close_matches(name, _ZONE_NAMES, n=1)), None)
+        if match:
+            hint = f" Did you mean {match!r}?"
+    return FieldError(
+        "timezone",
+        "known_zone",
+        f"{name!r} is not an IANA time zone name.{hint} Use a name such as 'Europe/Berlin', "
+        "'America/New_York' or 'UTC' (case-sensitive); abbreviations like 'EST' or offsets like '+02:00' "
+        "are not accepted.",
+    )
+
+
+def _is_utc(zone: ZoneInfo) -> bool:
+    return zone.key in ("UTC", "Etc/UTC", "Etc/UCT", "UCT", "Etc/Universal", "Universal", "Etc/Zulu", "Zulu")
+
+
+def _offset_at(zone: ZoneInfo, instant: datetime) -> timedelta:
+    offset = instant.astimezone(zone).utcoffset()
+    assert offset is not None
+    return offset
+
+
+def _transition_in(zone: ZoneInfo, lo: datetime, hi: datetime) -> datetime:
+    """The first instant in (lo, hi] whose offset differs from lo's (to the second; tzdata is whole seconds)."""
+    before = _offset_at(zone, lo)
+    lo_s, hi_s = math.floor(lo.timestamp()), math.ceil(hi.timestamp())
+    while hi_s - lo_s > 1:
+        mid = (lo_s + hi_s) // 2
+        if _offset_at(zone, datetime.fromtimestamp(mid, UTC)) == before:
+            lo_s = mid
+        else:
+            hi_s = mid
+    return datetime.fromtimestamp(hi_s, UTC)
+
+
+@lru_cache(maxsize=8192)
+def _year_transitions(zone_name: str, year: int) -> tuple[tuple[datetime, timedelta, timedelta], ...]:
+    """Every UTC-offset change of the zone in a UTC year: (instant, offset before, offset after).
+
+    Python has no public transition API, so offsets are sampled every 12 hours and each change is
+    bisected to the second. Two changes less than 12 hours apart that cancel out would be missed;
+    tzdata has none since 1970.
+    """
+    zone = _zone(zone_name)
+    start = datetime(year, 1, 1, tzinfo=UTC)
+    end = datetime(year + 1, 1, 1, tzinfo=UTC) if year < 9999 else datetime.max.replace(tzinfo=UTC)
+    step = timedelta(hours=12)
+    found: list[tuple[datetime, timedelta, timedelta]] = []
+    cursor, offset = start, _offset_at(zone, start)
+    while cursor < end:
+        probe = min(cursor + step, end)
+        probe_offset = _offset_at(zone, probe)
+        if probe_offset == offset:
+            cursor = probe
+            continue
+        instant = _transition_in(zone, cursor, probe)
+        after = _offset_at(zone, instant)
+        found.append((instant, offset, after))
+        cursor, offset = instant, after
+    return tuple(found)
+
+
+def _transitions(zone: ZoneInfo, start: datetime, end: datetime) -> list[tuple[datetime, timedelta, timedelta]]:
+    if _is_utc(zone):
+        return []
+    out: list[tuple[datetime, timedelta, timedelta]] = []
+    for year in range(start.year, end.year + 1):
+        out.extend(t for t in _year_transitions(zone.key, year) if start <= t[0] <= end)
+    return out
+
+
+# ---------------------------------------------------------------------------------------------- cron
+
+_FIELDS: tuple[tuple[str, int, int], ...] = (
+    ("minute", 0, 59),
+    ("hour", 0, 23),
+    ("day-of-month", 1, 31),
+    ("month", 1, 12),
+    ("day-of-week", 0, 7),
+)
+_NAMES: tuple[dict[str, int], ...] = (
+    {},
+    {},
+    {},
+    {n.lower(): i for i, n in enumerate(_gregorian.month_abbr) if n},
+    {"sun": 0, "mon": 1, "tue": 2, "wed": 3, "thu": 4, "fri": 5, "sat": 6},
+)
+_PART = re.compile(r"^(?:(?P<star>\*)|(?P<a>[0-9A-Za-z]+)(?:-(?P<b>[0-9A-Za-z]+))?)(?:/(?P<step>[0-9]+))?$")
+_MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # the most each month ever has
+
+
+@dataclass(frozen=True, slots=True)
+class _Cron:
+    """A validated cron expression: what croniter evaluates plus the structure others reason with."""
+
+    text: str  # canonical expression handed to croniter (numbers, single spaces)
+    day_or: bool  # croniter's day_or: True only when Vixie would OR the day fields
+    real_time: bool  # minute or hour begins with '*': follows real time under `auto`
+    minutes: tuple[int, ...]
+    hours: tuple[int, ...]
+    doms: frozenset[int]
+    months: frozenset[int]
+    dows: frozenset[int]  # 0 = Sunday .. 6
+    day_and: bool  # Vixie: a day must match both day fields (else either)
+
+    def day_matches(self, day: date) -> bool:
+        if day.month not in self.months:
+            return False
+        dom_ok = day.day in self.doms
+        dow_ok = (day.weekday() + 1) % 7 in self.dows
+        return (dom_ok and dow_ok) if self.day_and else (dom_ok or dow_ok)
+
+
+def _field_value(token: str, index: int, errors: list[str]) -> int | None:
+    name, low, high = _FIELDS[index]
+    if token.isdigit():
+        value = int(token)
+    elif token.lower() in _NAMES[index]:
+        return _NAMES[index][token.lower()]
+    else:
+        names = ""
+        if _NAMES[index]:
+            names = f" or a name ({', '.join(_NAMES[index])})"
+        errors.append(f"{name} value {token!r} is not a number{names}")
+        return None
+    if not low <= value <= high:
+        errors.append(f"{name} {value} is out of range {low}-{high}")
+        return None
+    return value
+
+
+def _check_field(text: str, index: int) -> tuple[str, list[str]]:
+    """Vixie syntax of one field: comma-separated ``*``, ``a``, ``a-b``, each with an optional ``/step``.
+
+    Returns the field for croniter (``*`` parts as written, everything else as explicit numbers) and
+    the problems found (one message each).
+    """
+    name, low, high = _FIELDS[index]
+    errors: list[str] = []
+    parts: list[str] = []
+    values: set[int] = set()
+    for part in text.split(","):
+        match = _PART.match(part)
+        if match is None:
+            if part == "":
+                errors.append(f"{name} field {text!r} has an empty list item")
+            elif any(c in part.upper() for c in "LW#?H"):
+                errors.append(
+                    f"{name} {part!r} uses a non-standard cron extension (L, W, #, ?, H); "
+                    "use numbers, ranges like 1-5, lists like 1,15 and steps like */15"
+                )
+            elif "/" in part and "-" not in part and not part.startswith("*"):
+                start = part.split("/", 1)[0]
+                errors.append(
+                    f"{name} {part!r} is not standard cron; write */N or a range with a step, e.g. {start}-{high}/N"
+                )
+            else:
+                errors.append(
+                    f"{name} {part!r} is not valid cron syntax; use *, a number, a range a-b, a list, or a step */N"
+                )
+            continue
+        step = match["step"]
+        if step is not None and int(step) == 0:
+            errors.append(f"{name} step in {part!r} must be at least 1")
+            continue
+        if match["star"]:
+            parts.append(part)
+            continue
+        a = _field_value(match["a"], index, errors)
+        b = _field_value(match["b"], index, errors) if match["b"] is not None else None
+        if a is None or (match["b"] is not None and b is None):
+            continue
+        if b is not None and b < a:
+            errors.append(
+                f"{name} range {a}-{b} runs backwards; write it low-high, or as two ranges {a}-{high},{low}-{b}"
+            )
+            continue
+        if b is None and step is not None:
+            errors.append(
+                f"{name} {part!r} is not standard cron; write */N or a range with a step, e.g. {a}-{high}/{step}"
+            )
+            continue
+        # Ranges and steps go to croniter as explicit values: it reads a one-value range ('5-5',
+        # '1-1/1') as the whole field, and values leave nothing to interpret.
+        values.update(v % 7 if index == 4 else v for v in range(a, (a if b is None else b) + 1, int(step or 1)))
+    parts.extend(str(v) for v in sorted(values))
+    return ",".join(parts), errors
+
+
+def _expanded(values: list[int | str], index: int) -> tuple[int, ...]:
+    _, low, high = _FIELDS[index]
+    if values == ["*"]:
+        return tuple(range(low, min(high, 6 if index == 4 else high) + 1))
+    return tuple(sorted({int(v) % 7 if index == 4 else int(v) for v in values}))
+
+
+@lru_cache(maxsize=4096)
+def _compile(expression: str) -> _Cron:
+    """Validate and prepare a cron expression; raises ``ValidationFailed`` on the ``cron`` field."""
+    fields = expression.split()
+    if len(fields) != 5:
+        hint = ""
+        if len(fields) == 6:
+            hint = " Kairos cron has no seconds or year field; drop it."
+        elif expression.strip().startswith("@"):
+            hint = " Shorthands like @daily are not accepted; write '0 0 * * *'."
+        raise ValidationFailed(
+            [
+                FieldError(
+                    "cron",
+                    "five_fields",
+                    f"cron must have exactly 5 fields (minute hour day-of-month month day-of-week), "
+                    f"got {len(fields)} in {expression!r}.{hint} Example: '0 7 * * 1-5' = 07:00 on weekdays.",
+                )
+            ]
+        )
+    canonical: list[str] = []
+    problems: list[FieldError] = []
+    for index, text in enumerate(fields):
+        field_text, errors = _check_field(text, index)
+        canonical.append(field_text)
+        problems.extend(FieldError("cron", "cron_syntax", message) for message in errors)
+    if problems:
+        raise ValidationFailed(problems)
+    try:
+        probe = croniter(" ".join(canonical), datetime(2000, 1, 1))
+    except (ValueError, KeyError, TypeError) as exc:  # croniter's errors subclass ValueError
+        raise ValidationFailed([FieldError("cron", "cron_syntax", f"cron {expression!r} is not valid: {exc}")]) from exc
+    minutes, hours, doms, months, dows = (_expanded(probe.expanded[i], i) for i in range(5))
+    day_and = fields[2].startswith("*") or fields[4].startswith("*")
+    day_or = not day_and
+    if day_or and (len(doms) == 31 or len(dows) == 7):
+        # Vixie ORs the day fields, and one of them matches every day: every day matches. croniter
+        # would instead AND a full field, so hand it the equivalent '*' for both.
+        canonical[2] = canonical[4] = "*"
+        doms, dows = tuple(range(1, 32)), tuple(range(7))
+        day_and, day_or = True, False
+    spec = _Cron(
+        text=" ".join(canonical),
+        day_or=day_or,
+        real_time=fields[0].startswith("*") or fields[1].startswith("*"),
+        minutes=minutes,
+        hours=hours,
+        doms=frozenset(doms),
+        months=frozenset(months),
+        dows=frozenset(dows),
+        day_and=day_and,
+    )
+    _check_fires(spec, expression)
+    return spec
+
+
+def _check_fires(spec: _Cron, expression: str) -> None:
+    """Refuse an expression no calendar day can ever match (e.g. ``0 0 31 2 *``).
+
+    Under OR any listed weekday matches some day of every month. Under AND each (month, day) pair
+    that exists meets every weekday within the 400-year Gregorian cycle, so it is enough that one
+    month in the month field has one listed day.
+    """
+    if not spec.day_and or any(d <= _MONTH_DAYS[m - 1] for m in spec.months for d in spec.doms):
+        return
+    months = ",".join(str(m) for m in sorted(spec.months))
+    days = ",".join(str(d) for d in sorted(spec.doms))
+    raise ValidationFailed(
+        [
+            FieldError(
+                "cron",
+                "fires_never",
+                f"cron {expression!r} never fires: day-of-month {days} does not occur in month {months}. "
+                "Choose days that exist in those months (February has at most 29).",
+            )
+        ]
+    )
+
+
+def _policies(spec: _Cron, gap: DstGap, fold: DstFold) -> tuple[DstGap, DstFold]:
+    gap, fold = DstGap(gap), DstFold(fold)
+    if gap is DstGap.AUTO:
+        gap = DstGap.SKIP if spec.real_time else DstGap.SHIFT_FORWARD
+    if fold is DstFold.AUTO:
+        fold = DstFold.BOTH if spec.real_time else DstFold.FIRST
+    return gap, fold
+
+
+# ---------------------------------------------------------------------------------------- resolution
+
+
+def _resolve(
+    walls: Iterable[datetime],
+    zone: ZoneInfo,
+    gap: DstGap,
+    fold: DstFold,
+    lower: datetime,
+    upper: datetime | None,
+) -> Iterator[Fire]:
+    """Resolve ascending naive wall times to fires in (lower, upper], ascending and unique.
+
+    A wall time maps to one instant, or (fold) two, or (gap) none. Instants of the first pass through
+    a fold and of ordinary times ascend with the wall clock; only second-pass instants (fold=1) can
+    come after instants of later wall times, so they wait in a heap until the stream passes them.
+    Gap-shifted matches all land on the transition instant and collapse there.
+    """
+    name = zone.key
+    version = TZDATA_VERSION
+    utc = UTC
+    pending: list[tuple[datetime, datetime, timedelta]] = []  # (fire_at, wall, offset) of fold=1 instances
+    last: datetime | None = None
+
+    if _is_utc(zone):
+        for wall in walls:
+            instant = wall.replace(tzinfo=utc)
+            if instant <= lower:
+                continue
+            if upper is not None and instant > upper:
+                return
+            yield Fire(instant, wall, _ZERO, 0, name, version)
+        return
+
+    for wall in walls:
+        first = wall.replace(tzinfo=zone)
+        off_first = first.utcoffset()
+        off_second = wall.replace(tzinfo=zone, fold=1).utcoffset()
+        assert off_first is not None and off_second is not None
+        if off_first == off_second:  # an ordinary wall time
+            fire = Fire((wall - off_first).replace(tzinfo=utc), wall, off_first, 0, name, version)
+        elif off_first > off_second:  # repeated wall time: fold=0 is the earlier instant
+            if fold is DstFold.LAST or fold is DstFold.BOTH:
+                heapq.heappush(pending, ((wall - off_second).replace(tzinfo=utc), wall, off_second))
+            if fold is DstFold.LAST:
+                continue
+            fire = Fire((wall - off_first).replace(tzinfo=utc), wall, off_first, 0, name, version)
+        else:  # inside a gap: fold=0 (old offset) lands after the transition, fold=1 before it
+            if gap is DstGap.SKIP:
+                continue
+            instant = _gap_end(zone, (wall - off_second).replace(tzinfo=utc), (wall - off_first).replace(tzinfo=utc))
+            fire = _describe(instant, zone)
+        while pending and pending[0][0] < fire.fire_at:
+            instant, pwall, poff = heapq.heappop(pending)
+            if instant > lower and instant != last:
+                if upper is not None and instant > upper:
+                    return
+                last = instant
+                yield Fire(instant, pwall, poff, 1, name, version)
+        if fire.fire_at <= lower or fire.fire_at == last:
+            continue
+        if upper is not None and fire.fire_at > upper:
+            break
+        last = fire.fire_at
+        yield fire
+    while pending:
+        instant, pwall, poff = heapq.heappop(pending)
+        if instant > lower and instant != last and (upper is None or instant <= upper):
+            last = instant
+            yield Fire(instant, pwall, poff, 1, name, version)
+
+
+@lru_cache(maxsize=4096)
+def _gap_end(zone: ZoneInfo, before: datetime, after: datetime) -> datetime:
+    """The first instant after the gap that contains the instants (before, after]."""
+    return _transition_in(zone, before, after)
+
+
+def _describe(instant: datetime, zone: ZoneInfo) -> Fire:
+    local = instant.astimezone(zone)
+    offset = local.utcoffset()
+    assert offset is not None
+    return Fire(
+        instant.astimezone(UTC), local.replace(tzinfo=None, fold=0), offset, local.fold, zone.key, TZDATA_VERSION
+    )
+
+
+@lru_cache(maxsize=4096)
+def _prototype(text: str, day_or: bool) -> croniter:
+    """A parsed croniter per expression; iterations copy it (parsing is most of croniter's start-up cost).
+
+    Never advanced itself: ``_calc_next`` copies the expanded fields before touching them, so shallow
+    copies in several threads share it safely.
+    """
+    return croniter(text, datetime(2000, 1, 1), ret_type=datetime, day_or=day_or)
+
+
+def _croniter_walls(spec: _Cron, start: datetime) -> Iterator[datetime]:
+    """Wall times croniter matches strictly after the naive ``start``, ascending, until it gives up."""
+    it = copy.copy(_prototype(spec.text, spec.day_or))
+    it.set_current(start, force=True)
+    while True:
+        try:
+            yield it.get_next()
+        except (CroniterBadDateError, OverflowError, ValueError):
+            return
+
+
+def _walls_between(spec: _Cron, start: datetime, end: datetime) -> Iterator[datetime]:
+    """Wall times in (start, end] from the expanded fields (used by ``min_spacing`` on short windows).
+
+    The same match as croniter's, computed directly so that windows around every offset change stay
+    cheap; a test holds the two together.
+    """
+    day = start.date()
+    last = end.date()
+    while day <= last:
+        if spec.day_matches(day):
+            low = start.hour if day == start.date() else 0
+            high = end.hour if day == last else 23
+            for hour in spec.hours:
+                if not low <= hour <= high:
+                    continue
+                for minute in spec.minutes:
+                    wall = datetime.combine(day, time(hour, minute))
+                    if start < wall <= end:
+                        yield wall
+        day += _DAY
+
+
+# --------------------------------------------------------------------------------------- public API
+
+
+def _require_aware(value: datetime, field: str) -> None:
+    if not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None:
+        raise ValidationFailed([_naive(field)])
+
+
+def _naive(field: str) -> FieldError:
+    return FieldError(
+        field,
+        "timezone_aware",
+        f"{field} must carry a UTC offset, e.g. '2026-03-08T07:00:00Z' or '2026-03-08T08:00:00+01:00'",
+    )
+
+
+def check_rule(rule: Rule) -> None:
+    """Raise ``ValidationFailed`` listing every problem of the rule (field + rule + a fix); else return.
+
+    ``kind = webhook`` is not a timed rule: ``ValueError`` (a programming error, not a user error).
+    """
+    kind = ScheduleKind(rule.kind)
+    if kind is ScheduleKind.WEBHOOK:
+        raise ValueError("webhook schedules have no calendar")
+    errors: list[FieldError] = []
+    if not isinstance(rule.timezone, str) or rule.timezone not in _ZONE_NAMES:
+        errors.append(_unknown_zone(rule.timezone))
+    try:
+        DstGap(rule.dst_gap)
+    except ValueError:
+        errors.append(
+            FieldError("dst_gap", "one_of", f"dst_gap must be one of {', '.join(DstGap)}; got {rule.dst_gap!r}")
+        )
+    try:
+        DstFold(rule.dst_fold)
+    except ValueError:
+        errors.append(
+            FieldError("dst_fold", "one_of", f"dst_fold must be one of {', '.join(DstFold)}; got {rule.dst_fold!r}")
+        )
+    for field, value in (("starts_at", rule.starts_at), ("ends_at", rule.ends_at)):
+        if value is not None and (not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None):
+            errors.append(_naive(field))
+    aware = not any(e.rule == "timezone_aware" for e in errors)
+    if aware and rule.starts_at is not None and rule.ends_at is not None and rule.ends_at <= rule.starts_at:
+        errors.append(
+            FieldError(
+                "ends_at",
+                "after_starts_at",
+                f"ends_at ({rule.ends_at.isoformat()}) must be later than starts_at ({rule.starts_at.isoformat()})",
+            )
+        )
+    if kind is ScheduleKind.CRON:
+        if not rule.cron or not isinstance(rule.cron, str):
+            errors.append(FieldError("cron", "required", "kind 'cron' needs a cron expression, e.g. '0 7 * * 1-5'"))
+        else:
+            try:
+                _compile(rule.cron)
+            except ValidationFailed as exc:
+                errors.extend(exc.fields)
+    elif rule.cron is not None:
+        errors.append(
+            FieldError("cron", "not_for_kind", f"cron applies only to kind 'cron'; remove it for kind {kind.value!r}")
+        )
+    if kind is ScheduleKind.INTERVAL:
+        seconds = rule.interval_seconds
+        if seconds is None:
+            errors.append(
+                FieldError(
+                    "interval_seconds", "required", "kind 'interval' needs interval_seconds, e.g. 3600 for hourly"
+                )
+            )
+        elif isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
+            errors.append(
+                FieldError(
+                    "interval_seconds",
+                    "positive",
+                    f"interval_seconds must be a whole number of seconds greater than 0, got {seconds!r}",
+                )
+            )
+    elif rule.interval_seconds is not None:
+        errors.append(
+            FieldError(
+                "interval_seconds",
+                "not_for_kind",
+                f"interval_seconds applies only to kind 'interval'; remove it for kind {kind.value!r}",
+            )
+        )
+    if kind in (ScheduleKind.INTERVAL, ScheduleKind.ONCE) and rule.starts_at is None:
+        what = "the instant to fire at" if kind is ScheduleKind.ONCE else "the anchor the interval counts from"
+        errors.append(FieldError("starts_at", "required", f"kind {kind.value!r} needs starts_at, {what}"))
+    if errors:
+        raise ValidationFailed(errors)
+
+
+def iter_fires(rule: Rule, after: datetime) -> Iterator[Fire]:
+    """Fires strictly after ``after`` (aware), ascending, unique ``fire_at``; ends at ``ends_at``.
+
+    Validates eagerly (raises before the first ``next``).
+    """
+    check_rule(rule)
+    _require_aware(after, "after")
+    return _iter_checked(rule, after.astimezone(UTC))
+
+
+def _iter_checked(rule: Rule, after: datetime) -> Iterator[Fire]:
+    zone = _zone(rule.timezone)
+    upper = rule.ends_at.astimezone(UTC) if rule.ends_at is not None else None
+    kind = ScheduleKind(rule.kind)
+    if kind is ScheduleKind.ONCE:
+        assert rule.starts_at is not None
+        at = rule.starts_at.astimezone(UTC)
+        return iter([_describe(at, zone)] if at > after and (upper is None or at <= upper) else [])
+    if kind is ScheduleKind.INTERVAL:
+        assert rule.starts_at is not None and rule.interval_seconds is not None
+        step = timedelta(seconds=rule.interval_seconds)
+        return _iter_interval(rule.starts_at.astimezone(UTC), step, after, upper, zone)
+    assert rule.cron is not None
+    spec = _compile(rule.cron)
+    gap, fold = _policies(spec, rule.dst_gap, rule.dst_fold)
+    lower = after
+    if rule.starts_at is not None and rule.starts_at - _MICRO > after:
+        lower = rule.starts_at.astimezone(UTC) - _MICRO
+    return _resolve(_croniter_walls(spec, _wall_start(zone, lower)), zone, gap, fold, lower, upper)
+
+
+def _wall_start(zone: ZoneInfo, lower: datetime) -> datetime:
+    """The naive wall time to start matching from so that no fire after ``lower`` is missed.
+
+    Usually ``lower``'s own wall time; when a fold lies ahead, the second pass through it may fire
+    later than ``lower`` at earlier wall times, so start from the smaller offset of the next 26 hours.
+    """
+    offset = _offset_at(zone, lower)
+    try:
+        offset = min(offset, _offset_at(zone, lower + _MAX_SHIFT))
+    except OverflowError:
+        pass
+    return (lower + offset).replace(tzinfo=None)
+
+
+def _iter_interval(
+    anchor: datetime, step: timedelta, after: datetime, upper: datetime | None, zone: ZoneInfo
+) -> Iterator[Fire]:
+    k = max(0, (after - anchor) // step + 1)
+    while True:
+        try:
+            at = anchor + k * step
+        except OverflowError:
+            return
+        if upper is not None and at > upper:
+            return
+        yield _describe(at, zone)
+        k += 1
+
+
+def next_fire(rule: Rule, after: datetime) -> Fire | None:
+    """The first fire strictly after ``after``, or None when the rule has no more."""
+    return next(iter_fires(rule, after), None)
+
+
+def fires(rule: Rule, after: datetime, count: int) -> list[Fire]:
+    """The next ``count`` fires strictly after ``after`` (fewer when the rule ends)."""
+    return list(islice(iter_fires(rule, after), max(0, count)))
+
+
+def fires_between(rule: Rule, after: datetime, until: datetime) -> Iterator[Fire]:
+    """Fires with ``after < fire_at <= until``."""
+    _require_aware(until, "until")
+    stream = iter_fires(rule, after)
+    limit = until.astimezone(UTC)
+
+    def bounded() -> Iterator[Fire]:
+        for fire in stream:
+            if fire.fire_at > limit:
+                return
+            yield fire
+
+    return bounded()
+
+
+def describe(instant: datetime, timezone: str) -> Fire:
+    """The wall time, offset and fold of any instant in a zone (webhook occurrences use this)."""
+    _require_aware(instant, "instant")
+    return _describe(instant, _zone(timezone))
+
+
+# ------------------------------------------------------------------------------------------ spacing
+
+# Offset changes are examined this far ahead; the wall-clock structure covers the rest.
+_SPACING_YEARS = 4
+# Matching days are scanned this far ahead for the shortest day-to-day step (28 years is one full
+# weekday/date cycle of the Gregorian calendar between 1901 and 2099).
+_DAY_SCAN_YEARS = 28
+_WINDOW_CAP = timedelta(days=8)
+# A bounded rule (ends_at) with at most this many wall matches is measured exactly by listing them.
+_ENUMERABLE = 5000
+
+
+def min_spacing(rule: Rule, after: datetime) -> timedelta | None:
+    """The smallest gap between consecutive real fires after ``after`` (None if it fires at most once).
+
+    interval: the interval. once: None. cron with an ``ends_at`` close enough to list every match
+    (at most 5,000): exactly the smallest real gap in the window. Otherwise the minimum of (a) the
+    gap between the first two fires, (b) the wall-clock minimum from the cron structure (consecutive
+    minutes, consecutive hours, and day to day over the matching days of the next 28 years), and
+    (c) the exact real gaps of the fires around every UTC-offset change of the zone in the next four
+    years, resolved exactly as ``iter_fires`` resolves them (so ``0,58 1,3 * * *`` in New York
+    reports the 2 minutes between 01:58 EST and 03:00 EDT). It never reports more than a real gap in
+    that horizon (what the frequency limit needs); a DST change can only shorten gaps that are
+    already under eight days, which is as far as (c) looks.
+    """
+    first_two = fires(rule, after, 2)
+    if len(first_two) < 2:
+        return None
+    best = first_two[1].fire_at - first_two[0].fire_at
+    kind = ScheduleKind(rule.kind)
+    if kind is ScheduleKind.INTERVAL:
+        assert rule.interval_seconds is not None
+        return timedelta(seconds=rule.interval_seconds)
+    assert rule.cron is not None
+    spec = _compile(rule.cron)
+    zone = _zone(rule.timezone)
+    upper = rule.ends_at.astimezone(UTC) if rule.ends_at is not None else None
+    lower = first_two[0].fire_at - _MICRO  # the first fire is real; nothing fires between lower and it
+    gap, fold = _policies(spec, rule.dst_gap, rule.dst_fold)
+    if upper is not None:
+        enumerable, exact = _enumerated_spacing(spec, zone, gap, fold, lower, upper)
+        if enumerable:
+            return exact
+    wall = _wall_minimum(spec, (lower + _offset_at(zone, lower)).date(), upper, zone, best)
+    best = min(best, wall)
+    horizon = lower + timedelta(days=366 * _SPACING_YEARS)
+    if upper is not None:
+        horizon = min(horizon, upper)
+    margin = min(wall, _WINDOW_CAP) + _MINUTE
+    for instant, before, after_offset in _transitions(zone, lower, horizon + margin):
+        shift = abs(after_offset - before)
+        lo = max(lower, instant - shift - margin)
+        hi = instant + shift + margin
+        if upper is not None:
+            hi = min(hi, upper)
+        walls = _walls_between(
+            spec,
+            (lo + min(before, after_offset)).replace(tzinfo=None) - _MINUTE,
+            (hi + max(before, after_offset)).replace(tzinfo=None),
+        )
+        window = [f.fire_at for f in _resolve(walls, zone, gap, fold, lo, hi)]
+        for a, b in pairwise(window):
+            best = min(best, b - a)
+    return best
+
+
+def _enumerated_spacing(
+    spec: _Cron, zone: ZoneInfo, gap: DstGap, fold: DstFold, lower: datetime, upper: datetime
+) -> tuple[bool, timedelta | None]:
+    """(True, exact smallest gap) when (lower, upper] holds few enough matches to list; else (False, None)."""
+    if upper - lower > timedelta(days=366 * _DAY_SCAN_YEARS):
+        return False, None
+    start = (lower + _offset_at(zone, lower)).replace(tzinfo=None) - _MAX_SHIFT
+    end = (upper + _offset_at(zone, upper)).replace(tzinfo=None) + _MAX_SHIFT
+    walls = list(islice(_walls_between(spec, start, end), _ENUMERABLE + 1))
+    if len(walls) > _ENUMERABLE:
+        return False, None
+    instants = [f.fire_at for f in _resolve(walls, zone, gap, fold, lower, upper)]
+    return True, min((b - a for a, b in pairwise(instants)), default=None)
+
+
+def _wall_minimum(spec: _Cron, start: date, upper: datetime | None, zone: ZoneInfo, known: timedelta) -> timedelta:
+    """The smallest wall-clock step between consecutive matches (no DST), given a known real gap."""
+    best = known
+    minutes, hours = spec.minutes, spec.hours
+    if len(minutes) > 1:
+        best = min(best, timedelta(minutes=min(b - a for a, b in pairwise(minutes))))
+    if len(hours) > 1:
+        step = min(b - a for a, b in pairwise(hours))
+        best = min(best, timedelta(hours=step, minutes=minutes[0] - minutes[-1]))
+    # Day to day: the last match of one matching day to the first of the next.
+    span = timedelta(hours=hours[-1] - hours[0], minutes=minutes[-1] - minutes[0])
+    if _DAY - span >= best:
+        return best
+    end = date(min(start.year + _DAY_SCAN_YEARS, 9999), 12, 31)
+    if upper is not None:
+        end = min(end, (upper + _offset_at(zone, upper)).date())
+    day_step = _min_day_step(spec, start, end)
+    if day_step is not None:
+        best = min(best, day_step * _DAY - span)
+    return best
+
+
+def _min_day_step(spec: _Cron, start: date, end: date) -> int | None:
+    """The fewest days between two consecutive matching days in [start, end], or None."""
+    previous: int | None = None
+    best: int | None = None
+    first, last = start.toordinal(), end.toordinal()
+    months = sorted(spec.months)
+    for year in range(start.year, end.year + 1):
+        for month in months:
+            first_weekday, length = _gregorian.monthrange(year, month)  # Monday = 0
+            base = date(year, month, 1).toordinal() - 1
+            if base + length < first or base + 1 > last:
+                continue
+            for day in range(1, length + 1):
+                dom_ok = day in spec.doms
+                dow_ok = (first_weekday + day) % 7 in spec.dows  # cron: Sunday = 0
+                if not ((dom_ok and dow_ok) if spec.day_and else (dom_ok or dow_ok)):
+                    continue
+                ordinal = base + day
+                if not first <= ordinal <= last:
+                    continue
+                if previous is not None and (best is None or ordinal - previous < best):
+                    best = ordinal - previous
+                    if best == 1:
+                        return 1
+                previous = ordinal
+    return best
