@@ -1,0 +1,434 @@
+"""Conversations: the minimal transcript store that runs read and write, and the agent config.
+
+A conversation has an owner, an agent (JSON, validated by ``AgentConfig``) and entries numbered
+``seq`` = 1, 2, 3… A fork is its parent plus a fork point (``fork_seq``): nothing is copied, the
+fork reads its ancestors' entries up to each fork point and then its own, and its own entries
+continue the parent's numbering after the fork point, so a seq names one entry of the merged
+transcript. Inbox notes are bounded: the ``notes`` box keeps the newest 50; ``queued`` is never
+pruned here.
+
+Guarantees:
+* ``append`` is safe under concurrency: it locks the conversation row (``FOR NO KEY UPDATE``) and
+  then reads the last seq in a new statement, so two appenders get distinct consecutive seqs. It
+  must run inside the caller's transaction (on an autocommit connection it opens its own).
+* ``get`` and ``inbox`` are scoped to the owner; another owner's conversation raises the same
+  ``NotFound("conversation")`` as a missing one.
+* ``validate_agent`` accepts only declared fields, and only *references* to secrets
+  (``env:NAME`` or a Secrets Manager ARN), never a literal key.
+
+Must not: log or return secrets; log prompts or entry contents; rewrite or delete entries.
+``entries``, ``latest_seq``, ``append``, ``fork``, ``note`` and ``lineage_has_run`` are internal
+(the caller has already checked ownership) and take no owner.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Iterator, Mapping
+from contextlib import contextmanager, nullcontext
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import psycopg
+from psycopg.types.json import Jsonb
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from kairos import db
+from kairos.errors import FieldError, NotFound, ValidationFailed
+from kairos.observability import logger
+
+NOTES_KEPT = 50
+TITLE_MAX = 200
+ROLES = ("system", "user", "assistant", "tool")
+EXECUTORS = ("openai", "bedrock", "http", "echo")
+
+# Secrets are referenced, never stored: an environment variable name or a Secrets Manager ARN.
+_ENV_REFERENCE = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]{0,127}")
+_ARN_REFERENCE = re.compile(r"arn:aws(?:-[a-z]+)*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@!-]{1,512}")
+SECRET_REFERENCE_HINT = "give a reference, env:NAME or a Secrets Manager ARN, never the secret itself"  # noqa: S105 (a hint, not a secret)
+
+
+def is_secret_reference(value: str) -> bool:
+    """True for ``env:NAME`` and Secrets Manager ARNs; anything else may be a literal secret."""
+    return bool(_ENV_REFERENCE.fullmatch(value) or _ARN_REFERENCE.fullmatch(value))
+
+
+# --- Pydantic errors in the house shape -------------------------------------------------------
+
+# pydantic error type -> the stable rule word of a FieldError. Custom errors raised by our own
+# validators (PydanticCustomError) carry their rule as their type and pass through unchanged.
+_RULES: dict[str, str] = {
+    "missing": "required",
+    "extra_forbidden": "unknown_field",
+    "enum": "enum",
+    "literal_error": "enum",
+    "greater_than": "min",
+    "greater_than_equal": "min",
+    "less_than": "max",
+    "less_than_equal": "max",
+    "string_too_short": "min_length",
+    "too_short": "min_length",
+    "string_too_long": "max_length",
+    "too_long": "max_length",
+    "timezone_aware": "timezone_aware",
+}
+_TYPE_ERRORS = ("_type", "_parsing", "_from_datetime_inexact", "_from_float", "_from_date_parsing")
+
+
+def field_errors(error: ValidationError, *, prefix: str = "") -> list[FieldError]:
+    """Translates a pydantic ``ValidationError`` into FieldErrors (dotted field path, stable rule).
+
+    Messages never repeat the input value (it may be a secret the caller should not have sent).
+    """
+    out: list[FieldError] = []
+    for detail in error.errors(include_url=False, include_input=False):
+        path = ".".join(str(part) for part in detail["loc"])
+        field = ".".join(p for p in (prefix, path) if p) or "body"
+        kind = str(detail["type"])
+        if kind in _RULES:
+            rule = _RULES[kind]
+        elif kind.endswith(_TYPE_ERRORS) or kind in ("dict_type", "model_type", "model_attributes_type"):
+            rule = "type"
+        elif kind in ("value_error", "assertion_error"):
+            rule = "invalid"
+        else:
+            rule = kind  # one of our own custom rules
+        message = str(detail["msg"])
+        if rule == "unknown_field":
+            message = "unknown field; remove it (only the declared fields are accepted)"
+        elif rule == "required":
+            message = "this field is required"
+        out.append(FieldError(field, rule, message))
+    return out
+
+
+# --- Agent config ------------------------------------------------------------------------------
+
+
+class AgentConfig(BaseModel):
+    """The agent JSON of DESIGN.md "The run"; extra fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    executor: Literal["openai", "bedrock", "http", "echo"]
+    model: StrictStr | None = Field(default=None, min_length=1, max_length=200)
+    system: StrictStr | None = Field(default=None, max_length=32_768)
+    base_url: StrictStr | None = Field(default=None, max_length=2_048)
+    api_key_secret: StrictStr | None = Field(default=None, max_length=2_048)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=8_192)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise PydanticCustomError("url", "give an http(s) URL such as https://host/v1")
+        if "@" in parts.netloc:
+            raise PydanticCustomError("url", "credentials must not be part of the URL; use api_key_secret")
+        return value
+
+    @field_validator("api_key_secret")
+    @classmethod
+    def _reference(cls, value: str | None) -> str | None:
+        if value is not None and not is_secret_reference(value):
+            raise PydanticCustomError("secret_reference", SECRET_REFERENCE_HINT)
+        return value
+
+
+# What each executor cannot work without (checked after the shape, so a model learns it at once
+# instead of at the first fire).
+_EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
+    "openai": ("model", "base_url"),
+    "bedrock": ("model",),
+    "http": ("base_url",),
+    "echo": (),
+}
+
+
+def validate_agent(raw: object, *, field: str = "agent") -> dict[str, Any]:
+    """The agent JSON, normalized (unset fields dropped); ``ValidationFailed`` naming ``agent.<name>``."""
+    if not isinstance(raw, Mapping):
+        raise ValidationFailed([FieldError(field, "type", "give the agent as a JSON object")])
+    problems: list[FieldError] = []
+    config: AgentConfig | None = None
+    try:
+        config = AgentConfig.model_validate(dict(raw))
+    except ValidationError as error:
+        problems.extend(field_errors(error, prefix=field))
+    executor = raw.get("executor")
+    if isinstance(executor, str):
+        for name in _EXECUTOR_NEEDS.get(executor, ()):
+            if raw.get(name) is None:
+                problems.append(FieldError(f"{field}.{name}", "required", f"the {executor} executor needs {name}"))
+    if problems or config is None:
+        raise ValidationFailed(_dedupe(problems))
+    return config.model_dump(exclude_none=True)
+
+
+def _dedupe(problems: list[FieldError]) -> list[FieldError]:
+    seen: set[tuple[str, str]] = set()
+    out: list[FieldError] = []
+    for p in problems:
+        if (p.field, p.rule) not in seen:
+            seen.add((p.field, p.rule))
+            out.append(p)
+    return out
+
+
+# --- Records -----------------------------------------------------------------------------------
+
+
+def rfc3339(instant: datetime) -> str:
+    """A UTC instant as RFC 3339 with ``Z``."""
+    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+@dataclass(frozen=True)
+class Conversation:
+    id: uuid.UUID
+    owner: str
+    title: str | None
+    agent: dict[str, Any]
+    parent_id: uuid.UUID | None
+    fork_seq: int | None
+    origin_run_id: uuid.UUID | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: db.Row) -> Conversation:
+        return cls(
+            id=row["id"],
+            owner=row["owner"],
+            title=row["title"],
+            agent=dict(row["agent"]),
+            parent_id=row["parent_id"],
+            fork_seq=row["fork_seq"],
+            origin_run_id=row["origin_run_id"],
+            created_at=row["created_at"],
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """API shape (without entries; the API adds them). No owner, no origin run."""
+        return {
+            "id": str(self.id),
+            "title": self.title,
+            "agent": self.agent,
+            "parent_id": None if self.parent_id is None else str(self.parent_id),
+            "fork_seq": self.fork_seq,
+            "created_at": rfc3339(self.created_at),
+        }
+
+
+@dataclass(frozen=True)
+class Entry:
+    seq: int
+    role: str
+    content: str
+    run_id: uuid.UUID | None
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: db.Row) -> Entry:
+        return cls(row["seq"], row["role"], row["content"], row["run_id"], row["created_at"])
+
+    def as_json(self) -> dict[str, Any]:
+        return {
+            "seq": self.seq,
+            "role": self.role,
+            "content": self.content,
+            "run_id": None if self.run_id is None else str(self.run_id),
+            "created_at": rfc3339(self.created_at),
+        }
+
+
+@dataclass(frozen=True)
+class Note:
+    id: int
+    box: str
+    kind: str
+    body: dict[str, Any]
+    created_at: datetime
+
+    @classmethod
+    def from_row(cls, row: db.Row) -> Note:
+        return cls(row["id"], row["box"], row["kind"], dict(row["body"]), row["created_at"])
+
+    def as_json(self) -> dict[str, Any]:
+        return {"id": self.id, "box": self.box, "kind": self.kind, "body": self.body,
+                "created_at": rfc3339(self.created_at)}
+
+
+# --- Operations --------------------------------------------------------------------------------
+
+
+@contextmanager
+def _atomic(conn: psycopg.Connection[db.Row]) -> Iterator[None]:
+    """The caller's transaction when there is one; a transaction of our own on autocommit.
+
+    A row lock only serializes writers while its transaction lasts: on an autocommit connection
+    each statement would commit (and unlock) on its own, so we open a transaction for the block.
+    """
+    with conn.transaction() if conn.autocommit else nullcontext():
+        yield
+
+
+def create(
+    conn: psycopg.Connection[db.Row],
+    *,
+    owner: str,
+    agent: object,
+    title: str | None = None,
+    origin_run_id: uuid.UUID | None = None,
+    now: datetime | None = None,
+) -> Conversation:
+    """A new root conversation; the agent is validated (``ValidationFailed`` naming ``agent.<name>``)."""
+    problems: list[FieldError] = []
+    config: dict[str, Any] = {}
+    try:
+        config = validate_agent(agent)
+    except ValidationFailed as error:
+        problems.extend(error.fields)
+    if title is not None and not isinstance(title, str):
+        problems.append(FieldError("title", "type", "give the title as a string"))
+    elif title is not None and len(title) > TITLE_MAX:
+        problems.append(FieldError("title", "max_length", f"at most {TITLE_MAX} characters"))
+    if problems:
+        raise ValidationFailed(problems)
+    row = db.fetch_one(
+        conn,
+        "conversations_insert",
+        {"id": uuid.uuid4(), "owner": owner, "title": title, "agent": Jsonb(config),
+         "origin_run_id": origin_run_id, "now": now},
+    )
+    assert row is not None
+    conversation = Conversation.from_row(row)
+    logger.info("conversation created", extra={"action": "conversation.created",
+                                                 "conversation_id": str(conversation.id)})
+    return conversation
+
+
+def get(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: str) -> Conversation:
+    """One conversation of ``owner``; ``NotFound("conversation")`` for a missing or foreign one."""
+    row = db.fetch_one(conn, "conversations_get", {"conversation_id": conversation_id, "owner": owner})
+    if row is None:
+        raise NotFound("conversation")
+    return Conversation.from_row(row)
+
+
+def lock(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: str | None = None) -> Conversation:
+    """Locks the conversation row for the rest of the caller's transaction (writers serialize on it).
+
+    With ``owner``, a foreign conversation is neither locked nor revealed: ``NotFound``.
+    """
+    row = db.fetch_one(conn, "conversations_lock", {"conversation_id": conversation_id, "owner": owner})
+    if row is None:
+        raise NotFound("conversation")
+    return Conversation.from_row(row)
+
+
+def entries(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID) -> list[Entry]:
+    """The merged transcript, oldest first: ancestors up to each fork point, then its own entries.
+
+    A missing conversation has no entries.
+    """
+    return [Entry.from_row(r) for r in db.fetch_all(conn, "conversation_entries_list",
+                                                    {"conversation_id": conversation_id})]
+
+
+def latest_seq(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID) -> int:
+    """The seq of the last entry of the merged transcript (inherited ones count); 0 when empty."""
+    row = db.fetch_one(conn, "conversations_latest_seq", {"conversation_id": conversation_id})
+    if row is None:
+        raise NotFound("conversation")
+    return int(row["latest_seq"])
+
+
+def append(
+    conn: psycopg.Connection[db.Row],
+    conversation_id: uuid.UUID,
+    *,
+    role: str,
+    content: str,
+    run_id: uuid.UUID | None = None,
+    now: datetime | None = None,
+) -> Entry:
+    """Appends one entry at the next seq. Concurrent appenders serialize on the conversation row.
+
+    The lock and the insert are two statements on purpose: under READ COMMITTED the insert's new
+    snapshot sees the entry a previous lock holder committed. (One statement would read the last
+    seq from the snapshot taken before it waited for the lock, and collide.)
+    """
+    if role not in ROLES:
+        raise ValidationFailed([FieldError("role", "enum", f"role must be one of {', '.join(ROLES)}")])
+    with _atomic(conn):
+        lock(conn, conversation_id)
+        row = db.fetch_one(
+            conn,
+            "conversation_entries_append",
+            {"conversation_id": conversation_id, "role": role, "content": content, "run_id": run_id, "now": now},
+        )
+    assert row is not None  # the locked row exists
+    return Entry.from_row(row)
+
+
+def fork(
+    conn: psycopg.Connection[db.Row],
+    conversation_id: uuid.UUID,
+    *,
+    origin_run_id: uuid.UUID | None = None,
+    now: datetime | None = None,
+) -> Conversation:
+    """A new conversation that reads the parent up to its latest entry; the parent is not changed."""
+    row = db.fetch_one(
+        conn,
+        "conversations_fork",
+        {"id": uuid.uuid4(), "conversation_id": conversation_id, "origin_run_id": origin_run_id, "now": now},
+    )
+    if row is None:
+        raise NotFound("conversation")
+    child = Conversation.from_row(row)
+    logger.info("conversation forked", extra={"action": "conversation.forked", "conversation_id": str(child.id),
+                                               "parent_id": str(conversation_id), "fork_seq": child.fork_seq})
+    return child
+
+
+def note(
+    conn: psycopg.Connection[db.Row],
+    conversation_id: uuid.UUID,
+    *,
+    kind: str,
+    body: Mapping[str, Any],
+    now: datetime | None = None,
+) -> None:
+    """Adds a note to the ``notes`` box, keeping the newest 50; ``queued`` is untouched.
+
+    A conversation that is gone is ignored. The insert and the prune are one statement; two notes
+    written concurrently to one conversation may leave 51 until the next note prunes again.
+    """
+    row = db.fetch_one(
+        conn,
+        "inbox_notes_add",
+        {"conversation_id": conversation_id, "kind": kind, "body": Jsonb(dict(body)), "keep": NOTES_KEPT,
+         "now": now},
+    )
+    if row is None or row["id"] is None:
+        logger.info("note for a missing conversation ignored",
+                    extra={"action": "inbox.note_ignored", "conversation_id": str(conversation_id)})
+
+
+def inbox(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: str) -> list[Note]:
+    """The notes of an owned conversation (both boxes), newest first."""
+    get(conn, conversation_id, owner=owner)
+    return [Note.from_row(r) for r in db.fetch_all(conn, "inbox_notes_list", {"conversation_id": conversation_id})]
+
+
+def lineage_has_run(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID) -> bool:
+    """True when the conversation or any ancestor was created by a run (``origin_run_id`` set)."""
+    row = db.fetch_one(conn, "conversations_lineage_has_run", {"conversation_id": conversation_id})
+    return bool(row and row["has_run"])

@@ -1,0 +1,134 @@
+"""Every named query is used, every use names a query, and every query compiles against the schema.
+
+Works for any ``sql/*.sql`` file and any module: engineers add queries concurrently, so nothing here
+lists names by hand. References are found with ``ast`` (string constants compared exactly), not by
+searching text, so a name in a comment does not count as a use.
+
+"Compiles" means PostgreSQL accepts ``PREPARE`` of the statement with its named parameters turned
+into ``$n`` and no types given: parse, name resolution (tables, columns, functions), type inference
+and planning all run, nothing executes. A parameter whose type the statement does not fix (for
+example ``%(x)s IS NULL``) fails here; such parameters need a cast in the SQL (``%(x)s::uuid``),
+which also keeps them working when the caller passes None.
+"""
+
+from __future__ import annotations
+
+import ast
+import re
+from collections.abc import Iterator
+from pathlib import Path
+
+import psycopg
+from kairos import db
+
+PACKAGE = Path(db.__file__).parent
+CALLS = {"q": 0, "fetch_one": 1, "fetch_all": 1, "execute": 1}  # function -> index of the name argument
+_PARAM = re.compile(r"%\((\w+)\)s")
+
+
+def _modules() -> Iterator[tuple[Path, ast.Module]]:
+    for path in sorted(PACKAGE.rglob("*.py")):
+        yield path, ast.parse(path.read_text(encoding="utf-8"), filename=str(path))
+
+
+def _string_constants() -> set[str]:
+    found: set[str] = set()
+    for _, tree in _modules():
+        found.update(n.value for n in ast.walk(tree) if isinstance(n, ast.Constant) and isinstance(n.value, str))
+    return found
+
+
+def _query_call_sites() -> list[tuple[str, int, str]]:
+    """(file, line, name) of every ``q("…")``, ``fetch_one(conn, "…")``… with a literal name.
+
+    Calls count when they are bare (imported from kairos.db) or spelled ``db.<function>``; a
+    ``conn.execute("SELECT …")`` is psycopg's own method and is not a named-query call.
+    """
+    sites: list[tuple[str, int, str]] = []
+    for path, tree in _modules():
+        for node in ast.walk(tree):
+            if not isinstance(node, ast.Call):
+                continue
+            func = node.func
+            if isinstance(func, ast.Name) and func.id in CALLS:
+                name = func.id
+            elif (isinstance(func, ast.Attribute) and func.attr in CALLS and isinstance(func.value, ast.Name)
+                  and func.value.id == "db"):
+                name = func.attr
+            else:
+                continue
+            index = CALLS[name]
+            if len(node.args) > index:
+                arg = node.args[index]
+                if isinstance(arg, ast.Constant) and isinstance(arg.value, str):
+                    sites.append((str(path.relative_to(PACKAGE)), node.lineno, arg.value))
+    return sites
+
+
+def _positional(text: str) -> str:
+    """``%(name)s`` -> ``$n`` (one number per distinct name), ``%%`` -> ``%``."""
+    numbers: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        return f"${numbers.setdefault(match.group(1), len(numbers) + 1)}"
+
+    return _PARAM.sub(number, text).replace("%%", "%")
+
+
+def test_there_are_queries() -> None:
+    assert len(db.QUERIES) > 0
+
+
+def test_every_named_query_is_used_somewhere() -> None:
+    constants = _string_constants()
+    unused = sorted(name for name in db.QUERIES if name not in constants)
+    assert unused == [], f"named queries no module refers to: {unused}"
+
+
+def test_every_query_call_names_an_existing_query() -> None:
+    sites = _query_call_sites()
+    assert sites, "the scan found no named-query call at all; the scanner is broken"
+    unknown = [site for site in sites if site[2] not in db.QUERIES]
+    assert unknown == [], f"calls naming no query: {unknown}"
+
+
+def test_queries_follow_the_house_rules() -> None:
+    problems: list[str] = []
+    for name, text in db.QUERIES.items():
+        if not text.lstrip().startswith("--"):
+            problems.append(f"{name}: no purpose comment under its name")
+        if re.search(r"(?<!%)%s", text):
+            problems.append(f"{name}: positional %s parameter (use %(name)s)")
+    assert problems == []
+
+
+def test_query_names_start_with_a_table(db_url: str) -> None:
+    with psycopg.connect(db_url) as conn:
+        tables = {r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
+    wrong = sorted(n for n in db.QUERIES if not any(n.startswith(t + "_") for t in tables))
+    assert wrong == [], f"query names must start with the main table they touch: {wrong}"
+
+
+def test_every_query_prepares_against_the_migrated_schema(db_url: str) -> None:
+    failures: dict[str, str] = {}
+    with psycopg.connect(db_url) as conn:
+        for name, text in sorted(db.QUERIES.items()):
+            statement = _positional(text).rstrip().rstrip(";")
+            try:
+                with conn.transaction():
+                    conn.execute("PREPARE kairos_probe AS " + statement)
+                    conn.execute("DEALLOCATE kairos_probe")
+            except psycopg.Error as error:
+                failures[name] = str(error).splitlines()[0]
+    assert failures == {}
+
+
+def test_the_scanners_find_what_they_should() -> None:
+    """Guards the guards: the scans see this package's real uses."""
+    sites = {(f, n) for f, _, n in _query_call_sites()}
+    assert ("schedules.py", "schedules_insert") in sites
+    assert ("conversations.py", "conversation_entries_append") in sites
+    assert "schedules_clock" in _string_constants()
+    converted = _positional("a = %(x)s AND b = %(y)s OR a = %(x)s AND c LIKE 'x%%'")
+    assert converted == "a = $1 AND b = $2 OR a = $1 AND c LIKE 'x%'"
