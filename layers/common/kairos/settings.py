@@ -2,6 +2,7 @@
 
 ``DATABASE_URL`` wins; otherwise ``DATABASE_SECRET_ARN`` names a Secrets Manager secret in the RDS
 shape (``{"host", "port", "username", "password", "dbname"}``) that is read once per container.
+``DATABASE_PROXY_HOST`` (an RDS Proxy endpoint) replaces the secret's host when set.
 """
 
 from __future__ import annotations
@@ -19,6 +20,7 @@ class Settings(BaseModel):
     database_url: str | None = None
     database_secret_arn: str | None = None
     run_queue_url: str | None = None
+    database_proxy_host: str | None = None
     auth: Literal["jwt", "dev"] = "jwt"
     dev_tokens: dict[str, str] = Field(default_factory=dict)
     public_url: str = "http://localhost:8000"
@@ -38,6 +40,7 @@ class Settings(BaseModel):
             database_url=env.get("DATABASE_URL") or None,
             database_secret_arn=env.get("DATABASE_SECRET_ARN") or None,
             run_queue_url=env.get("RUN_QUEUE_URL") or None,
+            database_proxy_host=env.get("DATABASE_PROXY_HOST") or None,
             auth="dev" if env.get("KAIROS_AUTH", "jwt") == "dev" else "jwt",
             dev_tokens=tokens,
             public_url=(env.get("KAIROS_PUBLIC_URL") or "http://localhost:8000").rstrip("/"),
@@ -50,19 +53,19 @@ class Settings(BaseModel):
         if self.database_url:
             return self.database_url
         if self.database_secret_arn:
-            return _url_from_secret(self.database_secret_arn)
+            return _url_from_secret(self.database_secret_arn, self.database_proxy_host)
         raise RuntimeError("set DATABASE_URL or DATABASE_SECRET_ARN")
 
 
 @lru_cache(maxsize=8)
-def _url_from_secret(arn: str) -> str:
+def _url_from_secret(arn: str, proxy_host: str | None = None) -> str:
     import boto3  # the Lambda runtime ships boto3; imported here to keep cold starts lean
 
     raw = boto3.client("secretsmanager").get_secret_value(SecretId=arn)["SecretString"]
     secret = json.loads(raw)
     user = quote(str(secret["username"]), safe="")
     password = quote(str(secret["password"]), safe="")
-    host = secret.get("proxy_host") or secret["host"]
-    port = secret.get("port", 5432)
+    host = proxy_host or secret.get("proxy_host") or secret["host"]
+    port = 5432 if proxy_host else secret.get("port", 5432)  # RDS Proxy listens on PostgreSQL's default port
     dbname = secret.get("dbname", "postgres")
     return f"postgresql://{user}:{password}@{host}:{port}/{dbname}?sslmode=require"
