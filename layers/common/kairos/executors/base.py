@@ -21,7 +21,10 @@ from __future__ import annotations
 import hashlib
 import json
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import TYPE_CHECKING, Any, Literal, Protocol
+
+if TYPE_CHECKING:
+    from kairos.egress import ResolvedTarget
 
 EffectKind = Literal["model_call", "http_call"]
 
@@ -51,6 +54,9 @@ class PreparedCall:
     body: bytes
     digest: str  # SHA-256 hex of body
     headers: dict[str, str] = field(default_factory=dict, repr=False)  # may carry credentials: never log
+    # The destination the egress check approved, with its addresses pinned: ``send`` connects only to
+    # these (no second DNS resolution). None for calls that do not leave through the egress check.
+    target: ResolvedTarget | None = None
 
 
 @dataclass(frozen=True)
@@ -112,3 +118,52 @@ def canonical_json(value: Any) -> bytes:
 
 def digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
+
+
+# Bounds shared by the executors. A model's output is capped at 8,192 tokens; a reply's content at
+# 64 KiB of text (about 8,192 tokens); a reply's body at 1 MiB on the wire.
+OUTPUT_TOKEN_CAP = 8192
+DEFAULT_MAX_TOKENS = 1024
+CONTENT_CHAR_LIMIT = 65_536
+READ_LIMIT = 1 << 20
+
+
+def agent_text(agent: dict[str, Any], key: str, *, required: bool) -> str | None:
+    """A string field of the agent config; ``agent_invalid`` when required and absent, or not a string."""
+    value = agent.get(key)
+    if value is None or value == "":
+        if required:
+            raise ExecutorError("agent_invalid", f"agent.{key} is required for the {agent.get('executor')} executor")
+        return None
+    if not isinstance(value, str):
+        raise ExecutorError("agent_invalid", f"agent.{key} must be a string")
+    return value
+
+
+def max_tokens(agent: dict[str, Any]) -> int:
+    """``min(agent.max_tokens or 1024, 8192)``; ``agent_invalid`` unless a positive integer."""
+    value = agent.get("max_tokens")
+    if value is None:
+        return DEFAULT_MAX_TOKENS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ExecutorError("agent_invalid", "agent.max_tokens must be a positive integer")
+    return min(value, OUTPUT_TOKEN_CAP)
+
+
+def user_content(prompt: str, payload: Any) -> str:
+    """The run's user turn: the prompt, then the webhook payload (when present) as JSON in a delimited block.
+
+    Every ``<`` inside the JSON is written as ``\\u003c`` (the same JSON value), so a payload cannot
+    close the block early and pose as instructions outside it.
+    """
+    if payload is None:
+        return prompt
+    text = json.dumps(payload, sort_keys=True, indent=2, ensure_ascii=False).replace("<", "\\u003c")
+    return f"{prompt}\n\n<webhook_payload>\n{text}\n</webhook_payload>"
+
+
+def bounded_content(text: str) -> tuple[str, bool]:
+    """``text`` cut to ``CONTENT_CHAR_LIMIT`` characters, and whether it was cut."""
+    if len(text) > CONTENT_CHAR_LIMIT:
+        return text[:CONTENT_CHAR_LIMIT], True
+    return text, False

@@ -1,0 +1,302 @@
+"""The egress check, and the one way executors reach an HTTP peer: through the address it approved.
+
+``check(url, allow=…)`` parses the URL (http/https only, no credentials in it), resolves the host
+once and returns a ``ResolvedTarget`` whose addresses have all passed: an address passes when it is
+public (``ipaddress`` ``is_global``) or it, its network, or the host by name is listed in ``allow``
+(``KAIROS_EGRESS_ALLOW``: hosts, addresses or CIDRs). Link-local addresses (169.254.0.0/16,
+fe80::/10), cloud metadata endpoints and the unspecified address are refused always, listed or not;
+an IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is judged by that
+too. A refusal is ``ExecutorError("egress_refused")`` naming the address and why; a host that does not
+resolve is ``connect_failed`` (retry-safe: nothing was sent).
+
+``post(target, …)`` sends one POST to an approved address and never resolves the name again, so a
+DNS answer that changes between check and connect (rebinding) cannot redirect it: the TCP connection
+goes to the pinned IP, while the ``Host`` header, TLS SNI and certificate check use the original host.
+It follows no redirects, retries nothing, bounds connect and read time, and reads at most
+``read_limit`` bytes. Failures come back as ``TransportFailure`` with the stage they happened in, so
+each executor applies its own table of what the stage proves about the outcome.
+
+This module never logs request bodies or headers (they carry prompts and credentials).
+"""
+
+from __future__ import annotations
+
+import ipaddress
+import socket
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass
+from http.client import HTTPException
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+import urllib3
+from urllib3.connection import HTTPConnection, HTTPSConnection
+from urllib3.exceptions import HTTPError, ProtocolError, ReadTimeoutError
+
+from kairos.executors.base import ExecutorError
+from kairos.observability import logger
+
+IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
+IPNetwork = ipaddress.IPv4Network | ipaddress.IPv6Network
+Resolver = Callable[..., Sequence[tuple[Any, ...]]]
+
+# Refused whatever KAIROS_EGRESS_ALLOW says, each with the reason a refusal names.
+ALWAYS_REFUSED: tuple[tuple[IPNetwork, str], ...] = (
+    (ipaddress.ip_network("169.254.169.254/32"), "a cloud metadata address"),  # AWS, GCP, Azure, OCI IMDS
+    (ipaddress.ip_network("169.254.170.2/32"), "a container credentials address"),  # ECS task metadata
+    (ipaddress.ip_network("169.254.0.0/16"), "a link-local address"),
+    (ipaddress.ip_network("fd00:ec2::254/128"), "a cloud metadata address"),  # AWS IMDS over IPv6
+    (ipaddress.ip_network("fe80::/10"), "a link-local address"),
+    (ipaddress.ip_network("100.100.100.200/32"), "a cloud metadata address"),  # Alibaba Cloud
+    (ipaddress.ip_network("168.63.129.16/32"), "a cloud platform address"),  # Azure WireServer
+    (ipaddress.ip_network("0.0.0.0/8"), "the unspecified address (it reaches this host)"),
+    (ipaddress.ip_network("::/128"), "the unspecified address (it reaches this host)"),
+)
+_NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_V4_COMPATIBLE = ipaddress.ip_network("::/96")
+
+
+@dataclass(frozen=True)
+class ResolvedTarget:
+    """A URL whose host passed the egress check, with the addresses a connection may use."""
+
+    url: str
+    scheme: Literal["http", "https"]
+    host: str  # lower case, no brackets, no trailing dot
+    port: int
+    path: str  # path and query, at least "/"
+    addresses: tuple[str, ...]  # checked IPs, IPv4 first; never empty
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
+class Answer:
+    status: int
+    body: bytes  # at most read_limit bytes
+    overflow: bool  # the peer sent more than read_limit bytes (the rest was not read)
+
+
+class TransportFailure(Exception):
+    """What went wrong, by stage: ``connect`` (nothing was sent), ``timeout`` (sent, no complete answer
+    in time) or ``dropped`` (the connection broke after the request started). ``status`` is set when the
+    response's status line had arrived before the failure; ``partial`` holds the body read so far."""
+
+    def __init__(self, stage: Literal["connect", "timeout", "dropped"], detail: str, *,
+                 status: int | None = None, partial: bytes = b"") -> None:
+        super().__init__(f"{stage}: {detail}")
+        self.stage = stage
+        self.detail = detail
+        self.status = status
+        self.partial = partial
+
+
+def parse_allow(allow: Sequence[str]) -> tuple[frozenset[str], tuple[IPNetwork, ...]]:
+    """Split ``KAIROS_EGRESS_ALLOW`` entries into host names and networks (an address is a /32 or /128)."""
+    hosts: set[str] = set()
+    networks: list[IPNetwork] = []
+    for raw in allow:
+        entry = raw.strip()
+        if not entry:
+            continue
+        try:
+            networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
+        except ValueError:
+            hosts.add(_normal_host(entry))
+    return frozenset(hosts), tuple(networks)
+
+
+def check(url: str, *, allow: Sequence[str], resolve: Resolver = socket.getaddrinfo) -> ResolvedTarget:
+    """Resolve ``url``'s host once and approve every address, or raise ``ExecutorError``."""
+    scheme, host, port, path = _split(url)
+    allowed_hosts, allowed_networks = parse_allow(allow)
+    literal = _literal(host)
+    addresses = [literal] if literal is not None else _resolve(host, port, resolve)
+    approved: list[IPAddress] = []
+    for address in addresses:
+        refusal = _refusal(address, host_allowed=host in allowed_hosts, networks=allowed_networks)
+        if refusal is not None:
+            shown = host if literal is not None else f"{host} ({address})"
+            logger.warning("egress refused", extra={"action": "egress.refused", "host": host, "address": str(address)})
+            raise ExecutorError("egress_refused", f"egress to {shown} refused: {address} is {refusal}")
+        approved.append(address)
+    ordered = sorted(dict.fromkeys(approved), key=lambda a: a.version)  # IPv4 first: Lambda may lack IPv6
+    return ResolvedTarget(url=url, scheme=scheme, host=host, port=port, path=path,
+                          addresses=tuple(str(a) for a in ordered))
+
+
+def post(target: ResolvedTarget, *, body: bytes, headers: dict[str, str], timeout: float,
+         read_limit: int, ca_certs: str | None = None) -> Answer:
+    """One POST to ``target``'s pinned addresses (the next one only when connecting failed)."""
+    if not target.addresses:
+        raise ExecutorError("egress_refused", f"egress to {target.host} refused: no checked address")
+    last: TransportFailure | None = None
+    for address in target.addresses:
+        try:
+            return _post_once(target, address, body=body, headers=headers, timeout=timeout,
+                              read_limit=read_limit, ca_certs=ca_certs)
+        except TransportFailure as failure:
+            if failure.stage != "connect":
+                raise
+            last = failure
+    assert last is not None
+    raise last
+
+
+def _post_once(target: ResolvedTarget, address: str, *, body: bytes, headers: dict[str, str], timeout: float,
+               read_limit: int, ca_certs: str | None) -> Answer:
+    deadline = time.monotonic() + timeout
+    conn: HTTPConnection
+    if target.scheme == "https":
+        pinned_name = None if _literal(target.host) is not None else target.host
+        conn = HTTPSConnection(address, target.port, timeout=min(timeout, 10.0), cert_reqs="CERT_REQUIRED",
+                               ca_certs=ca_certs, server_hostname=pinned_name,
+                               assert_hostname=pinned_name or target.host)
+    else:
+        conn = HTTPConnection(address, target.port, timeout=min(timeout, 10.0))
+    sent = {"Host": target.host_header, "Accept-Encoding": "identity", **headers}
+    try:
+        # Connect (and finish the TLS handshake) on its own first: a failure here proves nothing was sent,
+        # while any failure after it may come after the peer received the request.
+        try:
+            conn.connect()
+        except (HTTPError, OSError, ValueError) as exc:  # refused, unreachable, timeout, TLS/certificate
+            raise TransportFailure("connect", _describe(exc)) from exc
+        conn.timeout = timeout
+        if conn.sock is not None:
+            conn.sock.settimeout(timeout)
+        try:
+            conn.request("POST", target.path, body=body, headers=sent, preload_content=False)
+            response = conn.getresponse()
+        except (TimeoutError, ReadTimeoutError) as exc:
+            raise TransportFailure("timeout", "no answer in time") from exc
+        except (HTTPError, HTTPException, OSError) as exc:
+            raise TransportFailure("dropped", _describe(exc)) from exc
+        return _read_bounded(response, deadline=deadline, read_limit=read_limit)
+    finally:
+        conn.close()
+
+
+def _read_bounded(response: urllib3.BaseHTTPResponse, *, deadline: float, read_limit: int) -> Answer:
+    status = response.status
+    chunks: list[bytes] = []
+    size = 0
+    try:
+        while True:
+            if time.monotonic() > deadline:
+                raise TransportFailure("timeout", "the answer did not complete in time", status=status,
+                                       partial=b"".join(chunks))
+            chunk = response.read1(min(65_536, read_limit + 1 - size))
+            if not chunk:
+                return Answer(status=status, body=b"".join(chunks), overflow=False)
+            chunks.append(chunk)
+            size += len(chunk)
+            if size > read_limit:
+                return Answer(status=status, body=b"".join(chunks)[:read_limit], overflow=True)
+    except (TimeoutError, ReadTimeoutError) as exc:
+        raise TransportFailure("timeout", "the answer did not complete in time", status=status,
+                               partial=b"".join(chunks)) from exc
+    except (ProtocolError, HTTPError, OSError) as exc:
+        raise TransportFailure("dropped", _describe(exc), status=status, partial=b"".join(chunks)) from exc
+    finally:
+        response.release_conn()
+
+
+def _split(url: str) -> tuple[Literal["http", "https"], str, int, str]:
+    try:
+        parts = urlsplit(url)
+        port = parts.port
+    except ValueError as exc:
+        raise ExecutorError("agent_invalid", "base_url is not a valid URL") from exc
+    scheme = parts.scheme.lower()
+    if scheme not in ("http", "https"):
+        shown = scheme if scheme.isalnum() and len(scheme) <= 16 else "this"
+        raise ExecutorError("egress_refused", f"egress refused: the {shown} scheme is not allowed, only http and https")
+    if parts.username is not None or parts.password is not None:
+        raise ExecutorError("agent_invalid", "base_url must not carry credentials; reference them in api_key_secret")
+    if not parts.hostname:
+        raise ExecutorError("agent_invalid", "base_url has no host")
+    path = parts.path or "/"
+    if parts.query:
+        path = f"{path}?{parts.query}"
+    normal_scheme: Literal["http", "https"] = "https" if scheme == "https" else "http"
+    return normal_scheme, _normal_host(parts.hostname), port or (443 if scheme == "https" else 80), path
+
+
+def _normal_host(host: str) -> str:
+    return host.strip("[]").rstrip(".").lower()
+
+
+def _literal(host: str) -> IPAddress | None:
+    try:
+        return ipaddress.ip_address(host)
+    except ValueError:
+        return None
+
+
+def _resolve(host: str, port: int, resolve: Resolver) -> list[IPAddress]:
+    try:
+        infos = resolve(host, port, type=socket.SOCK_STREAM)
+    except (OSError, UnicodeError) as exc:
+        raise ExecutorError("connect_failed", f"{host} did not resolve", retry_safe=True) from exc
+    addresses: list[IPAddress] = []
+    for info in infos:
+        raw = str(info[4][0]).split("%", 1)[0]  # drop an IPv6 zone id
+        addresses.append(ipaddress.ip_address(raw))
+    if not addresses:
+        raise ExecutorError("connect_failed", f"{host} did not resolve", retry_safe=True)
+    return addresses
+
+
+def _embedded(address: IPAddress) -> list[IPAddress]:
+    """The address and any IPv4 address an IPv6 one carries inside it."""
+    found: list[IPAddress] = [address]
+    if isinstance(address, ipaddress.IPv6Address):
+        if address.ipv4_mapped is not None:
+            found.append(address.ipv4_mapped)
+        if address.sixtofour is not None:
+            found.append(address.sixtofour)
+        if address.teredo is not None:
+            found.extend(address.teredo)
+        if address in _NAT64 or (address in _V4_COMPATIBLE and int(address) > 1):
+            found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+    return found
+
+
+def _refusal(address: IPAddress, *, host_allowed: bool,
+             networks: tuple[IPNetwork, ...]) -> str | None:
+    """Why ``address`` may not be reached, or None when it may."""
+    inner = _embedded(address)
+    for candidate in inner:
+        for network, reason in ALWAYS_REFUSED:
+            if candidate.version == network.version and candidate in network:
+                return f"{reason}, refused always"
+    if host_allowed or any(c.version == n.version and c in n for c in inner for n in networks):
+        return None
+    for candidate in inner:
+        if not candidate.is_global:
+            return f"{_kind(candidate)}; list the host or a CIDR in KAIROS_EGRESS_ALLOW to allow it"
+    return None
+
+
+def _kind(address: IPAddress) -> str:
+    if address.is_loopback:
+        return "a loopback address"
+    if address.is_private:
+        return "a private address"
+    if address.is_multicast:
+        return "a multicast address"
+    return "not a public address"
+
+
+def _describe(exc: BaseException) -> str:
+    """The underlying cause's class name (e.g. ``ConnectionRefusedError``): short, and free of content."""
+    inner: BaseException | None = exc.__cause__ or exc.__context__
+    if isinstance(exc, ProtocolError) and len(exc.args) > 1 and isinstance(exc.args[1], BaseException):
+        inner = exc.args[1]
+    return type(inner or exc).__name__

@@ -1,0 +1,195 @@
+"""The ``bedrock`` executor: one Bedrock Converse call through boto3, with the function's IAM role.
+
+``prepare`` builds the Converse request ``{"modelId", "messages", "system", "inferenceConfig":
+{"maxTokens"}}``; its canonical JSON is both the effect's digest and, parsed back, exactly the
+arguments ``send`` passes to ``converse`` (so the digest covers what is sent). Transcript entries keep
+their role (``system`` entries join the system prompt, ``tool`` entries are sent as user text);
+consecutive entries of one role are merged into one message, as Converse wants turns to alternate.
+The user turn is the prompt plus the webhook payload block, as for ``openai``. ``maxTokens`` is
+``min(agent.max_tokens or 1024, 8192)``. The endpoint is the AWS one of the function's region:
+``base_url`` is refused (the call is signed with the role's credentials and must not go elsewhere) and
+``api_key_secret`` is not used. Tests pass a client (e.g. one with a botocore ``Stubber``); otherwise a
+client is built once per container and per timeout, with botocore's retries off (one attempt = one
+effect).
+
+| outcome | reason_code | retry_safe | outcome_unknown |
+|---|---|---|---|
+| EndpointConnectionError, connect timeout, TLS/proxy failure | connect_failed | yes | no |
+| read timeout, ModelTimeoutException | timeout | no | yes |
+| connection closed mid-call | peer_error | no | yes |
+| ThrottlingException, ServiceQuotaExceededException | rate_limited | yes | no |
+| InternalServerException, ServiceUnavailableException, ModelNotReadyException, other 5xx | peer_error | yes | no |
+| ValidationException, ResourceNotFoundException, AccessDeniedException, bad parameters | agent_invalid | no | no |
+| ModelErrorException, other errors | peer_error | no | no |
+| no credentials | secret_unavailable | no | no |
+| no text in the reply | malformed_reply | no | no |
+
+Content over 65,536 characters is cut and marked ``truncated`` (see ``openai``); ``truncated`` is also
+set when the model stopped at ``maxTokens``. Usage is reported as ``prompt_tokens``,
+``completion_tokens`` and ``total_tokens`` (from ``inputTokens``/``outputTokens``/``totalTokens``), the
+same keys as the ``openai`` executor.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+from typing import TYPE_CHECKING, Any
+
+from kairos.executors.base import (
+    ExecutionRequest,
+    ExecutorError,
+    PreparedCall,
+    Reply,
+    agent_text,
+    bounded_content,
+    canonical_json,
+    digest,
+    max_tokens,
+    user_content,
+)
+
+if TYPE_CHECKING:
+    from mypy_boto3_bedrock_runtime import BedrockRuntimeClient
+
+_RATE_LIMITED = frozenset({"ThrottlingException", "ServiceQuotaExceededException", "TooManyRequestsException"})
+_TRANSIENT = frozenset({"InternalServerException", "ServiceUnavailableException", "ModelNotReadyException"})
+_AGENT_INVALID = frozenset({"ValidationException", "ResourceNotFoundException", "AccessDeniedException"})
+_USAGE_KEYS = {"inputTokens": "prompt_tokens", "outputTokens": "completion_tokens", "totalTokens": "total_tokens"}
+
+_lock = threading.Lock()
+_clients: dict[float | None, BedrockRuntimeClient] = {}
+
+
+def default_client(timeout: float | None = None) -> BedrockRuntimeClient:
+    """The container's ``bedrock-runtime`` client for ``timeout`` seconds of reading (retries off)."""
+    with _lock:
+        client = _clients.get(timeout)
+        if client is None:
+            import boto3
+            from botocore.config import Config
+
+            config = Config(retries={"total_max_attempts": 1}, connect_timeout=10,
+                            read_timeout=timeout if timeout is not None else 60)
+            client = boto3.client("bedrock-runtime", config=config)
+            _clients[timeout] = client
+        return client
+
+
+class BedrockExecutor:
+    name = "bedrock"
+
+    def __init__(self, client: BedrockRuntimeClient | None = None) -> None:
+        self._client = client
+
+    def prepare(self, request: ExecutionRequest) -> PreparedCall:
+        agent = request.agent
+        model = agent_text(agent, "model", required=True)
+        system_prompt = agent_text(agent, "system", required=False)
+        if agent.get("base_url"):
+            raise ExecutorError("agent_invalid", "bedrock agents call the AWS endpoint of the region; remove base_url")
+        assert model is not None
+        system = [{"text": system_prompt}] if system_prompt else []
+        turns: list[tuple[str, str]] = []
+        for entry in request.transcript:
+            if not entry.content:
+                continue
+            if entry.role == "system":
+                system.append({"text": entry.content})
+            else:
+                turns.append(("assistant" if entry.role == "assistant" else "user", entry.content))
+        turns.append(("user", user_content(request.prompt, request.payload)))
+        messages: list[dict[str, Any]] = []
+        for role, text in turns:
+            if messages and messages[-1]["role"] == role:
+                messages[-1]["content"].append({"text": text})
+            else:
+                messages.append({"role": role, "content": [{"text": text}]})
+        call: dict[str, Any] = {"modelId": model, "messages": messages,
+                                "inferenceConfig": {"maxTokens": max_tokens(agent)}}
+        if system:
+            call["system"] = system
+        body = canonical_json(call)
+        endpoint = self._endpoint()
+        return PreparedCall(kind="model_call", mutation=False, method="POST",
+                            url=f"{endpoint}/model/{model}/converse", body=body, digest=digest(body))
+
+    def send(self, prepared: PreparedCall, *, timeout: float) -> Reply:
+        from botocore.exceptions import (
+            BotoCoreError,
+            ClientError,
+            ConnectionClosedError,
+            NoCredentialsError,
+            ParamValidationError,
+            ReadTimeoutError,
+        )
+        from botocore.exceptions import ConnectionError as BotoConnectionError
+
+        call = json.loads(prepared.body)
+        client = self._client or default_client(timeout)
+        try:
+            response = client.converse(**call)
+        except ClientError as exc:
+            raise _client_error(exc.response) from exc
+        except ReadTimeoutError as exc:
+            raise ExecutorError("timeout", "Bedrock did not answer in time", outcome_unknown=True) from exc
+        except BotoConnectionError as exc:  # endpoint unreachable, connect timeout, TLS or proxy failure
+            raise ExecutorError("connect_failed", f"could not connect to Bedrock ({type(exc).__name__})",
+                                retry_safe=True) from exc
+        except ConnectionClosedError as exc:
+            raise ExecutorError("peer_error", "the connection to Bedrock broke after sending",
+                                outcome_unknown=True) from exc
+        except NoCredentialsError as exc:
+            raise ExecutorError("secret_unavailable", "no AWS credentials to call Bedrock with") from exc
+        except ParamValidationError as exc:
+            raise ExecutorError("agent_invalid", "the Bedrock request is invalid for this agent") from exc
+        except BotoCoreError as exc:
+            raise ExecutorError("peer_error", f"the Bedrock call failed ({type(exc).__name__})",
+                                outcome_unknown=True) from exc
+        return _reply(response)
+
+    def _endpoint(self) -> str:
+        if self._client is not None:
+            return str(self._client.meta.endpoint_url)
+        region = os.environ.get("AWS_REGION") or os.environ.get("AWS_DEFAULT_REGION")
+        if not region:
+            try:
+                return str(default_client().meta.endpoint_url)
+            except Exception as exc:  # botocore's NoRegionError and kin: the deployment lacks a region
+                raise ExecutorError("internal", "no AWS region is configured for Bedrock") from exc
+        return f"https://bedrock-runtime.{region}.amazonaws.com"
+
+
+def _client_error(response: Any) -> ExecutorError:
+    error = response.get("Error", {}) if isinstance(response, dict) else {}
+    code = str(error.get("Code", ""))
+    status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
+    if code in _RATE_LIMITED or status == 429:
+        return ExecutorError("rate_limited", f"Bedrock is throttling ({code or status})", retry_safe=True)
+    if code == "ModelTimeoutException":
+        return ExecutorError("timeout", "the model did not finish in time (ModelTimeoutException)",
+                             outcome_unknown=True)
+    if code in _AGENT_INVALID:
+        return ExecutorError("agent_invalid", f"Bedrock refused the agent's request ({code}); check model and access")
+    if code in _TRANSIENT or status >= 500:
+        return ExecutorError("peer_error", f"Bedrock failed ({code or status})", retry_safe=True)
+    return ExecutorError("peer_error", f"Bedrock refused the request ({code or status})")
+
+
+def _reply(response: Any) -> Reply:
+    try:
+        blocks = response["output"]["message"]["content"]
+        texts = [block["text"] for block in blocks if isinstance(block, dict) and isinstance(block.get("text"), str)]
+    except (KeyError, TypeError) as exc:
+        raise ExecutorError("malformed_reply", "Bedrock's reply has no message") from exc
+    if not texts:
+        raise ExecutorError("malformed_reply", "Bedrock's reply has no text content")
+    text, cut = bounded_content("".join(texts))
+    usage: dict[str, int] = {}
+    raw_usage = response.get("usage") or {}
+    for source, key in _USAGE_KEYS.items():
+        value = raw_usage.get(source)
+        if isinstance(value, int) and not isinstance(value, bool):
+            usage[key] = value
+    return Reply(content=text, usage=usage, truncated=cut or response.get("stopReason") == "max_tokens")

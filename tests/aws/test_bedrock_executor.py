@@ -1,0 +1,168 @@
+"""The ``bedrock`` executor on a real ``bedrock-runtime`` client: botocore's ``Stubber`` checks the exact
+Converse arguments against the service model and plays the answers (success, throttling, validation,
+server error); a local HTTP server stands in for the endpoint where a real socket is the point (read
+timeout, connection refused)."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+from collections.abc import Iterator
+from typing import Any
+
+import boto3
+import pytest
+from botocore.config import Config
+from botocore.stub import Stubber
+from kairos import executors
+from kairos.executors.base import ExecutionRequest, ExecutorError, Message, Reply, canonical_json
+from kairos.executors.bedrock import BedrockExecutor
+from kairos.settings import Settings
+
+from tests.unit.test_executors_transport import Peer, closed_port, hang
+
+MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
+
+
+@pytest.fixture(autouse=True)
+def no_endpoint_override(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
+    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
+    yield
+
+
+def client(**kwargs: Any) -> Any:
+    return boto3.client("bedrock-runtime", region_name="eu-central-1", aws_access_key_id="testing",
+                        aws_secret_access_key="testing", **kwargs)
+
+
+def request(**agent: Any) -> ExecutionRequest:
+    return ExecutionRequest(
+        run_id="run-1",
+        attempt=1,
+        agent={"executor": "bedrock", "model": MODEL, "system": "Be brief.", **agent},
+        transcript=(Message("user", "Hi"), Message("user", "Are you there?"), Message("assistant", "Yes."),
+                    Message("system", "Answer in German.")),
+        prompt="What is new?",
+        payload={"ref": "main"},
+    )
+
+
+def answer(text: str = "Nichts Neues.", stop: str = "end_turn") -> dict[str, Any]:
+    return {
+        "output": {"message": {"role": "assistant", "content": [{"text": text}]}},
+        "stopReason": stop,
+        "usage": {"inputTokens": 40, "outputTokens": 4, "totalTokens": 44},
+        "metrics": {"latencyMs": 120},
+    }
+
+
+def test_success_sends_exactly_the_digested_request_and_maps_usage() -> None:
+    bedrock = client()
+    executor = BedrockExecutor(bedrock)
+    prepared = executor.prepare(request(max_tokens=100000))
+    expected = {
+        "modelId": MODEL,
+        "system": [{"text": "Be brief."}, {"text": "Answer in German."}],
+        "messages": [
+            {"role": "user", "content": [{"text": "Hi"}, {"text": "Are you there?"}]},  # merged: turns alternate
+            {"role": "assistant", "content": [{"text": "Yes."}]},
+            {"role": "user", "content": [{"text": 'What is new?\n\n<webhook_payload>\n{\n  "ref": "main"\n}\n'
+                                                  "</webhook_payload>"}]},
+        ],
+        "inferenceConfig": {"maxTokens": 8192},
+    }
+    assert prepared.body == canonical_json(expected)
+    assert prepared.digest == hashlib.sha256(canonical_json(expected)).hexdigest()
+    assert (prepared.kind, prepared.mutation) == ("model_call", False)
+    assert prepared.url == f"https://bedrock-runtime.eu-central-1.amazonaws.com/model/{MODEL}/converse"
+
+    with Stubber(bedrock) as stub:
+        stub.add_response("converse", answer(), expected)
+        reply = executor.send(prepared, timeout=5)
+        stub.assert_no_pending_responses()
+    assert reply == Reply(content="Nichts Neues.",
+                          usage={"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44})
+
+
+def test_a_reply_stopped_at_max_tokens_is_marked_truncated() -> None:
+    bedrock = client()
+    executor = BedrockExecutor(bedrock)
+    prepared = executor.prepare(request())
+    assert json.loads(prepared.body)["inferenceConfig"] == {"maxTokens": 1024}
+    with Stubber(bedrock) as stub:
+        stub.add_response("converse", answer("Nichts", stop="max_tokens"))
+        reply = executor.send(prepared, timeout=5)
+    assert reply.truncated is True
+
+
+@pytest.mark.parametrize(
+    ("code", "status", "reason", "retry_safe", "outcome_unknown"),
+    [
+        ("ThrottlingException", 429, "rate_limited", True, False),
+        ("ValidationException", 400, "agent_invalid", False, False),
+        ("ResourceNotFoundException", 404, "agent_invalid", False, False),
+        ("InternalServerException", 500, "peer_error", True, False),
+        ("ModelTimeoutException", 408, "timeout", False, True),
+        ("ModelErrorException", 424, "peer_error", False, False),
+    ],
+)
+def test_service_errors_are_classified(code: str, status: int, reason: str, retry_safe: bool,
+                                       outcome_unknown: bool) -> None:
+    bedrock = client()
+    executor = BedrockExecutor(bedrock)
+    prepared = executor.prepare(request())
+    with Stubber(bedrock) as stub:
+        stub.add_client_error("converse", service_error_code=code, service_message="details", http_status_code=status)
+        with pytest.raises(ExecutorError) as info:
+            executor.send(prepared, timeout=5)
+    assert (info.value.reason_code, info.value.retry_safe, info.value.outcome_unknown) == (
+        reason, retry_safe, outcome_unknown)
+    assert code in info.value.message
+
+
+def test_a_reply_without_text_is_malformed() -> None:
+    bedrock = client()
+    executor = BedrockExecutor(bedrock)
+    prepared = executor.prepare(request())
+    empty = answer()
+    empty["output"]["message"]["content"] = []
+    with Stubber(bedrock) as stub:
+        stub.add_response("converse", empty)
+        with pytest.raises(ExecutorError) as info:
+            executor.send(prepared, timeout=5)
+    assert info.value.reason_code == "malformed_reply"
+
+
+def test_a_read_timeout_leaves_the_outcome_unknown() -> None:
+    with Peer(hang) as peer:
+        bedrock = client(endpoint_url=peer.url(""),
+                         config=Config(read_timeout=0.2, connect_timeout=1, retries={"total_max_attempts": 1}))
+        executor = BedrockExecutor(bedrock)
+        with pytest.raises(ExecutorError) as info:
+            executor.send(executor.prepare(request()), timeout=0.2)
+        peer.release.set()
+    assert (info.value.reason_code, info.value.retry_safe, info.value.outcome_unknown) == ("timeout", False, True)
+    assert len(peer.received) == 1
+    assert peer.received[0].path.endswith("/converse")
+
+
+def test_an_unreachable_endpoint_is_a_retry_safe_connect_failure() -> None:
+    bedrock = client(endpoint_url=f"http://127.0.0.1:{closed_port()}",
+                     config=Config(connect_timeout=1, retries={"total_max_attempts": 1}))
+    executor = BedrockExecutor(bedrock)
+    with pytest.raises(ExecutorError) as info:
+        executor.send(executor.prepare(request()), timeout=1)
+    assert (info.value.reason_code, info.value.retry_safe, info.value.outcome_unknown) == ("connect_failed", True,
+                                                                                             False)
+
+
+def test_a_base_url_is_refused_so_signed_calls_stay_on_aws() -> None:
+    with pytest.raises(ExecutorError) as info:
+        BedrockExecutor(client()).prepare(request(base_url="http://attacker.example/"))
+    assert info.value.reason_code == "agent_invalid"
+
+
+def test_the_registry_builds_a_bedrock_executor_without_a_client_until_needed(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("AWS_REGION", "us-west-2")
+    prepared = executors.get("bedrock", settings=Settings()).prepare(request())
+    assert prepared.url == f"https://bedrock-runtime.us-west-2.amazonaws.com/model/{MODEL}/converse"
