@@ -115,6 +115,20 @@ class SignatureInvalid(KairosError):
     code = "signature_invalid"
 
 
+class MalformedJson(KairosError):
+    """The body is not JSON at all (JSON that breaks rules is ValidationFailed)."""
+
+    code = "malformed_json"
+
+
+class MethodNotAllowed(KairosError):
+    code = "method_not_allowed"
+
+
+class UnsupportedMediaType(KairosError):
+    code = "unsupported_media_type"
+
+
 @dataclass(frozen=True)
 class HttpError:
     status: int
@@ -133,6 +147,9 @@ HTTP_STATUS: dict[type[KairosError], int] = {
     PayloadTooLarge: 413,
     RateLimited: 429,
     SignatureInvalid: 401,
+    MalformedJson: 400,
+    MethodNotAllowed: 405,
+    UnsupportedMediaType: 415,
 }
 
 

@@ -10,29 +10,22 @@ Three tables:
    ``croniter(...).get_next()``;
 3. ``min_spacing`` latency (an API call makes it on every create; target well under 50 ms).
 
-Run: ``.venv/bin/python bench/calendar.py [--fires N]``.
+Run: ``.venv/bin/python bench/calendar_bench.py [--fires N]``.
 """
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
+import statistics
+import time
+from collections.abc import Callable
+from datetime import UTC, datetime
+from itertools import islice
 
-# This file shares its name with the stdlib module croniter imports: keep bench/ off the import path.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-
-import argparse  # noqa: E402
-import statistics  # noqa: E402
-import time  # noqa: E402
-from collections.abc import Callable  # noqa: E402
-from datetime import UTC, datetime  # noqa: E402
-from itertools import islice  # noqa: E402
-
-from croniter import croniter  # noqa: E402
-from kairos import calendar  # noqa: E402
-from kairos.calendar import Rule, iter_fires, min_spacing, next_fire  # noqa: E402
-from kairos.states import ScheduleKind  # noqa: E402
+from croniter import croniter
+from kairos import calendar
+from kairos.calendar import Rule, iter_fires, min_spacing, next_fire
+from kairos.states import ScheduleKind
 
 # (label, expression, zone, start) -- starts just before a DST change where the zone has one.
 CASES: list[tuple[str, str, str, datetime]] = [

@@ -1,0 +1,165 @@
+"""The HTTP API's request and response models: one source for validation and the OpenAPI document.
+
+Request bodies are strict (``extra="forbid"``): a field the route does not declare — ``owner``,
+``state``, ``fence``, ``revision``, token hashes, anything — is refused with ``rule="unknown_field"``,
+never ignored. The schedule body is the strict ``kairos.schedules.ScheduleRequest``; it is read raw
+first so the chat-style shorthand can be canonicalized before that strict validation.
+
+Response models name the fields each envelope guarantees; the objects inside (a schedule, a run, an
+event) come from their own modules' ``as_json()`` and may carry more fields (``extra="allow"``), so
+the document never promises less than the body holds. Times are RFC 3339 strings in UTC.
+Nothing here talks to the database.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+from pydantic import BaseModel, ConfigDict, Field
+
+
+class _Strict(BaseModel):
+    model_config = ConfigDict(extra="forbid")
+
+
+class _Open(BaseModel):
+    model_config = ConfigDict(extra="allow")
+
+
+# ---- requests ------------------------------------------------------------------------------------
+
+
+class ConversationCreate(_Strict):
+    """``POST /v1/conversations``: an agent (validated by ``conversations.validate_agent``) and a title."""
+
+    agent: dict[str, Any] = Field(description="executor, model, system, base_url, api_key_secret, max_tokens")
+    title: str | None = Field(default=None, max_length=200)
+
+
+class TokenRotate(_Strict):
+    """``POST /v1/schedules/{id}/token``: how long the previous token keeps working."""
+
+    overlap_seconds: int = Field(default=86_400, ge=0, le=604_800)
+
+
+# ---- responses -----------------------------------------------------------------------------------
+
+
+class FieldProblem(_Strict):
+    field: str
+    rule: str
+    message: str
+
+
+class ErrorInfo(_Strict):
+    code: str
+    message: str
+    fields: list[FieldProblem]
+
+
+class ErrorBody(_Strict):
+    """Every error, on every route: ``{"error": {"code", "message", "fields": [...]}}``."""
+
+    error: ErrorInfo
+
+
+class Webhook(_Strict):
+    url: str
+    token: str = Field(description="shown once; only its SHA-256 is stored")
+
+
+class ScheduleOut(_Open):
+    id: str
+    conversation_id: str
+    kind: str
+    status: str
+    revision: int
+
+
+class ScheduleEnvelope(_Strict):
+    schedule: ScheduleOut
+
+
+class ScheduleCreated(_Strict):
+    schedule: ScheduleOut
+    webhook: Webhook | None = Field(default=None, description="only for kind: webhook")
+
+
+class TokenRotated(_Strict):
+    schedule: ScheduleOut
+    webhook: Webhook
+
+
+class ScheduleList(_Strict):
+    schedules: list[ScheduleOut]
+
+
+class FireOut(_Strict):
+    fire_at: str = Field(description="UTC instant, RFC 3339")
+    local_time: str = Field(description="wall time in the schedule's zone, ISO 8601 without offset")
+    utc_offset: str = Field(description="offset at fire_at, e.g. +02:00")
+    fold: int = Field(ge=0, le=1)
+
+
+class FireList(_Strict):
+    fires: list[FireOut]
+
+
+class HookAccepted(_Strict):
+    run_id: str
+    occurrence_id: str
+
+
+class RunOut(_Open):
+    id: str
+    state: str
+
+
+class RunEnvelope(_Strict):
+    run: RunOut
+
+
+class EventOut(_Open):
+    seq: int
+    type: str
+
+
+class EventPage(_Strict):
+    events: list[EventOut]
+    next_after: int
+
+
+class OutputOut(_Open):
+    state: Literal["available", "empty", "unavailable"]
+
+
+class OutputEnvelope(_Strict):
+    output: OutputOut
+
+
+class EntryOut(_Open):
+    seq: int
+    role: str
+    content: str
+
+
+class ConversationOut(_Open):
+    id: str
+    entries: list[EntryOut]
+
+
+class ConversationEnvelope(_Strict):
+    conversation: ConversationOut
+
+
+class NoteOut(_Open):
+    kind: str
+
+
+class Inbox(_Strict):
+    notes: list[NoteOut]
+
+
+class OpenApiDocument(_Open):
+    openapi: str
+    paths: dict[str, Any]

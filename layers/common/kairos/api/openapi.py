@@ -1,0 +1,92 @@
+"""The OpenAPI document of the HTTP API, generated from the resolver's routes and models.
+
+Powertools builds the paths, parameters, bodies and responses from the route signatures and
+``kairos.api.models``. Two bodies are read raw by design and are described here from their models:
+``POST /v1/schedules`` (the strict ``schedules.ScheduleRequest``; the chat-style shorthand it also
+accepts is canonicalized before that validation and named in the description) and ``POST
+/v1/hooks/{token}`` (any body up to 64 KiB, with its idempotency and signature headers). Powertools'
+default 422 schema is replaced by the one error shape. Nothing here reads a request.
+"""
+
+from __future__ import annotations
+
+import json
+from typing import Any
+
+from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
+from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
+
+import kairos
+from kairos import schedules, webhooks
+
+REF = "#/components/schemas/{model}"
+
+_HOOK_HEADERS = [
+    ("Idempotency-Key", "Remembered 24 h: the same key and body answer the first response again; "
+                        "the same key with another body answers 422."),
+    ("webhook-id", "Standard Webhooks message id; used as the idempotency key when Idempotency-Key is absent."),
+    ("webhook-timestamp", "Standard Webhooks: seconds since the epoch, within the schedule's tolerance."),
+    ("webhook-signature", "Standard Webhooks: space-separated v1,<base64 HMAC-SHA256> signatures."),
+    ("X-Hub-Signature-256", "GitHub: sha256=<hex HMAC-SHA256 of the raw body>."),
+]
+
+SHORTHAND = (
+    "The strict body is below. Chat-style shorthand is canonicalized first (see kairos.schedules): "
+    "`every_seconds` means an interval, a lone `starts_at` means a one-time schedule, `cron` without "
+    "`kind` means cron, and a daily UTC cron is stored as a 86,400 s interval. Any other field is refused "
+    "with rule `unknown_field`."
+)
+
+
+def document(app: APIGatewayHttpResolver) -> dict[str, Any]:
+    schema = app.get_openapi_schema(
+        title="Kairos",
+        version=kairos.__version__,
+        description="Agent prompts on a schedule or a webhook, exactly once per fire.",
+        security_schemes={"bearer": HTTPBearer(description="JWT (deployed) or a dev token (local)")},
+    )
+    doc: dict[str, Any] = schema.model_dump(mode="json", by_alias=True, exclude_none=True)
+    components = doc.setdefault("components", {}).setdefault("schemas", {})
+    _describe_schedule_body(doc, components)
+    _describe_hook(doc)
+    for name in ("HTTPValidationError", "ValidationError"):
+        if f'"#/components/schemas/{name}"' not in _text(doc["paths"]):
+            components.pop(name, None)
+    return doc
+
+
+def _describe_schedule_body(doc: dict[str, Any], components: dict[str, Any]) -> None:
+    operation = doc["paths"]["/v1/schedules"]["post"]
+    body_schema = schedules.ScheduleRequest.model_json_schema(ref_template=REF)
+    for name, definition in body_schema.pop("$defs", {}).items():
+        components.setdefault(name, definition)
+    components["ScheduleRequest"] = body_schema
+    operation["requestBody"] = {
+        "required": True,
+        "description": SHORTHAND,
+        "content": {"application/json": {"schema": {"$ref": REF.format(model="ScheduleRequest")}}},
+    }
+
+
+def _describe_hook(doc: dict[str, Any]) -> None:
+    operation = doc["paths"]["/v1/hooks/{token}"]["post"]
+    operation["description"] = (
+        f"The token is the credential (no bearer). Bodies up to {webhooks.MAX_BODY_BYTES} bytes; a paused, "
+        "cancelled or unknown hook answers 404; over the schedule's rate limit, 429 with Retry-After."
+    )
+    operation.setdefault("parameters", []).extend(
+        {"name": name, "in": "header", "required": False, "description": text, "schema": {"type": "string"}}
+        for name, text in _HOOK_HEADERS
+    )
+    operation["requestBody"] = {
+        "required": False,
+        "description": "Any body; stored as the run's payload (JSON, or {\"raw\": text}).",
+        "content": {"application/json": {"schema": {}}},
+    }
+    operation["responses"]["429"]["headers"] = {
+        "Retry-After": {"description": "seconds until the hook accepts again", "schema": {"type": "integer"}},
+    }
+
+
+def _text(value: Any) -> str:
+    return json.dumps(value)

@@ -1,0 +1,346 @@
+"""Webhook intake: one delivery to ``POST /v1/hooks/{token}`` becomes at most one queued run.
+
+Flow of ``receive`` (one transaction, then the SQS handoff):
+
+1. bodies over 64 KiB are refused (413) before any lookup work;
+2. the token is hashed (SHA-256 hex) and looked up against ``token_hash``, or ``previous_token_hash``
+   while ``previous_token_expires_at`` is ahead; the stored hash is then compared with
+   ``hmac.compare_digest``. Only an ``active`` webhook schedule answers: paused, cancelled,
+   completed and unknown hooks all raise the same ``NotFound("hook")``. The row is locked
+   (``FOR NO KEY UPDATE``), so the deliveries of one schedule serialize: the rate window and the
+   receipt check below always see every earlier delivery;
+3. the signature, when the schedule requires one (``signing``: Standard Webhooks or GitHub's
+   ``X-Hub-Signature-256``), over the raw body, with a timestamp tolerance (Standard Webhooks);
+4. the idempotency key (``Idempotency-Key``, else ``webhook-id``, else a fresh random key): a receipt
+   younger than 24 h answers the first response again when the body digest matches, and
+   ``IdempotencyMismatch`` (422) when it does not. A replay is answered before the rate limit: a
+   sender retrying an accepted delivery gets its answer even when the schedule is at its limit;
+5. the rate limit: ``rate_limit_per_minute`` (default 60) webhook occurrences in the last 60 s raise
+   ``RateLimited`` with the seconds until the window frees a slot;
+6. the occurrence (source ``webhook``, ``fire_at`` = database now, local time from
+   ``calendar.describe``), the run (payload = the JSON body, or ``{"raw": text}``), ``run.queued``
+   and the receipt are inserted; the transaction commits; then the run id is handed to SQS. A failed
+   send leaves the run queued with no handoff stamp: the tick's repair sends it.
+
+Identity: occurrence id = uuid5(schedule, "webhook", key), run id = uuid5(occurrence). A key whose
+receipt has expired (older than 24 h) still converges on the rows it produced the first time: the
+delivery is answered with the original ids and nothing new is created (the body is no longer
+compared). Identities are forever; only the digest memory is bounded.
+
+Guarantees: the raw token is never stored, logged or put in an error; logs carry ``action`` and ids.
+This module must not decide anything with the Lambda clock: "now" is the database's.
+"""
+
+from __future__ import annotations
+
+import base64
+import hashlib
+import hmac
+import json
+import math
+import random
+import secrets as pysecrets
+from collections.abc import Callable, Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from kairos import calendar, db, identity, trace
+from kairos.errors import (
+    FieldError,
+    IdempotencyMismatch,
+    NotFound,
+    PayloadTooLarge,
+    RateLimited,
+    SignatureInvalid,
+    ValidationFailed,
+)
+from kairos.observability import logger, metrics
+from kairos.schedules import hash_token  # the one hashing rule (SHA-256 hex), shared with creation
+from kairos.states import EventType, Source
+
+MAX_BODY_BYTES = 65_536
+MAX_KEY_LENGTH = 255
+DEFAULT_RATE_LIMIT = 60
+DEFAULT_TOLERANCE_SECONDS = 300
+MAX_OVERLAP_SECONDS = 604_800
+DEFAULT_OVERLAP_SECONDS = 86_400
+RATE_WINDOW = timedelta(seconds=60)
+# One accepted delivery in PRUNE_EVERY also deletes up to PRUNE_BATCH expired receipts.
+PRUNE_EVERY = 64
+PRUNE_BATCH = 200
+
+HandoffFn = Callable[[db.Database, list[UUID]], object]
+
+
+@dataclass(frozen=True)
+class Delivery:
+    """One request as received: the path token, the raw body, and headers with lower-case names."""
+
+    token: str
+    body: bytes
+    headers: Mapping[str, str]
+
+    def header(self, name: str) -> str | None:
+        value = self.headers.get(name.lower())
+        return value if value else None
+
+
+@dataclass(frozen=True)
+class Accepted:
+    schedule_id: UUID
+    occurrence_id: UUID
+    run_id: UUID
+    replayed: bool
+
+    def as_json(self) -> dict[str, str]:
+        return {"run_id": str(self.run_id), "occurrence_id": str(self.occurrence_id)}
+
+
+def new_token() -> str:
+    """32 random bytes, URL-safe: shown once, stored only as ``hash_token(token)``."""
+    return pysecrets.token_urlsafe(32)
+
+
+def webhook_url(public_url: str, token: str) -> str:
+    return f"{public_url.rstrip('/')}/v1/hooks/{token}"
+
+
+def receive(database: db.Database, delivery: Delivery, *, now: datetime | None = None,
+            handoff: HandoffFn | None = None) -> Accepted:
+    """Accepts one delivery (see the module doc); commits before handing the run to SQS."""
+    if len(delivery.body) > MAX_BODY_BYTES:
+        _rejected("too_large", None)
+        raise PayloadTooLarge(f"webhook bodies are limited to {MAX_BODY_BYTES} bytes")
+    with database.transaction() as conn:
+        accepted = accept(conn, delivery, now=now)
+        if not accepted.replayed and random.randrange(PRUNE_EVERY) == 0:
+            prune_receipts(conn, now=now)
+    log_extra = {"action": "webhook_accepted", "schedule_id": str(accepted.schedule_id),
+                 "occurrence_id": str(accepted.occurrence_id), "run_id": str(accepted.run_id),
+                 "replayed": accepted.replayed}
+    logger.info("webhook accepted", extra=log_extra)
+    metrics.add_metric(name="WebhooksAccepted", unit="Count", value=1)
+    if not accepted.replayed and handoff is not None:
+        try:
+            handoff(database, [accepted.run_id])
+        except Exception:  # noqa: BLE001 - the run is committed and queued: the tick's repair sends it
+            logger.exception("webhook handoff failed", extra={
+                "action": "webhook_handoff_failed", "schedule_id": str(accepted.schedule_id),
+                "run_id": str(accepted.run_id)})
+            metrics.add_metric(name="HandoffFailures", unit="Count", value=1)
+    return accepted
+
+
+def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetime | None = None) -> Accepted:
+    """Everything ``receive`` does inside the caller's transaction (no commit, no handoff)."""
+    if len(delivery.body) > MAX_BODY_BYTES:
+        raise PayloadTooLarge(f"webhook bodies are limited to {MAX_BODY_BYTES} bytes")
+    hook = find(conn, delivery.token, now=now)
+    if hook is None:
+        _rejected("unknown", None)
+        raise NotFound("hook")
+    schedule_id: UUID = hook["id"]
+    db_now: datetime = hook["now"]
+    if hook["signing"]:
+        try:
+            verify_signature(hook["signing"], body=delivery.body, headers=delivery.headers, now=db_now)
+        except SignatureInvalid:
+            _rejected("signature", schedule_id)
+            raise
+    key, deduplicated = idempotency_key(delivery)
+    digest = hashlib.sha256(delivery.body).hexdigest()
+    occurrence_id = identity.occurrence_id(schedule_id, Source.WEBHOOK, key=key)
+    run_id = identity.run_id(occurrence_id)
+    if deduplicated:
+        receipt = db.fetch_one(conn, "webhook_receipts_find",
+                               {"schedule_id": schedule_id, "idempotency_key": key, "now": now})
+        if receipt is not None:
+            if not hmac.compare_digest(receipt["request_digest"], digest):
+                _rejected("idempotency_mismatch", schedule_id)
+                raise IdempotencyMismatch(
+                    "this Idempotency-Key was already used with a different body; use a new key for a new request",
+                    fields=[FieldError("Idempotency-Key", "idempotency_key_reused",
+                                       "the key was used with another body in the last 24 hours")],
+                )
+            return Accepted(schedule_id, receipt["occurrence_id"], receipt["run_id"], replayed=True)
+    _check_rate(conn, schedule_id, hook["rate_limit_per_minute"] or DEFAULT_RATE_LIMIT, db_now, now)
+    fire = calendar.describe(db_now, hook["timezone"])
+    inserted = db.fetch_one(conn, "occurrences_insert_hook", {
+        "id": occurrence_id, "schedule_id": schedule_id, "fire_at": fire.fire_at, "local_time": fire.local_time,
+        "utc_offset": fire.utc_offset, "fold": fire.fold, "timezone": fire.timezone,
+        "tzdata_version": fire.tzdata_version, "schedule_revision": hook["revision"],
+        "idempotency_key": key, "now": now,
+    })
+    if inserted is None:
+        # The key produced these rows once already (its receipt has expired): converge on them.
+        return Accepted(schedule_id, occurrence_id, run_id, replayed=True)
+    db.fetch_one(conn, "runs_insert_hook", {
+        "id": run_id, "occurrence_id": occurrence_id, "schedule_id": schedule_id, "owner": hook["owner"],
+        "conversation_id": hook["conversation_id"], "mode": hook["mode"], "prompt": hook["prompt"],
+        "payload": Jsonb(payload_of(delivery.body)), "agent": Jsonb(hook["agent"]), "catch_up": hook["catch_up"],
+        "now": now,
+    })
+    trace.append(conn, run_id, EventType.RUN_QUEUED,
+                 data={"source": Source.WEBHOOK.value, "occurrence_id": str(occurrence_id)}, now=now)
+    if deduplicated:
+        db.fetch_one(conn, "webhook_receipts_insert", {
+            "schedule_id": schedule_id, "idempotency_key": key, "request_digest": digest,
+            "occurrence_id": occurrence_id, "run_id": run_id, "now": now,
+        })
+    return Accepted(schedule_id, occurrence_id, run_id, replayed=False)
+
+
+def find(conn: psycopg.Connection[db.Row], token: str, *, now: datetime | None = None) -> db.Row | None:
+    """The active webhook schedule this token opens (locked), or None. Compared in constant time."""
+    presented = hash_token(token)
+    row = db.fetch_one(conn, "schedules_find_hook", {"token_hash": presented, "now": now})
+    if row is None:
+        return None
+    current = hmac.compare_digest(row["token_hash"] or "", presented)
+    previous = hmac.compare_digest(row["previous_token_hash"] or "", presented)
+    return row if current or previous else None
+
+
+def idempotency_key(delivery: Delivery) -> tuple[str, bool]:
+    """The delivery's key and whether it came from the sender (a fresh random key dedupes nothing)."""
+    for header in ("idempotency-key", "webhook-id"):
+        value = delivery.header(header)
+        if value is not None:
+            value = value.strip()
+            if len(value) > MAX_KEY_LENGTH:
+                name = "Idempotency-Key" if header == "idempotency-key" else "webhook-id"
+                raise ValidationFailed([FieldError(name, "max_length",
+                                                   f"at most {MAX_KEY_LENGTH} characters")])
+            if value:
+                return value, True
+    return f"fresh:{pysecrets.token_hex(16)}", False
+
+
+def payload_of(body: bytes) -> Any:
+    """The run payload: the parsed JSON body, or ``{"raw": text}`` when it is not storable JSON."""
+    text = body.decode("utf-8", errors="replace")
+    try:
+        value = json.loads(text)
+    except ValueError:
+        return {"raw": text.replace("\x00", "\ufffd")}
+    if _storable(value):
+        return value
+    return {"raw": text.replace("\x00", "\ufffd")}
+
+
+def _storable(value: Any) -> bool:
+    """PostgreSQL jsonb refuses NUL characters and lone surrogates; such JSON is kept as raw text."""
+    try:
+        encoded = json.dumps(value, ensure_ascii=False).encode("utf-8")
+    except (UnicodeEncodeError, ValueError):
+        return False
+    return b"\\u0000" not in encoded
+
+
+def verify_signature(signing: Mapping[str, Any], *, body: bytes, headers: Mapping[str, str], now: datetime,
+                     secret: str | None = None) -> None:
+    """Raises ``SignatureInvalid`` unless the body carries a valid signature of the schedule's scheme."""
+    scheme = signing.get("scheme")
+    if secret is None:
+        secret = _resolve_secret(str(signing.get("secret", "")))
+    if scheme == "github":
+        presented = headers.get("x-hub-signature-256") or ""
+        expected = "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
+        if not presented or not hmac.compare_digest(presented.strip().lower(), expected):
+            raise SignatureInvalid("X-Hub-Signature-256 is missing or does not match the body")
+        return
+    if scheme == "standard":
+        msg_id = headers.get("webhook-id") or ""
+        stamp = headers.get("webhook-timestamp") or ""
+        presented = headers.get("webhook-signature") or ""
+        if not (msg_id and stamp and presented):
+            raise SignatureInvalid("webhook-id, webhook-timestamp and webhook-signature headers are required")
+        try:
+            sent_at = int(stamp)
+        except ValueError:
+            raise SignatureInvalid("webhook-timestamp must be integer seconds since the epoch") from None
+        tolerance = int(signing.get("tolerance_seconds") or DEFAULT_TOLERANCE_SECONDS)
+        if abs(now.timestamp() - sent_at) > tolerance:
+            raise SignatureInvalid(f"webhook-timestamp is more than {tolerance} seconds away from now")
+        signed = f"{msg_id}.{stamp}.".encode() + body
+        expected = base64.b64encode(hmac.new(_standard_key(secret), signed, hashlib.sha256).digest()).decode()
+        for candidate in presented.split():
+            version, _, value = candidate.partition(",")
+            if version == "v1" and hmac.compare_digest(value, expected):
+                return
+        raise SignatureInvalid("webhook-signature does not match the body")
+    raise SignatureInvalid("the schedule's signing scheme is not supported")
+
+
+def _standard_key(secret: str) -> bytes:
+    """Standard Webhooks secrets are ``whsec_<base64>``; anything else is used as UTF-8 bytes."""
+    if secret.startswith("whsec_"):
+        try:
+            return base64.b64decode(secret[len("whsec_"):], validate=True)
+        except ValueError:
+            pass
+    return secret.encode("utf-8")
+
+
+def _resolve_secret(reference: str) -> str:
+    from kairos import secrets
+    from kairos.executors.base import ExecutorError
+
+    try:
+        return secrets.resolve(reference)
+    except ExecutorError:
+        # Misconfiguration on our side; the sender only learns the signature could not be verified.
+        logger.error("webhook signing secret unavailable", extra={"action": "webhook_secret_unavailable"})
+        raise SignatureInvalid("the signature could not be verified") from None
+
+
+def _check_rate(conn: psycopg.Connection[db.Row], schedule_id: UUID, limit: int, db_now: datetime,
+                now: datetime | None) -> None:
+    row = db.fetch_one(conn, "occurrences_hook_window",
+                       {"schedule_id": schedule_id, "offset": limit - 1, "now": now})
+    if row is None:
+        return
+    free_at: datetime = row["fire_at"] + RATE_WINDOW
+    retry_after = max(1, math.ceil((free_at - db_now).total_seconds()))
+    _rejected("rate_limited", schedule_id)
+    raise RateLimited(f"this hook accepts at most {limit} deliveries per minute", retry_after=retry_after)
+
+
+def prune_receipts(conn: psycopg.Connection[db.Row], *, now: datetime | None = None,
+                   limit: int = PRUNE_BATCH) -> int:
+    """Deletes up to ``limit`` receipts older than 24 h; returns how many."""
+    return db.execute(conn, "webhook_receipts_prune", {"now": now, "limit": limit})
+
+
+def rotate_token(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, owner: str,
+                 overlap_seconds: int = DEFAULT_OVERLAP_SECONDS, now: datetime | None = None) -> str:
+    """Gives a webhook schedule a new token (returned, shown once); the old one works for the overlap.
+
+    Only one previous token is kept: rotating again ends the older one at once. The caller checks
+    ownership and kind first (``schedules.get``) so a foreign id answers the same NotFound.
+    """
+    if not 0 <= overlap_seconds <= MAX_OVERLAP_SECONDS:
+        raise ValidationFailed([FieldError("overlap_seconds", "range", f"between 0 and {MAX_OVERLAP_SECONDS}")])
+    token = new_token()
+    row = db.fetch_one(conn, "schedules_rotate_token", {
+        "id": schedule_id, "owner": owner, "token_hash": hash_token(token),
+        "overlap_seconds": overlap_seconds, "now": now,
+    })
+    if row is None:
+        raise NotFound("schedule")
+    logger.info("webhook token rotated", extra={"action": "webhook_token_rotated", "schedule_id": str(schedule_id),
+                                                "overlap_seconds": overlap_seconds})
+    return token
+
+
+def _rejected(reason: str, schedule_id: UUID | None) -> None:
+    extra: dict[str, Any] = {"action": "webhook_rejected", "reason": reason}
+    if schedule_id is not None:
+        extra["schedule_id"] = str(schedule_id)
+    logger.info("webhook rejected", extra=extra)
+    metrics.add_metric(name="WebhooksRejected", unit="Count", value=1)
