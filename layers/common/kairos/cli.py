@@ -1,15 +1,19 @@
 """The ``kairos`` command: ``migrate`` and ``dev`` for everyone, and operator commands.
 
-Commands are thin: they parse arguments, open the database from ``DATABASE_URL`` and call the same
-library functions the handlers use.
+Commands are thin: they parse arguments, open the database from ``DATABASE_URL`` (or the Secrets
+Manager secret in ``DATABASE_SECRET_ARN``) and call ``kairos.operations``, which goes through the
+same library functions the handlers use. ``--json`` prints machine-readable output.
 """
 
 from __future__ import annotations
 
 import argparse
+import json
 import os
 import sys
-from collections.abc import Sequence
+import uuid
+from collections.abc import Iterable, Sequence
+from typing import Any
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
@@ -25,6 +29,102 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
             print(f"applied {m.version:04d}_{m.name}")
     else:
         print("schema is up to date")
+    return 0
+
+
+def _database_url(args: argparse.Namespace) -> str | None:
+    from kairos.settings import Settings
+
+    if getattr(args, "database_url", None):
+        return str(args.database_url)
+    settings = Settings.from_env()
+    if settings.database_url or settings.database_secret_arn:
+        return settings.resolve_database_url()
+    return None
+
+
+def _print(args: argparse.Namespace, value: Any, lines: Iterable[str]) -> None:
+    if args.json:
+        print(json.dumps(value, indent=2, sort_keys=True, default=str))
+    else:
+        for line in lines:
+            print(line)
+
+
+def _schedule_line(s: Any) -> str:
+    rule = s.cron or (f"every {s.interval_seconds}s" if s.interval_seconds else s.starts_at or "webhook")
+    nxt = s.next_fire_at.isoformat() if s.next_fire_at else "-"
+    return f"{s.id}  {s.owner:<12} {s.kind:<8} {s.status:<9} {rule!s:<20} next {nxt}  {s.name}"
+
+
+def _run_line(r: Any) -> str:
+    return (f"{r.id}  {r.owner:<12} {r.source:<9} {r.state:<17} attempt {r.attempt}  "
+            f"created {r.created_at.isoformat()}")
+
+
+def _cmd_ops(args: argparse.Namespace) -> int:
+    from kairos import operations
+    from kairos.db import Database
+    from kairos.errors import KairosError
+
+    url = _database_url(args)
+    if not url:
+        print("kairos: set DATABASE_URL (or DATABASE_SECRET_ARN) or pass --database-url", file=sys.stderr)
+        return 2
+    database = Database(url, max_size=1)
+    try:
+        with database.transaction() as conn:
+            return int(_ops(args, conn, operations))
+    except KairosError as err:
+        print(f"kairos: {err.message}", file=sys.stderr)
+        return 1
+    finally:
+        database.close()
+
+
+def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    what, verb = args.command, args.verb
+    if what == "status":
+        sqs = None
+        queue_url = os.environ.get("RUN_QUEUE_URL")
+        if queue_url:
+            import boto3
+
+            sqs = boto3.client("sqs")
+        st = operations.status(conn, sqs=sqs, queue_url=queue_url)
+        data = st.as_json()
+        _print(args, data, [f"{k:<22} {v if v is not None else '-'}" for k, v in data.items()])
+        return 0
+    if what == "schedules":
+        if verb == "list":
+            rows = operations.list_schedules(conn, owner=args.owner, include_cancelled=args.all, limit=args.limit)
+            _print(args, [r.as_json() for r in rows], [_schedule_line(r) for r in rows] or ["no schedules"])
+            return 0
+        action = {
+            "show": operations.get_schedule,
+            "pause": operations.pause_schedule,
+            "resume": operations.resume_schedule,
+            "cancel": operations.cancel_schedule,
+        }[verb]
+        sched = action(conn, args.id)
+        _print(args, sched.as_json(), [f"{k:<26} {v}" for k, v in sched.as_json().items() if k != "prompt"])
+        return 0
+    if verb == "list":
+        rows = operations.list_runs(conn, schedule_id=args.schedule, state=args.state, limit=args.limit)
+        _print(args, [r.as_json() for r in rows], [_run_line(r) for r in rows] or ["no runs"])
+        return 0
+    if verb == "cancel":
+        run = operations.cancel_run(conn, args.id)
+        _print(args, run.as_json(), [_run_line(run)])
+        return 0
+    run = operations.get_run(conn, args.id)
+    lines = operations.timeline(conn, args.id)
+    if verb == "trace":
+        _print(args, {"run": run.as_json(), "timeline": lines}, lines or ["no events"])
+        return 0
+    body = run.as_json()
+    _print(args, {"run": body, "timeline": lines},
+           [f"{k:<18} {v}" for k, v in body.items()] + ["", "trace:", *lines])
     return 0
 
 
@@ -50,6 +150,33 @@ def build_parser() -> argparse.ArgumentParser:
     )
     dev.add_argument("--once", action="store_true", help="set up, print the demo, and exit")
     dev.set_defaults(func=_cmd_dev)
+
+    def ops_parser(name: str, help_text: str) -> argparse.ArgumentParser:
+        p = sub.add_parser(name, help=help_text)
+        p.add_argument("--database-url", help="libpq URL (default: $DATABASE_URL)")
+        p.add_argument("--json", action="store_true", help="print JSON")
+        p.set_defaults(func=_cmd_ops, verb=None)
+        return p
+
+    ops_parser("status", "due backlog, oldest queued run, stuck runs, DLQ depth")
+
+    sched = ops_parser("schedules", "list, show, pause, resume or cancel schedules (every owner)")
+    sched_verbs = sched.add_subparsers(dest="verb", required=True)
+    sl = sched_verbs.add_parser("list")
+    sl.add_argument("--owner")
+    sl.add_argument("--all", action="store_true", help="include cancelled schedules")
+    sl.add_argument("--limit", type=int, default=100)
+    for verb in ("show", "pause", "resume", "cancel"):
+        sched_verbs.add_parser(verb).add_argument("id", type=uuid.UUID)
+
+    run = ops_parser("runs", "list, show, trace or cancel runs (every owner)")
+    run_verbs = run.add_subparsers(dest="verb", required=True)
+    rl = run_verbs.add_parser("list")
+    rl.add_argument("--schedule", type=uuid.UUID)
+    rl.add_argument("--state")
+    rl.add_argument("--limit", type=int, default=50)
+    for verb in ("show", "trace", "cancel"):
+        run_verbs.add_parser(verb).add_argument("id", type=uuid.UUID)
     return parser
 
 

@@ -28,40 +28,20 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
+from collections.abc import Callable, Iterator, Mapping, Sequence
 from contextlib import ExitStack, contextmanager
-from dataclasses import dataclass
 from datetime import UTC, datetime
 from pathlib import Path
 from types import ModuleType
 from typing import Any
+
+from kairos.apigw import LocalContext
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
 DEV_TOKEN = "dev-token-alice"  # noqa: S105 - a local, printed demo credential
 DEV_PRINCIPAL = "alice"
 REPO_ROOT = Path(__file__).resolve().parents[3]
-
-
-@dataclass
-class LocalContext:
-    """What a Lambda context offers the handlers (Powertools reads these fields)."""
-
-    function_name: str
-    timeout_seconds: float = 60.0
-    memory_limit_in_mb: int = 512
-    aws_request_id: str = ""
-
-    def __post_init__(self) -> None:
-        self._deadline = time.monotonic() + self.timeout_seconds
-        self.aws_request_id = self.aws_request_id or str(uuid.uuid4())
-        self.invoked_function_arn = f"arn:aws:lambda:us-east-1:000000000000:function:{self.function_name}"
-        self.function_version = "$LATEST"
-        self.log_group_name = f"/aws/lambda/{self.function_name}"
-        self.log_stream_name = "local"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return max(0, int((self._deadline - time.monotonic()) * 1000))
 
 
 def load_handler(name: str) -> Handler:
@@ -91,7 +71,7 @@ def scheduled_event(now: datetime | None = None) -> dict[str, Any]:
     }
 
 
-def sqs_event(messages: list[dict[str, Any]], queue_arn: str) -> dict[str, Any]:
+def sqs_event(messages: Sequence[Mapping[str, Any]], queue_arn: str) -> dict[str, Any]:
     """An SQS batch event built from ReceiveMessage results, as the Lambda integration sends it."""
     return {
         "Records": [
@@ -152,7 +132,7 @@ def sqs_server() -> Iterator[tuple[str, str, str]]:
         {
             "AWS_ENDPOINT_URL": endpoint,
             "AWS_ACCESS_KEY_ID": "local",
-            "AWS_SECRET_ACCESS_KEY": "local",  # noqa: S105 - moto accepts anything
+            "AWS_SECRET_ACCESS_KEY": "local",
             "AWS_DEFAULT_REGION": "us-east-1",
         }
     )
@@ -187,7 +167,7 @@ class Loop(threading.Thread):
         while not self._stop.is_set():
             try:
                 pause = self._step()
-            except Exception as exc:  # keep the local stack alive; the error is shown
+            except Exception as exc:  # noqa: BLE001 - keep the local stack alive; the error is shown
                 print(f"{self.name:<10} error: {type(exc).__name__}: {exc}", file=sys.stderr)
                 pause = 1.0
             self._stop.wait(pause)
@@ -196,7 +176,7 @@ class Loop(threading.Thread):
 def tick_step(handler: Handler, interval: float) -> Callable[[], float]:
     def step() -> float:
         started = time.monotonic()
-        handler(scheduled_event(), LocalContext("kairos-tick", timeout_seconds=60))
+        handler(scheduled_event(), LocalContext(timeout_ms=60_000, function_name="kairos-tick"))
         return max(0.0, interval - (time.monotonic() - started))
 
     return step
@@ -214,7 +194,7 @@ def worker_step(handler: Handler, queue_url: str, queue_arn: str) -> Callable[[]
         messages = received.get("Messages", [])
         if not messages:
             return 0.0
-        result = handler(sqs_event(messages, queue_arn), LocalContext("kairos-run", timeout_seconds=900))
+        result = handler(sqs_event(messages, queue_arn), LocalContext(timeout_ms=900_000, function_name="kairos-run"))
         failed = {f["itemIdentifier"] for f in (result or {}).get("batchItemFailures", [])}
         done = [m for m in messages if m["MessageId"] not in failed]
         if done:
@@ -316,6 +296,16 @@ def print_demo(demo: dict[str, Any], public_url: str) -> None:
     print(f"API:  curl -sS {public_url}/v1/schedules -H 'Authorization: Bearer {DEV_TOKEN}'\n")
 
 
+class _LazyHandler:
+    """The API handler, loaded once the environment it reads is in place."""
+
+    target: Handler | None = None
+
+    def __call__(self, event: dict[str, Any], context: Any) -> Any:
+        assert self.target is not None, "the API handler is set before the server starts"
+        return self.target(event, context)
+
+
 def main(args: argparse.Namespace) -> int:
     from kairos import migrations, runtime
 
@@ -332,7 +322,12 @@ def main(args: argparse.Namespace) -> int:
         applied = migrations.apply(url)
         print(f"migrations {len(applied)} applied" if applied else "migrations schema is up to date")
         _endpoint, queue_url, queue_arn = stack.enter_context(sqs_server())
-        public_url = f"http://127.0.0.1:{args.port}"
+        from kairos import apigw
+
+        # The API binds first so `--port 0` works: the webhook URLs printed below use its real port.
+        server = apigw.ApiGatewayServer(_LazyHandler(), host="127.0.0.1", port=args.port)
+        stack.callback(server.stop)
+        public_url = server.url
         os.environ.update(
             {
                 "DATABASE_URL": url,
@@ -341,19 +336,15 @@ def main(args: argparse.Namespace) -> int:
                 "KAIROS_DEV_TOKENS": f"{DEV_TOKEN}={DEV_PRINCIPAL}",
                 "KAIROS_PUBLIC_URL": public_url,
                 "POWERTOOLS_METRICS_NAMESPACE": "Kairos",
-                "POWERTOOLS_DEV": "false",
             }
         )
         os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
         runtime.reset()
+        _LazyHandler.target = load_handler("webhook")
+        server.start()
+        print(f"api        {public_url}  (Authorization: Bearer {DEV_TOKEN})")
 
         demo = create_demo(url, public_url)
-        api = load_handler("webhook")
-        from kairos import apigw
-
-        server = apigw.serve(api, host="127.0.0.1", port=args.port)
-        stack.callback(server.close)
-        print(f"api        http://127.0.0.1:{server.port}  (Authorization: Bearer {DEV_TOKEN})")
         print_demo(demo, public_url)
         if args.once:
             return 0

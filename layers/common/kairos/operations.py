@@ -1,0 +1,135 @@
+"""Operator views and actions behind the ``kairos`` CLI: every owner's rows, read-only by default.
+
+Reads here are deliberately not owner-scoped (an operator holds the database credentials anyway);
+actions (pause, resume, cancel) look up the row's owner and then go through the same owner-scoped
+library functions the API uses, so an operator cannot move a row in a way a user could not.
+Nothing here prints prompts, payloads, outputs' text or token hashes.
+"""
+
+from __future__ import annotations
+
+import json
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from kairos import db, runs, schedules
+from kairos.errors import NotFound
+
+
+@dataclass(frozen=True)
+class Status:
+    now: datetime
+    due: int
+    oldest_due_at: datetime | None
+    queued: int
+    running: int
+    oldest_queued_at: datetime | None
+    lease_expired: int
+    handoff_pending: int
+    dlq_depth: int | None  # None when no queue is configured or it cannot be read
+
+    def as_json(self) -> dict[str, Any]:
+        def iso(value: datetime | None) -> str | None:
+            return None if value is None else value.isoformat()
+
+        return {
+            "now": iso(self.now),
+            "due_backlog": self.due,
+            "oldest_due_at": iso(self.oldest_due_at),
+            "queued": self.queued,
+            "running": self.running,
+            "oldest_queued_at": iso(self.oldest_queued_at),
+            "stuck_lease_expired": self.lease_expired,
+            "stuck_handoff_pending": self.handoff_pending,
+            "dlq_depth": self.dlq_depth,
+        }
+
+
+def status(conn: psycopg.Connection[db.Row], *, sqs: Any = None, queue_url: str | None = None,
+           now: datetime | None = None) -> Status:
+    sched = db.fetch_one(conn, "schedules_ops_status", {"now": now}) or {}
+    run = db.fetch_one(conn, "runs_ops_status", {"now": now}) or {}
+    return Status(
+        now=sched["now"],
+        due=int(sched["due"]),
+        oldest_due_at=sched["oldest_due_at"],
+        queued=int(run["queued"]),
+        running=int(run["running"]),
+        oldest_queued_at=run["oldest_queued_at"],
+        lease_expired=int(run["lease_expired"]),
+        handoff_pending=int(run["handoff_pending"]),
+        dlq_depth=dlq_depth(sqs, queue_url) if sqs is not None and queue_url else None,
+    )
+
+
+def dlq_depth(sqs: Any, queue_url: str) -> int | None:
+    """Visible messages in the run queue's dead-letter queue, found through its redrive policy."""
+    attrs = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])["Attributes"]
+    policy = attrs.get("RedrivePolicy")
+    if not policy:
+        return None
+    dlq_name = json.loads(policy)["deadLetterTargetArn"].rsplit(":", 1)[-1]
+    dlq_url = sqs.get_queue_url(QueueName=dlq_name)["QueueUrl"]
+    depth = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["ApproximateNumberOfMessages"])
+    return int(depth["Attributes"]["ApproximateNumberOfMessages"])
+
+
+def list_schedules(conn: psycopg.Connection[db.Row], *, owner: str | None = None, include_cancelled: bool = False,
+                   limit: int = 100) -> list[schedules.Schedule]:
+    rows = db.fetch_all(conn, "schedules_ops_list", {"owner": owner, "all": include_cancelled, "limit": limit})
+    return [schedules.Schedule.from_row(r) for r in rows]
+
+
+def get_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> schedules.Schedule:
+    row = db.fetch_one(conn, "schedules_ops_get", {"id": schedule_id})
+    if row is None:
+        raise NotFound("schedule")
+    return schedules.Schedule.from_row(row)
+
+
+def list_runs(conn: psycopg.Connection[db.Row], *, schedule_id: UUID | None = None, state: str | None = None,
+              limit: int = 50) -> list[runs.Run]:
+    rows = db.fetch_all(conn, "runs_ops_list", {"schedule_id": schedule_id, "state": state, "limit": limit})
+    return [runs.Run.from_row(r) for r in rows]
+
+
+def get_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> runs.Run:
+    row = db.fetch_one(conn, "runs_ops_get", {"id": run_id})
+    if row is None:
+        raise NotFound("run")
+    return runs.Run.from_row(row)
+
+
+def timeline(conn: psycopg.Connection[db.Row], run_id: UUID) -> list[str]:
+    """A run's trace as readable lines: offset from the first event, type, attempt, step, safe data."""
+    events = db.fetch_all(conn, "runs_ops_events", {"id": run_id})
+    if not events:
+        return []
+    start: datetime = events[0]["at"]
+    lines = []
+    for e in events:
+        offset = (e["at"] - start).total_seconds()
+        step = f" [{e['step']}]" if e["step"] else ""
+        data = f"  {json.dumps(e['data'], sort_keys=True)}" if e["data"] else ""
+        lines.append(f"{e['seq']:>4}  +{offset:9.3f}s  {e['type']:<22} attempt {e['attempt']}{step}{data}")
+    return lines
+
+
+def pause_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> schedules.Schedule:
+    return schedules.pause(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner)
+
+
+def resume_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> schedules.Schedule:
+    return schedules.resume(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner)
+
+
+def cancel_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> schedules.Schedule:
+    return schedules.cancel(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner)
+
+
+def cancel_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> runs.Run:
+    return runs.cancel(conn, run_id, owner=get_run(conn, run_id).owner)

@@ -1,0 +1,117 @@
+"""`kairos dev` end to end: a subprocess from a clean directory, driven over real HTTP.
+
+Given the local stack started as a newcomer would start it (embedded PostgreSQL in a fresh
+directory, moto's SQS, the API server, fast ticks), when a webhook is posted to the printed URL,
+then the run succeeds through the real tick/worker loops, its trace reads back through the API, and
+Ctrl-C (SIGINT) stops everything, leaving no process behind.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import queue
+import re
+import signal
+import subprocess
+import sys
+import threading
+import time
+import urllib.request
+from pathlib import Path
+from typing import Any
+
+import psutil
+import pytest
+
+pytestmark = pytest.mark.slow
+
+DEV_TOKEN = "dev-token-alice"
+
+
+def _reader(stream: Any, lines: queue.Queue[str], log: list[str]) -> None:
+    for line in iter(stream.readline, ""):
+        log.append(line)
+        lines.put(line)
+
+
+def _wait_for(lines: queue.Queue[str], pattern: str, log: list[str], timeout: float = 120) -> re.Match[str]:
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        try:
+            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
+        except queue.Empty:
+            break
+        match = re.search(pattern, line)
+        if match:
+            return match
+    raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(log)}")
+
+
+def _http(method: str, url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
+          ) -> tuple[int, dict[str, Any]]:
+    data = None if body is None else json.dumps(body).encode()
+    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
+    if data is not None:
+        request.add_header("content-type", "application/json")
+    try:
+        with urllib.request.urlopen(request, timeout=30) as response:
+            return response.status, json.loads(response.read() or b"{}")
+    except urllib.error.HTTPError as err:
+        return err.code, json.loads(err.read() or b"{}")
+
+
+def test_kairos_dev_runs_a_webhook_end_to_end_and_stops_cleanly(tmp_path: Path) -> None:
+    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL", "RUN_QUEUE_URL")}
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kairos", "dev", "--port", "0", "--tick-seconds", "1", "--data-dir", "state"],
+        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    log: list[str] = []
+    threading.Thread(target=_reader, args=(proc.stdout, lines, log), daemon=True).start()
+    try:
+        hook_url = _wait_for(lines, r"webhook URL \(shown once\): (\S+)", log).group(1)
+        _wait_for(lines, r"^running ", log)
+        base = hook_url.split("/v1/hooks/")[0]
+
+        status, accepted = _http("POST", hook_url, {"hello": "world"}, {"Idempotency-Key": "e2e-1"})
+        assert status == 202, accepted
+        run_id = accepted["run_id"]
+
+        auth = {"Authorization": f"Bearer {DEV_TOKEN}"}
+        deadline = time.monotonic() + 120
+        state = None
+        while time.monotonic() < deadline:
+            status, body = _http("GET", f"{base}/v1/runs/{run_id}", headers=auth)
+            assert status == 200, body
+            state = body["run"]["state"]
+            if state in ("succeeded", "failed", "cancelled", "abandoned"):
+                break
+            time.sleep(0.2)  # polling a state with a deadline, not timing an outcome
+        assert state == "succeeded", "".join(log)
+
+        status, page = _http("GET", f"{base}/v1/runs/{run_id}/events?after=0", headers=auth)
+        assert status == 200
+        types = [e["type"] for e in page["events"]]
+        assert types[0] == "run.queued" and types[-1] == "run.succeeded", types
+        assert "run.claimed" in types and "output.published" in types
+
+        status, output = _http("GET", f"{base}/v1/runs/{run_id}/output", headers=auth)
+        assert status == 200 and output["output"]["state"] == "available"
+    finally:
+        children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []
+        proc.send_signal(signal.SIGINT)
+        try:
+            proc.wait(timeout=60)
+        except subprocess.TimeoutExpired:
+            proc.kill()
+            raise
+    assert proc.returncode == 0, "".join(log)
+    _, alive = psutil.wait_procs(children, timeout=30)
+    assert alive == [], f"left behind: {[p.pid for p in alive]}"
+    # The embedded postmaster daemonizes (it is no child of ours): find it by its data directory.
+    stray = [p.pid for p in psutil.process_iter(["cmdline"]) if str(tmp_path) in " ".join(p.info["cmdline"] or [])]
+    assert stray == [], f"processes still using {tmp_path}: {stray}"
+    assert "postgres   stopped" in "".join(log)
