@@ -149,6 +149,7 @@ def build_parser() -> argparse.ArgumentParser:
         "--tick-seconds", type=float, default=60.0, help="seconds between ticks (EventBridge: 60; smaller for demos)"
     )
     dev.add_argument("--once", action="store_true", help="set up, print the demo, and exit")
+    dev.add_argument("--log-level", default="WARNING", help="level of the handlers' JSON logs (default WARNING)")
     dev.set_defaults(func=_cmd_dev)
 
     def ops_parser(name: str, help_text: str) -> argparse.ArgumentParser:

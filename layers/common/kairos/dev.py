@@ -22,6 +22,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import logging
 import os
 import signal
 import sys
@@ -161,16 +162,16 @@ class Loop(threading.Thread):
     def __init__(self, name: str, step: Callable[[], float], stop: threading.Event) -> None:
         super().__init__(name=name, daemon=True)
         self._step = step
-        self._stop = stop
+        self._halt = stop
 
     def run(self) -> None:
-        while not self._stop.is_set():
+        while not self._halt.is_set():
             try:
                 pause = self._step()
             except Exception as exc:  # noqa: BLE001 - keep the local stack alive; the error is shown
                 print(f"{self.name:<10} error: {type(exc).__name__}: {exc}", file=sys.stderr)
                 pause = 1.0
-            self._stop.wait(pause)
+            self._halt.wait(pause)
 
 
 def tick_step(handler: Handler, interval: float) -> Callable[[], float]:
@@ -227,7 +228,7 @@ def watch_step(url: str, seen: dict[str, str]) -> Callable[[], float]:
 
 def create_demo(url: str, public_url: str) -> dict[str, Any]:
     """The demo conversation and schedules (created once; found again on the next start)."""
-    from kairos import conversations, schedules
+    from kairos import conversations, schedules, webhooks
     from kairos.db import Database
 
     db = Database(url, max_size=1)
@@ -239,7 +240,13 @@ def create_demo(url: str, public_url: str) -> dict[str, Any]:
             ).fetchone()
             if existing is not None:
                 found = schedules.list_for(conn, owner=DEV_PRINCIPAL, conversation_id=existing["id"])
-                return {"conversation_id": existing["id"], "schedules": found, "token": None}
+                # Only the token's hash is stored, so a restart rotates it to print a usable URL again.
+                token = next(
+                    (webhooks.rotate_token(conn, s.id, owner=DEV_PRINCIPAL, overlap_seconds=0)
+                     for s in found if s.kind == "webhook"),
+                    None,
+                )
+                return {"conversation_id": existing["id"], "schedules": found, "token": token}
             conv = conversations.create(
                 conn,
                 owner=DEV_PRINCIPAL,
@@ -291,15 +298,14 @@ def print_demo(demo: dict[str, Any], public_url: str) -> None:
             f"try:  curl -sS -X POST {hook_url} -H 'content-type: application/json' "
             "-H 'Idempotency-Key: demo-1' -d '{\"hello\": \"world\"}'"
         )
-    else:
-        print("\nwebhook token was shown when the demo was first created (only its hash is stored)")
     print(f"API:  curl -sS {public_url}/v1/schedules -H 'Authorization: Bearer {DEV_TOKEN}'\n")
 
 
 class _LazyHandler:
     """The API handler, loaded once the environment it reads is in place."""
 
-    target: Handler | None = None
+    def __init__(self) -> None:
+        self.target: Handler | None = None
 
     def __call__(self, event: dict[str, Any], context: Any) -> Any:
         assert self.target is not None, "the API handler is set before the server starts"
@@ -307,8 +313,11 @@ class _LazyHandler:
 
 
 def main(args: argparse.Namespace) -> int:
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access lines
     from kairos import migrations, runtime
+    from kairos.observability import logger
 
+    logger.setLevel(args.log_level)
     stop = threading.Event()
 
     def _stop(signum: int, frame: Any) -> None:
@@ -325,7 +334,8 @@ def main(args: argparse.Namespace) -> int:
         from kairos import apigw
 
         # The API binds first so `--port 0` works: the webhook URLs printed below use its real port.
-        server = apigw.ApiGatewayServer(_LazyHandler(), host="127.0.0.1", port=args.port)
+        api = _LazyHandler()
+        server = apigw.ApiGatewayServer(api, host="127.0.0.1", port=args.port)
         stack.callback(server.stop)
         public_url = server.url
         os.environ.update(
@@ -336,11 +346,12 @@ def main(args: argparse.Namespace) -> int:
                 "KAIROS_DEV_TOKENS": f"{DEV_TOKEN}={DEV_PRINCIPAL}",
                 "KAIROS_PUBLIC_URL": public_url,
                 "POWERTOOLS_METRICS_NAMESPACE": "Kairos",
+                # EMF lines are CloudWatch's input; locally they would only bury the run lines.
+                "POWERTOOLS_METRICS_DISABLED": "true",
             }
         )
-        os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")
         runtime.reset()
-        _LazyHandler.target = load_handler("webhook")
+        api.target = load_handler("webhook")
         server.start()
         print(f"api        {public_url}  (Authorization: Bearer {DEV_TOKEN})")
 
