@@ -96,7 +96,7 @@ def run(url: str, *, schedule_row: dict[str, Any] | None = None, state: str = "q
     if state in TERMINAL:
         values.update(finished_at=now)
     if state in ("failed", "abandoned"):
-        values["diagnosis"] = json.dumps({"summary": "test", "scope": "run", "reason_code": "executor_error",
+        values["diagnosis"] = json.dumps({"summary": "test", "scope": "run", "reason_code": "peer_error",
                                           "retry_eligible": False, "recovery_actions": []})
     if state == "succeeded":
         values["output"] = json.dumps({"conversation_id": str(sched["conversation_id"]), "entry_seq": 1})

@@ -1,9 +1,20 @@
-"""Lambda handler: not implemented yet (see the issue that builds the run function)."""
+"""RunFunction: SQS delivers batches of run ids; each record is claimed and executed alone.
+
+Thin by design: the per-container pool and settings go to ``kairos.worker.handle_batch``, which
+reports partial batch failures (``ReportBatchItemFailures`` on the event source mapping) so one bad
+or failing record never sends the good records of its batch back to the queue.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kairos import runtime, worker
+from kairos.observability import logger, metrics, tracer
 
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return {"statusCode": 501, "body": "not implemented yet"}
+    return worker.handle_batch(event, context, db=runtime.database(), settings=runtime.settings())

@@ -12,3 +12,18 @@ INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
 SELECT id, last_seq, %(type)s, coalesce(%(now)s::timestamptz, now()), attempt, fence, %(step)s, %(data)s
   FROM bumped
 RETURNING seq;
+
+-- name: run_events_page
+-- One trace page after a seq; step.progress rows are folded into their step.started row.
+SELECT e.seq, e.type, e.at, e.attempt, e.step, e.data,
+       p.progress_count, p.last_progress_at
+  FROM run_events e
+  LEFT JOIN LATERAL (
+      SELECT count(*) AS progress_count, max(pe.at) AS last_progress_at
+        FROM run_events pe
+       WHERE pe.run_id = e.run_id AND pe.type = 'step.progress'
+         AND pe.step = e.step AND pe.fence = e.fence AND pe.seq > e.seq
+  ) p ON e.type = 'step.started'
+ WHERE e.run_id = %(run_id)s AND e.seq > %(after)s AND e.type <> 'step.progress'
+ ORDER BY e.seq
+ LIMIT %(limit)s;

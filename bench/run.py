@@ -1,0 +1,326 @@
+"""Run-worker throughput: Kairos run lifecycles per second beside two baselines on the same server.
+
+What is measured (all on one PostgreSQL server, one database each, same run):
+
+1. **pgbench** ``-b simple-update -c 8 -j 2 -T 10`` (scale 1): the server's own transaction rate
+   for a small update transaction, the ceiling any job system on this box works under.
+2. **Kairos run lifecycle** with 8 worker processes (how Lambda runs it: one container, one
+   process, one run at a time), with 8 threads of one process (the local stack), and with 1: N
+   queued runs (inserted up front, not timed), each taken through the real library functions —
+   (1) ``runs.claim`` + ``run.claimed`` in one transaction; (2) one heartbeat
+   (``Heartbeat.beat_once``, its own pooled connection); (3) ``step.started``; (4)
+   ``step.finished`` + ``runs.succeed`` (+ ``run.succeeded``) in one transaction. Four commits, four
+   fenced trace events, the guarded claim and terminal updates, one connection per run. No executor
+   call and no SQS: this is the database work per run.
+3. **Procrastinate** (``App`` + ``PsycopgConnector``, its schema in a third database) with 8
+   concurrent coroutines: the equivalent job cycle ``defer`` → ``fetch_job`` → ``finish_job``
+   (its ``JobManager`` directly, without its worker's polling, sleeps and middleware, which would
+   only slow it down). Reported both for the full cycle (defer + fetch + finish, three commits)
+   and for fetch + finish alone.
+
+Targets: Kairos lifecycles/s ÷ pgbench TPS ≥ 0.2; Kairos ≥ Procrastinate's cycle.
+
+The server is ``DATABASE_URL``'s when set (its databases ``kairos_bench*`` are dropped and
+recreated), else an embedded one started here with default durability settings (fsync on).
+
+Run: ``.venv/bin/python bench/run.py [--runs N] [--seconds S]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/ holds calendar.py, which shadows the stdlib module: keep bench/ off the import path.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import argparse  # noqa: E402
+import asyncio  # noqa: E402
+import logging  # noqa: E402
+import multiprocessing  # noqa: E402
+import os  # noqa: E402
+import queue  # noqa: E402
+import re  # noqa: E402
+import shutil  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+from collections.abc import Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from typing import Any  # noqa: E402
+
+import psycopg  # noqa: E402
+from kairos import migrations, runs, trace  # noqa: E402
+from kairos.db import Database  # noqa: E402
+from kairos.states import EventType  # noqa: E402
+from psycopg import sql  # noqa: E402
+from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
+
+WORKERS = 8
+
+
+@contextmanager
+def server() -> Iterator[tuple[str, str | None]]:
+    """(admin URL, pgbench binary or None)."""
+    given = os.environ.get("DATABASE_URL")
+    if given:
+        yield given, shutil.which("pgbench")
+        return
+    from kairos.localdb import LocalPostgres
+
+    local = LocalPostgres()
+    try:
+        yield local.url(), str(local.bin_dir / "pgbench")
+    finally:
+        local.stop()
+
+
+def url_for(admin_url: str, database: str) -> str:
+    params: dict[str, Any] = conninfo_to_dict(admin_url)
+    params["dbname"] = database
+    return make_conninfo(**params)
+
+
+def recreate(admin_url: str, database: str) -> str:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    return url_for(admin_url, database)
+
+
+# --- pgbench ---------------------------------------------------------------------------------------
+
+
+def pgbench(binary: str | None, url: str, seconds: int) -> float | None:
+    if binary is None or not Path(binary).exists():
+        print("pgbench not found: baseline skipped", file=sys.stderr)
+        return None
+    params = conninfo_to_dict(url)
+    env = dict(os.environ)
+    if params.get("password"):
+        env["PGPASSWORD"] = str(params["password"])
+    common = ["-h", str(params.get("host", "localhost")), "-U", str(params.get("user", "postgres"))]
+    if params.get("port"):
+        common += ["-p", str(params["port"])]
+    dbname = str(params["dbname"])
+    subprocess.run([binary, "-i", "-q", "-s", "1", *common, dbname], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = subprocess.run([binary, "-b", "simple-update", "-c", str(WORKERS), "-j", "2", "-T", str(seconds),
+                          *common, dbname], check=True, env=env, capture_output=True, text=True).stdout
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    return float(match.group(1)) if match else None
+
+
+# --- Kairos --------------------------------------------------------------------------------------------
+
+
+def seed_runs(url: str, count: int) -> list[uuid.UUID]:
+    """One conversation and schedule, ``count`` occurrences and queued runs (not timed)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conv, sched = uuid.uuid4(), uuid.uuid4()
+        conn.execute("INSERT INTO conversations (id, owner, agent) VALUES (%s, 'bench', '{\"executor\": \"echo\"}')",
+                     (conv,))
+        conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, token_hash)
+                        VALUES (%s, 'bench', %s, 'p', 'webhook', md5(random()::text))""", (sched, conv))
+        rows = conn.execute(
+            """WITH o AS (
+                   INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, timezone,
+                                            tzdata_version, schedule_revision, decision, idempotency_key)
+                   SELECT gen_random_uuid(), %(s)s, 'webhook', now(), now()::timestamp, interval '0', 'UTC', 'b', 1,
+                          'dispatched', g::text
+                     FROM generate_series(1, %(n)s) g
+                   RETURNING id)
+               INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
+                                 conversation_id, mode, prompt, agent)
+               SELECT gen_random_uuid(), o.id, %(s)s, 'bench', 'webhook', %(c)s, %(c)s, 'append', 'p',
+                      '{"executor": "echo"}'
+                 FROM o
+               RETURNING id""", {"s": sched, "c": conv, "n": count}).fetchall()
+    return [r[0] for r in rows]
+
+
+def lifecycle(database: Database, run_id: uuid.UUID) -> None:
+    """One run: claim (+ run.claimed), one heartbeat, step.started, step.finished + terminal."""
+    with database.connection() as conn:  # one connection for the run, autocommit between transactions
+        with conn.transaction():
+            row = runs.claim(conn, run_id)
+            assert row is not None
+            fence = int(row["fence"])
+            trace.append(conn, run_id, EventType.RUN_CLAIMED, fence=fence, data={"attempt": 1, "mode": "append"})
+        assert runs.Heartbeat(database, run_id, fence).beat_once()  # on its own pooled connection
+        # A single fenced statement is its own transaction.
+        assert trace.append(conn, run_id, EventType.STEP_STARTED, fence=fence, step="model") is not None
+        with conn.transaction():
+            assert trace.append(conn, run_id, EventType.STEP_FINISHED, fence=fence, step="model",
+                                data={"outcome": "succeeded"}) is not None
+            done = runs.succeed(conn, run_id, fence, output={"conversation_id": "x", "entry_seq": 1, "attempt": 1},
+                                usage={"calls": 1})
+            assert done is not None
+
+
+def _thread_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
+    work: queue.SimpleQueue[uuid.UUID | None] = queue.SimpleQueue()
+    for run_id in ids:
+        work.put(run_id)
+    for _ in range(workers):
+        work.put(None)
+    database = Database(url, max_size=2 * workers)
+    errors: list[Exception] = []
+    start_line = threading.Barrier(workers + 1)
+
+    def worker() -> None:
+        with database.connection() as conn:  # warm one connection per worker outside the timing
+            conn.execute("SELECT 1")
+        start_line.wait()
+        while (run_id := work.get()) is not None:
+            try:
+                lifecycle(database, run_id)
+            except Exception as exc:  # noqa: BLE001 - reported after the join, not hidden
+                errors.append(exc)
+                return
+
+    threads = [threading.Thread(target=worker) for _ in range(workers)]
+    for t in threads:
+        t.start()
+    start_line.wait()
+    started = time.perf_counter()
+    for t in threads:
+        t.join()
+    elapsed = time.perf_counter() - started
+    database.close()
+    if errors:
+        raise errors[0]
+    return elapsed
+
+
+def _process_worker(url: str, ids: list[uuid.UUID], start_line: Any, finished: Any) -> None:
+    logging.getLogger("kairos").setLevel(logging.WARNING)
+    database = Database(url, max_size=2)
+    with database.connection() as conn:
+        conn.execute("SELECT 1")
+    start_line.wait()
+    for run_id in ids:
+        lifecycle(database, run_id)
+    finished.put(time.monotonic())  # before the process's own teardown, which is not run work
+    database.close()
+
+
+def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
+    context = multiprocessing.get_context("spawn")
+    start_line = context.Barrier(workers + 1)
+    finished = context.Queue()
+    shares = [ids[i::workers] for i in range(workers)]
+    children = [context.Process(target=_process_worker, args=(url, share, start_line, finished))
+                for share in shares]
+    for child in children:
+        child.start()
+    start_line.wait()
+    started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
+    ended = max(finished.get(timeout=3600) for _ in children)
+    for child in children:
+        child.join()
+    if any(child.exitcode != 0 for child in children):
+        raise RuntimeError("a worker process failed")
+    return ended - started
+
+
+def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False) -> float:
+    """Lifecycles per second over ``count`` fresh runs, with ``workers`` threads or processes."""
+    ids = seed_runs(url, count)
+    elapsed = (_process_workers if processes else _thread_workers)(url, ids, workers)
+    with psycopg.connect(url) as conn:
+        done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
+    assert done is not None and done[0] == count, done
+    return count / elapsed
+
+
+# --- Procrastinate -------------------------------------------------------------------------------------
+
+
+async def procrastinate_rates(url: str, count: int, workers: int) -> tuple[float, float]:
+    import procrastinate
+    from procrastinate.jobs import Status
+
+    app = procrastinate.App(connector=procrastinate.PsycopgConnector(conninfo=url, min_size=workers,
+                                                                     max_size=workers))
+
+    @app.task(name="bench", queue="bench")
+    def bench_task() -> None:  # never executed: the cycle below fetches and finishes jobs itself
+        return None
+
+    async with app.open_async():
+        await app.schema_manager.apply_schema_async()
+        manager = app.job_manager
+        worker_ids = [await manager.register_worker() for _ in range(workers)]
+
+        async def defer_some(n: int) -> None:
+            for _ in range(n):
+                await bench_task.defer_async()
+
+        async def work(worker_id: int) -> int:
+            done = 0
+            while (job := await manager.fetch_job(queues=["bench"], worker_id=worker_id)) is not None:
+                await manager.finish_job(job, status=Status.SUCCEEDED, delete_job=False)
+                done += 1
+            return done
+
+        share = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
+        started = time.perf_counter()
+        await asyncio.gather(*(defer_some(n) for n in share))
+        deferred = time.perf_counter()
+        finished = sum(await asyncio.gather(*(work(w) for w in worker_ids)))
+        ended = time.perf_counter()
+    assert finished == count, finished
+    return count / (ended - started), count / (ended - deferred)
+
+
+# --- main ----------------------------------------------------------------------------------------------
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--runs", type=int, default=2000, help="runs (and jobs) per measurement")
+    parser.add_argument("--seconds", type=int, default=10, help="pgbench duration")
+    args = parser.parse_args()
+    logging.getLogger("kairos").setLevel(logging.WARNING)  # the library logs every claim at INFO
+    logging.getLogger("procrastinate").setLevel(logging.ERROR)
+
+    with server() as (admin_url, pgbench_binary):
+        tps = pgbench(pgbench_binary, recreate(admin_url, "kairos_bench_pgbench"), args.seconds)
+        kairos_url = recreate(admin_url, "kairos_bench")
+        migrations.apply(kairos_url)
+        kairos_8 = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
+        kairos_8_threads = kairos_rate(kairos_url, args.runs, WORKERS)
+        kairos_1 = kairos_rate(kairos_url, max(200, args.runs // 4), 1)
+        full, fetch_finish = asyncio.run(procrastinate_rates(recreate(admin_url, "kairos_bench_procrastinate"),
+                                                              args.runs, WORKERS))
+
+    def ratio(value: float, base: float | None) -> str:
+        return "n/a" if not base else f"{value / base:.2f}"
+
+    print()
+    print(f"Run lifecycles: {args.runs} runs/jobs, {WORKERS} concurrent clients unless noted.")
+    print()
+    print("| measure | per second | vs pgbench TPS | Kairos (8 workers) ÷ this |")
+    print("|---|---:|---:|---:|")
+    print(f"| pgbench simple-update, -c 8 -j 2 -T {args.seconds} (TPS) | "
+          f"{tps if tps is not None else float('nan'):.0f} | 1.00 | {ratio(kairos_8, tps)} |")
+    print(f"| Kairos lifecycle (claim, heartbeat, 2 events, terminal), 8 worker processes | {kairos_8:.0f} | "
+          f"{ratio(kairos_8, tps)} | 1.00 |")
+    print(f"| Kairos lifecycle, 8 worker threads in one process | {kairos_8_threads:.0f} | "
+          f"{ratio(kairos_8_threads, tps)} | {ratio(kairos_8, kairos_8_threads)} |")
+    print(f"| Kairos lifecycle, 1 worker | {kairos_1:.0f} | {ratio(kairos_1, tps)} | {ratio(kairos_8, kairos_1)} |")
+    print(f"| Procrastinate defer + fetch + finish, 8 coroutines | {full:.0f} | {ratio(full, tps)} | "
+          f"{ratio(kairos_8, full)} |")
+    print(f"| Procrastinate fetch + finish only, 8 coroutines | {fetch_finish:.0f} | {ratio(fetch_finish, tps)} | "
+          f"{ratio(kairos_8, fetch_finish)} |")
+    print()
+    target_pg = tps is not None and kairos_8 / tps >= 0.2
+    print(f"Targets: Kairos ÷ pgbench ≥ 0.2: {'met' if target_pg else 'NOT met'}; "
+          f"Kairos ≥ Procrastinate cycle: {'met' if kairos_8 >= full else 'NOT met'}.")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,169 @@
+-- Run worker and run reads (kairos.runs). Every write of a running run carries its fence: the
+-- statement matches zero rows once another claim (or the tick's rescue) has moved the run on, and
+-- the caller learns that from the empty result. Fenced statements lock the run row (FOR NO KEY
+-- UPDATE, the strength of an ordinary UPDATE), so the fence they checked holds until commit.
+
+-- name: runs_claim
+-- Moves one queued run to running for exactly one caller: fence + 1, attempt + 1, a fresh lease.
+UPDATE runs
+   SET state = 'running',
+       fence = fence + 1,
+       attempt = attempt + 1,
+       lease_token = gen_random_uuid(),
+       lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s),
+       heartbeat_at = coalesce(%(now)s::timestamptz, now()),
+       started_at = coalesce(started_at, coalesce(%(now)s::timestamptz, now())),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s
+   AND state = 'queued'
+   AND blocked_by_run_id IS NULL
+   AND cancel_requested_at IS NULL
+RETURNING *;
+
+-- name: runs_get
+-- One run by id, whoever owns it (the worker: an SQS message names a run, never an owner).
+SELECT * FROM runs WHERE id = %(run_id)s;
+
+-- name: runs_get_owned
+-- One run of one owner; another owner's run is as absent as a missing one.
+SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
+
+-- name: runs_lock_owned
+-- One run of one owner, locked for a state change decided by the caller (cancel).
+SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s FOR NO KEY UPDATE;
+
+-- name: runs_lock_fenced
+-- The step boundary: locks the run while the caller's fence holds and reports a cancel request.
+SELECT id, fence, attempt, max_attempts, cancel_requested_at, conversation_id
+  FROM runs
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+   FOR NO KEY UPDATE;
+
+-- name: runs_set_conversation
+-- Records the run's target conversation under the fence (a re-claim keeps the one already set).
+UPDATE runs
+   SET conversation_id = %(conversation_id)s,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+   AND (conversation_id IS NULL OR conversation_id = %(conversation_id)s)
+RETURNING conversation_id;
+
+-- name: runs_heartbeat
+-- Extends the lease of the fence holder and reads whether a cancel was requested.
+UPDATE runs
+   SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s),
+       heartbeat_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+RETURNING cancel_requested_at, lease_expires_at;
+
+-- name: runs_succeed
+-- running -> succeeded with its output reference; never after a cancel request.
+UPDATE runs
+   SET state = 'succeeded',
+       output = %(output)s,
+       usage = %(usage)s,
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING *;
+
+-- name: runs_fail
+-- running -> failed with a closed diagnosis, by the fence holder.
+UPDATE runs
+   SET state = 'failed',
+       diagnosis = %(diagnosis)s,
+       usage = coalesce(%(usage)s, usage),
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+RETURNING *;
+
+-- name: runs_finish_cancelled
+-- running -> cancelled by the fence holder once it has seen the cancel request.
+UPDATE runs
+   SET state = 'cancelled',
+       diagnosis = %(diagnosis)s,
+       usage = coalesce(%(usage)s, usage),
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND cancel_requested_at IS NOT NULL
+RETURNING *;
+
+-- name: runs_requeue_retry
+-- running -> queued for another attempt: only within max_attempts and with no external mutation.
+-- handoff_at = now: the worker re-sends the id with a delay; should that send fail, the tick's
+-- repair sends it once the handoff is stale (a NULL would make the next tick send it at once).
+UPDATE runs r
+   SET state = 'queued',
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       handoff_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
+   AND r.cancel_requested_at IS NULL
+   AND r.attempt < r.max_attempts
+   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.id AND e.mutation AND e.state <> 'failed')
+RETURNING *;
+
+-- name: runs_cancel_waiting
+-- queued (or awaiting approval) -> cancelled at once: no worker holds the run.
+UPDATE runs
+   SET state = 'cancelled',
+       cancel_requested_at = coalesce(cancel_requested_at, coalesce(%(now)s::timestamptz, now())),
+       diagnosis = %(diagnosis)s,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state IN ('queued', 'awaiting_approval')
+   AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
+   AND (NOT %(requested_only)s::boolean OR cancel_requested_at IS NOT NULL)
+RETURNING *;
+
+-- name: runs_request_cancel
+-- Marks a running run for cancellation; its worker ends it at the next heartbeat or step.
+UPDATE runs
+   SET cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND owner = %(owner)s AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING *;
+
+-- name: conversations_lock_fenced
+-- Locks the run (fence held) and then its target conversation, so the next entry seq is stable.
+SELECT c.id, c.fork_seq
+  FROM runs r
+  JOIN conversations c ON c.id = r.conversation_id
+ WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running' AND c.id = %(conversation_id)s
+   FOR NO KEY UPDATE;
+
+-- name: conversation_entries_append_fenced
+-- Appends one entry written by a running run, numbered after the (fork-aware) last seq.
+INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
+SELECT c.id,
+       coalesce((SELECT max(e.seq) FROM conversation_entries e WHERE e.conversation_id = c.id), c.fork_seq, 0) + 1,
+       %(role)s, %(content)s, %(run_id)s, coalesce(%(now)s::timestamptz, now())
+  FROM conversations c
+ WHERE c.id = %(conversation_id)s
+   AND EXISTS (SELECT 1 FROM runs r
+                WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
+                  AND r.conversation_id = c.id)
+RETURNING conversation_id, seq;
+
+-- name: conversation_entries_find_for_run
+-- The first entry of one role a run wrote into a conversation (the prompt on a later attempt).
+SELECT seq FROM conversation_entries
+ WHERE conversation_id = %(conversation_id)s AND run_id = %(run_id)s AND role = %(role)s
+ ORDER BY seq
+ LIMIT 1;
+
+-- name: conversation_entries_get_output
+-- The answer entry a run's output references, read through the owner's conversation.
+SELECT e.content, e.created_at
+  FROM conversation_entries e
+  JOIN conversations c ON c.id = e.conversation_id
+ WHERE e.conversation_id = %(conversation_id)s AND e.seq = %(entry_seq)s AND e.role = 'assistant'
+   AND c.owner = %(owner)s;

@@ -1,0 +1,146 @@
+"""SQS batches for the run function: each record is one run id, handled alone (partial batch failures).
+
+Role: parse each record, hand the run id to ``kairos.runs.process``, and tell SQS which records to
+deliver again. Built on Powertools' ``BatchProcessor`` + ``process_partial_response``, one record
+at a time, so one bad or failing record never takes the good records of its batch with it.
+
+Per record:
+
+* A body that is not exactly ``{"run_id": "<uuid>"}`` (not JSON, another shape, not a UUID) is
+  logged (``action=bad_record``, message id only — never the body) and **acknowledged**: a malformed
+  message can never succeed, so retrying it would only move it to the DLQ later. The producer of run
+  ids (``kairos.handoff``) only ever writes the exact shape.
+* An unknown run (deleted, or a message meant for another deployment's database) is acknowledged.
+* A run that is not claimable (someone else has it, it ended) is acknowledged.
+* A retry-safe failure puts the run back to ``queued`` (in ``process``); this module then sends a
+  **new message with ``DelaySeconds``** (10 s, 20 s, 40 s … ≤ 60 s) and acknowledges the current one,
+  so retries follow our backoff rather than the queue's visibility timeout and do not count towards
+  its ``maxReceiveCount``. The send is stamped as a handoff. When no queue is configured or the send
+  fails, the record is reported failed instead (SQS delivers it again after the visibility timeout),
+  and the tick's repair re-sends the queued run once its handoff is stale: every path is safe,
+  because the claim is a guarded update and a second message finds nothing to claim.
+* An invocation with too little time left does not claim a run: the record is reported failed.
+* A database error (connection lost, server down) raises for that record only: partial failure.
+
+Must not: trust anything in a message but the run id; log message bodies; share a database
+connection between concurrent invocations (``db.Database`` is a pool).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable
+from typing import Any
+from uuid import UUID
+
+from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
+from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
+from botocore.exceptions import BotoCoreError, ClientError
+
+from kairos import handoff, runs, runtime
+from kairos.db import Database
+from kairos.observability import logger
+from kairos.settings import Settings
+
+RetrySender = Callable[[UUID, int], None]
+
+
+class RedeliverRecord(Exception):
+    """Report this record as a batch item failure so SQS delivers it again (not an error of the run)."""
+
+
+def parse_run_id(body: str | None) -> UUID | None:
+    """The run id of a body that is exactly ``{"run_id": "<canonical uuid>"}``; None otherwise."""
+    if not body:
+        return None
+    try:
+        data = json.loads(body)
+    except ValueError:
+        return None
+    if not isinstance(data, dict) or set(data) != {"run_id"} or not isinstance(data["run_id"], str):
+        return None
+    text = data["run_id"]
+    try:
+        value = UUID(text)
+    except ValueError:
+        return None
+    return value if str(value) == text.lower() else None
+
+
+def sqs_retry_sender(database: Database, settings: Settings, sqs: Any = None) -> RetrySender | None:
+    """Sends a run id again with a delay (``SendMessage`` + ``DelaySeconds``) and stamps the handoff."""
+    queue_url = settings.run_queue_url
+    if not queue_url:
+        return None
+
+    def send(run_id: UUID, delay_seconds: int) -> None:
+        client = sqs if sqs is not None else runtime.sqs()
+        client.send_message(QueueUrl=queue_url, MessageBody=handoff.body(run_id),
+                            DelaySeconds=max(0, min(900, delay_seconds)))
+        with database.transaction() as conn:
+            handoff.stamp(conn, [run_id])
+
+    return send
+
+
+def handle_record(
+    record: SQSRecord,
+    *,
+    database: Database,
+    settings: Settings,
+    send_retry: RetrySender | None,
+    lambda_remaining_ms: Callable[[], int] | None = None,
+    executor_factory: runs.ExecutorFactory | None = None,
+) -> runs.Outcome | None:
+    """One record; returns the run's outcome (None for a bad record). Raises to have it redelivered."""
+    run_id = parse_run_id(record.body)
+    if run_id is None:
+        logger.warning("bad record acknowledged", extra={"action": "bad_record", "message_id": record.message_id})
+        return None
+    outcome = runs.process(database, run_id, settings=settings, executor_factory=executor_factory,
+                           lambda_remaining_ms=lambda_remaining_ms)
+    if outcome.result == "deferred":
+        raise RedeliverRecord("too little time left in this invocation")
+    if outcome.result == "retry":
+        delay = outcome.retry_delay_seconds or 0
+        if send_retry is None:
+            raise RedeliverRecord("no queue to re-send the retry on")
+        try:
+            send_retry(run_id, delay)
+        except (BotoCoreError, ClientError) as error:
+            logger.warning("retry handoff failed; the record is redelivered instead",
+                           extra={"action": "retry_handoff_failed", "run_id": str(run_id),
+                                  "error": type(error).__name__})
+            raise RedeliverRecord("retry handoff failed") from error
+    return outcome
+
+
+def handle_batch(
+    event: dict[str, Any],
+    context: Any,
+    *,
+    db: Database,
+    settings: Settings,
+    send_retry: RetrySender | None = None,
+    executor_factory: runs.ExecutorFactory | None = None,
+) -> dict[str, Any]:
+    """Processes one SQS batch; returns ``{"batchItemFailures": [{"itemIdentifier": …}, …]}``."""
+    database = db
+    sender = send_retry if send_retry is not None else sqs_retry_sender(database, settings)
+    remaining: Callable[[], int] | None = getattr(context, "get_remaining_time_in_millis", None)
+    # A new processor per call: handlers may run on several threads of one process at once.
+    processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
+
+    def record_handler(record: SQSRecord) -> None:
+        try:
+            handle_record(record, database=database, settings=settings, send_retry=sender,
+                          lambda_remaining_ms=remaining, executor_factory=executor_factory)
+        except RedeliverRecord:
+            raise
+        except Exception:
+            logger.exception("record failed; SQS will deliver it again",
+                             extra={"action": "record_failed", "message_id": record.message_id})
+            raise
+
+    return dict(process_partial_response(event=event, record_handler=record_handler, processor=processor,
+                                         context=context))

@@ -1,0 +1,236 @@
+"""RunFunction end to end: SQS batch events (moto SQS for the retry handoff), real PostgreSQL, the real
+handler with its decorators. One bad or failing record never takes the good ones with it."""
+
+from __future__ import annotations
+
+import copy
+import importlib.util
+import json
+import uuid
+from collections.abc import Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+from typing import Any
+
+import boto3
+import psycopg
+import pytest
+from kairos import db as kairos_db
+from kairos import runtime, worker
+from kairos.db import Database, Row
+from kairos.settings import Settings
+from moto import mock_aws
+from psycopg.rows import dict_row
+
+from tests import factories
+
+ROOT = Path(__file__).resolve().parents[2]
+REFUSED_PORT_AGENT = {"executor": "openai", "model": "m", "base_url": "http://127.0.0.1:1/v1"}
+
+
+def _load_app() -> ModuleType:
+    spec = importlib.util.spec_from_file_location("kairos_run_app", ROOT / "functions" / "run" / "app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+app = _load_app()
+
+
+class LambdaContext:
+    function_name = "kairos-RunFunction"
+    function_version = "$LATEST"
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:kairos-RunFunction"
+    memory_limit_in_mb = 512
+    aws_request_id = "c6af9ac6-7b61-11e6-9a41-93e8deadbeef"
+    log_group_name = "/aws/lambda/kairos-RunFunction"
+    log_stream_name = "2026/01/01/[$LATEST]abcdef"
+
+    def __init__(self, remaining_ms: int = 600_000) -> None:
+        self.remaining_ms = remaining_ms
+
+    def get_remaining_time_in_millis(self) -> int:
+        return self.remaining_ms
+
+
+@dataclass
+class Stack:
+    db_url: str
+    queue_url: str
+    sqs: Any
+
+
+@pytest.fixture
+def stack(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+    monkeypatch.setenv("DATABASE_URL", db_url)
+    monkeypatch.setenv("KAIROS_EGRESS_ALLOW", "127.0.0.1")
+    with mock_aws():
+        sqs = boto3.client("sqs", region_name="us-east-1")
+        queue_url = sqs.create_queue(QueueName="runs")["QueueUrl"]
+        monkeypatch.setenv("RUN_QUEUE_URL", queue_url)
+        runtime.reset()
+        try:
+            yield Stack(db_url, queue_url, sqs)
+        finally:
+            runtime.database().close()
+            kairos_db._databases.pop(db_url, None)
+            runtime.reset()
+
+
+def sqs_event(*bodies: str) -> dict[str, Any]:
+    """Records shaped like events/run_sqs.json, one per body, each with its own message id."""
+    template = json.loads((ROOT / "events" / "run_sqs.json").read_text())["Records"][0]
+    records = []
+    for body in bodies:
+        record = copy.deepcopy(template)
+        record["messageId"] = str(uuid.uuid4())
+        record["body"] = body
+        records.append(record)
+    return {"Records": records}
+
+
+def run_body(run_id: uuid.UUID) -> str:
+    return json.dumps({"run_id": str(run_id)})
+
+
+def state(url: str, run_id: uuid.UUID) -> dict[str, Any]:
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
+        row = conn.execute("SELECT state, attempt, handoff_count FROM runs WHERE id = %s", (run_id,)).fetchone()
+        terminal = conn.execute(
+            "SELECT count(*) AS n FROM run_events WHERE run_id = %s AND type LIKE 'run.%%' AND type <> 'run.claimed'"
+            " AND type <> 'run.queued'", (run_id,)).fetchone()
+    assert row is not None and terminal is not None
+    return {**row, "terminal_events": terminal["n"]}
+
+
+def test_bad_records_are_acknowledged_alone_and_good_records_run(
+        stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    good_a, good_b = factories.run(stack.db_url), factories.run(stack.db_url)
+    event = sqs_event(
+        run_body(good_a["id"]),
+        "not json at all SECRET-BODY",
+        json.dumps({"run_id": "not-a-uuid"}),
+        json.dumps({"run_id": str(uuid.uuid4()), "extra": "field"}),
+        json.dumps([str(good_a["id"])]),
+        run_body(uuid.uuid4()),  # a well-formed id no database here knows
+        run_body(good_b["id"]),
+    )
+
+    response = app.handler(event, LambdaContext())
+
+    assert response == {"batchItemFailures": []}
+    assert state(stack.db_url, good_a["id"])["state"] == "succeeded"
+    assert state(stack.db_url, good_b["id"])["state"] == "succeeded"
+    logs = [vars(record) for record in caplog.records]
+    bad = [entry for entry in logs if entry.get("action") == "bad_record"]
+    assert len(bad) == 4 and all(entry.get("message_id") for entry in bad)
+    assert [entry for entry in logs if entry.get("action") == "run_unknown"]
+    assert not any("SECRET-BODY" in json.dumps(entry, default=str) for entry in logs)
+
+
+def test_five_copies_of_one_message_in_one_batch_execute_once(stack: Stack) -> None:
+    run = factories.run(stack.db_url)
+
+    response = app.handler(sqs_event(*[run_body(run["id"])] * 5), LambdaContext())
+
+    assert response == {"batchItemFailures": []}
+    assert state(stack.db_url, run["id"]) == {"state": "succeeded", "attempt": 1, "handoff_count": 0,
+                                              "terminal_events": 1}
+
+
+class FlakyDatabase(Database):
+    """A real pool whose next transaction loses its server connection (the backend is terminated)."""
+
+    def __init__(self, url: str) -> None:
+        super().__init__(url)
+        self.break_next = True
+
+    @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Row]]:
+        with super().transaction() as conn:
+            if self.break_next:
+                self.break_next = False
+                conn.execute("SELECT pg_terminate_backend(pg_backend_pid())")
+            yield conn
+
+
+def test_a_transient_database_error_fails_only_its_own_record(stack: Stack) -> None:
+    first, second = factories.run(stack.db_url), factories.run(stack.db_url)
+    event = sqs_event(run_body(first["id"]), "garbage", run_body(second["id"]))
+    flaky = FlakyDatabase(stack.db_url)
+    try:
+        response = worker.handle_batch(event, LambdaContext(), db=flaky, settings=Settings.from_env())
+        assert response == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
+        assert state(stack.db_url, first["id"])["state"] == "queued"  # nothing claimed: delivered again
+        assert state(stack.db_url, second["id"])["state"] == "succeeded"
+
+        again = worker.handle_batch(sqs_event(run_body(first["id"])), LambdaContext(), db=flaky,
+                                    settings=Settings.from_env())
+        assert again == {"batchItemFailures": []}
+        assert state(stack.db_url, first["id"])["state"] == "succeeded"
+    finally:
+        flaky.close()
+
+
+def test_a_retry_safe_failure_is_sent_again_with_a_delay(stack: Stack) -> None:
+    sched = factories.schedule(stack.db_url, agent=REFUSED_PORT_AGENT)
+    run = factories.run(stack.db_url, schedule_row=sched)
+
+    response = app.handler(sqs_event(run_body(run["id"])), LambdaContext())
+
+    assert response == {"batchItemFailures": []}
+    assert state(stack.db_url, run["id"]) == {"state": "queued", "attempt": 1, "handoff_count": 1,
+                                              "terminal_events": 0}
+    attributes = stack.sqs.get_queue_attributes(
+        QueueUrl=stack.queue_url, AttributeNames=["ApproximateNumberOfMessagesDelayed",
+                                                  "ApproximateNumberOfMessages"])["Attributes"]
+    assert attributes["ApproximateNumberOfMessagesDelayed"] == "1"
+    assert attributes["ApproximateNumberOfMessages"] == "0"
+
+
+def test_without_a_queue_a_retry_is_redelivered_by_sqs(stack: Stack) -> None:
+    sched = factories.schedule(stack.db_url, agent=REFUSED_PORT_AGENT)
+    run = factories.run(stack.db_url, schedule_row=sched)
+    event = sqs_event(run_body(run["id"]))
+    database = Database(stack.db_url)
+    try:
+        response = worker.handle_batch(event, LambdaContext(), db=database,
+                                       settings=Settings(egress_allow=("127.0.0.1",)))
+    finally:
+        database.close()
+    assert response == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
+    assert state(stack.db_url, run["id"])["state"] == "queued"
+
+
+def test_an_invocation_short_of_time_does_not_claim(stack: Stack) -> None:
+    run = factories.run(stack.db_url)
+    event = sqs_event(run_body(run["id"]))
+
+    response = app.handler(event, LambdaContext(remaining_ms=20_000))
+
+    assert response == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
+    assert state(stack.db_url, run["id"])["attempt"] == 0
+
+
+@pytest.mark.parametrize(
+    ("body", "expected"),
+    [
+        ('{"run_id": "9e7d6c5b-4a39-5281-a0b1-c2d3e4f5a603"}', uuid.UUID("9e7d6c5b-4a39-5281-a0b1-c2d3e4f5a603")),
+        ('{"run_id": "9E7D6C5B-4A39-5281-A0B1-C2D3E4F5A603"}', uuid.UUID("9e7d6c5b-4a39-5281-a0b1-c2d3e4f5a603")),
+        ('{"run_id": "{9e7d6c5b-4a39-5281-a0b1-c2d3e4f5a603}"}', None),
+        ('{"run_id": "9e7d6c5b4a395281a0b1c2d3e4f5a603"}', None),
+        ('{"run_id": 5}', None),
+        ("{}", None),
+        ("", None),
+        ("null", None),
+    ],
+)
+def test_only_the_exact_body_shape_names_a_run(body: str, expected: uuid.UUID | None) -> None:
+    assert worker.parse_run_id(body) == expected

@@ -1,0 +1,110 @@
+"""The effects ledger: reserve and close under the fence, with events; what blocks a replay."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+import pytest
+from kairos import effects, runs
+from kairos.db import Database
+from psycopg.rows import dict_row
+
+from tests import factories
+
+
+def _claimed(db: Database, db_url: str) -> dict[str, Any]:
+    run = factories.run(db_url)
+    with db.transaction() as conn:
+        row = runs.claim(conn, run["id"])
+    assert row is not None
+    return row
+
+
+def _events(db_url: str, run_id: Any) -> list[tuple[str, str | None, dict[str, Any]]]:
+    with psycopg.connect(db_url, row_factory=dict_row, autocommit=True) as conn:
+        rows = conn.execute("SELECT type, step, data FROM run_events WHERE run_id = %s ORDER BY seq",
+                            (run_id,)).fetchall()
+    return [(r["type"], r["step"], r["data"]) for r in rows]
+
+
+def test_reserve_then_settle_records_the_effect_and_both_events(db: Database, db_url: str) -> None:
+    run = _claimed(db, db_url)
+    with db.transaction() as conn:
+        effect = effects.reserve(conn, run["id"], 1, 1, "model", "model_call", False, "https://m/v1", "ab" * 32)
+    assert effect is not None and effect.state == "reserved" and effect.settled_at is None
+
+    with db.transaction() as conn:
+        settled = effects.settle(conn, effect, fence=1, usage={"prompt_tokens": 7})
+    assert settled is not None and settled.state == "settled" and settled.usage == {"prompt_tokens": 7}
+    assert settled.settled_at is not None
+
+    assert _events(db_url, run["id"]) == [
+        ("effect.reserved", "model", {"effect_id": str(effect.id), "kind": "model_call", "mutation": False}),
+        ("effect.settled", "model", {"effect_id": str(effect.id), "state": "settled"}),
+    ]
+
+
+def test_an_effect_closes_once(db: Database, db_url: str) -> None:
+    run = _claimed(db, db_url)
+    with db.transaction() as conn:
+        effect = effects.reserve(conn, run["id"], 1, 1, "http", "http_call", True, "https://t/", "cd" * 32)
+        assert effect is not None
+        assert effects.mark_ambiguous(conn, effect, fence=1, error_code="timeout") is not None
+        assert effects.settle(conn, effect, fence=1) is None
+        assert effects.fail(conn, effect, fence=1, error_code="timeout") is None
+    with db.transaction() as conn:
+        (only,) = effects.for_run(conn, run["id"])
+    assert only.state == "ambiguous" and only.error_code == "timeout"
+
+
+def test_one_effect_per_step_and_fence(db: Database, db_url: str) -> None:
+    run = _claimed(db, db_url)
+    with db.transaction() as conn:
+        assert effects.reserve(conn, run["id"], 1, 1, "model", "model_call", False, "t", "d") is not None
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        with db.transaction() as conn:
+            effects.reserve(conn, run["id"], 1, 1, "model", "model_call", False, "t", "d")
+
+
+def test_reserve_needs_the_current_fence_attempt_and_a_running_run(db: Database, db_url: str) -> None:
+    run = _claimed(db, db_url)
+    queued = factories.run(db_url)
+    with db.transaction() as conn:
+        assert effects.reserve(conn, run["id"], 2, 1, "model", "model_call", False, "t", "d") is None
+        assert effects.reserve(conn, run["id"], 1, 2, "model", "model_call", False, "t", "d") is None
+        assert effects.reserve(conn, queued["id"], 0, 0, "model", "model_call", False, "t", "d") is None
+        assert effects.for_run(conn, run["id"]) == []
+    assert _events(db_url, run["id"]) == []
+
+
+def test_replay_blockers_are_the_mutations_that_may_have_happened(db: Database, db_url: str) -> None:
+    run = _claimed(db, db_url)
+    with db.transaction() as conn:
+        made = [effects.reserve(conn, run["id"], 1, 1, step, kind, mutation, "t", "d")
+                for step, kind, mutation in [("a", "http_call", True), ("b", "http_call", True),
+                                             ("c", "http_call", True), ("d", "model_call", False)]]
+        a, b, c, d = made
+        assert a and b and c and d
+        effects.settle(conn, a, fence=1)
+        effects.fail(conn, b, fence=1, error_code="connect_failed")  # known: nothing happened
+        effects.settle(conn, d, fence=1)  # a model call changes nothing outside
+        blockers = effects.replay_blockers(conn, run["id"])
+    assert {e.step for e in blockers} == {"a", "c"}  # settled and still-reserved mutations
+
+
+def test_a_new_claim_closes_what_an_earlier_fence_left_reserved(db: Database, db_url: str) -> None:
+    run = _claimed(db, db_url)
+    with db.transaction() as conn:
+        effects.reserve(conn, run["id"], 1, 1, "http", "http_call", True, "t", "d")
+        effects.reserve(conn, run["id"], 1, 1, "model", "model_call", False, "t", "d")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
+                     (run["id"],))
+    with db.transaction() as conn:
+        assert runs.claim(conn, run["id"]) is not None
+        assert effects.close_stale(conn, run["id"], 1) == []  # only the current fence may close them
+        closed = effects.close_stale(conn, run["id"], 2)
+    assert sorted((e.step, e.state, e.error_code) for e in closed) == [
+        ("http", "ambiguous", "lease_lost"), ("model", "failed", "lease_lost")]
+    assert [t for t, _, _ in _events(db_url, run["id"])][-2:] == ["effect.settled", "effect.settled"]

@@ -1,0 +1,146 @@
+"""The heartbeat: lease extension under the fence, cancel and lost-lease detection, throttled progress."""
+
+from __future__ import annotations
+
+import threading
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+from kairos import runs, trace
+from kairos.db import Database
+from kairos.states import EventType
+from psycopg.rows import dict_row
+
+from tests import factories
+
+T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)
+WAIT = 30
+
+
+class FakeClock:
+    def __init__(self) -> None:
+        self.t = 0.0
+
+    def __call__(self) -> float:
+        return self.t
+
+
+def _claimed(db: Database, db_url: str, *, now: datetime | None = T0, **columns: Any) -> dict[str, Any]:
+    run = factories.run(db_url, **columns)
+    with db.transaction() as conn:
+        row = runs.claim(conn, run["id"], now=now)
+    assert row is not None
+    return row
+
+
+def _lease(db_url: str, run_id: Any) -> dict[str, Any]:
+    with psycopg.connect(db_url, row_factory=dict_row, autocommit=True) as conn:
+        row = conn.execute("SELECT lease_expires_at, heartbeat_at, fence, state FROM runs WHERE id = %s",
+                           (run_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+def test_the_claim_takes_a_120_second_lease_and_a_beat_extends_it(db: Database, db_url: str) -> None:
+    row = _claimed(db, db_url)
+    assert row["lease_expires_at"] == T0 + timedelta(seconds=120)
+
+    beat = runs.Heartbeat(db, row["id"], row["fence"], now=T0 + timedelta(seconds=20))
+    assert beat.beat_once() is True
+
+    lease = _lease(db_url, row["id"])
+    assert lease["lease_expires_at"] == T0 + timedelta(seconds=140)
+    assert lease["heartbeat_at"] == T0 + timedelta(seconds=20)
+    assert not beat.should_stop
+
+
+def test_a_beat_reports_a_cancel_request(db: Database, db_url: str) -> None:
+    row = _claimed(db, db_url)
+    with db.transaction() as conn:
+        runs.cancel(conn, row["id"], owner="alice")
+
+    beat = runs.Heartbeat(db, row["id"], row["fence"])
+    assert beat.beat_once() is True  # the lease still holds: the worker ends the run itself
+    assert beat.cancel_requested.is_set() and beat.should_stop
+
+
+def test_a_beat_after_another_claim_reports_the_lease_lost_and_extends_nothing(db: Database, db_url: str) -> None:
+    row = _claimed(db, db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:  # rescued and claimed again: fence 2
+        conn.execute("UPDATE runs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
+                     (row["id"],))
+    with db.transaction() as conn:
+        assert runs.claim(conn, row["id"], now=T0) is not None
+    before = _lease(db_url, row["id"])
+
+    beat = runs.Heartbeat(db, row["id"], 1, now=T0 + timedelta(seconds=60))
+    assert beat.beat_once() is False
+    assert beat.lost.is_set()
+    assert _lease(db_url, row["id"]) == before
+
+
+def test_progress_is_written_at_most_once_per_10_seconds_per_step_and_folded_on_read(
+        db: Database, db_url: str) -> None:
+    row = _claimed(db, db_url)
+    clock = FakeClock()
+    beat = runs.Heartbeat(db, row["id"], row["fence"], clock=clock)
+    with db.transaction() as conn:
+        started = trace.append(conn, row["id"], EventType.STEP_STARTED, fence=row["fence"], step="model")
+    beat.step_started("model")
+    for t in (5, 12, 15, 21, 23, 40):
+        clock.t = t
+        if t == 40:
+            beat.step_finished()  # no progress outside a step
+        assert beat.beat_once() is True
+
+    with psycopg.connect(db_url, row_factory=dict_row, autocommit=True) as conn:
+        progress = conn.execute(
+            "SELECT data, step FROM run_events WHERE run_id = %s AND type = 'step.progress' ORDER BY seq",
+            (row["id"],)).fetchall()
+    assert progress == [{"data": {"elapsed_ms": 12000}, "step": "model"},
+                        {"data": {"elapsed_ms": 23000}, "step": "model"}]
+    with db.transaction() as conn:
+        events, next_after = trace.page(conn, row["id"], after=0, limit=50)
+    assert [e["type"] for e in events] == ["step.started"]  # progress is folded, not listed
+    assert events[0]["seq"] == started and events[0]["progress_count"] == 2
+    assert events[0]["last_progress_at"] is not None
+    assert next_after == started
+
+
+def test_the_heartbeat_thread_beats_until_stopped(db: Database, db_url: str) -> None:
+    row = _claimed(db, db_url, now=None)
+    three = threading.Event()
+    seen: list[bool] = []
+
+    def count(alive: bool, **_: Any) -> None:
+        seen.append(alive)
+        if len(seen) >= 3:
+            three.set()
+
+    beat = runs.Heartbeat(db, row["id"], row["fence"], interval=0.001, hooks=runs.Hooks().on("heartbeat", count))
+    beat.start()
+    try:
+        assert three.wait(WAIT)
+    finally:
+        beat.stop()
+    assert all(seen)
+    # The database clock moved the lease forward from the claim's.
+    lease = _lease(db_url, row["id"])
+    assert lease["heartbeat_at"] > row["heartbeat_at"]
+    assert lease["lease_expires_at"] == lease["heartbeat_at"] + timedelta(seconds=120)
+
+
+def test_the_heartbeat_thread_ends_itself_once_the_lease_is_lost(db: Database, db_url: str) -> None:
+    row = _claimed(db, db_url)
+    lost = threading.Event()
+    hooks = runs.Hooks().on("heartbeat", lambda alive, **_: None if alive else lost.set())
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET fence = fence + 1 WHERE id = %s", (row["id"],))
+
+    beat = runs.Heartbeat(db, row["id"], row["fence"], interval=0.001, hooks=hooks).start()
+    assert lost.wait(WAIT)
+    assert beat._thread is not None
+    beat._thread.join(WAIT)
+    assert not beat._thread.is_alive()
+    beat.stop()

@@ -1,0 +1,143 @@
+"""End to end through the real ``openai`` executor: a run against a local OpenAI-compatible server
+(``ThreadingHTTPServer`` on 127.0.0.1), real PostgreSQL, the real registry and egress check."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import threading
+from collections.abc import Iterator
+from dataclasses import dataclass, field
+from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+from typing import Any
+
+import psycopg
+import pytest
+from kairos import runs
+from kairos.db import Database
+from kairos.settings import Settings
+from psycopg.rows import dict_row
+
+from tests import factories
+
+KEY = "sk-e2e-not-a-real-key"
+SETTINGS = Settings(egress_allow=("127.0.0.1",))
+
+
+@dataclass
+class FakeOpenAI:
+    port: int = 0
+    requests: list[dict[str, Any]] = field(default_factory=list)
+    statuses: list[int] = field(default_factory=list)  # answered first, then 200s
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    @property
+    def base_url(self) -> str:
+        return f"http://127.0.0.1:{self.port}/v1"
+
+
+@pytest.fixture
+def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
+    monkeypatch.setenv("KAIROS_E2E_OPENAI_KEY", KEY)
+    state = FakeOpenAI()
+
+    class Handler(BaseHTTPRequestHandler):
+        def do_POST(self) -> None:
+            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
+            with state.lock:
+                state.requests.append({"path": self.path, "headers": dict(self.headers.items()), "raw": raw})
+                status = state.statuses.pop(0) if state.statuses else 200
+            if status == 200:
+                body = json.dumps({
+                    "id": "chatcmpl-e2e", "object": "chat.completion",
+                    "choices": [{"index": 0, "finish_reason": "stop",
+                                 "message": {"role": "assistant", "content": "Good morning from the fake model."}}],
+                    "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28},
+                }).encode()
+            else:
+                body = json.dumps({"error": {"type": "server_error", "message": "try later"}}).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(body)))
+            self.end_headers()
+            self.wfile.write(body)
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+    state.port = server.server_address[1]
+    thread = threading.Thread(target=server.serve_forever, daemon=True)
+    thread.start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()
+
+
+def _agent(fake: FakeOpenAI) -> dict[str, Any]:
+    return {"executor": "openai", "model": "gpt-e2e", "system": "You are terse.", "base_url": fake.base_url,
+            "api_key_secret": "env:KAIROS_E2E_OPENAI_KEY", "max_tokens": 64}
+
+
+def _one(url: str, sql: str, *params: Any) -> dict[str, Any]:
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
+        row = conn.execute(sql, params).fetchone()
+    assert row is not None
+    return row
+
+
+def test_a_scheduled_run_goes_through_the_openai_executor_once(db: Database, db_url: str,
+                                                               fake_openai: FakeOpenAI) -> None:
+    conv = factories.conversation(db_url, agent=_agent(fake_openai),
+                                  entries=[("user", "Who are you?"), ("assistant", "A test agent.")])
+    sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=_agent(fake_openai))
+    run = factories.run(db_url, schedule_row=sched)
+
+    outcome = runs.process(db, run["id"], settings=SETTINGS)
+    again = runs.process(db, run["id"], settings=SETTINGS)  # a redelivery
+
+    assert outcome.result == "succeeded" and again.result == "skipped"
+    (request,) = fake_openai.requests
+    assert request["path"] == "/v1/chat/completions"
+    assert request["headers"]["Authorization"] == f"Bearer {KEY}"
+    sent = json.loads(request["raw"])
+    assert sent["model"] == "gpt-e2e" and sent["max_tokens"] == 64
+    assert sent["messages"] == [
+        {"role": "system", "content": "You are terse."},
+        {"role": "user", "content": "Who are you?"},
+        {"role": "assistant", "content": "A test agent."},
+        {"role": "user", "content": "Brief me."},
+    ]
+    effect = _one(db_url, "SELECT * FROM effects WHERE run_id = %s", run["id"])
+    assert effect["state"] == "settled" and effect["kind"] == "model_call" and effect["mutation"] is False
+    assert effect["request_digest"] == hashlib.sha256(request["raw"]).hexdigest()
+    assert effect["target"] == f"{fake_openai.base_url}/chat/completions"
+    row = _one(db_url, "SELECT * FROM runs WHERE id = %s", run["id"])
+    assert row["usage"]["total_tokens"] == 28
+    answer = _one(db_url, "SELECT content FROM conversation_entries WHERE conversation_id = %s AND seq = %s",
+                  row["conversation_id"], row["output"]["entry_seq"])
+    assert answer["content"] == "Good morning from the fake model."
+    # Nothing the model or the key said ended up in the trace.
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        dumped = json.dumps([r[0] for r in conn.execute("SELECT data FROM run_events WHERE run_id = %s",
+                                                         (run["id"],))])
+    assert "Good morning" not in dumped and KEY not in dumped and "Brief me" not in dumped
+
+
+def test_a_503_is_retried_on_the_same_run_with_a_new_attempt(db: Database, db_url: str,
+                                                              fake_openai: FakeOpenAI) -> None:
+    fake_openai.statuses = [503]
+    sched = factories.schedule(db_url, agent=_agent(fake_openai))
+    run = factories.run(db_url, schedule_row=sched)
+
+    first = runs.process(db, run["id"], settings=SETTINGS)
+    second = runs.process(db, run["id"], settings=SETTINGS)
+
+    assert (first.result, first.reason_code) == ("retry", "peer_error")
+    assert second.result == "succeeded"
+    assert len(fake_openai.requests) == 2
+    assert fake_openai.requests[0]["raw"] == fake_openai.requests[1]["raw"]  # the same transcript and prompt
+    row = _one(db_url, "SELECT attempt, output FROM runs WHERE id = %s", run["id"])
+    assert row["attempt"] == 2 and row["output"]["attempt"] == 2
