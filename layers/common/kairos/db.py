@@ -17,6 +17,7 @@ from __future__ import annotations
 
 import re
 import threading
+import time
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from datetime import datetime
@@ -67,6 +68,23 @@ def with_now(params: Params | None, now: datetime | None) -> dict[str, Any]:
     return out
 
 
+# A connection returned to the pool less than this long ago is handed out without a check: it was
+# healthy a moment ago, and the round trip would cost every transaction. Older ones (a Lambda
+# container thawed after minutes, a server restart) are checked and replaced when broken.
+CHECK_AFTER_IDLE_SECONDS = 5.0
+_RETURNED_AT = "kairos_returned_at"
+
+
+def _mark_returned(conn: psycopg.Connection[Any]) -> None:
+    setattr(conn, _RETURNED_AT, time.monotonic())
+
+
+def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
+    returned = getattr(conn, _RETURNED_AT, None)
+    if returned is None or time.monotonic() - returned > CHECK_AFTER_IDLE_SECONDS:
+        ConnectionPool.check_connection(conn)
+
+
 class Database:
     """A small thread-safe pool of autocommit-off connections returning dict rows."""
 
@@ -77,7 +95,8 @@ class Database:
             min_size=0,
             max_size=max_size,
             kwargs={"row_factory": dict_row, "prepare_threshold": prepare_threshold},
-            check=ConnectionPool.check_connection,
+            check=_check_if_idle,
+            reset=_mark_returned,
             open=True,
             name="kairos",
         )

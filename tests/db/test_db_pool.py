@@ -1,0 +1,35 @@
+"""The pool hands out working connections: a connection killed while idle is replaced, not used."""
+
+from __future__ import annotations
+
+import psycopg
+from kairos import db
+from kairos.db import Database
+
+
+def test_a_connection_killed_while_idle_is_replaced(db_url: str, monkeypatch) -> None:
+    database = Database(db_url, max_size=1)
+    try:
+        with database.transaction() as conn:
+            first_pid = conn.info.backend_pid
+        # Given the server ended that backend while it sat in the pool (a failover, a thawed Lambda)
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute("SELECT pg_terminate_backend(%s)", (first_pid,))
+        monkeypatch.setattr(db, "CHECK_AFTER_IDLE_SECONDS", 0.0)
+        # When the next transaction starts, then it runs on a fresh backend instead of failing
+        with database.transaction() as conn:
+            assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+            assert conn.info.backend_pid != first_pid
+    finally:
+        database.close()
+
+
+def test_a_recently_returned_connection_is_reused_without_a_check(db_url: str) -> None:
+    database = Database(db_url, max_size=1)
+    try:
+        with database.transaction() as conn:
+            pid = conn.info.backend_pid
+        with database.transaction() as conn:
+            assert conn.info.backend_pid == pid
+    finally:
+        database.close()
