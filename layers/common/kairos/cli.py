@@ -13,6 +13,7 @@ import os
 import sys
 import uuid
 from collections.abc import Iterable, Sequence
+from pathlib import Path
 from typing import Any
 
 
@@ -128,6 +129,18 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
     return 0
 
 
+def _cmd_invoke(args: argparse.Namespace) -> int:
+    """Calls one handler once with an event file, as `sam local invoke` would without Docker."""
+    from kairos.apigw import LocalContext
+    from kairos.dev import load_handler
+
+    event = json.loads(Path(args.event).read_text(encoding="utf-8"))
+    handler = load_handler(args.function)
+    result = handler(event, LocalContext(timeout_ms=args.timeout * 1000, function_name=f"kairos-{args.function}"))
+    print(json.dumps(result, indent=2, sort_keys=True, default=str))
+    return 0
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
     from kairos import dev
 
@@ -152,32 +165,38 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--log-level", default="WARNING", help="level of the handlers' JSON logs (default WARNING)")
     dev.set_defaults(func=_cmd_dev)
 
-    def ops_parser(name: str, help_text: str) -> argparse.ArgumentParser:
-        p = sub.add_parser(name, help=help_text)
-        p.add_argument("--database-url", help="libpq URL (default: $DATABASE_URL)")
-        p.add_argument("--json", action="store_true", help="print JSON")
-        p.set_defaults(func=_cmd_ops, verb=None)
-        return p
+    invoke = sub.add_parser("invoke", help="call one handler with an event file (see events/)")
+    invoke.add_argument("function", choices=["tick", "run", "webhook", "migrate"])
+    invoke.add_argument("event", help="path of a JSON event, e.g. events/tick.json")
+    invoke.add_argument("--timeout", type=int, default=60, help="the simulated Lambda timeout in seconds")
+    invoke.set_defaults(func=_cmd_invoke)
 
-    ops_parser("status", "due backlog, oldest queued run, stuck runs, DLQ depth")
+    common = argparse.ArgumentParser(add_help=False)
+    common.add_argument("--database-url", help="libpq URL (default: $DATABASE_URL)")
+    common.add_argument("--json", action="store_true", help="print JSON")
 
-    sched = ops_parser("schedules", "list, show, pause, resume or cancel schedules (every owner)")
+    status = sub.add_parser("status", parents=[common], help="due backlog, oldest queued run, stuck runs, DLQ depth")
+    status.set_defaults(func=_cmd_ops, verb=None)
+
+    sched = sub.add_parser("schedules", help="list, show, pause, resume or cancel schedules (every owner)")
     sched_verbs = sched.add_subparsers(dest="verb", required=True)
-    sl = sched_verbs.add_parser("list")
+    sl = sched_verbs.add_parser("list", parents=[common])
     sl.add_argument("--owner")
     sl.add_argument("--all", action="store_true", help="include cancelled schedules")
     sl.add_argument("--limit", type=int, default=100)
     for verb in ("show", "pause", "resume", "cancel"):
-        sched_verbs.add_parser(verb).add_argument("id", type=uuid.UUID)
+        sched_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
+    sched.set_defaults(func=_cmd_ops)
 
-    run = ops_parser("runs", "list, show, trace or cancel runs (every owner)")
+    run = sub.add_parser("runs", help="list, show, trace or cancel runs (every owner)")
     run_verbs = run.add_subparsers(dest="verb", required=True)
-    rl = run_verbs.add_parser("list")
+    rl = run_verbs.add_parser("list", parents=[common])
     rl.add_argument("--schedule", type=uuid.UUID)
     rl.add_argument("--state")
     rl.add_argument("--limit", type=int, default=50)
     for verb in ("show", "trace", "cancel"):
-        run_verbs.add_parser(verb).add_argument("id", type=uuid.UUID)
+        run_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
+    run.set_defaults(func=_cmd_ops)
     return parser
 
 

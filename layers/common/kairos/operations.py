@@ -68,7 +68,7 @@ def status(conn: psycopg.Connection[db.Row], *, sqs: Any = None, queue_url: str 
 
 def dlq_depth(sqs: Any, queue_url: str) -> int | None:
     """Visible messages in the run queue's dead-letter queue, found through its redrive policy."""
-    attrs = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"])["Attributes"]
+    attrs = sqs.get_queue_attributes(QueueUrl=queue_url, AttributeNames=["RedrivePolicy"]).get("Attributes", {})
     policy = attrs.get("RedrivePolicy")
     if not policy:
         return None

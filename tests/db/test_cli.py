@@ -1,0 +1,108 @@
+"""The operator CLI and `kairos invoke`, run in-process against a real database and moto's SQS."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import psycopg
+import pytest
+from kairos import cli
+
+from tests import factories
+from tests.db.test_api_client import Api, api_fixture  # noqa: F401 - the fixture is used by name
+
+ROOT = Path(__file__).resolve().parents[2]
+
+
+def run_cli(capsys: pytest.CaptureFixture[str], *argv: str) -> tuple[int, str, str]:
+    code = cli.main(list(argv))
+    out = capsys.readouterr()
+    return code, out.out, out.err
+
+
+def test_status_reports_backlog_stuck_runs_and_dlq_depth(api: Api, capsys: pytest.CaptureFixture[str],
+                                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    dlq = api.sqs.create_queue(QueueName="cli-dlq")["QueueUrl"]
+    dlq_arn = api.sqs.get_queue_attributes(QueueUrl=dlq, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+    queue = api.sqs.create_queue(QueueName="cli-runs", Attributes={
+        "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn, "maxReceiveCount": "5"})})["QueueUrl"]
+    for i in range(2):
+        api.sqs.send_message(QueueUrl=dlq, MessageBody=json.dumps({"run_id": f"dead-{i}"}))
+    monkeypatch.setenv("RUN_QUEUE_URL", queue)
+    factories.schedule(api.url)  # due a minute ago
+    factories.run(api.url, state="queued")
+    stuck = factories.run(api.url, state="running")
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 minute' WHERE id = %s", (stuck["id"],))
+
+    code, out, _ = run_cli(capsys, "status", "--json")
+
+    assert code == 0
+    status = json.loads(out)
+    assert status["due_backlog"] >= 1
+    assert status["queued"] == 1 and status["running"] == 1
+    assert status["stuck_lease_expired"] == 1
+    assert status["dlq_depth"] == 2
+
+
+def test_schedules_list_show_pause_resume_cancel(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    sched = factories.schedule(api.url, owner="carol", cron="0 7 * * *")
+    sid = str(sched["id"])
+
+    code, out, _ = run_cli(capsys, "schedules", "list")
+    assert code == 0 and sid in out and "carol" in out
+
+    assert run_cli(capsys, "schedules", "pause", sid)[0] == 0
+    code, out, _ = run_cli(capsys, "schedules", "show", sid, "--json")
+    assert json.loads(out)["status"] == "paused"
+
+    assert run_cli(capsys, "schedules", "resume", sid)[0] == 0
+    assert run_cli(capsys, "schedules", "cancel", sid)[0] == 0
+    code, out, _ = run_cli(capsys, "schedules", "list", "--json")
+    assert sid not in out  # cancelled schedules are hidden unless --all
+    code, out, _ = run_cli(capsys, "schedules", "list", "--all", "--json")
+    assert [s["status"] for s in json.loads(out) if s["id"] == sid] == ["cancelled"]
+
+
+def test_a_wrong_move_or_an_unknown_id_is_an_error_not_a_traceback(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    sched = factories.schedule(api.url)
+    code, _, err = run_cli(capsys, "schedules", "resume", str(sched["id"]))
+    assert code == 1 and err.startswith("kairos: ")
+    code, _, err = run_cli(capsys, "runs", "show", "00000000-0000-0000-0000-000000000000")
+    assert code == 1 and "run not found" in err
+
+
+def test_runs_list_show_trace_and_cancel(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    run = factories.run(api.url, state="queued")
+    rid = str(run["id"])
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET last_seq = 1 WHERE id = %s", (run["id"],))
+        conn.execute("INSERT INTO run_events (run_id, seq, type, attempt) VALUES (%s, 1, 'run.queued', 0)",
+                     (run["id"],))
+
+    code, out, _ = run_cli(capsys, "runs", "list", "--state", "queued")
+    assert code == 0 and rid in out
+    code, out, _ = run_cli(capsys, "runs", "trace", rid)
+    assert "run.queued" in out
+    code, out, _ = run_cli(capsys, "runs", "cancel", rid, "--json")
+    assert code == 0 and json.loads(out)["state"] == "cancelled"
+    code, out, _ = run_cli(capsys, "runs", "show", rid)
+    assert "run.cancelled" in out
+
+
+@pytest.mark.parametrize(
+    ("function", "event", "check"),
+    [
+        ("webhook", "events/api_openapi.json", lambda r: r["statusCode"] == 200),
+        ("tick", "events/tick.json", lambda r: "dispatched" in json.dumps(r)),
+        ("run", "events/run_sqs.json", lambda r: r == {"batchItemFailures": []}),
+    ],
+)
+def test_invoke_calls_each_handler_with_its_sample_event(api: Api, capsys: pytest.CaptureFixture[str],
+                                                          function: str, event: str, check) -> None:
+    code, out, _ = run_cli(capsys, "invoke", function, str(ROOT / event))
+    assert code == 0
+    # Handlers log JSON lines to stdout (as on Lambda); the result is the indented document after them.
+    result = json.loads(out[out.index("{\n"):])
+    assert check(result), out
