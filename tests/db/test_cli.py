@@ -65,7 +65,9 @@ def test_schedules_list_show_pause_resume_cancel(api: Api, capsys: pytest.Captur
     assert [s["status"] for s in json.loads(out) if s["id"] == sid] == ["cancelled"]
 
 
-def test_a_wrong_move_or_an_unknown_id_is_an_error_not_a_traceback(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+def test_a_wrong_move_or_an_unknown_id_is_an_error_not_a_traceback(
+    api: Api, capsys: pytest.CaptureFixture[str]
+) -> None:
     sched = factories.schedule(api.url)
     code, _, err = run_cli(capsys, "schedules", "resume", str(sched["id"]))
     assert code == 1 and err.startswith("kairos: ")
