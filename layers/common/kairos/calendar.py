@@ -735,6 +735,11 @@ def fires_between(rule: Rule, after: datetime, until: datetime) -> Iterator[Fire
     return bounded()
 
 
+def rfc3339(instant: datetime) -> str:
+    """A UTC instant as the API writes every time: RFC 3339 with ``Z`` (``2026-03-08T07:00:00Z``)."""
+    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
 def describe(instant: datetime, timezone: str) -> Fire:
     """The wall time, offset and fold of any instant in a zone (webhook occurrences use this)."""
     _require_aware(instant, "instant")

@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
@@ -38,6 +38,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, Validat
 from pydantic_core import PydanticCustomError
 
 from kairos import db
+from kairos.calendar import rfc3339
 from kairos.errors import FieldError, NotFound, ValidationFailed
 from kairos.observability import logger
 
@@ -167,26 +168,11 @@ def validate_agent(raw: object, *, field: str = "agent") -> dict[str, Any]:
             if raw.get(name) is None:
                 problems.append(FieldError(f"{field}.{name}", "required", f"the {executor} executor needs {name}"))
     if problems or config is None:
-        raise ValidationFailed(_dedupe(problems))
+        raise ValidationFailed(problems)
     return config.model_dump(exclude_none=True)
 
 
-def _dedupe(problems: list[FieldError]) -> list[FieldError]:
-    seen: set[tuple[str, str]] = set()
-    out: list[FieldError] = []
-    for p in problems:
-        if (p.field, p.rule) not in seen:
-            seen.add((p.field, p.rule))
-            out.append(p)
-    return out
-
-
 # --- Records -----------------------------------------------------------------------------------
-
-
-def rfc3339(instant: datetime) -> str:
-    """A UTC instant as RFC 3339 with ``Z``."""
-    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 @dataclass(frozen=True)

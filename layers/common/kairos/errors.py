@@ -50,7 +50,12 @@ class ValidationFailed(KairosError):
     def __init__(self, fields: list[FieldError], message: str | None = None) -> None:
         if not fields:
             raise ValueError("ValidationFailed needs at least one field error")
-        super().__init__(message or _summary(fields), fields=fields)
+        # One entry per (field, rule), in order: several checks may find the same problem.
+        unique: list[FieldError] = []
+        for f in fields:
+            if all((f.field, f.rule) != (u.field, u.rule) for u in unique):
+                unique.append(f)
+        super().__init__(message or _summary(unique), fields=unique)
 
 
 def _summary(fields: list[FieldError]) -> str:

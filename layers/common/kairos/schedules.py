@@ -67,7 +67,8 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kairos import calendar, conversations, db
-from kairos.conversations import field_errors, rfc3339
+from kairos.calendar import rfc3339
+from kairos.conversations import field_errors
 from kairos.errors import Conflict, FieldError, Forbidden, KairosError, LimitExceeded, NotFound, ValidationFailed
 from kairos.observability import logger
 from kairos.states import DstFold, DstGap, Mode, Overlap, ScheduleKind, ScheduleStatus
@@ -236,13 +237,13 @@ def parse_request(raw: object, *, now: datetime | None = None) -> ScheduleReques
         request = ScheduleRequest.model_validate(body)
     except ValidationError as error:
         problems.extend(field_errors(error))
-        raise ValidationFailed(_dedupe(problems)) from None
+        raise ValidationFailed(problems) from None
 
     if request.kind is ScheduleKind.INTERVAL and request.starts_at is None:
         request = request.model_copy(update={"starts_at": now})  # DESIGN: the anchor defaults to now
     problems.extend(_check_semantics(request, now))
     if problems:
-        raise ValidationFailed(_dedupe(problems))
+        raise ValidationFailed(problems)
 
     request = request.model_copy(update={"agent": agent, "signing": signing})
     if request.kind in TIMED_KINDS:
@@ -319,16 +320,6 @@ def _human(span: timedelta) -> str:
         minutes = seconds // 60
         return f"{minutes} minute{'s' if minutes != 1 else ''}"
     return f"{seconds} second{'s' if seconds != 1 else ''}"
-
-
-def _dedupe(problems: list[FieldError]) -> list[FieldError]:
-    seen: set[tuple[str, str]] = set()
-    out: list[FieldError] = []
-    for p in problems:
-        if (p.field, p.rule) not in seen:
-            seen.add((p.field, p.rule))
-            out.append(p)
-    return out
 
 
 def rule_of(source: ScheduleRequest | Schedule) -> calendar.Rule:

@@ -16,14 +16,14 @@ through ``kairos.runs.get`` (owner-scoped) first.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from datetime import UTC, datetime
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import db
+from kairos import calendar, db
 from kairos.states import EventType
 
 FORBIDDEN_KEYS = frozenset(
@@ -71,10 +71,8 @@ MAX_PAGE = 200
 
 
 def rfc3339(value: datetime | None) -> str | None:
-    """A timestamp as an RFC 3339 string in UTC (``2025-01-02T03:04:05.678901Z``)."""
-    if value is None:
-        return None
-    return value.astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%S.%fZ")
+    """``calendar.rfc3339`` that passes None through (optional columns)."""
+    return None if value is None else calendar.rfc3339(value)
 
 
 def page(
