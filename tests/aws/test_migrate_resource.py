@@ -5,7 +5,6 @@ presigned S3 ResponseURL, and exactly one cfn-response answer per request whatev
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import logging
 import threading
@@ -13,13 +12,13 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import boto3
 import psycopg
 import pytest
 from kairos import migrations, runtime, settings
+from kairos.dev import load_function
 from kairos.migrations import Migration
 from moto import mock_aws
 
@@ -27,15 +26,7 @@ ROOT = Path(__file__).resolve().parents[2]
 SIGNATURE = "X-Amz-Signature=4f1c0ffee5ecre7519a7"
 
 
-def _load_app() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kairos_migrate_app", ROOT / "functions" / "migrate" / "app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-app = _load_app()
+app = load_function("migrate")
 
 
 @dataclass

@@ -4,14 +4,12 @@ handler with its decorators. One bad or failing record never takes the good ones
 from __future__ import annotations
 
 import copy
-import importlib.util
 import json
 import uuid
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from types import ModuleType
 from typing import Any
 
 import boto3
@@ -20,6 +18,7 @@ import pytest
 from kairos import db as kairos_db
 from kairos import runtime, worker
 from kairos.db import Database, Row
+from kairos.dev import load_function
 from kairos.settings import Settings
 from moto import mock_aws
 from psycopg.rows import dict_row
@@ -30,15 +29,7 @@ ROOT = Path(__file__).resolve().parents[2]
 REFUSED_PORT_AGENT = {"executor": "openai", "model": "m", "base_url": "http://127.0.0.1:1/v1"}
 
 
-def _load_app() -> ModuleType:
-    spec = importlib.util.spec_from_file_location("kairos_run_app", ROOT / "functions" / "run" / "app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module
-
-
-app = _load_app()
+app = load_function("run")
 
 
 class LambdaContext:

@@ -8,7 +8,6 @@ builds events with ``kairos.apigw.build_event`` (the same shape as ``events/*.js
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import uuid
 from collections.abc import Iterator, Mapping
@@ -19,6 +18,7 @@ from typing import Any
 import boto3
 import pytest
 from kairos import apigw, db, runtime
+from kairos.dev import load_handler
 from moto import mock_aws
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -26,15 +26,7 @@ SAME = object()  # "as this client's user"
 TOKENS = {"alice": "tok-alice-0123456789", "bob": "tok-bob-9876543210"}
 
 
-def load_handler() -> Any:
-    spec = importlib.util.spec_from_file_location("kairos_api_function", ROOT / "functions" / "webhook" / "app.py")
-    assert spec is not None and spec.loader is not None
-    module = importlib.util.module_from_spec(spec)
-    spec.loader.exec_module(module)
-    return module.handler
-
-
-HANDLER = load_handler()
+HANDLER = load_handler("webhook")
 
 
 @dataclass

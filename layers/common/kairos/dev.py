@@ -45,15 +45,20 @@ DEV_PRINCIPAL = "alice"
 REPO_ROOT = Path(__file__).resolve().parents[3]
 
 
-def load_handler(name: str) -> Handler:
-    """``functions/<name>/app.py``'s ``handler``, loaded by path (the three files share a name)."""
+def load_function(name: str) -> ModuleType:
+    """A fresh import of ``functions/<name>/app.py``, by path (the function files share a name)."""
     path = REPO_ROOT / "functions" / name / "app.py"
     spec = importlib.util.spec_from_file_location(f"kairos_function_{name}", path)
     if spec is None or spec.loader is None:
         raise RuntimeError(f"cannot load {path}")
     module: ModuleType = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
-    handler: Handler = module.handler
+    return module
+
+
+def load_handler(name: str) -> Handler:
+    """``functions/<name>/app.py``'s ``handler``."""
+    handler: Handler = load_function(name).handler
     return handler
 
 
