@@ -1,9 +1,25 @@
-"""Lambda handler: not implemented yet (see the issue that builds the tick function)."""
+"""TickFunction: EventBridge invokes it every minute; it runs one tick (``kairos.tick``).
+
+Thin by design: build the tick from the per-container resources and run it until nothing is due or
+the invocation's remaining time runs short. EventBridge's event time is logged, never used: the
+database clock decides.
+"""
 
 from __future__ import annotations
 
 from typing import Any
 
+from kairos import runtime
+from kairos.observability import logger, metrics, tracer
+from kairos.tick import Tick
 
+
+@logger.inject_lambda_context
+@tracer.capture_lambda_handler
+@metrics.log_metrics
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return {"statusCode": 501, "body": "not implemented yet"}
+    logger.info("tick invoked", extra={"action": "tick_invoked", "event_time": (event or {}).get("time"),
+                                       "event_id": (event or {}).get("id")})
+    settings = runtime.settings()
+    tick = Tick(runtime.database(), runtime.sqs(), settings.run_queue_url or "")
+    return tick.run(context.get_remaining_time_in_millis).as_dict()

@@ -1,0 +1,408 @@
+"""Tick throughput: fires per second for 10,000 due schedules, beside pgbench on the same server.
+
+What is measured (one PostgreSQL server, one database per workload, all in the same run):
+
+1. **Kairos tick**, ``Tick.run()`` on 10,000 schedules all due at the same minute (the "07:00 burst"),
+   real database time, the tick's defaults (batches of 500, two batches in flight), grace widened to
+   an hour so that a slow run still dispatches every fire (the workload stays identical). Workloads:
+   * *shared rules*: the schedules use 60 distinct rules (cron in UTC and four zones, intervals) — how
+     real schedules look; the decision memoizes per (rule, cursor, now), so each rule is evaluated once.
+   * *distinct rules*: every schedule has its own rule (a zone x day-field variant of a cron that fires
+     at that minute): the calendar runs 10,000 times — the worst case.
+   SQS is either a stub (an in-process client whose ``send_message_batch`` accepts everything: the
+   tick's own cost) or moto's server in another process, with a fresh queue every 200 messages (moto
+   scans the whole queue on every send, which would otherwise dominate). With moto the SQS wall time
+   is reported separately from the database-and-decision time: moto is no measure of SQS speed.
+2. **pgbench** ``-b simple-update -c 8 -j 2 -T 10`` (scale 1) in a separate database: the server's
+   own rate for a small update transaction.
+
+Reported: fires/s (dispatched runs ÷ wall time of the tick), the ratio to pgbench TPS (target ≥ 1:
+one commit per batch of 500 fires instead of one per fire), and the fire lag p50/p99 — from the
+tick's start (database clock) to each run's ``handoff_at`` (its id accepted by SQS and stamped).
+
+The server is ``DATABASE_URL``'s when set (databases ``kairos_bench_tick*`` are dropped and
+recreated; pgbench is ``/usr/lib/postgresql/15/bin/pgbench``), else an embedded one started here with
+default durability settings (fsync on).
+
+Run: ``.venv/bin/python bench/tick.py [--schedules N] [--seconds S] [--skip-moto]``.
+"""
+
+from __future__ import annotations
+
+import sys
+from pathlib import Path
+
+# bench/ holds modules named like stdlib ones: keep bench/ off the import path.
+_HERE = Path(__file__).resolve().parent
+sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
+
+import argparse  # noqa: E402
+import json  # noqa: E402
+import logging  # noqa: E402
+import multiprocessing  # noqa: E402
+import os  # noqa: E402
+import re  # noqa: E402
+import socket  # noqa: E402
+import subprocess  # noqa: E402
+import threading  # noqa: E402
+import time  # noqa: E402
+import uuid  # noqa: E402
+import zoneinfo  # noqa: E402
+from collections.abc import Callable, Iterator  # noqa: E402
+from contextlib import contextmanager  # noqa: E402
+from dataclasses import dataclass  # noqa: E402
+from datetime import datetime, timedelta  # noqa: E402
+from typing import Any  # noqa: E402
+
+os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the tick logs every batch: keep the table readable
+
+import psycopg  # noqa: E402
+from kairos import calendar, migrations  # noqa: E402
+from kairos.db import Database  # noqa: E402
+from kairos.states import ScheduleKind  # noqa: E402
+from kairos.tick import FIRE_WORKERS, Tick  # noqa: E402
+from kairos.tick.fire import DEFAULT_BATCH  # noqa: E402
+from psycopg import sql  # noqa: E402
+from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
+
+SYSTEM_PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
+BATCH = DEFAULT_BATCH
+AGENT = {"executor": "echo", "model": "echo", "system": "bench"}
+
+
+@contextmanager
+def server() -> Iterator[tuple[str, str]]:
+    """(admin URL, pgbench binary)."""
+    given = os.environ.get("DATABASE_URL")
+    if given:
+        yield given, SYSTEM_PGBENCH
+        return
+    from kairos.localdb import LocalPostgres
+
+    local = LocalPostgres()
+    try:
+        yield local.url(), str(local.bin_dir / "pgbench")
+    finally:
+        local.stop()
+
+
+def url_for(admin_url: str, database: str) -> str:
+    params: dict[str, Any] = conninfo_to_dict(admin_url)
+    params["dbname"] = database
+    return make_conninfo(**params)
+
+
+def recreate(admin_url: str, database: str) -> str:
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    return url_for(admin_url, database)
+
+
+# --- workloads -------------------------------------------------------------------------------------
+
+
+def _cron_at(instant: datetime, zone: str, dom: str = "*", month: str = "*", dow: str = "*") -> str:
+    local = instant.astimezone(zoneinfo.ZoneInfo(zone))
+    return f"{local.minute} {local.hour} {dom} {month} {dow}"
+
+
+def shared_rules(due: datetime) -> list[dict[str, Any]]:
+    """60 rules that all fire at ``due``: crons in five zones (daily, weekday-agnostic, hourly) and intervals."""
+    rules: list[dict[str, Any]] = []
+    for zone in ("UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "Australia/Sydney"):
+        local = due.astimezone(zoneinfo.ZoneInfo(zone))
+        for cron in (_cron_at(due, zone), f"{local.minute} * * * *", f"{local.minute} {local.hour} * * 0-6",
+                     f"{local.minute} {local.hour} 1-31 * *", f"*/{_step(local.minute)} * * * *",
+                     f"{local.minute} {local.hour},{(local.hour + 12) % 24} * * *"):
+            for catch_up in (False, True):
+                rules.append({"kind": "cron", "cron": cron, "timezone": zone, "catch_up": catch_up})
+    for seconds in (300, 600, 900, 1800, 3600, 7200, 14400, 21600, 43200, 86400):
+        for catch_up in (False, True):
+            rules.append({"kind": "interval", "interval_seconds": seconds, "starts_at": due - timedelta(days=1),
+                          "catch_up": catch_up})
+    return rules
+
+
+def _step(minute: int) -> int:
+    """A step that fires at ``minute``: the largest of 5, 3, 2, 1 dividing it."""
+    return next(s for s in (5, 3, 2, 1) if minute % s == 0)
+
+
+def distinct_rules(due: datetime, count: int) -> list[dict[str, Any]]:
+    """``count`` different cron rules that all fire at ``due``: zone x day-field variants."""
+    rules: list[dict[str, Any]] = []
+    for zone in sorted(zoneinfo.available_timezones()):
+        try:
+            calendar.check_rule(calendar.Rule(kind=ScheduleKind.CRON, cron="0 0 * * *", timezone=zone))
+        except Exception:  # noqa: BLE001 - a zone the shipped tzdata does not have
+            continue
+        local = due.astimezone(zoneinfo.ZoneInfo(zone))
+        for dom in ("*", str(local.day), "1-31"):
+            for month in ("*", str(local.month), "1-12"):
+                for dow in ("*", str((local.weekday() + 1) % 7), "0-6"):
+                    rules.append({"kind": "cron", "cron": _cron_at(due, zone, dom, month, dow), "timezone": zone,
+                                  "catch_up": False})
+                    if len(rules) == count:
+                        return rules
+    raise RuntimeError("not enough zones for distinct rules")
+
+
+def seed_history(url: str, count: int) -> None:
+    """A day of past fires (``count`` occurrences and ended, settled runs), as a live database has.
+
+    Measuring on empty tables would mislead: PostgreSQL caches the plans of its foreign-key checks per
+    connection, and a plan made while ``occurrences`` was empty scans it sequentially until an ANALYZE
+    (autovacuum, in a live database) replaces it.
+    """
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("INSERT INTO conversations (id, owner, agent) VALUES ('00000000-0000-0000-0000-000000000001',"
+                     " 'history', %s)", (json.dumps(AGENT),))
+        conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, cron, status)
+                        VALUES ('00000000-0000-0000-0000-000000000002', 'history',
+                                '00000000-0000-0000-0000-000000000001', 'p', 'cron', '* * * * *', 'paused')""")
+        conn.execute(
+            """WITH o AS (
+                   INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, timezone,
+                                            tzdata_version, schedule_revision, decision)
+                   SELECT gen_random_uuid(), '00000000-0000-0000-0000-000000000002', 'scheduled',
+                          now() - make_interval(secs => i * 8), now() - make_interval(secs => i * 8),
+                          interval '0', 'UTC', 'history', 1, 'dispatched'
+                     FROM generate_series(1, %s) AS i
+                   RETURNING id, fire_at)
+               INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode,
+                                 prompt, agent, state, output, created_at, finished_at, settled_at, handoff_at)
+               SELECT gen_random_uuid(), o.id, '00000000-0000-0000-0000-000000000002', 'history', 'scheduled',
+                      '00000000-0000-0000-0000-000000000001', 'fork', 'p', %s, 'succeeded', '{}', o.fire_at,
+                      o.fire_at, o.fire_at, o.fire_at
+                 FROM o""",
+            (count, json.dumps(AGENT)),
+        )
+        conn.execute("ANALYZE")
+
+
+def populate(url: str, rules: list[dict[str, Any]], count: int, due: datetime) -> None:
+    """``count`` schedules cycling through ``rules``, ten per conversation, all with cursor ``due``."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conversations = [uuid.uuid4() for _ in range(count // 10 + 1)]
+        with conn.cursor() as cur:
+            with cur.copy("COPY conversations (id, owner, agent) FROM STDIN") as copy:
+                for cid in conversations:
+                    copy.write_row((cid, "bench", json.dumps(AGENT)))
+            with cur.copy(
+                """COPY schedules (id, owner, conversation_id, prompt, kind, cron, interval_seconds, starts_at,
+                                   timezone, catch_up, next_fire_at) FROM STDIN"""
+            ) as copy:
+                for i in range(count):
+                    rule = rules[i % len(rules)]
+                    copy.write_row((uuid.uuid4(), "bench", conversations[i // 10], "Summarize the news.",
+                                    rule["kind"], rule.get("cron"), rule.get("interval_seconds"),
+                                    rule.get("starts_at"), rule.get("timezone", "UTC"), rule["catch_up"], due))
+        conn.execute("ANALYZE")
+
+
+# --- SQS -------------------------------------------------------------------------------------------
+
+
+class StubSqs:
+    """Accepts every entry at once: what the tick costs without the network."""
+
+    def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"Successful": [{"Id": e["Id"], "MessageId": e["Id"]} for e in Entries], "Failed": []}
+
+
+def _moto_process(port: int) -> None:
+    from moto.server import ThreadedMotoServer
+
+    logging.getLogger("werkzeug").setLevel(logging.ERROR)
+    ThreadedMotoServer(ip_address="127.0.0.1", port=port, verbose=False).start()
+    threading.Event().wait()
+
+
+@contextmanager
+def moto_sqs() -> Iterator[tuple[Any, str]]:
+    """moto's server in its own process; yields (client, queue URL)."""
+    for key, value in {"AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
+                       "AWS_DEFAULT_REGION": "us-east-1"}.items():
+        os.environ.setdefault(key, value)
+    import boto3
+    from botocore.config import Config
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    process = multiprocessing.get_context("spawn").Process(target=_moto_process, args=(port,), daemon=True)
+    process.start()
+    try:
+        client = boto3.client("sqs", endpoint_url=f"http://127.0.0.1:{port}", region_name="us-east-1",
+                              config=Config(max_pool_connections=16))
+        for _ in range(200):
+            try:
+                url = client.create_queue(QueueName="runs")["QueueUrl"]
+                break
+            except Exception:  # noqa: BLE001 - the server is still starting
+                time.sleep(0.1)
+        else:
+            raise RuntimeError("moto server did not start")
+        yield client, url
+    finally:
+        process.terminate()
+        process.join(5)
+
+
+class RotatingQueues:
+    """Hands the tick's sends to moto, moving to a fresh queue every ``per_queue`` messages.
+
+    moto's SQS scans the whole queue on every send, so one queue of 10,000 messages would measure
+    moto's quadratic loop, not the tick. Each call still goes through moto's real API (parsing,
+    validation, the HTTP server); ``delivered()`` counts what all the queues hold.
+    """
+
+    def __init__(self, client: Any, per_queue: int = 200) -> None:
+        self.client = client
+        self.per_queue = per_queue
+        self.urls: list[str] = []
+        self._count = per_queue
+        self._lock = threading.Lock()
+
+    def _queue(self, entries: int) -> str:
+        with self._lock:
+            if self._count + entries > self.per_queue:
+                self.urls.append(self.client.create_queue(QueueName=f"runs-{len(self.urls)}")["QueueUrl"])
+                self._count = 0
+            self._count += entries
+            return self.urls[-1]
+
+    def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return dict(self.client.send_message_batch(QueueUrl=self._queue(len(Entries)), Entries=Entries))
+
+    def delivered(self) -> int:
+        return sum(int(self.client.get_queue_attributes(QueueUrl=url, AttributeNames=["ApproximateNumberOfMessages"])
+                       ["Attributes"]["ApproximateNumberOfMessages"]) for url in self.urls)
+
+
+# --- measurement -----------------------------------------------------------------------------------
+
+
+@dataclass
+class Result:
+    label: str
+    dispatched: int
+    seconds: float
+    db_seconds: float
+    sqs_seconds: float
+    lag_p50: float
+    lag_p99: float
+    delivered: int | None = None
+
+    @property
+    def fires_per_second(self) -> float:
+        return self.dispatched / self.seconds
+
+
+def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[[datetime], list[dict[str, Any]]],
+            count: int) -> Result:
+    with psycopg.connect(url, autocommit=True) as conn:
+        # The previous workload's schedules become history (their rows stay, as in a live database).
+        conn.execute("UPDATE schedules SET status = 'cancelled' WHERE status = 'active'")
+        row = conn.execute("SELECT date_trunc('minute', now())").fetchone()
+    assert row is not None
+    due: datetime = row[0]
+    populate(url, rules_for(due), count, due)
+    database = Database(url, max_size=4)  # what runtime.database() gives a container
+    try:
+        with psycopg.connect(url) as conn:
+            start_row = conn.execute("SELECT clock_timestamp()").fetchone()
+        assert start_row is not None
+        started = time.perf_counter()
+        report = Tick(database, sqs, queue_url, metrics=None, batch_size=BATCH, grace=timedelta(hours=1)).run()
+        seconds = time.perf_counter() - started
+    finally:
+        database.close()
+    with psycopg.connect(url) as conn:
+        lag = conn.execute(
+            """SELECT percentile_cont(0.5) WITHIN GROUP (ORDER BY extract(epoch FROM handoff_at - %(start)s)),
+                      percentile_cont(0.99) WITHIN GROUP (ORDER BY extract(epoch FROM handoff_at - %(start)s)),
+                      count(*) FILTER (WHERE handoff_at IS NULL)
+                 FROM runs WHERE created_at >= %(start)s""", {"start": start_row[0]}).fetchone()
+    assert lag is not None
+    if report.dispatched != count or lag[2]:
+        raise RuntimeError(f"{label}: dispatched {report.dispatched} of {count}, {lag[2]} not handed off")
+    return Result(label, report.dispatched, seconds, report.fire_db_seconds, report.fire_sqs_seconds,
+                  float(lag[0]), float(lag[1]))
+
+
+def pgbench(binary: str, url: str, seconds: int) -> float | None:
+    if not Path(binary).exists():
+        print(f"pgbench not found at {binary}: baseline skipped", file=sys.stderr)
+        return None
+    params = conninfo_to_dict(url)
+    env = dict(os.environ)
+    if params.get("password"):
+        env["PGPASSWORD"] = str(params["password"])
+    common = ["-h", str(params.get("host", "localhost")), "-U", str(params.get("user", "postgres"))]
+    if params.get("port"):
+        common += ["-p", str(params["port"])]
+    dbname = str(params["dbname"])
+    subprocess.run([binary, "-i", "-q", "-s", "1", *common, dbname], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = subprocess.run([binary, "-b", "simple-update", "-c", "8", "-j", "2", "-T", str(seconds), *common, dbname],
+                         check=True, env=env, capture_output=True, text=True).stdout
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    return float(match.group(1)) if match else None
+
+
+def main() -> int:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
+    parser.add_argument("--schedules", type=int, default=10_000)
+    parser.add_argument("--seconds", type=int, default=10, help="pgbench duration")
+    parser.add_argument("--skip-moto", action="store_true")
+    args = parser.parse_args()
+
+    with server() as (admin_url, pgbench_binary):
+        # pgbench runs before and after the tick workloads (the box may be busy with other work); the
+        # ratio uses their mean.
+        tps_runs = [pgbench(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds)]
+        url = recreate(admin_url, "kairos_bench_tick")
+        migrations.apply(url)
+        seed_history(url, 20_000)
+        with psycopg.connect(url) as conn:
+            settings = {r[0]: r[1] for r in conn.execute(
+                "SELECT name, setting FROM pg_settings"
+                " WHERE name IN ('fsync', 'synchronous_commit', 'server_version')")}
+        results = [
+            measure("stub SQS, shared rules", url, StubSqs(), "stub", shared_rules, args.schedules),
+            measure("stub SQS, distinct rules", url, StubSqs(), "stub",
+                    lambda due: distinct_rules(due, args.schedules), args.schedules),
+        ]
+        if not args.skip_moto:
+            with moto_sqs() as (client, queue_url):
+                rotating = RotatingQueues(client)
+                result = measure("moto SQS, shared rules", url, rotating, queue_url, shared_rules, args.schedules)
+                result.delivered = rotating.delivered()
+                results.append(result)
+        tps_runs.append(pgbench(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds))
+
+    measured = [t for t in tps_runs if t]
+    tps = sum(measured) / len(measured) if measured else None
+    print(f"\nTick: {args.schedules:,} schedules due at the same minute, batches of {BATCH}, {FIRE_WORKERS} in "
+          f"flight; PostgreSQL {settings.get('server_version')}, fsync={settings.get('fsync')}, "
+          f"synchronous_commit={settings.get('synchronous_commit')}\n")
+    print("| workload | fires/s | ÷ pgbench TPS | wall s | DB + decisions s | SQS s | lag p50 s | lag p99 s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+    for r in results:
+        ratio = f"{r.fires_per_second / tps:.2f}" if tps else "n/a"
+        print(f"| {r.label} | {r.fires_per_second:,.0f} | {ratio} | {r.seconds:.2f} | {r.db_seconds:.2f} | "
+              f"{r.sqs_seconds:.2f} | {r.lag_p50:.2f} | {r.lag_p99:.2f} |")
+    runs_text = " / ".join(f"{t:,.0f}" for t in measured) or "n/a"
+    print(f"| pgbench simple-update, 8 clients (before / after) | {runs_text} TPS | 1.00 | {args.seconds} each "
+          "| | | | |")
+    print("\nDB + decisions and SQS are summed over the batches in flight, so they can exceed the wall time.")
+    for r in results:
+        if r.delivered is not None:
+            print(f"{r.label}: moto holds {r.delivered:,} messages for {r.dispatched:,} runs.")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

@@ -1,0 +1,123 @@
+"""The handoff: committed queued runs reach SQS as opaque run ids, then the row records it.
+
+Role: the only code that puts run ids on the run queue. The webhook API calls ``send(database, sqs,
+queue_url, run_ids)`` (send, then stamp) after the transaction that created the runs has committed;
+the tick uses the two halves, ``send_batch`` and ``stamp``, around its own transactions.
+
+Guarantees:
+* A message body is exactly ``{"run_id": "<uuid>"}``; possessing it grants nothing (the worker must
+  claim the run). Messages go out with ``SendMessageBatch`` in chunks of 10, entry ``Id`` = the run
+  id's hex (unique within a chunk).
+* ``send_batch`` never raises for SQS trouble: an exception for a chunk, or an entry listed under
+  ``Failed``, puts those runs in ``HandoffResult.failed`` (logged, counted as ``HandoffFailures``).
+* ``stamp`` records ``handoff_at`` / ``handoff_count`` only for runs SQS accepted, so a run whose send
+  failed keeps ``handoff_at`` NULL and the tick's repair step sends it again. Sending twice is
+  harmless: the worker's claim is a guarded update and a second message finds nothing to claim.
+
+Must not: send a run id before the transaction that created the run has committed (the caller's
+duty: a worker could otherwise see an unknown run and drop the message); decide anything from SQS
+(PostgreSQL is the authority); log anything but ids and counts.
+"""
+
+from __future__ import annotations
+
+import json
+import time
+from collections.abc import Sequence
+from concurrent.futures import ThreadPoolExecutor
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from aws_lambda_powertools.metrics import MetricUnit
+from botocore.exceptions import BotoCoreError, ClientError
+
+from kairos import db
+from kairos.observability import logger, metrics
+
+BATCH = 10  # SendMessageBatch's own limit
+MAX_PARALLEL_CALLS = 4  # a large fire batch (hundreds of runs) is sent over a few concurrent calls
+
+
+@dataclass(frozen=True)
+class HandoffResult:
+    sent: tuple[UUID, ...] = ()
+    failed: tuple[UUID, ...] = ()
+    calls: int = 0
+    seconds: float = 0.0  # wall time spent in SQS calls (benchmarks split DB and SQS time)
+    errors: tuple[str, ...] = field(default=(), repr=False)  # error codes only, for logs
+
+
+def body(run_id: UUID) -> str:
+    """The message body: the run id and nothing else."""
+    return json.dumps({"run_id": str(run_id)})
+
+
+def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID]) -> tuple[list[UUID], list[UUID], str | None]:
+    by_entry = {run_id.hex: run_id for run_id in chunk}
+    entries = [{"Id": key, "MessageBody": body(run_id)} for key, run_id in by_entry.items()]
+    try:
+        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+    except ClientError as exc:
+        return [], list(chunk), str(exc.response.get("Error", {}).get("Code", "ClientError"))
+    except BotoCoreError as exc:
+        return [], list(chunk), type(exc).__name__
+    ok = [by_entry[e["Id"]] for e in response.get("Successful", []) if e.get("Id") in by_entry]
+    failed_entries = response.get("Failed", [])
+    failed = [by_entry[e["Id"]] for e in failed_entries if e.get("Id") in by_entry]
+    # An entry SQS neither accepted nor refused is treated as not sent: repair will send it again.
+    answered = set(ok) | set(failed)
+    failed.extend(run_id for run_id in chunk if run_id not in answered)
+    code: str | None = None
+    if failed_entries:
+        code = str(failed_entries[0].get("Code", "Failed"))
+    elif failed:
+        code = "Unanswered"
+    return ok, failed, code
+
+
+def send_batch(sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
+               parallel: int = MAX_PARALLEL_CALLS) -> HandoffResult:
+    """Sends each run id once, in chunks of 10 (no database): returns which ones SQS accepted."""
+    unique = list(dict.fromkeys(run_ids))
+    if not unique:
+        return HandoffResult()
+    chunks = [unique[i : i + BATCH] for i in range(0, len(unique), BATCH)]
+    started = time.perf_counter()
+    if len(chunks) == 1 or parallel <= 1:
+        results = [_send_chunk(sqs, queue_url, chunk) for chunk in chunks]
+    else:
+        # boto3 clients are thread-safe; a few concurrent calls cut the wall time of a big batch.
+        with ThreadPoolExecutor(max_workers=min(parallel, len(chunks))) as pool:
+            results = list(pool.map(lambda chunk: _send_chunk(sqs, queue_url, chunk), chunks))
+    elapsed = time.perf_counter() - started
+    sent = [run_id for ok, _, _ in results for run_id in ok]
+    failed = [run_id for _, bad, _ in results for run_id in bad]
+    errors = tuple(sorted({code for _, bad, code in results if bad and code}))
+    if failed:
+        logger.warning(
+            "handoff failed for some runs; repair will send them again",
+            extra={"action": "handoff_failed", "failed": len(failed), "sent": len(sent), "errors": list(errors),
+                   "run_ids": [str(r) for r in failed[:20]]},
+        )
+        metrics.add_metric(name="HandoffFailures", unit=MetricUnit.Count, value=len(failed))
+    return HandoffResult(sent=tuple(sent), failed=tuple(failed), calls=len(chunks), seconds=elapsed, errors=errors)
+
+
+def stamp(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID], *, now: datetime | None = None) -> int:
+    """Records that SQS accepted these runs (``handoff_at``, ``handoff_count``); returns rows stamped."""
+    if not run_ids:
+        return 0
+    return db.execute(conn, "runs_stamp_handoff", {"ids": list(run_ids), "now": now})
+
+
+def send(database: db.Database, sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
+         now: datetime | None = None) -> HandoffResult:
+    """The whole handoff of committed runs: send them, then stamp those SQS accepted (own transaction)."""
+    result = send_batch(sqs, queue_url, run_ids)
+    if result.sent:
+        with database.transaction() as conn:
+            stamp(conn, result.sent, now=now)
+    return result

@@ -1,0 +1,235 @@
+"""The tick: settle, repair, fire — PostgreSQL decides, SQS only carries run ids.
+
+Role: what TickFunction runs every minute (DESIGN.md "The tick"). ``Tick.run`` does, in order:
+
+1. settle (``kairos.tick.settle``): ended runs are accounted to their schedules, each once; 3
+   failures in a row pause a schedule with an inbox note; runs queued behind an ended run are
+   released and handed off;
+2. repair (``kairos.tick.repair``): runs of vanished workers are rescued (or abandoned / failed with a
+   diagnosis), queued runs whose handoff never reached SQS or is stale are sent again;
+3. fire (``kairos.tick.fire``): due schedules in bounded batches become occurrences and runs,
+   committed before their ids are sent to SQS and the handoff stamped;
+4. repeats fire batches (two in flight at once by default) until nothing is due or the invocation's
+   remaining time runs short, then logs and emits the metrics (FiresDispatched, FiresSkipped, HandoffFailures, Rescues,
+   FireLagSeconds, TickDurationMs, RunsSettled, SchedulesPaused).
+
+Guarantees: any number of ticks may run at once, repeat a minute, arrive a day late or die between
+two statements; every due fire still ends in exactly one occurrence with a decision and at most one
+run, and every committed run reaches SQS (see the step modules). Each step is a small service with
+a ``run_once`` that tests call directly.
+
+Must not: decide from the Lambda clock or the EventBridge event time. ``clock`` is read only to log
+how far the Lambda clock is from the database's.
+"""
+
+from __future__ import annotations
+
+import statistics
+import threading
+import time
+from collections.abc import Callable
+from dataclasses import asdict, dataclass
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+from aws_lambda_powertools.metrics import MetricUnit
+
+from kairos import db
+from kairos.observability import logger
+from kairos.observability import metrics as default_metrics
+from kairos.tick.decision import GRACE
+from kairos.tick.fire import DEFAULT_BATCH, Fault, Fire, FireReport
+from kairos.tick.repair import Repair, RepairReport
+from kairos.tick.settle import Settle, SettleReport
+
+__all__ = ["MIN_REMAINING_MS", "Fire", "Repair", "Settle", "Tick", "TickReport"]
+
+MIN_REMAINING_MS = 10_000  # stop starting new batches when less of the invocation is left
+FIRE_WORKERS = 2  # fire batches in flight at once within one tick (each on its own pooled connection)
+Clock = Callable[[], datetime]
+
+
+def _utc_now() -> datetime:
+    return datetime.now(UTC)
+
+
+@dataclass(frozen=True)
+class TickReport:
+    """Counts of one tick (the handler returns ``as_dict()``)."""
+
+    settled: int = 0
+    paused: int = 0  # by settle (3 failures) and by fire (rule no longer evaluates)
+    released: int = 0
+    resent: int = 0
+    rescued: int = 0
+    requeued: int = 0
+    abandoned: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    batches: int = 0
+    schedules: int = 0  # due schedules handled
+    dispatched: int = 0
+    skipped: int = 0
+    queued_behind: int = 0
+    fires_covered: int = 0
+    completed: int = 0
+    conflicts: int = 0
+    handoff_failures: int = 0
+    fire_lag_p50_seconds: float | None = None
+    fire_lag_max_seconds: float | None = None
+    fire_db_seconds: float = 0.0  # fire batches: database work, and SQS calls, wall time
+    fire_sqs_seconds: float = 0.0
+    duration_ms: float = 0.0
+    stopped_for_time: bool = False
+
+    def as_dict(self) -> dict[str, Any]:
+        return asdict(self)
+
+
+@dataclass
+class _Totals:
+    settle: list[SettleReport]
+    repair: list[RepairReport]
+    fire: list[FireReport]
+
+    def report(self, duration_ms: float, stopped_for_time: bool) -> TickReport:
+        lags = [lag for f in self.fire for lag in f.lags]
+        return TickReport(
+            settled=sum(s.settled for s in self.settle),
+            paused=sum(s.paused for s in self.settle) + sum(f.paused for f in self.fire),
+            released=sum(s.released for s in self.settle),
+            resent=sum(r.resent for r in self.repair),
+            rescued=sum(r.rescued for r in self.repair),
+            requeued=sum(r.requeued for r in self.repair),
+            abandoned=sum(r.abandoned for r in self.repair),
+            failed=sum(r.failed for r in self.repair),
+            cancelled=sum(r.cancelled for r in self.repair),
+            batches=sum(1 for f in self.fire if f.locked),
+            schedules=sum(f.locked for f in self.fire),
+            dispatched=sum(f.dispatched for f in self.fire),
+            skipped=sum(f.skipped for f in self.fire),
+            queued_behind=sum(f.queued_behind for f in self.fire),
+            fires_covered=sum(f.fires_covered for f in self.fire),
+            completed=sum(f.completed for f in self.fire),
+            conflicts=sum(f.conflicts for f in self.fire),
+            handoff_failures=sum(s.handoff_failures for s in self.settle)
+            + sum(r.handoff_failures for r in self.repair)
+            + sum(f.handoff_failures for f in self.fire),
+            fire_lag_p50_seconds=statistics.median(lags) if lags else None,
+            fire_lag_max_seconds=max(lags) if lags else None,
+            fire_db_seconds=sum(f.db_seconds for f in self.fire),
+            fire_sqs_seconds=sum(f.sqs_seconds for f in self.fire),
+            duration_ms=duration_ms,
+            stopped_for_time=stopped_for_time,
+        )
+
+
+class Tick:
+    """One tick over a database and a queue. Cheap to build; holds no connection of its own."""
+
+    def __init__(self, database: db.Database, sqs: Any, queue_url: str, clock: Clock | None = None, *,
+                 batch_size: int = DEFAULT_BATCH, grace: timedelta = GRACE, fault: Fault | None = None,
+                 metrics: Any = default_metrics, min_remaining_ms: int = MIN_REMAINING_MS,
+                 fire_workers: int = FIRE_WORKERS) -> None:
+        if not queue_url:
+            raise ValueError("the tick needs the run queue's URL (RUN_QUEUE_URL)")
+        self.db = database
+        self.clock: Clock = clock or _utc_now
+        self.metrics = metrics
+        self.min_remaining_ms = min_remaining_ms
+        self.fire_workers = max(1, fire_workers)
+        self.settle = Settle(database, sqs, queue_url)
+        self.repair = Repair(database, sqs, queue_url)
+        self.fire = Fire(database, sqs, queue_url, batch_size=batch_size, grace=grace, fault=fault)
+
+    def run_once(self, now: datetime | None = None) -> TickReport:
+        """One pass of each step (one fire batch): what tests drive step by step."""
+        started = time.perf_counter()
+        totals = _Totals([self.settle.run_once(now)], [self.repair.run_once(now)], [self.fire.run_once(now)])
+        report = totals.report((time.perf_counter() - started) * 1000, False)
+        self._emit(report)
+        return report
+
+    def run(self, remaining_ms: Callable[[], int] | None = None, *, now: datetime | None = None) -> TickReport:
+        """The whole tick: settle, repair, then fire batches until none are due or time runs short."""
+        started = time.perf_counter()
+        self._log_start(now)
+
+        def time_left() -> bool:
+            return remaining_ms is None or remaining_ms() >= self.min_remaining_ms
+
+        totals = _Totals([], [], [])
+        while True:
+            settled = self.settle.run_once(now)
+            totals.settle.append(settled)
+            if settled.schedules < self.settle.limit or not time_left():
+                break
+        while time_left():
+            repaired = self.repair.run_once(now)
+            totals.repair.append(repaired)
+            if not (repaired.rescue_full or repaired.resend_full):
+                break
+        stopped = self._fire_all(now, time_left, totals.fire)
+        report = totals.report((time.perf_counter() - started) * 1000, stopped)
+        self._emit(report)
+        logger.info("tick finished", extra={"action": "tick_finished", **report.as_dict()})
+        return report
+
+    def _fire_all(self, now: datetime | None, time_left: Callable[[], bool], reports: list[FireReport]) -> bool:
+        """Fire batches until none is due; with several workers, batches overlap (SKIP LOCKED splits them),
+        so one batch's SQS calls and Python work run while another waits on the database."""
+        stopped: list[bool] = []
+        failures: list[BaseException] = []
+        halt = threading.Event()
+
+        def loop() -> None:
+            try:
+                while not halt.is_set():
+                    if not time_left():
+                        stopped.append(True)
+                        return
+                    fired = self.fire.run_once(now)
+                    reports.append(fired)
+                    if fired.locked == 0:
+                        return
+            except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread below
+                failures.append(exc)
+                halt.set()
+
+        if self.fire_workers == 1:
+            loop()
+        else:
+            workers = [threading.Thread(target=loop, name=f"tick-fire-{i}") for i in range(self.fire_workers)]
+            for worker in workers:
+                worker.start()
+            for worker in workers:
+                worker.join()
+        if failures:
+            raise failures[0]
+        return bool(stopped)
+
+    def _log_start(self, now: datetime | None) -> None:
+        lambda_now = self.clock()
+        with self.db.transaction() as conn:
+            row = db.fetch_one(conn, "schedules_due_backlog", {"now": now})
+        assert row is not None
+        logger.info(
+            "tick started",
+            extra={"action": "tick_started", "due": int(row["due"]), "db_now": row["now"].isoformat(),
+                   "lambda_now": lambda_now.isoformat(),
+                   "clock_skew_seconds": round((lambda_now - row["now"]).total_seconds(), 3)},
+        )
+
+    def _emit(self, report: TickReport) -> None:
+        if self.metrics is None:
+            return
+        m = self.metrics
+        # FiresDispatched counts fires that created a run (queued_behind runs start once their blocker ends).
+        m.add_metric(name="FiresDispatched", unit=MetricUnit.Count, value=report.dispatched + report.queued_behind)
+        m.add_metric(name="FiresSkipped", unit=MetricUnit.Count, value=report.skipped)
+        m.add_metric(name="Rescues", unit=MetricUnit.Count, value=report.rescued)
+        m.add_metric(name="RunsSettled", unit=MetricUnit.Count, value=report.settled)
+        m.add_metric(name="SchedulesPaused", unit=MetricUnit.Count, value=report.paused)
+        m.add_metric(name="TickDurationMs", unit=MetricUnit.Milliseconds, value=report.duration_ms)
+        if report.fire_lag_max_seconds is not None:
+            m.add_metric(name="FireLagSeconds", unit=MetricUnit.Seconds, value=report.fire_lag_max_seconds)

@@ -1,0 +1,248 @@
+"""The fire decision: what one due schedule turns into, as a pure function of its row and "now".
+
+Role: given a schedule row locked by the fire step and the database's "now", say which occurrences
+to record (each with its decision and the range it covers), whether a run is created (and behind
+which run it waits), and where the cursor goes. Nothing here reads a clock or touches the database,
+so the same inputs always give the same plan: two ticks that both see the row (one after the other,
+under the row lock) reach the same deterministic occurrence and run ids.
+
+Guarantees:
+* The due instants are the cursor ``next_fire_at`` (itself a fire) and the rule's fires in
+  ``(next_fire_at, now]``. They end in one run at most: the latest instant is dispatched when it is
+  at most ``grace`` late, or whatever its lateness with ``catch_up`` (missed instants collapse into
+  that one run, ``covers_*`` recording them). Without catch-up, earlier missed instants become one
+  ``skipped_late`` occurrence at the last skipped instant; when even the latest is too late, one
+  ``skipped_late`` occurrence (``expired`` for a ``once`` schedule) covers them all.
+* Counting stops at ``COUNT_CAP`` instants (``covers_count`` is then a lower bound); the range
+  ``covers_from`` .. ``covers_until`` is always exact.
+* Overlap applies only to an occurrence that would create a run: ``allow`` dispatches, ``skip``
+  records ``skipped_overlap``, ``queue_one`` records ``queued_behind`` with a run blocked by the newest
+  active run unless one is already waiting (then ``skipped_overlap``).
+* The cursor moves to the first fire strictly after now; no next fire, or ``max_occurrences`` runs
+  created, completes the schedule.
+
+Must not: read the Lambda clock, EventBridge's time, or anything but its arguments.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from functools import lru_cache
+from typing import Any
+from uuid import UUID
+
+from kairos import calendar, identity
+from kairos.states import Decision, DstFold, DstGap, Overlap, ScheduleKind, Source
+
+GRACE = timedelta(seconds=120)
+COUNT_CAP = 10_000
+# Windows tried, smallest first, to find the latest due instants once counting stopped at the cap:
+# the first window holding two fires answers, so a dense rule never scans a long window.
+_TAIL_WINDOWS = (
+    timedelta(hours=1),
+    timedelta(days=1),
+    timedelta(days=32),
+    timedelta(days=400),
+    timedelta(days=3700),
+)
+RUN_DECISIONS = frozenset({Decision.DISPATCHED, Decision.QUEUED_BEHIND})
+
+
+@dataclass(frozen=True, slots=True)
+class Due:
+    """A schedule as the decision sees it: its rule, cursor, policies and the runs it has going."""
+
+    id: UUID
+    kind: ScheduleKind
+    rule: calendar.Rule
+    next_fire_at: datetime
+    revision: int
+    catch_up: bool
+    overlap: Overlap
+    fire_count: int
+    max_occurrences: int | None
+    active_run_id: UUID | None = None  # newest run in queued/running/awaiting_approval (overlap only)
+    waiting_run_id: UUID | None = None  # a queued run already blocked behind another (queue_one)
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Due:
+        kind = ScheduleKind(row["kind"])
+        rule = calendar.Rule(
+            kind=kind,
+            cron=row["cron"],
+            interval_seconds=row["interval_seconds"],
+            starts_at=row["starts_at"],
+            ends_at=row["ends_at"],
+            timezone=row["timezone"],
+            dst_gap=DstGap(row["dst_gap"]),
+            dst_fold=DstFold(row["dst_fold"]),
+        )
+        return cls(
+            id=row["id"],
+            kind=kind,
+            rule=rule,
+            next_fire_at=row["next_fire_at"],
+            revision=int(row["revision"]),
+            catch_up=bool(row["catch_up"]),
+            overlap=Overlap(row["overlap"]),
+            fire_count=int(row["fire_count"]),
+            max_occurrences=row["max_occurrences"],
+            active_run_id=row.get("active_run_id"),
+            waiting_run_id=row.get("waiting_run_id"),
+        )
+
+
+@dataclass(frozen=True, slots=True)
+class PlannedOccurrence:
+    id: UUID
+    fire: calendar.Fire
+    decision: Decision
+    covers_from: datetime | None = None
+    covers_until: datetime | None = None
+    covers_count: int = 1
+    run_id: UUID | None = None  # set exactly when the decision creates a run
+    blocked_by_run_id: UUID | None = None  # queue_one: the run it waits for
+
+    @property
+    def fire_at(self) -> datetime:
+        return self.fire.fire_at
+
+
+@dataclass(frozen=True, slots=True)
+class Plan:
+    schedule_id: UUID
+    revision: int  # recorded on each occurrence
+    read_next_fire_at: datetime  # the cursor value read: the guard of the cursor update
+    occurrences: tuple[PlannedOccurrence, ...]
+    next_fire_at: datetime | None  # None exactly when completed
+    last_fire_at: datetime | None
+    runs_created: int
+    completed: bool
+    due_count: int  # instants due (capped at COUNT_CAP)
+
+
+@dataclass(frozen=True, slots=True)
+class _Window:
+    first: calendar.Fire
+    previous: calendar.Fire | None  # the instant before the latest, when more than one is due
+    latest: calendar.Fire
+    count: int  # capped at COUNT_CAP
+
+
+@lru_cache(maxsize=4096)
+def _scan(rule: calendar.Rule, cursor: datetime, now: datetime) -> tuple[_Window | None, calendar.Fire | None]:
+    """The due instants (the cursor itself, then the rule's fires in (cursor, now]) and the next fire.
+
+    One pass of the rule's iterator gives both: the first fire after ``now`` is the new cursor. Pure,
+    so it is memoized: schedules that share a rule and a cursor (every "0 7 * * 1-5" in one zone at
+    07:00) cost one evaluation per tick instead of one each.
+    """
+    if rule.ends_at is not None and cursor > rule.ends_at:
+        return None, None
+    first = calendar.describe(cursor, rule.timezone)
+    previous: calendar.Fire | None = None
+    latest = first
+    count = 1
+    for fire in calendar.iter_fires(rule, cursor):
+        if fire.fire_at > now:
+            return _Window(first, previous, latest, count), fire
+        previous, latest = latest, fire
+        count += 1
+        if count >= COUNT_CAP:
+            break
+    else:
+        return _Window(first, previous, latest, count), None  # the rule has no more fires
+    # Counting stopped: the latest two instants are found searching back from now.
+    following = calendar.next_fire(rule, now)
+    tail = _last_two(rule, latest.fire_at, now)
+    if not tail:
+        return _Window(first, previous, latest, count), following
+    if len(tail) == 1:
+        return _Window(first, latest, tail[0], count), following
+    return _Window(first, tail[0], tail[1], count), following
+
+
+def _last_two(rule: calendar.Rule, after: datetime, now: datetime) -> list[calendar.Fire]:
+    """The last (up to) two fires in (after, now], looking at short windows before long ones."""
+
+    def scan(start: datetime) -> list[calendar.Fire]:
+        tail: list[calendar.Fire] = []
+        for fire in calendar.fires_between(rule, start, now):
+            tail = [*tail[-1:], fire]
+        return tail
+
+    for window in _TAIL_WINDOWS:
+        start = max(after, now - window)
+        tail = scan(start)
+        if len(tail) == 2 or start == after:
+            return tail
+    return scan(after)
+
+
+def _occurrence(due: Due, fire: calendar.Fire, decision: Decision, *, covers: tuple[datetime, datetime, int] | None,
+                blocked_by: UUID | None = None) -> PlannedOccurrence:
+    occurrence_id = identity.occurrence_id(due.id, Source.SCHEDULED, fire_at=fire.fire_at)
+    run_id = identity.run_id(occurrence_id) if decision in RUN_DECISIONS else None
+    covers_from, covers_until, covers_count = covers if covers is not None else (None, None, 1)
+    return PlannedOccurrence(
+        id=occurrence_id,
+        fire=fire,
+        decision=decision,
+        covers_from=covers_from,
+        covers_until=covers_until,
+        covers_count=covers_count,
+        run_id=run_id,
+        blocked_by_run_id=blocked_by if decision is Decision.QUEUED_BEHIND else None,
+    )
+
+
+def _overlap_decision(due: Due) -> tuple[Decision, UUID | None]:
+    if due.active_run_id is None or due.overlap is Overlap.ALLOW:
+        return Decision.DISPATCHED, None
+    if due.overlap is Overlap.QUEUE_ONE and due.waiting_run_id is None:
+        return Decision.QUEUED_BEHIND, due.active_run_id
+    return Decision.SKIPPED_OVERLAP, None
+
+
+def decide(due: Due, now: datetime, *, grace: timedelta = GRACE) -> Plan:
+    """The plan for one due schedule at database time ``now`` (see the module docstring)."""
+    window, following = _scan(due.rule, due.next_fire_at, now)
+    occurrences: list[PlannedOccurrence] = []
+    if window is not None:
+        in_time = now - window.latest.fire_at <= grace
+        if due.catch_up or in_time:
+            if not due.catch_up and window.previous is not None:
+                occurrences.append(
+                    _occurrence(due, window.previous, Decision.SKIPPED_LATE,
+                                covers=(window.first.fire_at, window.previous.fire_at, window.count - 1))
+                )
+            decision, blocked_by = _overlap_decision(due)
+            collapsed = due.catch_up and window.count > 1
+            occurrences.append(
+                _occurrence(due, window.latest, decision, blocked_by=blocked_by,
+                            covers=(window.first.fire_at, window.latest.fire_at, window.count) if collapsed else None)
+            )
+        else:
+            late = Decision.EXPIRED if due.kind is ScheduleKind.ONCE else Decision.SKIPPED_LATE
+            occurrences.append(
+                _occurrence(due, window.latest, late,
+                            covers=(window.first.fire_at, window.latest.fire_at, window.count))
+            )
+    runs_created = sum(1 for o in occurrences if o.run_id is not None)
+    next_fire_at = None if following is None else following.fire_at
+    completed = next_fire_at is None or (
+        due.max_occurrences is not None and due.fire_count + runs_created >= due.max_occurrences
+    )
+    return Plan(
+        schedule_id=due.id,
+        revision=due.revision,
+        read_next_fire_at=due.next_fire_at,
+        occurrences=tuple(occurrences),
+        next_fire_at=None if completed else next_fire_at,
+        last_fire_at=window.latest.fire_at if window is not None else None,
+        runs_created=runs_created,
+        completed=completed,
+        due_count=0 if window is None else window.count,
+    )

@@ -1,0 +1,243 @@
+"""The fire step: due schedules become occurrences and runs, exactly once per due fire.
+
+Role: one ``run_once`` handles one bounded batch. In one transaction it locks up to ``batch_size``
+due schedules (``FOR NO KEY UPDATE SKIP LOCKED``, by database time), decides each
+(``kairos.tick.decision``), moves the cursors first (guarded by the value read: a schedule whose
+cursor someone else moved is dropped from the batch), then records the occurrences, runs and
+``run.queued`` events in one statement. After the commit it sends the new run ids to SQS and stamps
+their handoff. The ``run.queued`` events are written in that statement (seq 1 of a run just
+inserted) rather than through ``trace.append`` one run at a time: a batch is one round trip.
+
+Guarantees:
+* A due fire ends in exactly one occurrence and at most one run, whatever ticks run concurrently,
+  repeat a minute, or die between two statements: the batch is one transaction, rows are locked,
+  the cursor update is guarded, and occurrence/run ids are deterministic with unique constraints
+  (a replay converges on the existing rows).
+* Runs reach SQS only after they are committed; a send that fails (or a tick that dies before it)
+  leaves ``handoff_at`` NULL, which the repair step notices and sends again.
+* A schedule whose rule can no longer be evaluated (e.g. a zone that vanished from tzdata) is paused
+  with an inbox note rather than blocking the batch or being retried forever.
+
+Must not: use any clock but the database's (``now`` comes back from the lock query), send before
+commit, or hold row locks while talking to SQS.
+
+Fault injection: ``fault(point)`` is called at each boundary — ``after_select``, ``after_cursor``,
+``after_inserts`` (inside the transaction), ``after_commit`` (before the send) and ``after_send``
+(before the stamp). Tests make it raise to simulate a tick dying there.
+"""
+
+from __future__ import annotations
+
+import json
+import statistics
+import time
+from collections.abc import Callable
+from dataclasses import dataclass, field
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from kairos import conversations, db, handoff
+from kairos.errors import KairosError
+from kairos.observability import logger
+from kairos.states import Decision
+from kairos.tick.decision import GRACE, Due, Plan, decide
+
+Fault = Callable[[str], None]
+DEFAULT_BATCH = 500
+
+
+def _no_fault(point: str) -> None:
+    return None
+
+
+@dataclass(frozen=True)
+class FireReport:
+    """What one batch did. ``locked == 0`` means nothing was due (or all due rows were held)."""
+
+    locked: int = 0
+    dispatched: int = 0
+    skipped: int = 0  # skipped_late + skipped_overlap + expired occurrences
+    queued_behind: int = 0
+    fires_covered: int = 0  # due instants accounted for (collapsed and skipped ones included)
+    completed: int = 0
+    paused: int = 0  # rules that no longer evaluate
+    conflicts: int = 0  # cursors someone else had moved, occurrences recorded before
+    handoff_failures: int = 0
+    lags: tuple[float, ...] = field(default=(), repr=False)  # now - fire_at of dispatched fires, seconds
+    db_seconds: float = 0.0
+    sqs_seconds: float = 0.0
+    now: datetime | None = None
+
+
+class Fire:
+    """Fires due schedules in bounded batches (see the module docstring)."""
+
+    def __init__(self, database: db.Database, sqs: Any, queue_url: str, *, batch_size: int = DEFAULT_BATCH,
+                 grace: timedelta = GRACE, fault: Fault | None = None) -> None:
+        self.db = database
+        self.sqs = sqs
+        self.queue_url = queue_url
+        self.batch_size = batch_size
+        self.grace = grace
+        self.fault: Fault = fault or _no_fault
+
+    def run_once(self, now: datetime | None = None) -> FireReport:
+        started = time.perf_counter()
+        with self.db.transaction() as conn:
+            rows = db.fetch_all(conn, "schedules_lock_due", {"now": now, "limit": self.batch_size})
+            if not rows:
+                return FireReport()
+            db_now: datetime = rows[0]["db_now"]
+            self.fault("after_select")
+            plans, broken = self._decide(rows, db_now)
+            moved = self._advance(conn, plans, now)
+            conflicts = len(plans) - len(moved)
+            plans = [p for p in plans if p.schedule_id in moved]
+            self.fault("after_cursor")
+            inserted = self._record(conn, plans, now)
+            self.fault("after_inserts")
+            paused = self._pause_broken(conn, broken, now)
+        db_seconds = time.perf_counter() - started
+        # Committed: the runs exist. Only now may their ids reach SQS.
+        self.fault("after_commit")
+        to_send = [row["run_id"] for row in inserted if row["run_id"] is not None and row["blocked_by_run_id"] is None]
+        result = handoff.send_batch(self.sqs, self.queue_url, to_send)
+        self.fault("after_send")
+        if result.sent:
+            stamp_started = time.perf_counter()
+            with self.db.transaction() as conn:
+                handoff.stamp(conn, result.sent, now=now)
+            db_seconds += time.perf_counter() - stamp_started
+        return self._report(rows, plans, inserted, db_now, conflicts, paused, result, db_seconds)
+
+    def _decide(self, rows: list[db.Row], db_now: datetime) -> tuple[list[Plan], list[db.Row]]:
+        plans: list[Plan] = []
+        broken: list[db.Row] = []
+        for row in rows:
+            try:
+                plans.append(decide(Due.from_row(row), db_now, grace=self.grace))
+            except (KairosError, ValueError, OverflowError) as exc:
+                logger.error(
+                    "schedule rule cannot be evaluated; pausing it",
+                    extra={"action": "fire_rule_error", "schedule_id": str(row["id"]), "error": type(exc).__name__,
+                           "detail": str(exc)[:300]},
+                )
+                broken.append(row)
+        return plans, broken
+
+    def _advance(self, conn: psycopg.Connection[db.Row], plans: list[Plan], now: datetime | None) -> set[UUID]:
+        if not plans:
+            return set()
+        moves = [
+            {"id": str(p.schedule_id), "read_next_fire_at": p.read_next_fire_at.isoformat(),
+             "next_fire_at": _iso(p.next_fire_at), "last_fire_at": _iso(p.last_fire_at),
+             "runs_created": p.runs_created, "completed": p.completed}
+            for p in plans
+        ]
+        rows = db.fetch_all(conn, "schedules_advance_cursor", {"moves": json.dumps(moves), "now": now})
+        moved = {row["id"] for row in rows}
+        for plan in plans:
+            if plan.schedule_id not in moved:
+                logger.warning("cursor moved by someone else; nothing recorded for this schedule",
+                               extra={"action": "fire_cursor_conflict", "schedule_id": str(plan.schedule_id)})
+        return moved
+
+    def _record(self, conn: psycopg.Connection[db.Row], plans: list[Plan], now: datetime | None) -> list[db.Row]:
+        # One statement for the whole batch; the rows travel as one JSON document (json.dumps is C,
+        # psycopg's array adaptation is not, and this is the hot path of a large tick).
+        occurrences = [
+            {
+                "occurrence_id": str(o.id),
+                "schedule_id": str(plan.schedule_id),
+                "fire_at": o.fire.fire_at.isoformat(),
+                "local_time": o.fire.local_time.isoformat(),
+                "utc_offset_seconds": int(o.fire.utc_offset.total_seconds()),
+                "fold": o.fire.fold,
+                "timezone": o.fire.timezone,
+                "tzdata_version": o.fire.tzdata_version,
+                "revision": plan.revision,
+                "decision": o.decision.value,
+                "covers_from": _iso(o.covers_from),
+                "covers_until": _iso(o.covers_until),
+                "covers_count": o.covers_count,
+                "run_id": None if o.run_id is None else str(o.run_id),
+                "blocked_by": None if o.blocked_by_run_id is None else str(o.blocked_by_run_id),
+            }
+            for plan in plans
+            for o in plan.occurrences
+        ]
+        if not occurrences:
+            return []
+        return db.fetch_all(conn, "occurrences_insert_scheduled", {"occurrences": json.dumps(occurrences), "now": now})
+
+    def _pause_broken(self, conn: psycopg.Connection[db.Row], broken: list[db.Row], now: datetime | None) -> int:
+        if not broken:
+            return 0
+        rows = db.fetch_all(conn, "schedules_pause_by_tick", {"ids": [r["id"] for r in broken], "now": now})
+        for row in rows:
+            conversations.note(
+                conn,
+                row["conversation_id"],
+                kind="schedule_paused",
+                body={"schedule_id": str(row["id"]), "reason": "the schedule's rule can no longer be evaluated"},
+                now=now,
+            )
+            logger.warning("schedule paused: rule cannot be evaluated",
+                           extra={"action": "schedule_paused", "schedule_id": str(row["id"]), "reason": "rule_error"})
+        return len(rows)
+
+    def _report(self, rows: list[db.Row], plans: list[Plan], inserted: list[db.Row], db_now: datetime,
+                conflicts: int, paused: int, result: handoff.HandoffResult, db_seconds: float) -> FireReport:
+        recorded = {row["occurrence_id"] for row in inserted}
+        dispatched = skipped = queued_behind = covered = 0
+        lags: list[float] = []
+        for plan in plans:
+            for o in plan.occurrences:
+                if o.id not in recorded:
+                    conflicts += 1
+                    continue
+                covered += o.covers_count
+                if o.decision is Decision.DISPATCHED:
+                    dispatched += 1
+                    lags.append((db_now - o.fire_at).total_seconds())
+                elif o.decision is Decision.QUEUED_BEHIND:
+                    queued_behind += 1
+                else:
+                    skipped += 1
+                    logger.info(
+                        "fire not dispatched",
+                        extra={"action": "fire_skipped", "schedule_id": str(plan.schedule_id),
+                               "occurrence_id": str(o.id), "decision": o.decision.value,
+                               "fire_at": o.fire_at.isoformat(), "covers_count": o.covers_count},
+                    )
+        report = FireReport(
+            locked=len(rows),
+            dispatched=dispatched,
+            skipped=skipped,
+            queued_behind=queued_behind,
+            fires_covered=covered,
+            completed=sum(1 for p in plans if p.completed),
+            paused=paused,
+            conflicts=conflicts,
+            handoff_failures=len(result.failed),
+            lags=tuple(lags),
+            db_seconds=db_seconds,
+            sqs_seconds=result.seconds,
+            now=db_now,
+        )
+        logger.info(
+            "fire batch committed",
+            extra={"action": "fire_batch", "locked": report.locked, "dispatched": dispatched, "skipped": skipped,
+                   "queued_behind": queued_behind, "completed": report.completed, "conflicts": conflicts,
+                   "handoff_failures": report.handoff_failures,
+                   "max_lag_seconds": max(lags) if lags else None,
+                   "median_lag_seconds": statistics.median(lags) if lags else None},
+        )
+        return report
+
+
+def _iso(value: datetime | None) -> str | None:
+    return None if value is None else value.isoformat()

@@ -1,0 +1,181 @@
+"""The repair step: queued work that never reached SQS is sent again; runs of vanished workers are rescued.
+
+Role:
+* Resend: ``queued`` runs that are not blocked and whose handoff never happened (created more than
+  ``fresh`` ago, so a tick that is about to send them is left alone) or happened longer than
+  ``stale`` ago are sent to SQS again and stamped.
+* Rescue: ``running`` runs whose lease expired. Effects their worker left ``reserved`` are closed
+  (a mutation becomes ``ambiguous``: its outcome is unknown; a non-mutation ``failed``). Then, in
+  this order: a requested cancel ends the run ``cancelled``; a mutation that may have reached the
+  outside world ends it ``failed`` (``ambiguous_effect``, never replayed); ``restarts`` at the limit
+  (2) ends it ``failed`` (``restart_limit``); a scheduled run with catch-up off ends ``abandoned``
+  (``abandoned_late``: a 07:00 briefing is never delivered at 11:00); otherwise it goes back to
+  ``queued`` with ``restarts + 1``, a ``run.rescued`` event, and is sent again. Terminal moves clear
+  the lease, set ``finished_at`` and append ``run.<state>``.
+
+Guarantees: rows are locked ``SKIP LOCKED`` for the whole step, including the SQS send and the
+stamp, so concurrent ticks never repair the same run twice; every move is guarded by state, fence
+and the expired lease, so a worker that heartbeats in time keeps its run. A message sent for a
+rescue whose transaction then fails finds nothing to claim (the run is still ``running``) and the
+next tick rescues it again.
+
+Must not: replay a run with a possibly-applied mutation, or write with a worker's fence.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from psycopg.types.json import Jsonb
+
+from kairos import db, handoff, runs, trace
+from kairos.observability import logger
+from kairos.states import EventType, RunState, Source, terminal_event
+
+RESTART_LIMIT = 2
+FRESH = timedelta(seconds=30)  # a tick sends its new runs right after commit: leave them this long
+STALE = timedelta(minutes=15)  # a handoff older than this, with the run still queued, is redone
+DEFAULT_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class RepairReport:
+    resent: int = 0
+    resend_full: bool = False
+    rescued: int = 0  # lease-expired runs handled (any outcome)
+    requeued: int = 0
+    abandoned: int = 0
+    failed: int = 0
+    cancelled: int = 0
+    rescue_full: bool = False
+    handoff_failures: int = 0
+
+
+@dataclass(frozen=True)
+class _Outcome:
+    state: RunState
+    reason_code: str | None
+
+
+class Repair:
+    def __init__(self, database: db.Database, sqs: Any, queue_url: str, *, limit: int = DEFAULT_LIMIT,
+                 fresh: timedelta = FRESH, stale: timedelta = STALE, restart_limit: int = RESTART_LIMIT) -> None:
+        self.db = database
+        self.sqs = sqs
+        self.queue_url = queue_url
+        self.limit = limit
+        self.fresh = fresh
+        self.stale = stale
+        self.restart_limit = restart_limit
+
+    def run_once(self, now: datetime | None = None) -> RepairReport:
+        rescued = self.rescue_once(now)
+        resent = self.resend_once(now)
+        return RepairReport(
+            resent=resent.resent,
+            resend_full=resent.resend_full,
+            rescued=rescued.rescued,
+            requeued=rescued.requeued,
+            abandoned=rescued.abandoned,
+            failed=rescued.failed,
+            cancelled=rescued.cancelled,
+            rescue_full=rescued.rescue_full,
+            handoff_failures=rescued.handoff_failures + resent.handoff_failures,
+        )
+
+    def resend_once(self, now: datetime | None = None) -> RepairReport:
+        with self.db.transaction() as conn:
+            rows = db.fetch_all(
+                conn,
+                "runs_lock_unsent",
+                {"now": now, "limit": self.limit, "fresh_seconds": self.fresh.total_seconds(),
+                 "stale_seconds": self.stale.total_seconds()},
+            )
+            if not rows:
+                return RepairReport()
+            result = handoff.send_batch(self.sqs, self.queue_url, [r["id"] for r in rows])
+            handoff.stamp(conn, result.sent, now=now)
+        logger.info("unsent runs handed off again",
+                    extra={"action": "handoff_repaired", "resent": len(result.sent), "failed": len(result.failed)})
+        return RepairReport(resent=len(result.sent), resend_full=len(rows) >= self.limit,
+                            handoff_failures=len(result.failed))
+
+    def rescue_once(self, now: datetime | None = None) -> RepairReport:
+        with self.db.transaction() as conn:
+            rows = db.fetch_all(conn, "runs_lock_expired", {"now": now, "limit": self.limit})
+            if not rows:
+                return RepairReport()
+            run_ids = [r["id"] for r in rows]
+            db.fetch_all(conn, "effects_close_vanished", {"run_ids": run_ids, "now": now})
+            unreplayable = {r["run_id"] for r in db.fetch_all(conn, "effects_unreplayable_runs", {"run_ids": run_ids})}
+            counts = {state: 0 for state in RunState}
+            requeued: list[UUID] = []
+            for row in rows:
+                outcome = self._outcome(row, unreplayable)
+                if self._apply(conn, row, outcome, now):
+                    counts[outcome.state] += 1
+                    if outcome.state is RunState.QUEUED:
+                        requeued.append(row["id"])
+            # Sent while the rows are still locked: a worker's claim waits for this commit.
+            result = handoff.send_batch(self.sqs, self.queue_url, requeued)
+            handoff.stamp(conn, result.sent, now=now)
+        return RepairReport(
+            rescued=sum(counts.values()),
+            requeued=counts[RunState.QUEUED],
+            abandoned=counts[RunState.ABANDONED],
+            failed=counts[RunState.FAILED],
+            cancelled=counts[RunState.CANCELLED],
+            rescue_full=len(rows) >= self.limit,
+            handoff_failures=len(result.failed),
+        )
+
+    def _outcome(self, row: db.Row, unreplayable: set[UUID]) -> _Outcome:
+        if row["cancel_requested_at"] is not None:
+            return _Outcome(RunState.CANCELLED, "cancelled")
+        if row["id"] in unreplayable:
+            return _Outcome(RunState.FAILED, "ambiguous_effect")
+        if int(row["restarts"]) >= self.restart_limit:
+            return _Outcome(RunState.FAILED, "restart_limit")
+        if row["source"] == Source.SCHEDULED and not row["catch_up"]:
+            return _Outcome(RunState.ABANDONED, "abandoned_late")
+        return _Outcome(RunState.QUEUED, None)
+
+    def _apply(self, conn: psycopg.Connection[db.Row], row: db.Row, outcome: _Outcome, now: datetime | None) -> bool:
+        ids = {"id": row["id"], "fence": row["fence"], "now": now}
+        log = {"run_id": str(row["id"]), "schedule_id": str(row["schedule_id"]), "fence": row["fence"],
+               "restarts": int(row["restarts"])}
+        if outcome.state is RunState.QUEUED:
+            moved = db.fetch_one(conn, "runs_requeue_rescued", ids)
+            if moved is None:
+                return False
+            trace.append(conn, row["id"], EventType.RUN_RESCUED,
+                         data={"reason": "lease_expired", "restarts": int(moved["restarts"])}, now=now)
+            logger.info("run rescued after its lease expired", extra={"action": "run_rescued", **log})
+            return True
+        assert outcome.reason_code is not None
+        diagnosis = runs.diagnose(outcome.reason_code, summary=_SUMMARIES.get(outcome.reason_code))
+        moved = db.fetch_one(conn, "runs_end_rescued", {**ids, "state": outcome.state.value,
+                                                        "diagnosis": Jsonb(diagnosis)})
+        if moved is None:
+            return False
+        trace.append(conn, row["id"], terminal_event(outcome.state),
+                     data={"reason_code": outcome.reason_code, "reason": "lease_expired"}, now=now)
+        logger.warning("run ended after its lease expired",
+                       extra={"action": "run_rescue_ended", "state": outcome.state.value,
+                              "reason_code": outcome.reason_code, **log})
+        return True
+
+
+_SUMMARIES: dict[str, str] = {
+    "ambiguous_effect": "The worker stopped after an external call that may change something outside had begun; "
+                        "whether it took effect is unknown, so the run is not replayed.",
+    "restart_limit": f"The run's worker stopped before finishing and the run was already restarted {RESTART_LIMIT} "
+                     "times; it is not restarted again.",
+    "abandoned_late": "The worker running this scheduled run stopped before finishing. Catch-up is off, so the run "
+                      "is not restarted late; the schedule's next fire runs as usual.",
+    "cancelled": "The run was cancelled; its worker stopped before confirming.",
+}

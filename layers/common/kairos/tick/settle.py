@@ -1,0 +1,100 @@
+"""The settle step: runs that ended are accounted to their schedule, each exactly once.
+
+Role: for every run with ``finished_at`` set and ``settled_at`` NULL: ``failed`` adds one to its
+schedule's ``consecutive_failures``, ``succeeded`` resets it, any other end changes nothing; then the
+run is marked settled. A schedule that reaches 3 failures in a row while active is paused (revision
++ 1) and a ``schedule_paused`` note goes to its conversation's inbox. Runs queued behind a run that
+has ended (``queue_one``) are released and handed to SQS.
+
+Guarantees: each run is settled once (the ``settled_at`` marker, set in the transaction that applies
+its count). The schedule row is locked before its runs, so concurrent settlers never interleave on
+one schedule and its runs are counted in the order they finished. Busy schedules are skipped, not
+waited for: a later tick settles them.
+
+Must not: touch runs that have not ended, or change a schedule that is not active into paused.
+"""
+
+from __future__ import annotations
+
+from collections import defaultdict
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+from kairos import conversations, db, handoff
+from kairos.observability import logger
+from kairos.states import RunState
+
+PAUSE_AFTER = 3
+DEFAULT_LIMIT = 500
+
+
+@dataclass(frozen=True)
+class SettleReport:
+    schedules: int = 0  # schedules locked (a full batch means more may be waiting)
+    settled: int = 0
+    paused: int = 0
+    released: int = 0
+    handoff_failures: int = 0
+
+
+class Settle:
+    def __init__(self, database: db.Database, sqs: Any, queue_url: str, *, limit: int = DEFAULT_LIMIT,
+                 pause_after: int = PAUSE_AFTER) -> None:
+        self.db = database
+        self.sqs = sqs
+        self.queue_url = queue_url
+        self.limit = limit
+        self.pause_after = pause_after
+
+    def run_once(self, now: datetime | None = None) -> SettleReport:
+        with self.db.transaction() as conn:
+            schedules = db.fetch_all(conn, "schedules_lock_unsettled", {"limit": self.limit})
+            settled = paused = 0
+            if schedules:
+                runs = db.fetch_all(conn, "runs_lock_unsettled", {"schedule_ids": [s["id"] for s in schedules]})
+                settled, paused = self._apply(conn, schedules, runs, now)
+            released = [r["id"] for r in db.fetch_all(conn, "runs_release_blocked", {"limit": self.limit, "now": now})]
+        # Released runs are committed unblocked: hand them to SQS (repair resends what fails here).
+        result = handoff.send(self.db, self.sqs, self.queue_url, released, now=now)
+        if released:
+            logger.info("queued-behind runs released", extra={"action": "runs_released", "released": len(released)})
+        return SettleReport(len(schedules), settled, paused, len(released), len(result.failed))
+
+    def _apply(self, conn: Any, schedules: list[db.Row], runs: list[db.Row], now: datetime | None) -> tuple[int, int]:
+        by_schedule: dict[UUID, list[db.Row]] = defaultdict(list)
+        for run in runs:
+            by_schedule[run["schedule_id"]].append(run)
+        ids: list[UUID] = []
+        failures: list[int] = []
+        to_pause: list[UUID] = []
+        for schedule in schedules:
+            count = int(schedule["consecutive_failures"])
+            failed_now = False
+            for run in by_schedule.get(schedule["id"], []):  # finished order
+                if run["state"] == RunState.FAILED:
+                    count += 1
+                    failed_now = True
+                elif run["state"] == RunState.SUCCEEDED:
+                    count = 0
+            ids.append(schedule["id"])
+            failures.append(count)
+            if failed_now and count >= self.pause_after and schedule["status"] == "active":
+                to_pause.append(schedule["id"])
+        db.execute(conn, "schedules_set_failures", {"ids": ids, "failures": failures})
+        settled = db.fetch_all(conn, "runs_mark_settled", {"ids": [r["id"] for r in runs], "now": now})
+        paused = db.fetch_all(conn, "schedules_pause_by_tick", {"ids": to_pause, "now": now}) if to_pause else []
+        for row in paused:
+            conversations.note(
+                conn,
+                row["conversation_id"],
+                kind="schedule_paused",
+                body={"schedule_id": str(row["id"]), "reason": f"{self.pause_after} consecutive failures",
+                      "failures": int(row["consecutive_failures"])},
+                now=now,
+            )
+            logger.warning("schedule paused after consecutive failures",
+                           extra={"action": "schedule_paused", "schedule_id": str(row["id"]),
+                                  "failures": int(row["consecutive_failures"]), "reason": "consecutive_failures"})
+        return len(settled), len(paused)

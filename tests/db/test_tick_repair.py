@@ -1,0 +1,272 @@
+"""The repair step: unsent and stale handoffs are sent again; runs of vanished workers are rescued."""
+
+from __future__ import annotations
+
+import itertools
+import json
+import threading
+import uuid
+from collections.abc import Iterator
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import boto3
+import psycopg
+import pytest
+from kairos.db import Database
+from kairos.tick import Repair, Settle
+from moto import mock_aws
+from psycopg.rows import dict_row
+
+from tests import factories
+
+
+class Queue:
+    def __init__(self, client: Any, url: str) -> None:
+        self.client = client
+        self.url = url
+
+    def run_ids(self) -> list[uuid.UUID]:
+        ids: list[uuid.UUID] = []
+        while True:
+            got = self.client.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
+            if not got.get("Messages"):
+                return ids
+            for m in got["Messages"]:
+                ids.append(uuid.UUID(json.loads(m["Body"])["run_id"]))
+                self.client.delete_message(QueueUrl=self.url, ReceiptHandle=m["ReceiptHandle"])
+
+
+_instants = itertools.count()
+
+
+def make_run(url: str, **columns: Any) -> dict[str, Any]:
+    """A run with a fire instant of its own (the factory's default repeats within one second)."""
+    fire_at = datetime(2026, 1, 1, tzinfo=UTC) + timedelta(minutes=next(_instants))
+    return factories.run(url, fire_at=fire_at, **columns)
+
+
+@pytest.fixture
+def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[Queue]:
+    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
+    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
+    with mock_aws():
+        client = boto3.client("sqs", region_name="us-east-1")
+        yield Queue(client, client.create_queue(QueueName="runs")["QueueUrl"])
+
+
+@pytest.fixture
+def now(db_url: str) -> datetime:
+    """The database clock at the start of the test (rows made by the factories use it too)."""
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    return row[0]
+
+
+def repair(db: Database, queue: Queue) -> Repair:
+    return Repair(db, queue.client, queue.url)
+
+
+def run_row(url: str, run_id: uuid.UUID) -> dict[str, Any]:
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        row = conn.execute("SELECT * FROM runs WHERE id = %s", (run_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+def events(url: str, run_id: uuid.UUID) -> list[dict[str, Any]]:
+    with psycopg.connect(url, row_factory=dict_row) as conn:
+        return conn.execute("SELECT * FROM run_events WHERE run_id = %s ORDER BY seq", (run_id,)).fetchall()
+
+
+def effect(url: str, run: dict[str, Any], *, mutation: bool, state: str = "reserved") -> uuid.UUID:
+    effect_id = uuid.uuid4()
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute(
+            """INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state,
+                                    settled_at)
+               VALUES (%s, %s, %s, %s, 'model', 'http_call', %s, 'https://example.test/', 'd', %s,
+                       CASE WHEN %s = 'reserved' THEN NULL ELSE now() END)""",
+            (effect_id, run["id"], run["fence"], run["attempt"], mutation, state, state),
+        )
+    return effect_id
+
+
+def effect_state(url: str, effect_id: uuid.UUID) -> str:
+    with psycopg.connect(url) as conn:
+        row = conn.execute("SELECT state FROM effects WHERE id = %s", (effect_id,)).fetchone()
+    assert row is not None
+    return str(row[0])
+
+
+# --- resend ----------------------------------------------------------------------------------------
+
+
+def test_unsent_and_stale_handoffs_are_sent_again_fresh_and_blocked_ones_are_not(
+        db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+    sched = factories.schedule(db_url)
+    never_sent = make_run(db_url, schedule_row=sched, created_at=now - timedelta(seconds=31))
+    just_created = make_run(db_url, schedule_row=sched, created_at=now - timedelta(seconds=10))
+    stale = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1),
+                          handoff_at=now - timedelta(minutes=16), handoff_count=1)
+    recent = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1),
+                           handoff_at=now - timedelta(minutes=5), handoff_count=1)
+    blocker = make_run(db_url, schedule_row=sched, state="running", handoff_at=now, handoff_count=1)
+    blocked = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1),
+                            blocked_by_run_id=blocker["id"])
+    running = make_run(db_url, schedule_row=sched, state="running", created_at=now - timedelta(hours=1))
+
+    report = repair(db, queue).resend_once(now=now)
+
+    assert report.resent == 2
+    assert sorted(queue.run_ids()) == sorted([never_sent["id"], stale["id"]])
+    assert run_row(db_url, never_sent["id"])["handoff_at"] == now
+    assert run_row(db_url, stale["id"])["handoff_count"] == 2
+    for untouched in (just_created, recent, blocked, running):
+        assert run_row(db_url, untouched["id"])["handoff_count"] == untouched["handoff_count"]
+    assert repair(db, queue).resend_once(now=now).resent == 0
+
+
+def test_a_failed_resend_stays_unstamped_and_is_retried(db: Database, db_url: str, queue: Queue,
+                                                        now: datetime) -> None:
+    run = make_run(db_url, created_at=now - timedelta(minutes=1))
+    broken = Repair(db, queue.client, queue.url.replace("/runs", "/missing"))
+    report = broken.resend_once(now=now)
+    assert report.resent == 0 and report.handoff_failures == 1
+    assert run_row(db_url, run["id"])["handoff_at"] is None
+    assert repair(db, queue).resend_once(now=now).resent == 1
+    assert queue.run_ids() == [run["id"]]
+
+
+# --- rescue ----------------------------------------------------------------------------------------
+
+
+def expired(url: str, *, catch_up: bool = False, source: str = "scheduled", **columns: Any) -> dict[str, Any]:
+    sched = factories.schedule(url, catch_up=catch_up)
+    return make_run(url, schedule_row=sched, state="running", source=source, **columns)
+
+
+LATER = timedelta(minutes=3)  # the factories' leases run 120 s
+
+
+def test_a_catch_up_run_of_a_vanished_worker_is_requeued_and_sent(db: Database, db_url: str, queue: Queue,
+                                                                  now: datetime) -> None:
+    run = expired(db_url, catch_up=True)
+    report = repair(db, queue).rescue_once(now=now + LATER)
+    assert (report.rescued, report.requeued) == (1, 1)
+    after = run_row(db_url, run["id"])
+    assert after["state"] == "queued" and after["restarts"] == 1
+    assert after["lease_token"] is None and after["lease_expires_at"] is None
+    assert after["fence"] == run["fence"] and after["handoff_at"] == now + LATER
+    [event] = events(db_url, run["id"])
+    assert event["type"] == "run.rescued" and event["data"] == {"reason": "lease_expired", "restarts": 1}
+    assert queue.run_ids() == [run["id"]]
+
+
+def test_a_live_lease_is_left_alone(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+    run = expired(db_url, catch_up=True)
+    assert repair(db, queue).rescue_once(now=now + timedelta(seconds=60)).rescued == 0
+    assert run_row(db_url, run["id"])["state"] == "running"
+
+
+def test_without_catch_up_a_scheduled_run_is_abandoned_not_delivered_late(db: Database, db_url: str,
+                                                                          queue: Queue, now: datetime) -> None:
+    run = expired(db_url, catch_up=False)
+    report = repair(db, queue).rescue_once(now=now + LATER)
+    assert report.abandoned == 1
+    after = run_row(db_url, run["id"])
+    assert after["state"] == "abandoned" and after["finished_at"] == now + LATER
+    assert after["lease_token"] is None
+    assert after["diagnosis"]["reason_code"] == "abandoned_late" and after["diagnosis"]["retry_eligible"] is False
+    assert set(after["diagnosis"]) == {"summary", "scope", "reason_code", "retry_eligible", "recovery_actions"}
+    assert [e["type"] for e in events(db_url, run["id"])] == ["run.abandoned"]
+    assert queue.run_ids() == []
+
+
+def test_a_webhook_run_restarts_even_without_catch_up(db: Database, db_url: str, queue: Queue,
+                                                      now: datetime) -> None:
+    run = expired(db_url, catch_up=False, source="webhook")
+    assert repair(db, queue).rescue_once(now=now + LATER).requeued == 1
+    assert run_row(db_url, run["id"])["state"] == "queued"
+
+
+def test_the_restart_limit_fails_the_run(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+    run = expired(db_url, catch_up=True, restarts=2)
+    assert repair(db, queue).rescue_once(now=now + LATER).failed == 1
+    after = run_row(db_url, run["id"])
+    assert after["state"] == "failed" and after["diagnosis"]["reason_code"] == "restart_limit"
+    assert [e["type"] for e in events(db_url, run["id"])] == ["run.failed"]
+
+
+def test_a_reserved_mutation_becomes_ambiguous_and_the_run_fails_unreplayed(db: Database, db_url: str,
+                                                                           queue: Queue, now: datetime) -> None:
+    run = expired(db_url, catch_up=True)
+    effect_id = effect(db_url, run, mutation=True)
+    assert repair(db, queue).rescue_once(now=now + LATER).failed == 1
+    assert effect_state(db_url, effect_id) == "ambiguous"
+    after = run_row(db_url, run["id"])
+    assert after["state"] == "failed" and after["diagnosis"]["reason_code"] == "ambiguous_effect"
+    assert after["diagnosis"]["retry_eligible"] is False and "retry_run" not in after["diagnosis"]["recovery_actions"]
+    assert queue.run_ids() == []
+
+
+def test_a_settled_mutation_also_blocks_the_replay(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+    run = expired(db_url, catch_up=True)
+    effect(db_url, run, mutation=True, state="settled")
+    assert repair(db, queue).rescue_once(now=now + LATER).failed == 1
+    assert run_row(db_url, run["id"])["diagnosis"]["reason_code"] == "ambiguous_effect"
+
+
+def test_a_reserved_model_call_is_closed_failed_and_the_run_restarts(db: Database, db_url: str, queue: Queue,
+                                                                    now: datetime) -> None:
+    run = expired(db_url, catch_up=True)
+    effect_id = effect(db_url, run, mutation=False)
+    assert repair(db, queue).rescue_once(now=now + LATER).requeued == 1
+    assert effect_state(db_url, effect_id) == "failed"
+    assert queue.run_ids() == [run["id"]]
+
+
+def test_a_pending_cancel_ends_the_run_cancelled(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+    run = expired(db_url, catch_up=True, cancel_requested_at=now)
+    assert repair(db, queue).rescue_once(now=now + LATER).cancelled == 1
+    after = run_row(db_url, run["id"])
+    assert after["state"] == "cancelled" and [e["type"] for e in events(db_url, run["id"])] == ["run.cancelled"]
+
+
+def test_rescue_outcomes_settle_like_any_other_end(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+    """An abandoned run changes no failure count; a failed one (restart limit) adds one."""
+    abandoned = expired(db_url, catch_up=False)
+    failed = expired(db_url, catch_up=True, restarts=2)
+    repair(db, queue).rescue_once(now=now + LATER)
+    Settle(db, queue.client, queue.url).run_once(now=now + LATER)
+    with psycopg.connect(db_url) as conn:
+        counts = dict(conn.execute("SELECT id, consecutive_failures FROM schedules").fetchall())
+    assert counts[abandoned["schedule_id"]] == 0 and counts[failed["schedule_id"]] == 1
+
+
+def test_concurrent_rescuers_handle_each_run_once(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+    sched = factories.schedule(db_url, catch_up=True)
+    runs = [make_run(db_url, schedule_row=sched, state="running") for _ in range(20)]
+    barrier = threading.Barrier(6)
+    totals: list[int] = []
+    errors: list[BaseException] = []
+
+    def worker() -> None:
+        try:
+            barrier.wait()
+            totals.append(Repair(db, queue.client, queue.url, limit=4).rescue_once(now=now + LATER).requeued)
+            totals.append(Repair(db, queue.client, queue.url, limit=4).rescue_once(now=now + LATER).requeued)
+        except BaseException as exc:
+            errors.append(exc)
+
+    threads = [threading.Thread(target=worker) for _ in range(6)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == [] and sum(totals) == 20
+    for run in runs:
+        assert [e["type"] for e in events(db_url, run["id"])] == ["run.rescued"]
+        assert run_row(db_url, run["id"])["restarts"] == 1
+    assert sorted(queue.run_ids()) == sorted(r["id"] for r in runs)
