@@ -407,3 +407,19 @@ def test_concurrent_requests_of_two_principals_never_cross(api: Api, world: dict
         answers = list(pool.map(read, range(16)))
     for who, answer in answers:
         assert answer.status == 200 and answer.json["run"]["id"] == world[who]["run"]
+
+
+def test_webhook_url_uses_the_request_host_when_no_public_url_is_set(
+    api: Api, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    # Given a deployment without KAIROS_PUBLIC_URL (the template cannot pass the API's own URL)
+    monkeypatch.delenv("KAIROS_PUBLIC_URL")
+    runtime.reset()
+    conversation = api.conversation()
+    # When a webhook schedule is created through API Gateway's domain
+    answer = api.alice.post("/v1/schedules", {"conversation_id": conversation["id"], "prompt": "p", "kind": "webhook"},
+                            domain="abc123.execute-api.us-east-1.amazonaws.com")
+    # Then the URL is on that domain
+    assert answer.status == 201, answer.text
+    url = answer.json["webhook"]["url"]
+    assert url.startswith("https://abc123.execute-api.us-east-1.amazonaws.com/v1/hooks/")

@@ -52,7 +52,7 @@ class ApiClient:
         self.as_user = as_user
 
     def __call__(self, method: str, target: str, body: Any = None, *, headers: Mapping[str, str] | None = None,
-                 raw: bytes | None = None, as_user: object = SAME) -> Answer:
+                 raw: bytes | None = None, as_user: object = SAME, domain: str | None = None) -> Answer:
         who = self.as_user if as_user is SAME else as_user
         sent: dict[str, str] = {"content-type": "application/json"}
         if isinstance(who, str):
@@ -60,6 +60,8 @@ class ApiClient:
         sent.update(headers or {})
         payload = raw if raw is not None else (None if body is None else json.dumps(body).encode())
         event = apigw.build_event(method, target, sent, payload)
+        if domain is not None:
+            event["requestContext"]["domainName"] = domain
         response = HANDLER(event, apigw.LocalContext())
         return Answer(int(response["statusCode"]), dict(response.get("headers") or {}), str(response.get("body", "")))
 

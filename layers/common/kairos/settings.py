@@ -23,7 +23,7 @@ class Settings(BaseModel):
     database_proxy_host: str | None = None
     auth: Literal["jwt", "dev"] = "jwt"
     dev_tokens: dict[str, str] = Field(default_factory=dict)
-    public_url: str = "http://localhost:8000"
+    public_url: str | None = None  # None: the API answers with the host the request came to
     egress_allow: tuple[str, ...] = ()
     # Behind RDS Proxy (transaction pinning) server-side prepared statements must stay off.
     prepare_threshold: int | None = None
@@ -43,7 +43,7 @@ class Settings(BaseModel):
             database_proxy_host=env.get("DATABASE_PROXY_HOST") or None,
             auth="dev" if env.get("KAIROS_AUTH", "jwt") == "dev" else "jwt",
             dev_tokens=tokens,
-            public_url=(env.get("KAIROS_PUBLIC_URL") or "http://localhost:8000").rstrip("/"),
+            public_url=(env.get("KAIROS_PUBLIC_URL") or "").rstrip("/") or None,
             egress_allow=tuple(
                 h.strip() for h in env.get("KAIROS_EGRESS_ALLOW", "").split(",") if h.strip()
             ),

@@ -290,7 +290,14 @@ def get_inbox(id: str) -> Response[dict[str, Any]]:
 
 
 def _webhook(token: str) -> dict[str, str]:
-    return {"url": webhooks.webhook_url(runtime.settings().public_url, token), "token": token}
+    """The URL to paste into GitHub or Stripe: ``KAIROS_PUBLIC_URL`` when set (a custom domain), else
+    the host this request came to — API Gateway's own domain, which the template cannot pass to its
+    function without a dependency cycle."""
+    base = runtime.settings().public_url
+    if base is None:
+        domain = (app.current_event.raw_event.get("requestContext") or {}).get("domainName") or "localhost"
+        base = f"https://{domain}"
+    return {"url": webhooks.webhook_url(base, token), "token": token}
 
 
 @_route("POST", "/v1/schedules", status=201, model=models.ScheduleCreated, errors=(400, 403, 404, 415),
