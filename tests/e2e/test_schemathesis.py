@@ -20,17 +20,15 @@ import uuid
 from collections.abc import Iterator
 from typing import Any
 
-import boto3
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from kairos import apigw, db, runtime
+from kairos import apigw, db
 from kairos.api.app import ROUTES, openapi_document
-from moto import mock_aws
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from tests.db.test_api_client import HANDLER, TOKENS, ApiClient
+from tests.db.test_api_client import HANDLER, TOKENS, Api, ApiClient, api_fixture  # noqa: F401 - fixture
 
 MAX_EXAMPLES = 30
 
@@ -38,29 +36,13 @@ _turn = itertools.count()
 
 
 @pytest.fixture
-def served(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[dict[str, Any]]:
-    monkeypatch.setenv("DATABASE_URL", db_url)
-    monkeypatch.setenv("KAIROS_AUTH", "dev")
-    monkeypatch.setenv("KAIROS_DEV_TOKENS", ",".join(f"{t}={who}" for who, t in TOKENS.items()))
-    monkeypatch.setenv("KAIROS_PUBLIC_URL", "http://127.0.0.1")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        queue_url = boto3.client("sqs").create_queue(QueueName="runs")["QueueUrl"]
-        monkeypatch.setenv("RUN_QUEUE_URL", queue_url)
-        runtime.reset()
-        server = apigw.serve(HANDLER)
-        try:
-            yield {"url": server.url, **_seed(db_url)}
-        finally:
-            server.close()
-            runtime.reset()
-            with db._lock:
-                pool = db._databases.pop(db_url, None)
-            if pool is not None:
-                pool.close()
+def served(api: Api) -> Iterator[dict[str, Any]]:
+    """The API fixture's handler (real database, moto SQS, dev tokens), served over HTTP."""
+    server = apigw.serve(HANDLER)
+    try:
+        yield {"url": server.url, **_seed(api.url)}
+    finally:
+        server.close()
 
 
 def _seed(db_url: str) -> dict[str, Any]:
