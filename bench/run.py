@@ -6,12 +6,12 @@ What is measured (all on one PostgreSQL server, one database each, same run):
    for a small update transaction, the ceiling any job system on this box works under.
 2. **Kairos run lifecycle** with 8 worker processes (how Lambda runs it: one container, one
    process, one run at a time), with 8 threads of one process (the local stack), and with 1: N
-   queued runs (inserted up front, not timed), each taken through the real library functions —
-   (1) ``runs.claim`` + ``run.claimed`` in one transaction; (2) one heartbeat
-   (``Heartbeat.beat_once``, its own pooled connection); (3) ``step.started``; (4)
-   ``step.finished`` + ``runs.succeed`` (+ ``run.succeeded``) in one transaction. Four commits, four
-   fenced trace events, the guarded claim and terminal updates, one connection per run. No executor
-   call and no SQS: this is the database work per run.
+   queued runs (inserted up front, not timed), each taken through the real library functions, as
+   ``runs.process`` writes them — (1) ``runs.claim``: the guarded claim, ``run.claimed`` and
+   ``step.started`` in one statement; (2) one heartbeat (``Heartbeat.beat_once``, its own pooled
+   connection); (3) ``runs.succeed``: the fenced terminal update with ``step.finished`` and
+   ``run.succeeded`` in one statement. Three commits, four trace events, one connection per run.
+   No executor call, no conversation entries and no SQS: this is the database work of the lifecycle.
 3. **Procrastinate** (``App`` + ``PsycopgConnector``, its schema in a third database) with 8
    concurrent coroutines: the equivalent job cycle ``defer`` → ``fetch_job`` → ``finish_job``
    (its ``JobManager`` directly, without its worker's polling, sleeps and middleware, which would
@@ -79,22 +79,18 @@ def seed_runs(url: str, count: int) -> list[uuid.UUID]:
 
 
 def lifecycle(database: Database, run_id: uuid.UUID) -> None:
-    """One run: claim (+ run.claimed), one heartbeat, step.started, step.finished + terminal."""
-    with database.connection() as conn:  # one connection for the run, autocommit between transactions
-        with conn.transaction():
-            row = runs.claim(conn, run_id)
-            assert row is not None
-            fence = int(row["fence"])
-            trace.append(conn, run_id, EventType.RUN_CLAIMED, fence=fence, data={"attempt": 1, "mode": "append"})
+    """One run as ``runs.process`` writes it, without the executor call and the conversation entries:
+    the claim (with ``run.claimed`` and ``step.started``), one heartbeat, and the terminal update
+    (with ``step.finished`` and ``run.succeeded``). Three statements, each its own transaction."""
+    with database.connection() as conn:  # one connection for the run; each statement commits alone
+        row = runs.claim(conn, run_id)
+        assert row is not None
+        fence = int(row["fence"])
         assert runs.Heartbeat(database, run_id, fence).beat_once()  # on its own pooled connection
-        # A single fenced statement is its own transaction.
-        assert trace.append(conn, run_id, EventType.STEP_STARTED, fence=fence, step="model") is not None
-        with conn.transaction():
-            assert trace.append(conn, run_id, EventType.STEP_FINISHED, fence=fence, step="model",
-                                data={"outcome": "succeeded"}) is not None
-            done = runs.succeed(conn, run_id, fence, output={"conversation_id": "x", "entry_seq": 1, "attempt": 1},
-                                usage={"calls": 1})
-            assert done is not None
+        done = runs.succeed(conn, run_id, fence, output={"conversation_id": "x", "entry_seq": 1, "attempt": 1},
+                            usage={"calls": 1},
+                            events=[trace.Event(EventType.STEP_FINISHED, "model", {"outcome": "succeeded"})])
+        assert done
 
 
 def _thread_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
@@ -132,14 +128,19 @@ def _thread_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
     return elapsed
 
 
-def _process_worker(url: str, ids: list[uuid.UUID], start_line: Any, finished: Any) -> None:
+def _process_worker(url: str, ids: list[uuid.UUID], next_index: Any, start_line: Any, finished: Any) -> None:
     logging.getLogger("kairos").setLevel(logging.WARNING)
     database = Database(url, max_size=2)
     with database.connection() as conn:
         conn.execute("SELECT 1")
     start_line.wait()
-    for run_id in ids:
-        lifecycle(database, run_id)
+    while True:
+        with next_index.get_lock():  # one shared queue, as with threads: no process idles at the end
+            index = next_index.value
+            next_index.value += 1
+        if index >= len(ids):
+            break
+        lifecycle(database, ids[index])
     finished.put(time.monotonic())  # before the process's own teardown, which is not run work
     database.close()
 
@@ -148,14 +149,14 @@ def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
     context = multiprocessing.get_context("spawn")
     start_line = context.Barrier(workers + 1)
     finished = context.Queue()
-    shares = [ids[i::workers] for i in range(workers)]
-    children = [context.Process(target=_process_worker, args=(url, share, start_line, finished))
-                for share in shares]
+    next_index = context.Value("i", 0)
+    children = [context.Process(target=_process_worker, args=(url, ids, next_index, start_line, finished))
+                for _ in range(workers)]
     for child in children:
         child.start()
     start_line.wait()
     started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
-    ended = max(finished.get(timeout=3600) for _ in children)
+    ended: float = max(finished.get(timeout=3600) for _ in children)
     for child in children:
         child.join()
     if any(child.exitcode != 0 for child in children):

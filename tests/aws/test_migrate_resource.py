@@ -17,7 +17,7 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
-from kairos import migrations, runtime, settings
+from kairos import db, migrations, runtime, settings
 from kairos.dev import load_function
 from kairos.migrations import Migration
 from moto import mock_aws
@@ -334,3 +334,22 @@ def test_database_url_still_wins_over_the_secret_and_proxy(secret_arn: str) -> N
         {"DATABASE_URL": "postgresql://local/db", "DATABASE_SECRET_ARN": secret_arn, "DATABASE_PROXY_HOST": "proxy"}
     ).resolve_database_url()
     assert chosen == "postgresql://local/db"
+
+
+def test_prepared_statements_are_off_behind_rds_proxy_or_when_turned_off() -> None:
+    assert settings.Settings.from_env({}).prepared_statements is True
+    assert settings.Settings.from_env({"DATABASE_PROXY_HOST": "proxy"}).prepared_statements is False
+    assert settings.Settings.from_env({"KAIROS_PREPARED_STATEMENTS": "off"}).prepared_statements is False
+    assert settings.Settings.from_env({"KAIROS_PREPARED_STATEMENTS": "on"}).prepared_statements is True
+
+
+def test_the_container_pool_follows_the_prepared_statements_setting(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("DATABASE_URL", "postgresql://kairos@proxied.invalid/app")
+    monkeypatch.setenv("DATABASE_PROXY_HOST", "proxied.invalid")
+    runtime.reset()
+    database = runtime.database()
+    try:
+        assert database.prepared_statements is False
+    finally:
+        runtime.reset()
+        db._databases.pop(database.url).close()  # never connected: the pool opens connections on demand

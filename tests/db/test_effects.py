@@ -40,6 +40,8 @@ def test_reserve_then_settle_records_the_effect_and_both_events(db: Database, db
     assert settled.settled_at is not None
 
     assert _events(db_url, run["id"]) == [
+        ("run.claimed", None, {"attempt": 1, "mode": "fork"}),
+        ("step.started", "model", {"attempt": 1}),
         ("effect.reserved", "model", {"effect_id": str(effect.id), "kind": "model_call", "mutation": False}),
         ("effect.settled", "model", {"effect_id": str(effect.id), "state": "settled"}),
     ]
@@ -75,7 +77,7 @@ def test_reserve_needs_the_current_fence_attempt_and_a_running_run(db: Database,
         assert effects.reserve(conn, run["id"], 1, 2, "model", "model_call", False, "t", "d") is None
         assert effects.reserve(conn, queued["id"], 0, 0, "model", "model_call", False, "t", "d") is None
         assert effects.for_run(conn, run["id"]) == []
-    assert _events(db_url, run["id"]) == []
+    assert [e[0] for e in _events(db_url, run["id"])] == ["run.claimed", "step.started"]  # the claim's own
 
 
 def test_replay_blockers_are_the_mutations_that_may_have_happened(db: Database, db_url: str) -> None:

@@ -19,10 +19,13 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-from kairos import db
+from kairos import db, runs, trace
+from kairos.db import Database
+
+from tests import factories
 
 PACKAGE = Path(db.__file__).parent
-CALLS = {"q": 0, "fetch_one": 1, "fetch_all": 1, "execute": 1}  # function -> index of the name argument
+CALLS = {"q": 0, "fetch_one": 1, "fetch_all": 1, "execute": 1, "change": 1}  # function -> index of the name
 _PARAM = re.compile(r"%\((\w+)\)s")
 
 
@@ -41,7 +44,8 @@ def _string_constants() -> set[str]:
 def _query_call_sites() -> list[tuple[str, int, str]]:
     """(file, line, name) of every ``q("…")``, ``fetch_one(conn, "…")``… with a literal name.
 
-    Calls count when they are bare (imported from kairos.db) or spelled ``db.<function>``; a
+    Calls count when they are bare (imported from kairos.db) or spelled ``db.<function>`` (or
+    ``trace.change``, which runs a named state change with its events); a
     ``conn.execute("SELECT …")`` is psycopg's own method and is not a named-query call.
     """
     sites: list[tuple[str, int, str]] = []
@@ -53,7 +57,7 @@ def _query_call_sites() -> list[tuple[str, int, str]]:
             if isinstance(func, ast.Name) and func.id in CALLS:
                 name = func.id
             elif (isinstance(func, ast.Attribute) and func.attr in CALLS and isinstance(func.value, ast.Name)
-                  and func.value.id == "db"):
+                  and func.value.id in ("db", "trace")):
                 name = func.attr
             else:
                 continue
@@ -110,10 +114,20 @@ def test_query_names_start_with_a_table(db_url: str) -> None:
     assert wrong == [], f"query names must start with the main table they touch: {wrong}"
 
 
+def _statements() -> dict[str, str]:
+    """Every statement the package runs: each named query, and the template ``trace.change`` fills
+    as what it becomes for each state change (named ``<query> (trace.change)``)."""
+    statements = {name: text for name, text in db.QUERIES.items() if name != "run_events_with_change"}
+    changes = [name for name, text in statements.items() if "%(events)s" in text]
+    assert "runs_succeed" in changes
+    return statements | {f"{name} (trace.change)": trace._change_sql(name) for name in changes}
+
+
 def test_every_query_prepares_against_the_migrated_schema(db_url: str) -> None:
     failures: dict[str, str] = {}
+    statements = _statements()
     with psycopg.connect(db_url) as conn:
-        for name, text in sorted(db.QUERIES.items()):
+        for name, text in sorted(statements.items()):
             statement = _positional(text).rstrip().rstrip(";")
             try:
                 with conn.transaction():
@@ -122,6 +136,51 @@ def test_every_query_prepares_against_the_migrated_schema(db_url: str) -> None:
             except psycopg.Error as error:
                 failures[name] = str(error).splitlines()[0]
     assert failures == {}
+
+
+def test_prepared_queries_survive_a_migration_that_adds_columns(db_url: str) -> None:
+    """A container keeps its prepared plans while a deploy migrates the schema. PostgreSQL refuses a
+    cached plan whose result columns changed ("cached plan must not change result type"), which
+    ``*`` of a table does when a column is added; a prepared query therefore names its columns."""
+    prepared = {name: text for name, text in _statements().items() if name.split(" ")[0] in db.PREPARED}
+    assert {"runs_claim", "runs_heartbeat", "run_events_append", "runs_succeed (trace.change)"} <= set(prepared)
+    # The control: the same check catches a query that returns * of a table.
+    prepared["control: SELECT * FROM runs"] = "SELECT * FROM runs WHERE id = %(run_id)s"
+    names = sorted(prepared)
+    broken: dict[str, str] = {}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for i, name in enumerate(names):
+            conn.execute(f"PREPARE probe_{i} AS " + _positional(prepared[name]).rstrip().rstrip(";"))
+        tables = [r[0] for r in conn.execute("SELECT tablename FROM pg_tables WHERE schemaname = current_schema()")]
+        for table in tables:
+            conn.execute(f'ALTER TABLE "{table}" ADD COLUMN added_by_a_migration integer')
+        for i, name in enumerate(names):
+            arguments = ", ".join(["NULL"] * len(set(_PARAM.findall(prepared[name]))))
+            try:
+                with conn.transaction():
+                    conn.execute(f"EXECUTE probe_{i}({arguments})")
+            except psycopg.errors.FeatureNotSupported as error:
+                broken[name] = str(error).splitlines()[0]
+            except psycopg.Error:
+                pass  # NULL arguments may break a constraint; the plan's result type was checked before
+    assert broken == {"control: SELECT * FROM runs": "cached plan must not change result type"}
+
+
+def test_named_queries_marked_prepared_run_prepared_and_only_those(db_url: str) -> None:
+    for enabled in (True, False):
+        database = Database(db_url, max_size=1, prepared_statements=enabled)
+        try:
+            run = factories.run(db_url)
+            with database.transaction() as conn:
+                assert runs.claim(conn, run["id"]) is not None
+                db.fetch_one(conn, "runs_get", {"run_id": run["id"]})
+                statements = [r["statement"] for r in conn.execute("SELECT statement FROM pg_prepared_statements")]
+        finally:
+            database.close()
+        if enabled:
+            assert len(statements) == 1 and "UPDATE runs" in statements[0]  # the claim, not the read
+        else:
+            assert statements == []
 
 
 def test_the_scanners_find_what_they_should() -> None:

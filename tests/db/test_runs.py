@@ -233,7 +233,7 @@ def test_fresh_with_an_unusable_snapshot_fails_the_run_with_a_diagnosis(db: Data
     assert row is not None and row["state"] == "failed" and row["conversation_id"] is None
     assert row["diagnosis"]["reason_code"] == "agent_invalid"
     assert "check_agent_config" in row["diagnosis"]["recovery_actions"]
-    assert _types(db_url, run["id"]) == ["run.claimed", "run.failed"]
+    assert _types(db_url, run["id"]) == ["run.claimed", "step.started", "step.finished", "run.failed"]
     assert executor.requests == []
 
 
@@ -540,7 +540,7 @@ def test_a_cancel_seen_by_the_heartbeat_stops_the_run_before_its_call(db: Databa
 def test_success_cannot_be_written_once_a_cancel_was_requested(db: Database, db_url: str) -> None:
     run = _run(db_url, state="running", cancel_requested_at=datetime.now(UTC))
     with db.transaction() as conn:
-        assert runs.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is None
+        assert runs.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
     assert _row(db_url, "SELECT state FROM runs WHERE id = %s", run["id"]) == {"state": "running"}
 
 

@@ -194,10 +194,10 @@ def test_every_fenced_write_with_a_stale_fence_writes_nothing(db: Database, db_u
         assert effects.reserve(conn, run["id"], 1, 1, "other", "model_call", False, "t", "d") is None
         assert effects.settle(conn, old_effect, fence=1) is None
         assert effects.fail(conn, old_effect, fence=1, error_code="timeout") is None
-        assert runs.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is None
-        assert runs.fail(conn, run["id"], 1, diagnosis=runs.diagnose("internal")) is None
-        assert runs.finish_cancelled(conn, run["id"], 1) is None
-        assert runs.requeue(conn, run["id"], 1, step=None, reason_code="timeout", delay_seconds=1) is None
+        assert runs.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
+        assert runs.fail(conn, run["id"], 1, diagnosis=runs.diagnose("internal")) is False
+        assert runs.finish_cancelled(conn, run["id"], 1) is False
+        assert runs.requeue(conn, run["id"], 1, attempt=1, step=None, reason_code="timeout", delay_seconds=1) is False
     assert runs.Heartbeat(db, run["id"], 1).beat_once() is False
 
     assert _snapshot(db_url, run["id"]) == before
@@ -245,7 +245,8 @@ def test_a_requeued_run_with_a_reserved_mutation_refuses_to_replay_at_claim(db: 
     assert len(executor.timeouts) == 1  # sent once, by the crashed attempt only
     snap = _snapshot(db_url, run["id"])
     assert [(e["fence"], e["state"]) for e in snap["effects"]] == [(1, "ambiguous")]
-    assert [e["type"] for e in snap["events"] if e["fence"] == 2] == ["run.claimed", "effect.settled", "run.failed"]
+    assert [e["type"] for e in snap["events"] if e["fence"] == 2] == [
+        "run.claimed", "step.started", "effect.settled", "step.finished", "run.failed"]
 
 
 def test_a_crash_after_reserving_a_model_call_is_replayed_on_the_next_claim(db: Database, db_url: str) -> None:

@@ -102,9 +102,9 @@ def test_progress_is_written_at_most_once_per_10_seconds_per_step_and_folded_on_
                         {"data": {"elapsed_ms": 23000}, "step": "model"}]
     with db.transaction() as conn:
         events, next_after = trace.page(conn, row["id"], after=0, limit=50)
-    assert [e["type"] for e in events] == ["step.started"]  # progress is folded, not listed
-    assert events[0]["seq"] == started and events[0]["progress_count"] == 2
-    assert events[0]["last_progress_at"] is not None
+    assert [e["type"] for e in events] == ["run.claimed", "step.started", "step.started"]  # progress folded
+    assert events[2]["seq"] == started and events[2]["progress_count"] == 2
+    assert events[2]["last_progress_at"] is not None
     assert next_after == started
 
 

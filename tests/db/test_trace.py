@@ -46,8 +46,8 @@ def test_concurrent_writers_get_gap_free_sequence_numbers(db: Database, db_url: 
         seqs = [r["seq"] for r in conn.execute("SELECT seq FROM run_events WHERE run_id = %s ORDER BY seq",
                                                 (run["id"],))]
         last = conn.execute("SELECT last_seq FROM runs WHERE id = %s", (run["id"],)).fetchone()
-    assert seqs == list(range(1, 41))
-    assert last == {"last_seq": 40}
+    assert seqs == list(range(1, 43))  # run.claimed and step.started, written by the claim, then 40 appends
+    assert last == {"last_seq": 42}
 
 
 def test_events_carry_database_time_unless_a_test_injects_it(db: Database, db_url: str) -> None:
@@ -59,8 +59,9 @@ def test_events_carry_database_time_unless_a_test_injects_it(db: Database, db_ur
         db_now = conn.execute("SELECT now() AS now").fetchone()
         events, _ = trace.page(conn, run["id"])
     assert db_now is not None
-    assert events[0]["at"] == "2031-05-06T07:08:09Z"
-    assert events[1]["at"] == trace.rfc3339(db_now["now"])  # one transaction: the same now()
+    assert [e["type"] for e in events] == ["run.claimed", "step.started", "step.started", "step.finished"]
+    assert events[2]["at"] == "2031-05-06T07:08:09Z"
+    assert events[3]["at"] == trace.rfc3339(db_now["now"])  # one transaction: the same now()
 
 
 def test_event_data_refuses_content_keys(db: Database, db_url: str) -> None:
@@ -74,7 +75,7 @@ def test_event_data_refuses_content_keys(db: Database, db_url: str) -> None:
 def test_pages_follow_the_cursor_and_the_limit_is_capped(db: Database, db_url: str) -> None:
     run = _claimed(db, db_url)
     with db.transaction() as conn:
-        for _ in range(250):
+        for _ in range(248):  # after the claim's run.claimed and step.started (seqs 1, 2)
             trace.append(conn, run["id"], EventType.STEP_FINISHED, fence=1, step="s")
 
     with db.transaction() as conn:
@@ -91,8 +92,8 @@ def test_pages_follow_the_cursor_and_the_limit_is_capped(db: Database, db_url: s
 
 def test_progress_folds_into_its_own_step_and_attempt(db: Database, db_url: str) -> None:
     run = _claimed(db, db_url)
+    started_1 = 2  # the claim wrote run.claimed and the model step's step.started
     with db.transaction() as conn:
-        started_1 = trace.append(conn, run["id"], EventType.STEP_STARTED, fence=1, step="model")
         for _ in range(3):
             trace.append(conn, run["id"], EventType.STEP_PROGRESS, fence=1, step="model")
         trace.append(conn, run["id"], EventType.STEP_FINISHED, fence=1, step="model")
@@ -106,8 +107,8 @@ def test_progress_folds_into_its_own_step_and_attempt(db: Database, db_url: str)
     with db.transaction() as conn:
         events, next_after = trace.page(conn, run["id"], after=0, limit=50)
     assert [(e["type"], e.get("progress_count")) for e in events] == [
-        ("step.started", 3), ("step.finished", None), ("step.started", 1)]
-    assert events[0]["seq"] == started_1 and events[2]["seq"] == started_2
+        ("run.claimed", None), ("step.started", 3), ("step.finished", None), ("step.started", 1)]
+    assert events[1]["seq"] == started_1 and events[3]["seq"] == started_2
     assert next_after == started_2
 
 

@@ -4,10 +4,16 @@ Runtime SQL lives in ``kairos/sql/<table>.sql`` as named queries (Procrastinate-
 starts with ``-- name: <table>_<verb>`` and a one-line purpose, and is loaded once into ``QUERIES``.
 Only code that talks to the database reads them; nothing builds SQL from strings.
 
+Prepared statements: a query headed ``-- name: <name> (prepared)`` is run as a server-side prepared
+statement (no parse and plan per execution: the run worker's claim, heartbeat, trace appends and
+terminal updates, where planning was most of the server's work). Such a query names its result
+columns — never ``*`` of a table — so a migration that adds columns cannot invalidate the plan of a
+running container. Every other query is never prepared. With ``prepared_statements=False`` (behind
+RDS Proxy, which pins a session that prepares) nothing is.
+
 Connections: one small pool per process (a Lambda container uses one connection at a time; the
 local stack and tests call handlers from several threads, which must never share a connection).
-Server-side prepared statements are off (``prepare_threshold=None``) so RDS Proxy can multiplex;
-a broken connection is discarded by the pool's check and replaced on the next call.
+A broken connection is discarded by the pool's check and replaced on the next call.
 
 Time: every query that needs "now" takes ``%(now)s`` and uses ``coalesce(%(now)s, now())``, so the
 database clock is the authority and tests can move it.
@@ -31,11 +37,13 @@ from psycopg_pool import ConnectionPool
 Row = dict[str, Any]
 Params = Mapping[str, Any]
 
-_HEADER = re.compile(r"^--\s*name:\s*(?P<name>[a-z][a-z0-9_]*)\s*$", re.MULTILINE)
+_HEADER = re.compile(r"^--\s*name:\s*(?P<name>[a-z][a-z0-9_]*)(?P<prepared>\s+\(prepared\))?\s*$",
+                     re.MULTILINE)
 
 
-def load_queries() -> dict[str, LiteralString]:
-    """Every named query of every ``sql/*.sql`` file. A duplicate name is an error."""
+def load_queries(prepared: set[str] | None = None) -> dict[str, LiteralString]:
+    """Every named query of every ``sql/*.sql`` file (a duplicate name is an error); the names of
+    those headed ``(prepared)`` are added to ``prepared`` when given."""
     queries: dict[str, LiteralString] = {}
     for entry in sorted(resources.files("kairos.sql").iterdir(), key=lambda e: e.name):
         if not entry.name.endswith(".sql"):
@@ -51,10 +59,14 @@ def load_queries() -> dict[str, LiteralString]:
             if not body:
                 raise ValueError(f"query {name} is empty")
             queries[name] = cast(LiteralString, body)  # shipped with the package, never user input
+            if match.group("prepared") and prepared is not None:
+                prepared.add(name)
     return queries
 
 
-QUERIES: dict[str, LiteralString] = load_queries()
+_prepared: set[str] = set()
+QUERIES: dict[str, LiteralString] = load_queries(_prepared)
+PREPARED: frozenset[str] = frozenset(_prepared)
 
 
 def q(name: str) -> LiteralString:
@@ -85,16 +97,23 @@ def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
         ConnectionPool.check_connection(conn)
 
 
+# psycopg prepares a statement after this many executions unless told per call; every named query
+# tells (``prepare=``), so this only keeps other statements (tests, tools) from ever being prepared.
+_ONLY_WHEN_ASKED = 2**31 - 1
+
+
 class Database:
     """A small thread-safe pool of autocommit-off connections returning dict rows."""
 
-    def __init__(self, url: str, *, max_size: int = 4, prepare_threshold: int | None = None) -> None:
+    def __init__(self, url: str, *, max_size: int = 4, prepared_statements: bool = True) -> None:
         self.url = url
+        self.prepared_statements = prepared_statements
         self._pool = ConnectionPool(
             url,
             min_size=0,
             max_size=max_size,
-            kwargs={"row_factory": dict_row, "prepare_threshold": prepare_threshold},
+            kwargs={"row_factory": dict_row,
+                    "prepare_threshold": _ONLY_WHEN_ASKED if prepared_statements else None},
             check=_check_if_idle,
             reset=_mark_returned,
             open=True,
@@ -122,26 +141,26 @@ class Database:
 
 
 def fetch_one(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> Row | None:
-    return conn.execute(q(name), params or {}).fetchone()
+    return conn.execute(q(name), params or {}, prepare=name in PREPARED).fetchone()
 
 
 def fetch_all(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> list[Row]:
-    return conn.execute(q(name), params or {}).fetchall()
+    return conn.execute(q(name), params or {}, prepare=name in PREPARED).fetchall()
 
 
 def execute(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> int:
     """Runs one named statement and returns the number of rows it touched."""
-    return conn.execute(q(name), params or {}).rowcount
+    return conn.execute(q(name), params or {}, prepare=name in PREPARED).rowcount
 
 
 _databases: dict[str, Database] = {}
 _lock = threading.Lock()
 
 
-def shared(url: str, *, prepare_threshold: int | None = None) -> Database:
+def shared(url: str, *, prepared_statements: bool = True) -> Database:
     """The process-wide pool for ``url`` (one per Lambda container, reused across invocations)."""
     with _lock:
         db = _databases.get(url)
         if db is None:
-            db = _databases[url] = Database(url, prepare_threshold=prepare_threshold)
+            db = _databases[url] = Database(url, prepared_statements=prepared_statements)
         return db

@@ -121,10 +121,12 @@ def settle(
     *,
     fence: int,
     usage: Mapping[str, int] | None = None,
+    trace_into: list[trace.Event] | None = None,
     now: datetime | None = None,
 ) -> Effect | None:
     """The call answered: ``reserved -> settled`` with its usage."""
-    return _close(conn, effect, fence=fence, state=EffectState.SETTLED, usage=usage, error_code=None, now=now)
+    return _close(conn, effect, fence=fence, state=EffectState.SETTLED, usage=usage, error_code=None,
+                  trace_into=trace_into, now=now)
 
 
 def fail(
@@ -133,10 +135,12 @@ def fail(
     *,
     fence: int,
     error_code: str,
+    trace_into: list[trace.Event] | None = None,
     now: datetime | None = None,
 ) -> Effect | None:
     """The outcome is known and nothing happened outside (or it was a non-mutation): ``failed``."""
-    return _close(conn, effect, fence=fence, state=EffectState.FAILED, usage=None, error_code=error_code, now=now)
+    return _close(conn, effect, fence=fence, state=EffectState.FAILED, usage=None, error_code=error_code,
+                  trace_into=trace_into, now=now)
 
 
 def mark_ambiguous(
@@ -145,10 +149,12 @@ def mark_ambiguous(
     *,
     fence: int,
     error_code: str,
+    trace_into: list[trace.Event] | None = None,
     now: datetime | None = None,
 ) -> Effect | None:
     """A mutation whose outcome cannot be proven: ``ambiguous``; its run is never replayed."""
-    return _close(conn, effect, fence=fence, state=EffectState.AMBIGUOUS, usage=None, error_code=error_code, now=now)
+    return _close(conn, effect, fence=fence, state=EffectState.AMBIGUOUS, usage=None, error_code=error_code,
+                  trace_into=trace_into, now=now)
 
 
 def _close(
@@ -159,8 +165,12 @@ def _close(
     state: EffectState,
     usage: Mapping[str, int] | None,
     error_code: str | None,
+    trace_into: list[trace.Event] | None,
     now: datetime | None,
 ) -> Effect | None:
+    """Closes a reserved effect under the fence and traces ``effect.settled`` — appended now, or,
+    with ``trace_into``, added to that list for the caller's state change to write (``trace.change``)
+    in the same transaction."""
     row = db.fetch_one(
         conn,
         "effects_close",
@@ -180,7 +190,11 @@ def _close(
     data: dict[str, Any] = {"effect_id": str(closed.id), "state": closed.state.value}
     if error_code:
         data["reason_code"] = error_code
-    trace.append(conn, effect.run_id, EventType.EFFECT_SETTLED, data=data, fence=fence, step=effect.step, now=now)
+    if trace_into is not None:
+        trace_into.append(trace.Event(EventType.EFFECT_SETTLED, effect.step, data))
+    else:
+        trace.append(conn, effect.run_id, EventType.EFFECT_SETTLED, data=data, fence=fence, step=effect.step,
+                     now=now)
     return closed
 
 

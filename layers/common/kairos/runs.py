@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import threading
 import time
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any, Literal
@@ -368,7 +368,8 @@ class Heartbeat:
 
 
 def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None) -> db.Row | None:
-    """``queued -> running`` for exactly one caller; the claimed row, or None (not claimable)."""
+    """``queued -> running`` for exactly one caller, with ``run.claimed`` and the first step's
+    ``step.started`` (the row's ``first_step``); the claimed row, or None (not claimable)."""
     return db.fetch_one(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now})
 
 
@@ -410,22 +411,23 @@ def succeed(
     *,
     output: Mapping[str, Any],
     usage: Mapping[str, Any] | None,
+    events: Sequence[trace.Event] = (),
     now: datetime | None = None,
-) -> Run | None:
-    """``running -> succeeded`` (+ ``run.succeeded``) unless fenced out or a cancel was requested."""
-    row = db.fetch_one(
+) -> bool:
+    """``running -> succeeded`` unless fenced out or a cancel was requested; ``events`` and then
+    ``run.succeeded`` are written by the same statement."""
+    row = trace.change(
         conn,
         "runs_succeed",
         {"run_id": run_id, "fence": fence, "output": Jsonb(dict(output)),
-         "usage": None if usage is None else Jsonb(dict(usage)), "now": now},
+         "usage": None if usage is None else Jsonb(dict(usage))},
+        [*events, trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")})],
+        now=now,
     )
     if row is None:
-        return None
-    # Unfenced on purpose: the guarded update above just ended the run under this fence, in this
-    # transaction, and the row stays locked until commit.
-    trace.append(conn, run_id, EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")}, now=now)
+        return False
     _count("RunSucceeded")
-    return Run.from_row(row)
+    return True
 
 
 def fail(
@@ -435,22 +437,24 @@ def fail(
     *,
     diagnosis: Mapping[str, Any],
     usage: Mapping[str, Any] | None = None,
+    events: Sequence[trace.Event] = (),
     now: datetime | None = None,
-) -> Run | None:
-    """``running -> failed`` with a closed diagnosis (+ ``run.failed``), unless fenced out."""
-    row = db.fetch_one(
+) -> bool:
+    """``running -> failed`` with a closed diagnosis, unless fenced out; ``events`` and then
+    ``run.failed`` are written by the same statement."""
+    row = trace.change(
         conn,
         "runs_fail",
         {"run_id": run_id, "fence": fence, "diagnosis": Jsonb(dict(diagnosis)),
-         "usage": None if usage is None else Jsonb(dict(usage)), "now": now},
+         "usage": None if usage is None else Jsonb(dict(usage))},
+        [*events, trace.Event(EventType.RUN_FAILED, data={"reason_code": diagnosis["reason_code"],
+                                                          "retry_eligible": diagnosis["retry_eligible"]})],
+        now=now,
     )
     if row is None:
-        return None
-    trace.append(conn, run_id, EventType.RUN_FAILED,
-                 data={"reason_code": diagnosis["reason_code"], "retry_eligible": diagnosis["retry_eligible"]},
-                 now=now)
+        return False
     _count("RunFailed")
-    return Run.from_row(row)
+    return True
 
 
 def finish_cancelled(
@@ -459,20 +463,23 @@ def finish_cancelled(
     fence: int,
     *,
     usage: Mapping[str, Any] | None = None,
+    events: Sequence[trace.Event] = (),
     now: datetime | None = None,
-) -> Run | None:
-    """``running -> cancelled`` (+ ``run.cancelled``) by the fence holder after a cancel request."""
-    row = db.fetch_one(
+) -> bool:
+    """``running -> cancelled`` by the fence holder after a cancel request; ``events`` and then
+    ``run.cancelled`` are written by the same statement."""
+    row = trace.change(
         conn,
         "runs_finish_cancelled",
         {"run_id": run_id, "fence": fence, "diagnosis": Jsonb(diagnose("cancelled")),
-         "usage": None if usage is None else Jsonb(dict(usage)), "now": now},
+         "usage": None if usage is None else Jsonb(dict(usage))},
+        [*events, trace.Event(EventType.RUN_CANCELLED, data={"by": "worker"})],
+        now=now,
     )
     if row is None:
-        return None
-    trace.append(conn, run_id, EventType.RUN_CANCELLED, data={"by": "worker"}, now=now)
+        return False
     _count("RunCancelled")
-    return Run.from_row(row)
+    return True
 
 
 def requeue(
@@ -480,24 +487,25 @@ def requeue(
     run_id: UUID,
     fence: int,
     *,
+    attempt: int,
     step: str | None,
     reason_code: str,
     delay_seconds: int,
+    events: Sequence[trace.Event] = (),
     now: datetime | None = None,
-) -> Run | None:
+) -> bool:
     """``running -> queued`` for another attempt, only while attempts remain and no mutation may
     have happened. ``handoff_at`` is set to now: the caller re-sends the id with a delay, and the
-    tick's repair re-sends it once that handoff is stale if the caller could not."""
-    row = db.fetch_one(conn, "runs_requeue_retry", {"run_id": run_id, "fence": fence, "now": now})
-    if row is None:
-        return None
+    tick's repair re-sends it once that handoff is stale if the caller could not. ``events``, the
+    open step's ``step.finished`` and ``run.queued`` are written by the same statement."""
+    written = [*events]
     if step is not None:
-        trace.append(conn, run_id, EventType.STEP_FINISHED, step=step,
-                     data={"outcome": "failed", "reason_code": reason_code}, now=now)
-    trace.append(conn, run_id, EventType.RUN_QUEUED,
-                 data={"reason": "retry", "next_attempt": int(row["attempt"]) + 1, "delay_seconds": delay_seconds},
-                 now=now)
-    return Run.from_row(row)
+        written.append(trace.Event(EventType.STEP_FINISHED, step,
+                                   {"outcome": "failed", "reason_code": reason_code}))
+    written.append(trace.Event(EventType.RUN_QUEUED, data={"reason": "retry", "next_attempt": attempt + 1,
+                                                           "delay_seconds": delay_seconds}))
+    row = trace.change(conn, "runs_requeue_retry", {"run_id": run_id, "fence": fence}, written, now=now)
+    return row is not None
 
 
 def retry_delay(attempt: int) -> int:
@@ -525,19 +533,18 @@ def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: d
         raise NotFound("run")
     state = RunState(row["state"])
     if state in (RunState.QUEUED, RunState.AWAITING_APPROVAL):
-        done = db.fetch_one(conn, "runs_cancel_waiting",
+        done = trace.change(conn, "runs_cancel_waiting",
                             {"run_id": run_id, "owner": owner, "requested_only": False,
-                             "diagnosis": Jsonb(diagnose("cancelled", summary="The run was cancelled before it ran.")),
-                             "now": now})
+                             "diagnosis": Jsonb(diagnose("cancelled", summary="The run was cancelled before it ran."))},
+                            [trace.Event(EventType.RUN_CANCELLED, data={"by": "owner"})], now=now)
         if done is not None:
-            trace.append(conn, run_id, EventType.RUN_CANCELLED, data={"by": "owner"}, now=now)
             _count("RunCancelled")
             logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(run_id)})
             return Run.from_row(done)
     elif state is RunState.RUNNING and row["cancel_requested_at"] is None:
-        marked = db.fetch_one(conn, "runs_request_cancel", {"run_id": run_id, "owner": owner, "now": now})
+        marked = trace.change(conn, "runs_request_cancel", {"run_id": run_id, "owner": owner},
+                              [trace.Event(EventType.RUN_CANCEL_REQUESTED, data={"by": "owner"})], now=now)
         if marked is not None:
-            trace.append(conn, run_id, EventType.RUN_CANCEL_REQUESTED, data={"by": "owner"}, now=now)
             logger.info("run cancel requested", extra={"action": "run_cancel_requested", "run_id": str(run_id)})
             return Run.from_row(marked)
     return Run.from_row(row)
@@ -639,11 +646,12 @@ class _Execution:
             log = {"run_id": str(self.run_id), "schedule_id": str(row["schedule_id"]),
                    "occurrence_id": str(row["occurrence_id"]), "fence": fence, "attempt": attempt}
             logger.info("run claimed", extra={"action": "run_claimed", **log})
-            trace.append(conn, self.run_id, EventType.RUN_CLAIMED, fence=fence, now=self.now,
-                         data={"attempt": attempt, "mode": row["mode"]})
-            # Effects an earlier fence left reserved can no longer be settled by anyone: close them.
-            effects.close_stale(conn, self.run_id, fence, now=self.now)
-            blockers = effects.replay_blockers(conn, self.run_id)
+            self.step = str(row["first_step"])  # started by the claim itself
+            blockers: list[effects.Effect] = []
+            if attempt > 1:  # effects and a prompt entry can only come from an earlier attempt
+                # Effects an earlier fence left reserved can no longer be settled by anyone: close them.
+                effects.close_stale(conn, self.run_id, fence, now=self.now)
+                blockers = effects.replay_blockers(conn, self.run_id)
             try:
                 with conn.transaction():  # a savepoint: a refused target leaves the claim standing
                     conversation_id = self._resolve_conversation(conn, row, fence)
@@ -652,17 +660,20 @@ class _Execution:
                 conversation_id = None
             if conversation_id is None:
                 failed = fail(conn, self.run_id, fence, diagnosis=diagnose("agent_invalid", summary=(
-                    "The run's target conversation could not be prepared from its agent.")), now=self.now)
+                    "The run's target conversation could not be prepared from its agent.")),
+                    events=self._step_failed("agent_invalid"), now=self.now)
                 return Outcome(self.run_id, "failed", RunState.FAILED if failed else None, "agent_invalid")
             if blockers:
                 # A mutation of an earlier attempt may have reached the outside: never replay it.
                 logger.warning("run not replayed", extra={"action": "run_not_replayed", **log,
                                                           "effects": [str(e.id) for e in blockers]})
-                failed = fail(conn, self.run_id, fence, diagnosis=diagnose("ambiguous_effect"), now=self.now)
+                failed = fail(conn, self.run_id, fence, diagnosis=diagnose("ambiguous_effect"),
+                              events=self._step_failed("ambiguous_effect"), now=self.now)
                 return Outcome(self.run_id, "failed", RunState.FAILED if failed else None, "ambiguous_effect")
-            found = db.fetch_one(conn, "conversation_entries_find_for_run",
-                                 {"conversation_id": conversation_id, "run_id": self.run_id, "role": "user"})
-            if found is None:
+            found = attempt > 1 and db.fetch_one(
+                conn, "conversation_entries_find_for_run",
+                {"conversation_id": conversation_id, "run_id": self.run_id, "role": "user"}) is not None
+            if not found:
                 seq = append_entry(conn, self.run_id, fence, conversation_id, role="user",
                                    content=_prompt_entry(self.run_id, row), now=self.now)
                 if seq is None:
@@ -677,23 +688,21 @@ class _Execution:
         return None
 
     def _resolve_conversation(self, conn: psycopg.Connection[db.Row], row: db.Row, fence: int) -> UUID:
-        """The target: kept from an earlier attempt, else fork / append / fresh per the run's mode."""
+        """The target: the one the claim set (append, or kept from an earlier attempt), else a new
+        fork of the source or a fresh conversation from the agent snapshot, recorded under the fence."""
         current: UUID | None = row["conversation_id"]
-        if current is None:
-            mode = Mode(row["mode"])
-            if mode is Mode.FORK:
-                current = conversations.fork(conn, row["source_conversation_id"], origin_run_id=self.run_id,
-                                             now=self.now).id
-            elif mode is Mode.APPEND:
-                current = row["source_conversation_id"]
-            else:
-                current = conversations.create(conn, owner=row["owner"], agent=row["agent"],
-                                               origin_run_id=self.run_id, now=self.now).id
+        if current is not None:
+            return current
+        if Mode(row["mode"]) is Mode.FORK:
+            current = conversations.fork(conn, row["source_conversation_id"], origin_run_id=self.run_id,
+                                         now=self.now).id
+        else:
+            current = conversations.create(conn, owner=row["owner"], agent=row["agent"],
+                                           origin_run_id=self.run_id, now=self.now).id
         done = db.fetch_one(conn, "runs_set_conversation",
                             {"run_id": self.run_id, "fence": fence, "conversation_id": current, "now": self.now})
         if done is None:
             raise RuntimeError("fence changed while the run row was locked")
-        assert current is not None
         return current
 
     def _not_claimed(self, conn: psycopg.Connection[db.Row]) -> Outcome:
@@ -705,11 +714,11 @@ class _Execution:
         log = {"run_id": str(self.run_id), "state": state.value, "schedule_id": str(row["schedule_id"])}
         if state is RunState.QUEUED and row["cancel_requested_at"] is not None:
             # Requeued (rescued) while its cancel was pending: finish the cancel instead of running.
-            done = db.fetch_one(conn, "runs_cancel_waiting",
+            done = trace.change(conn, "runs_cancel_waiting",
                                 {"run_id": self.run_id, "owner": None, "requested_only": True,
-                                 "diagnosis": Jsonb(diagnose("cancelled")), "now": self.now})
+                                 "diagnosis": Jsonb(diagnose("cancelled"))},
+                                [trace.Event(EventType.RUN_CANCELLED, data={"by": "worker"})], now=self.now)
             if done is not None:
-                trace.append(conn, self.run_id, EventType.RUN_CANCELLED, data={"by": "worker"}, now=self.now)
                 _count("RunCancelled")
                 logger.info("run cancelled", extra={"action": "run_cancelled", **log})
                 return Outcome(self.run_id, "cancelled", RunState.CANCELLED, "cancelled")
@@ -727,8 +736,8 @@ class _Execution:
         assert claimed is not None
         row = claimed.row
         agent: dict[str, Any] = dict(row["agent"] or {})
-        step = "http" if agent.get("executor") == "http" else "model"
-        self._boundary(step_started=step)
+        step = str(row["first_step"])  # the claim wrote its step.started
+        self._check_stop()
         request = ExecutionRequest(run_id=str(self.run_id), attempt=claimed.attempt, agent=agent,
                                    transcript=claimed.transcript, prompt=row["prompt"], payload=row["payload"])
         try:
@@ -768,27 +777,28 @@ class _Execution:
         claimed = self.claimed
         assert claimed is not None
         fence = claimed.fence
+        # One update of the run row: the effect's settlement, the answer and the terminal state are
+        # traced by the terminal statement itself (kairos.trace.change).
+        events: list[trace.Event] = []
         with self.database.transaction() as conn:
             locked = self._lock(conn)
-            if effects.settle(conn, effect, fence=fence, usage=self.usage, now=self.now) is None:
+            if effects.settle(conn, effect, fence=fence, usage=self.usage, trace_into=events, now=self.now) is None:
                 raise _LeaseLost()
             self.open_effect = None
             if locked["cancel_requested_at"] is not None:
-                return self._end_cancelled(conn)
+                return self._end_cancelled(conn, events)
             seq = append_entry(conn, self.run_id, fence, claimed.conversation_id, role="assistant",
                                content=reply.content, now=self.now)
             if seq is None:
                 raise _LeaseLost()
-            trace.append(conn, self.run_id, EventType.OUTPUT_PUBLISHED, fence=fence, step=step, now=self.now,
-                         data={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
-                               "truncated": reply.truncated})
-            trace.append(conn, self.run_id, EventType.STEP_FINISHED, fence=fence, step=step, now=self.now,
-                         data={"outcome": "succeeded"})
+            events.append(trace.Event(EventType.OUTPUT_PUBLISHED, step, {
+                "conversation_id": str(claimed.conversation_id), "entry_seq": seq, "truncated": reply.truncated}))
+            events.append(trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"}))
             self.hooks.fire("before_finish", run_id=self.run_id, fence=fence)
-            done = succeed(conn, self.run_id, fence, now=self.now, usage=self.usage,
+            done = succeed(conn, self.run_id, fence, now=self.now, usage=self.usage, events=events,
                            output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
                                    "attempt": claimed.attempt})
-            if done is None:  # cannot happen while the row is locked; never publish without it
+            if not done:  # cannot happen while the row is locked; never publish without it
                 raise _LeaseLost()
         logger.info("run succeeded", extra={"action": "run_succeeded", "run_id": str(self.run_id),
                                             "attempt": claimed.attempt, "entry_seq": seq})
@@ -801,88 +811,97 @@ class _Execution:
         over_time = self._remaining() <= 0
         reason = "runtime_limit" if over_time and error.reason_code in ("timeout", "ambiguous_effect") else (
             error.reason_code)
+        events: list[trace.Event] = []
         with self.database.transaction() as conn:
             locked = self._lock(conn)
             if error.outcome_unknown and mutation:
-                closed = effects.mark_ambiguous(conn, effect, fence=fence, error_code=error.reason_code, now=self.now)
+                closed = effects.mark_ambiguous(conn, effect, fence=fence, error_code=error.reason_code,
+                                                trace_into=events, now=self.now)
                 if reason != "runtime_limit":
                     reason = "ambiguous_effect"
             else:
-                closed = effects.fail(conn, effect, fence=fence, error_code=error.reason_code, now=self.now)
+                closed = effects.fail(conn, effect, fence=fence, error_code=error.reason_code, trace_into=events,
+                                      now=self.now)
             if closed is None:
                 raise _LeaseLost()
             self.open_effect = None
             if locked["cancel_requested_at"] is not None:
-                return self._end_cancelled(conn)
+                return self._end_cancelled(conn, events)
             retry_safe = error.retry_safe and not error.outcome_unknown and not over_time
-            return self._end_failed(conn, reason, retry_safe=retry_safe)
+            return self._end_failed(conn, reason, events, retry_safe=retry_safe)
 
     # -- endings -----------------------------------------------------------------------------------
 
     def fail_or_retry(self, failure: _Failure) -> Outcome:
+        events: list[trace.Event] = []
         with self.database.transaction() as conn:
             locked = self._lock(conn)
             if self.open_effect is not None:
-                self._close_open_effect(conn, failure.reason_code)
+                self._close_open_effect(conn, failure.reason_code, events)
             if locked["cancel_requested_at"] is not None:
-                return self._end_cancelled(conn)
-            return self._end_failed(conn, failure.reason_code, retry_safe=failure.retry_safe,
+                return self._end_cancelled(conn, events)
+            return self._end_failed(conn, failure.reason_code, events, retry_safe=failure.retry_safe,
                                     summary=failure.summary)
 
     def cancelled(self) -> Outcome:
+        events: list[trace.Event] = []
         with self.database.transaction() as conn:
             self._lock(conn)
             if self.open_effect is not None:
-                self._close_open_effect(conn, "cancelled")
-            return self._end_cancelled(conn)
+                self._close_open_effect(conn, "cancelled", events)
+            return self._end_cancelled(conn, events)
 
-    def _close_open_effect(self, conn: psycopg.Connection[db.Row], reason_code: str) -> None:
+    def _close_open_effect(self, conn: psycopg.Connection[db.Row], reason_code: str,
+                           events: list[trace.Event]) -> None:
         effect = self.open_effect
         claimed = self.claimed
         assert effect is not None and claimed is not None
         if self.call_started and effect.mutation:
-            effects.mark_ambiguous(conn, effect, fence=claimed.fence, error_code=reason_code, now=self.now)
+            effects.mark_ambiguous(conn, effect, fence=claimed.fence, error_code=reason_code, trace_into=events,
+                                   now=self.now)
         else:
-            effects.fail(conn, effect, fence=claimed.fence, error_code=reason_code, now=self.now)
+            effects.fail(conn, effect, fence=claimed.fence, error_code=reason_code, trace_into=events, now=self.now)
         self.open_effect = None
 
-    def _end_failed(self, conn: psycopg.Connection[db.Row], reason: str, *, retry_safe: bool,
-                    summary: str | None = None) -> Outcome:
+    def _end_failed(self, conn: psycopg.Connection[db.Row], reason: str, events: list[trace.Event], *,
+                    retry_safe: bool, summary: str | None = None) -> Outcome:
+        """Requeues for another attempt when allowed, else fails the run; ``events`` (already
+        collected in this transaction) are written by that one statement."""
         claimed = self.claimed
         assert claimed is not None
         fence, step = claimed.fence, self.step
         if retry_safe:
             delay = retry_delay(claimed.attempt)
-            again = requeue(conn, self.run_id, fence, step=step, reason_code=reason, delay_seconds=delay,
-                            now=self.now)
-            if again is not None:
+            again = requeue(conn, self.run_id, fence, attempt=claimed.attempt, step=step, reason_code=reason,
+                            delay_seconds=delay, events=events, now=self.now)
+            if again:
                 logger.info("run will retry", extra={"action": "run_retry", "run_id": str(self.run_id),
                                                      "attempt": claimed.attempt, "reason_code": reason,
                                                      "delay_seconds": delay})
                 return Outcome(self.run_id, "retry", RunState.QUEUED, reason, delay)
-        if step is not None:
-            trace.append(conn, self.run_id, EventType.STEP_FINISHED, fence=fence, step=step, now=self.now,
-                         data={"outcome": "failed", "reason_code": reason})
+        events = [*events, *self._step_failed(reason)]
         self.hooks.fire("before_finish", run_id=self.run_id, fence=fence)
         # Retry-safe but out of attempts: a manual retry may still help.
         diagnosis = diagnose(reason, summary=summary, retry_eligible=True if retry_safe else None)
-        done = fail(conn, self.run_id, fence, diagnosis=diagnosis, usage=self.usage or None, now=self.now)
-        if done is None:
+        done = fail(conn, self.run_id, fence, diagnosis=diagnosis, usage=self.usage or None, events=events,
+                    now=self.now)
+        if not done:
             raise _LeaseLost()
         logger.info("run failed", extra={"action": "run_failed", "run_id": str(self.run_id),
                                          "attempt": claimed.attempt, "reason_code": reason})
         return Outcome(self.run_id, "failed", RunState.FAILED, reason)
 
-    def _end_cancelled(self, conn: psycopg.Connection[db.Row]) -> Outcome:
+    def _end_cancelled(self, conn: psycopg.Connection[db.Row], events: Sequence[trace.Event] = ()) -> Outcome:
         claimed = self.claimed
         assert claimed is not None
         step = self.step
         if step is not None:
-            trace.append(conn, self.run_id, EventType.STEP_FINISHED, fence=claimed.fence, step=step, now=self.now,
-                         data={"outcome": "cancelled", "reason_code": "cancelled"})
+            events = [*events, trace.Event(EventType.STEP_FINISHED, step,
+                                           {"outcome": "cancelled", "reason_code": "cancelled"})]
         self.hooks.fire("before_finish", run_id=self.run_id, fence=claimed.fence)
-        done = finish_cancelled(conn, self.run_id, claimed.fence, usage=self.usage or None, now=self.now)
-        if done is None:
+        done = finish_cancelled(conn, self.run_id, claimed.fence, usage=self.usage or None, events=events,
+                                now=self.now)
+        if not done:
             raise _LeaseLost()
         logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(self.run_id),
                                             "attempt": claimed.attempt})
@@ -897,19 +916,11 @@ class _Execution:
             raise _LeaseLost()
         return locked
 
-    def _boundary(self, *, step_started: str) -> None:
-        """A step boundary: fence and cancel checked under the row lock, then ``step.started``."""
-        self._check_stop()
-        assert self.claimed is not None
-        with self.database.transaction() as conn:
-            locked = self._lock(conn)
-            if locked["cancel_requested_at"] is not None:
-                raise _Cancelled()
-            if self._remaining() <= 0:
-                raise _Failure("runtime_limit")
-            trace.append(conn, self.run_id, EventType.STEP_STARTED, fence=self.claimed.fence, step=step_started,
-                         now=self.now, data={"attempt": self.claimed.attempt})
-        self.step = step_started
+    def _step_failed(self, reason: str) -> list[trace.Event]:
+        """``step.finished`` (failed) for the open step, if one is open."""
+        if self.step is None:
+            return []
+        return [trace.Event(EventType.STEP_FINISHED, self.step, {"outcome": "failed", "reason_code": reason})]
 
     def _check_stop(self) -> None:
         if self.heartbeat is not None:

@@ -27,7 +27,7 @@ def settings() -> Settings:
 
 def database() -> db.Database:
     s = settings()
-    return db.shared(s.resolve_database_url(), prepare_threshold=s.prepare_threshold)
+    return db.shared(s.resolve_database_url(), prepared_statements=s.prepared_statements)
 
 
 def sqs() -> Any:

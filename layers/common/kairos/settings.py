@@ -25,8 +25,9 @@ class Settings(BaseModel):
     dev_tokens: dict[str, str] = Field(default_factory=dict)
     public_url: str | None = None  # None: the API answers with the host the request came to
     egress_allow: tuple[str, ...] = ()
-    # Behind RDS Proxy (transaction pinning) server-side prepared statements must stay off.
-    prepare_threshold: int | None = None
+    # The worker's hot statements run prepared (kairos.db) unless KAIROS_PREPARED_STATEMENTS=off or
+    # the database is reached through RDS Proxy, which pins every session that prepares.
+    prepared_statements: bool = True
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -41,6 +42,8 @@ class Settings(BaseModel):
             database_secret_arn=env.get("DATABASE_SECRET_ARN") or None,
             run_queue_url=env.get("RUN_QUEUE_URL") or None,
             database_proxy_host=env.get("DATABASE_PROXY_HOST") or None,
+            prepared_statements=not env.get("DATABASE_PROXY_HOST")
+            and env.get("KAIROS_PREPARED_STATEMENTS", "on").strip().lower() not in ("off", "false", "0"),
             auth="dev" if env.get("KAIROS_AUTH", "jwt") == "dev" else "jwt",
             dev_tokens=tokens,
             public_url=(env.get("KAIROS_PUBLIC_URL") or "").rstrip("/") or None,

@@ -1,9 +1,16 @@
 """The run trace: append-only, gap-free ``run_events``, written under the run's fence.
 
-``append`` is the only writer. The sequence number comes from ``runs.last_seq``, bumped in the same
-statement, so appends to one run serialize on its row and ``seq`` has no gaps. A worker passes its
-fence: when it has lost the lease (another claim bumped the fence, or the rescuer requeued the run),
-nothing is written and ``append`` returns None. Event data must be safe: ids, counts, codes,
+Two writers: ``append`` (one event) and ``change`` (a run's state change and its events, one
+statement). The sequence number comes from ``runs.last_seq``, bumped in the same statement, so
+appends to one run serialize on its row and ``seq`` has no gaps. A worker passes its fence: when it
+has lost the lease (another claim bumped the fence, or the rescuer requeued the run), nothing is
+written and the writer returns None.
+
+Why ``change`` exists: a transaction that updates a run row a second time makes PostgreSQL re-check
+every foreign key of the row (the row it updates was written by the same transaction), four
+lookups that also key-share-lock the run's occurrence, schedule and conversations — rows shared by
+every run of a schedule. Folding a state change and its events into one statement keeps a run to
+one row version per transaction. Event data must be safe: ids, counts, codes,
 durations — never prompts, completions, tool payloads or secrets; ``assert_safe`` refuses the keys
 that would carry them.
 
@@ -15,9 +22,9 @@ through ``kairos.runs.get`` (owner-scoped) first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, LiteralString, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -65,6 +72,58 @@ def append(
         },
     )
     return None if row is None else int(row["seq"])
+
+
+class Event(NamedTuple):
+    """One trace event to write with a state change (``change``)."""
+
+    type: EventType
+    step: str | None = None
+    data: Mapping[str, Any] | None = None
+
+
+_CHANGE_MARK = "%(events)s"
+_changes: dict[str, LiteralString] = {}
+
+
+def _change_sql(query: str) -> LiteralString:
+    text = _changes.get(query)
+    if text is None:
+        update = db.q(query)
+        if _CHANGE_MARK not in update or "RETURNING" not in update:
+            raise ValueError(f"{query} must bump last_seq by its events and return the run row")
+        text = _changes[query] = db.q("run_events_with_change").replace("{change}", update.rstrip().rstrip(";"))
+    return text
+
+
+def change(
+    conn: psycopg.Connection[db.Row],
+    query: str,
+    params: Mapping[str, Any],
+    events: Sequence[Event],
+    *,
+    now: datetime | None = None,
+) -> db.Row | None:
+    """Runs the named guarded ``UPDATE runs … RETURNING …`` and appends ``events`` in order in the
+    same statement; the row it returns, or None when the guard matched nothing (nothing written).
+
+    The update must add ``jsonb_array_length(%(events)s::jsonb)`` to ``last_seq`` and return at least
+    ``id, last_seq, attempt, fence``; the events carry the updated row's attempt and fence and the
+    database time (or ``now``). A prepared query's change runs prepared too.
+    """
+    for event in events:
+        assert_safe(event.data or {})
+    return conn.execute(  # built only from shipped named queries, never from input
+        _change_sql(query),
+        {
+            **params,
+            # One JSON parameter: far cheaper to send than three arrays.
+            "events": Jsonb([{"type": EventType(e.type).value, "step": e.step, "data": dict(e.data or {})}
+                             for e in events]),
+            "now": now,
+        },
+        prepare=query in db.PREPARED,
+    ).fetchone()
 
 
 MAX_PAGE = 200

@@ -1,4 +1,4 @@
--- name: run_events_append
+-- name: run_events_append (prepared)
 -- Appends one trace event with the next gap-free seq. With a fence, only the current holder of a
 -- running run may write (zero rows otherwise); without one (tick, API), any run may be written.
 WITH bumped AS (
@@ -27,3 +27,18 @@ SELECT e.seq, e.type, e.at, e.attempt, e.step, e.data,
  WHERE e.run_id = %(run_id)s AND e.seq > %(after)s AND e.type <> 'step.progress'
  ORDER BY e.seq
  LIMIT %(limit)s;
+
+-- name: run_events_with_change
+-- Template for trace.change: the placeholder below becomes a named guarded "UPDATE runs ...
+-- RETURNING id, last_seq, attempt, fence ..." that adds the number of events to last_seq; the
+-- events (a JSON array of {type, step, data}) follow it, in order, in the same statement.
+WITH changed AS (
+    {change}
+), appended AS (
+    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
+    SELECT c.id, c.last_seq - jsonb_array_length(%(events)s::jsonb) + e.ord, e.event ->> 'type',
+           coalesce(%(now)s::timestamptz, now()), c.attempt, c.fence, e.event ->> 'step', e.event -> 'data'
+      FROM changed c
+     CROSS JOIN jsonb_array_elements(%(events)s::jsonb) WITH ORDINALITY AS e (event, ord)
+)
+SELECT * FROM changed;

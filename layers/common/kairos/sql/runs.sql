@@ -3,22 +3,43 @@
 -- the caller learns that from the empty result. Fenced statements lock the run row (FOR NO KEY
 -- UPDATE, the strength of an ordinary UPDATE), so the fence they checked holds until commit.
 
--- name: runs_claim
--- Moves one queued run to running for exactly one caller: fence + 1, attempt + 1, a fresh lease.
-UPDATE runs
-   SET state = 'running',
-       fence = fence + 1,
-       attempt = attempt + 1,
-       lease_token = gen_random_uuid(),
-       lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s),
-       heartbeat_at = coalesce(%(now)s::timestamptz, now()),
-       started_at = coalesce(started_at, coalesce(%(now)s::timestamptz, now())),
-       updated_at = coalesce(%(now)s::timestamptz, now())
- WHERE id = %(run_id)s
-   AND state = 'queued'
-   AND blocked_by_run_id IS NULL
-   AND cancel_requested_at IS NULL
-RETURNING *;
+-- name: runs_claim (prepared)
+-- Moves one queued run to running for exactly one caller: fence + 1, attempt + 1, a fresh lease,
+-- with run.claimed and the first step's step.started, in one statement (one row version of the
+-- run; see kairos.trace). An append run targets its source conversation from here on; fork and
+-- fresh get theirs from the worker. first_step names the step the run's executor performs.
+WITH claimed AS (
+    UPDATE runs
+       SET state = 'running',
+           fence = fence + 1,
+           attempt = attempt + 1,
+           lease_token = gen_random_uuid(),
+           lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s),
+           heartbeat_at = coalesce(%(now)s::timestamptz, now()),
+           started_at = coalesce(started_at, coalesce(%(now)s::timestamptz, now())),
+           updated_at = coalesce(%(now)s::timestamptz, now()),
+           conversation_id = coalesce(conversation_id,
+                                      CASE WHEN mode = 'append' THEN source_conversation_id END),
+           last_seq = last_seq + 2
+     WHERE id = %(run_id)s
+       AND state = 'queued'
+       AND blocked_by_run_id IS NULL
+       AND cancel_requested_at IS NULL
+    RETURNING id, occurrence_id, schedule_id, owner, source, mode, state, attempt, max_attempts, fence,
+              lease_expires_at, heartbeat_at, conversation_id, source_conversation_id, prompt, payload, agent,
+              runtime_limit_seconds, last_seq,
+              CASE WHEN agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step
+), claimed_events AS (
+    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
+    SELECT c.id, c.last_seq - 2 + e.n, e.type, coalesce(%(now)s::timestamptz, now()), c.attempt, c.fence,
+           e.step, e.data
+      FROM claimed c
+     CROSS JOIN LATERAL (VALUES
+           (1, 'run.claimed', NULL, jsonb_build_object('attempt', c.attempt, 'mode', c.mode)),
+           (2, 'step.started', c.first_step, jsonb_build_object('attempt', c.attempt))
+     ) AS e (n, type, step, data)
+)
+SELECT * FROM claimed;
 
 -- name: runs_get
 -- One run by id, whoever owns it (the worker: an SQS message names a run, never an owner).
@@ -32,7 +53,7 @@ SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
 -- One run of one owner, locked for a state change decided by the caller (cancel).
 SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s FOR NO KEY UPDATE;
 
--- name: runs_lock_fenced
+-- name: runs_lock_fenced (prepared)
 -- The step boundary: locks the run while the caller's fence holds and reports a cancel request.
 SELECT id, fence, attempt, max_attempts, cancel_requested_at, conversation_id
   FROM runs
@@ -48,7 +69,7 @@ UPDATE runs
    AND (conversation_id IS NULL OR conversation_id = %(conversation_id)s)
 RETURNING conversation_id;
 
--- name: runs_heartbeat
+-- name: runs_heartbeat (prepared)
 -- Extends the lease of the fence holder and reads whether a cancel was requested.
 UPDATE runs
    SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s),
@@ -56,10 +77,11 @@ UPDATE runs
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
 RETURNING cancel_requested_at, lease_expires_at;
 
--- name: runs_succeed
+-- name: runs_succeed (prepared)
 -- running -> succeeded with its output reference; never after a cancel request.
 UPDATE runs
-   SET state = 'succeeded',
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'succeeded',
        output = %(output)s,
        usage = %(usage)s,
        lease_token = NULL,
@@ -67,12 +89,13 @@ UPDATE runs
        finished_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND cancel_requested_at IS NULL
-RETURNING *;
+RETURNING id, last_seq, attempt, fence;
 
--- name: runs_fail
+-- name: runs_fail (prepared)
 -- running -> failed with a closed diagnosis, by the fence holder.
 UPDATE runs
-   SET state = 'failed',
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'failed',
        diagnosis = %(diagnosis)s,
        usage = coalesce(%(usage)s, usage),
        lease_token = NULL,
@@ -80,12 +103,13 @@ UPDATE runs
        finished_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
-RETURNING *;
+RETURNING id, last_seq, attempt, fence;
 
--- name: runs_finish_cancelled
+-- name: runs_finish_cancelled (prepared)
 -- running -> cancelled by the fence holder once it has seen the cancel request.
 UPDATE runs
-   SET state = 'cancelled',
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'cancelled',
        diagnosis = %(diagnosis)s,
        usage = coalesce(%(usage)s, usage),
        lease_token = NULL,
@@ -93,14 +117,15 @@ UPDATE runs
        finished_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND cancel_requested_at IS NOT NULL
-RETURNING *;
+RETURNING id, last_seq, attempt, fence;
 
--- name: runs_requeue_retry
+-- name: runs_requeue_retry (prepared)
 -- running -> queued for another attempt: only within max_attempts and with no external mutation.
 -- handoff_at = now: the worker re-sends the id with a delay; should that send fail, the tick's
 -- repair sends it once the handoff is stale (a NULL would make the next tick send it at once).
 UPDATE runs r
-   SET state = 'queued',
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'queued',
        lease_token = NULL,
        lease_expires_at = NULL,
        handoff_at = coalesce(%(now)s::timestamptz, now()),
@@ -109,12 +134,13 @@ UPDATE runs r
    AND r.cancel_requested_at IS NULL
    AND r.attempt < r.max_attempts
    AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.id AND e.mutation AND e.state <> 'failed')
-RETURNING *;
+RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_cancel_waiting
 -- queued (or awaiting approval) -> cancelled at once: no worker holds the run.
 UPDATE runs
-   SET state = 'cancelled',
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'cancelled',
        cancel_requested_at = coalesce(cancel_requested_at, coalesce(%(now)s::timestamptz, now())),
        diagnosis = %(diagnosis)s,
        finished_at = coalesce(%(now)s::timestamptz, now()),
@@ -127,12 +153,13 @@ RETURNING *;
 -- name: runs_request_cancel
 -- Marks a running run for cancellation; its worker ends it at the next heartbeat or step.
 UPDATE runs
-   SET cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND owner = %(owner)s AND state = 'running' AND cancel_requested_at IS NULL
 RETURNING *;
 
--- name: conversations_lock_fenced
+-- name: conversations_lock_fenced (prepared)
 -- Locks the run (fence held) and then its target conversation, so the next entry seq is stable.
 SELECT c.id, c.fork_seq
   FROM runs r
@@ -140,7 +167,7 @@ SELECT c.id, c.fork_seq
  WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running' AND c.id = %(conversation_id)s
    FOR NO KEY UPDATE;
 
--- name: conversation_entries_append_fenced
+-- name: conversation_entries_append_fenced (prepared)
 -- Appends one entry written by a running run, numbered after the (fork-aware) last seq.
 INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
 SELECT c.id,

@@ -1,0 +1,95 @@
+"""One row version of a run per worker transaction.
+
+A transaction that updates a run row a second time makes PostgreSQL re-check all four foreign keys
+of the row (the old version was written by the same transaction), key-share-locking the run's
+occurrence, schedule and conversations — rows every run of a schedule shares. The worker therefore
+folds each state change and its trace events into one statement (``kairos.trace.change``) and the
+claim writes ``run.claimed`` and ``step.started`` itself. A trigger counts the updates of each run
+row per transaction; without the folding these tests fail.
+"""
+
+from __future__ import annotations
+
+from typing import Any
+
+import psycopg
+from kairos import runs
+from kairos.db import q as db_query
+from kairos.db import Database
+from kairos.executors.base import ExecutorError
+from kairos.settings import Settings
+from psycopg.rows import dict_row
+
+from tests import factories
+from tests.db.test_runs import ScriptedExecutor, _raise
+
+SETTINGS = Settings()
+
+
+def _count_updates(url: str) -> None:
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("""
+            CREATE TABLE run_updates (xid xid8 NOT NULL, run_id uuid NOT NULL, state text NOT NULL);
+            CREATE FUNCTION log_run_update() RETURNS trigger LANGUAGE plpgsql AS $$
+            BEGIN
+                INSERT INTO run_updates VALUES (pg_current_xact_id(), NEW.id, NEW.state);
+                RETURN NULL;
+            END $$;
+            CREATE TRIGGER log_run_update AFTER UPDATE ON runs FOR EACH ROW EXECUTE FUNCTION log_run_update();
+        """)
+
+
+def _updates_per_transaction(url: str, run_id: Any) -> list[int]:
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
+        rows = conn.execute("""SELECT count(*) AS n FROM run_updates WHERE run_id = %s
+                               GROUP BY xid ORDER BY min(xid::text::numeric)""", (run_id,)).fetchall()
+    return [int(r["n"]) for r in rows]
+
+
+def test_a_successful_append_run_writes_its_row_once_per_transaction(db: Database, db_url: str) -> None:
+    _count_updates(db_url)
+    run = factories.run(db_url, mode="append")
+    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory,
+                           heartbeat_interval=3600)
+    assert outcome.result == "succeeded"
+    # claim (+ run.claimed, step.started), reserve (+ effect.reserved), publish (settle, answer,
+    # output.published, step.finished, run.succeeded): three transactions, one row version each.
+    assert _updates_per_transaction(db_url, run["id"]) == [1, 1, 1]
+
+
+def test_failure_and_retry_endings_write_the_row_once(db: Database, db_url: str) -> None:
+    _count_updates(db_url)
+    retried = factories.run(db_url, mode="append")
+    failing = ScriptedExecutor(on_send=_raise(ExecutorError("connect_failed", "refused", retry_safe=True)))
+    assert runs.process(db, retried["id"], settings=SETTINGS, executor_factory=failing.factory,
+                        heartbeat_interval=3600).result == "retry"
+    failed = factories.run(db_url, mode="append")
+    broken = ScriptedExecutor(on_send=_raise(ExecutorError("reply_too_large", "too long")))
+    assert runs.process(db, failed["id"], settings=SETTINGS, executor_factory=broken.factory,
+                        heartbeat_interval=3600).result == "failed"
+    assert _updates_per_transaction(db_url, retried["id"]) == [1, 1, 1]
+    assert _updates_per_transaction(db_url, failed["id"]) == [1, 1, 1]
+
+
+def test_a_fork_run_records_its_new_conversation_in_the_claim_transaction(db: Database, db_url: str) -> None:
+    _count_updates(db_url)
+    run = factories.run(db_url, mode="fork")
+    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory,
+                        heartbeat_interval=3600).result == "succeeded"
+    # The fork is created after the claim wins, so its id is a second write of the claim
+    # transaction; the later transactions stay at one.
+    assert _updates_per_transaction(db_url, run["id"]) == [2, 1, 1]
+
+
+def test_a_heartbeat_updates_the_run_in_place(db: Database, db_url: str) -> None:
+    """HOT: the heartbeat's columns are in no index, and the table leaves room on each page."""
+    run = factories.run(db_url, mode="append")
+    with db.transaction() as conn:
+        claimed = runs.claim(conn, run["id"])
+    assert claimed is not None
+    with psycopg.connect(db_url, autocommit=False) as conn:
+        conn.execute(db_query("runs_heartbeat"), {"run_id": run["id"], "fence": claimed["fence"],
+                                                   "lease_seconds": runs.LEASE_SECONDS, "now": None})
+        counts = conn.execute("""SELECT pg_stat_get_xact_tuples_updated('runs'::regclass),
+                                        pg_stat_get_xact_tuples_hot_updated('runs'::regclass)""").fetchone()
+    assert counts == (1, 1)
