@@ -36,15 +36,18 @@ import queue
 import threading
 import time
 import uuid
+from collections.abc import Callable
 from typing import Any
 
 import psycopg
 from baseline import pgbench_tps, recreate, server
 from kairos import migrations, runs, trace
 from kairos.db import Database
+from kairos.settings import Settings
 from kairos.states import EventType
 
 WORKERS = 8
+SETTINGS = Settings()
 
 
 # --- pgbench ---------------------------------------------------------------------------------------
@@ -53,7 +56,7 @@ WORKERS = 8
 # --- Kairos --------------------------------------------------------------------------------------------
 
 
-def seed_runs(url: str, count: int) -> list[uuid.UUID]:
+def seed_runs(url: str, count: int, mode: str = "append") -> list[uuid.UUID]:
     """One conversation and schedule, ``count`` occurrences and queued runs (not timed)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conv, sched = uuid.uuid4(), uuid.uuid4()
@@ -71,10 +74,10 @@ def seed_runs(url: str, count: int) -> list[uuid.UUID]:
                    RETURNING id)
                INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
                                  conversation_id, mode, prompt, agent)
-               SELECT gen_random_uuid(), o.id, %(s)s, 'bench', 'webhook', %(c)s, %(c)s, 'append', 'p',
-                      '{"executor": "echo"}'
+               SELECT gen_random_uuid(), o.id, %(s)s, 'bench', 'webhook', %(c)s,
+                      CASE WHEN %(m)s = 'append' THEN %(c)s END, %(m)s, 'p', '{"executor": "echo"}'
                  FROM o
-               RETURNING id""", {"s": sched, "c": conv, "n": count}).fetchall()
+               RETURNING id""", {"s": sched, "c": conv, "n": count, "m": mode}).fetchall()
     return [r[0] for r in rows]
 
 
@@ -93,7 +96,16 @@ def lifecycle(database: Database, run_id: uuid.UUID) -> None:
         assert done
 
 
-def _thread_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
+def full_process(database: Database, run_id: uuid.UUID) -> None:
+    """One run through ``runs.process`` with the ``echo`` executor: everything the run Lambda does
+    per run except SQS — claim, prompt entry, transcript read, heartbeat thread, effect reserved and
+    settled, answer entry, terminal state."""
+    outcome = runs.process(database, run_id, settings=SETTINGS)
+    assert outcome.result == "succeeded", outcome
+
+
+def _thread_workers(url: str, ids: list[uuid.UUID], workers: int,
+                    one: Callable[[Database, uuid.UUID], None] = lifecycle) -> float:
     work: queue.SimpleQueue[uuid.UUID | None] = queue.SimpleQueue()
     for run_id in ids:
         work.put(run_id)
@@ -109,7 +121,7 @@ def _thread_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
         start_line.wait()
         while (run_id := work.get()) is not None:
             try:
-                lifecycle(database, run_id)
+                one(database, run_id)
             except Exception as exc:  # noqa: BLE001 - reported after the join, not hidden
                 errors.append(exc)
                 return
@@ -164,10 +176,15 @@ def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
     return ended - started
 
 
-def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False) -> float:
-    """Lifecycles per second over ``count`` fresh runs, with ``workers`` threads or processes."""
-    ids = seed_runs(url, count)
-    elapsed = (_process_workers if processes else _thread_workers)(url, ids, workers)
+def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False, full: bool = False) -> float:
+    """Lifecycles (or, with ``full``, whole ``runs.process`` calls) per second over ``count`` fresh
+    runs, with ``workers`` threads or processes."""
+    # A full run in append mode would read the one shared transcript, growing with every run.
+    ids = seed_runs(url, count, "fresh" if full else "append")
+    if full:
+        elapsed = _thread_workers(url, ids, workers, full_process)
+    else:
+        elapsed = (_process_workers if processes else _thread_workers)(url, ids, workers)
     with psycopg.connect(url) as conn:
         done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
     assert done is not None and done[0] == count, done
@@ -232,6 +249,7 @@ def main() -> None:
         kairos_8 = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
         kairos_8_threads = kairos_rate(kairos_url, args.runs, WORKERS)
         kairos_1 = kairos_rate(kairos_url, max(200, args.runs // 4), 1)
+        kairos_full = kairos_rate(kairos_url, args.runs, WORKERS, full=True)
         full, fetch_finish = asyncio.run(procrastinate_rates(recreate(admin_url, "kairos_bench_procrastinate"),
                                                               args.runs, WORKERS))
 
@@ -250,6 +268,8 @@ def main() -> None:
     print(f"| Kairos lifecycle, 8 worker threads in one process | {kairos_8_threads:.0f} | "
           f"{ratio(kairos_8_threads, tps)} | {ratio(kairos_8, kairos_8_threads)} |")
     print(f"| Kairos lifecycle, 1 worker | {kairos_1:.0f} | {ratio(kairos_1, tps)} | {ratio(kairos_8, kairos_1)} |")
+    print(f"| Kairos `runs.process` (echo executor: entries, effect ledger, heartbeat thread), 8 threads | "
+          f"{kairos_full:.0f} | {ratio(kairos_full, tps)} | {ratio(kairos_8, kairos_full)} |")
     print(f"| Procrastinate defer + fetch + finish, 8 coroutines | {full:.0f} | {ratio(full, tps)} | "
           f"{ratio(kairos_8, full)} |")
     print(f"| Procrastinate fetch + finish only, 8 coroutines | {fetch_finish:.0f} | {ratio(fetch_finish, tps)} | "
