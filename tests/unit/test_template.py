@@ -329,37 +329,55 @@ def test_tick_runs_every_minute_with_a_small_reserved_concurrency() -> None:
     assert props("TickFunction")["EventInvokeConfig"]["MaximumRetryAttempts"] == 0
 
 
-def policies(function: str) -> dict[str, list[Any]]:
-    found: dict[str, list[Any]] = {}
-    for policy in props(function).get("Policies", []):
-        assert isinstance(policy, dict), f"{function}: managed policy {policy} is not least privilege"
-        for key, value in policy.items():
-            found.setdefault(key, []).append(value)
+def statements(function: str) -> list[dict[str, Any]]:
+    """The IAM statements of a function's own role (every function names one; none uses SAM policies)."""
+    role = props(function)["Role"]
+    assert "Policies" not in props(function), f"{function}: SAM would add managed policies of its own"
+    name = role["Fn::GetAtt"][0]
+    assert template()["Resources"][name]["Type"] == "AWS::IAM::Role"
+    found: list[dict[str, Any]] = []
+    for policy in template()["Resources"][name]["Properties"]["Policies"]:
+        found.extend(policy["PolicyDocument"]["Statement"])
     return found
 
 
+def actions(statement: dict[str, Any]) -> list[str]:
+    return statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
+
+
+def granting(function: str, action: str) -> list[Any]:
+    return [s["Resource"] for s in statements(function) if action in actions(s)]
+
+
 def test_permissions_are_scoped_to_kairos_resources() -> None:
-    run_queue = {"QueueName": {"Fn::GetAtt": ["RunQueue", "QueueName"]}}
-    database_secret = {"SecretArn": {"Ref": "DatabaseSecretArn"}}
-    for function in ("TickFunction", "RunFunction", "ApiFunction", "MigrateFunction"):
-        granted = policies(function)
-        assert database_secret in granted["AWSSecretsManagerGetSecretValuePolicy"], function
-        for queue in granted.get("SQSSendMessagePolicy", []):
-            assert queue == run_queue, function
-        for statement_list in granted.get("Statement", []):
-            for statement in statement_list:
-                actions = statement["Action"] if isinstance(statement["Action"], list) else [statement["Action"]]
-                assert not [a for a in actions if a == "*" or a.endswith(":*")], function
-                assert statement["Resource"] != "*", function
-    assert run_queue in policies("TickFunction")["SQSSendMessagePolicy"]
-    assert "SQSSendMessagePolicy" not in policies("MigrateFunction")
-    # Agent keys: only under the parameterised prefix.
-    secret_grants = policies("RunFunction")["AWSSecretsManagerGetSecretValuePolicy"]
-    agent_secrets = [p for p in secret_grants if p != database_secret]
-    assert len(agent_secrets) == 1
-    assert "${AgentSecretPrefix}*" in agent_secrets[0]["SecretArn"]["Fn::Sub"]
-    bedrock = [s for sl in policies("RunFunction")["Statement"] for s in sl if "bedrock:InvokeModel" in s["Action"]]
-    assert bedrock
+    run_queue = {"Fn::GetAtt": ["RunQueue", "Arn"]}
+    database_secret = {"Ref": "DatabaseSecretArn"}
+    functions = ("TickFunction", "RunFunction", "ApiFunction", "MigrateFunction")
+    for function in functions:
+        for statement in statements(function):
+            assert statement["Effect"] == "Allow"
+            assert not [a for a in actions(statement) if a == "*" or a.endswith(":*")], function
+            if statement["Resource"] == "*":  # X-Ray has no resource-level permissions; nothing else may
+                assert set(actions(statement)) == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}, function
+        assert database_secret in granting(function, "secretsmanager:GetSecretValue"), function
+        assert granting(function, "logs:PutLogEvents") == [{"Fn::GetAtt": [function.replace("Function", "LogGroup"),
+                                                                           "Arn"]}], function
+        assert granting(function, "sqs:SendMessage") in ([], [run_queue]), function
+        # The only managed policy: VPC networking, attached only when the functions run in a VPC.
+        role = template()["Resources"][props(function)["Role"]["Fn::GetAtt"][0]]["Properties"]
+        (vpc,) = role["ManagedPolicyArns"]
+        assert vpc["Fn::If"][0] == "HasVpc" and vpc["Fn::If"][2] == {"Ref": "AWS::NoValue"}
+    assert granting("TickFunction", "sqs:SendMessage") == [run_queue]
+    assert granting("MigrateFunction", "sqs:SendMessage") == []
+    assert granting("RunFunction", "sqs:ReceiveMessage") == [run_queue]
+    assert all(granting(f, "sqs:ReceiveMessage") == [] for f in functions if f != "RunFunction")
+    # Agent keys: only under the parameterised prefix, and only for the functions that read them.
+    for function in ("RunFunction", "ApiFunction"):
+        agent_secrets = [g for g in granting(function, "secretsmanager:GetSecretValue") if g != database_secret]
+        assert len(agent_secrets) == 1 and "${AgentSecretPrefix}*" in agent_secrets[0]["Fn::Sub"], function
+    assert granting("TickFunction", "secretsmanager:GetSecretValue") == [database_secret]
+    assert granting("RunFunction", "bedrock:InvokeModel")
+    assert all(granting(f, "bedrock:InvokeModel") == [] for f in functions if f != "RunFunction")
 
 
 def test_migrations_run_at_deploy_through_the_custom_resource() -> None:
