@@ -110,3 +110,13 @@ def test_a_new_claim_closes_what_an_earlier_fence_left_reserved(db: Database, db
     assert sorted((e.step, e.state, e.error_code) for e in closed) == [
         ("http", "ambiguous", "lease_lost"), ("model", "failed", "lease_lost")]
     assert [t for t, _, _ in _events(db_url, run["id"])][-2:] == ["effect.settled", "effect.settled"]
+
+
+def test_no_effect_is_reserved_once_a_cancel_was_requested(db: Database, db_url: str) -> None:
+    run = _claimed(db, db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET cancel_requested_at = now() WHERE id = %s", (run["id"],))
+    with db.transaction() as conn:
+        assert effects.reserve(conn, run["id"], 1, 1, "model", "model_call", False, "t", "d") is None
+        assert effects.for_run(conn, run["id"]) == []
+    assert [e[0] for e in _events(db_url, run["id"])] == ["run.claimed", "step.started"]

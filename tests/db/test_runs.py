@@ -537,6 +537,24 @@ def test_a_cancel_seen_by_the_heartbeat_stops_the_run_before_its_call(db: Databa
         "state": "failed", "error_code": "cancelled"}
 
 
+def test_a_cancel_before_the_reservation_ends_the_run_without_a_call(db: Database, db_url: str) -> None:
+    """The reservation itself refuses under a cancel request: no effect, no call, the run cancelled."""
+    run = _run(db_url)
+
+    def cancel_now(request: ExecutionRequest) -> None:
+        with db.transaction() as conn:
+            runs.cancel(conn, run["id"], owner="alice")
+
+    executor = ScriptedExecutor(on_prepare=cancel_now)
+    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
+                           heartbeat_interval=3600)
+
+    assert outcome.result == "cancelled"
+    assert executor.timeouts == []  # never sent
+    assert _rows(db_url, "SELECT * FROM effects WHERE run_id = %s", run["id"]) == []
+    assert _types(db_url, run["id"])[-3:] == ["run.cancel_requested", "step.finished", "run.cancelled"]
+
+
 def test_success_cannot_be_written_once_a_cancel_was_requested(db: Database, db_url: str) -> None:
     run = _run(db_url, state="running", cancel_requested_at=datetime.now(UTC))
     with db.transaction() as conn:

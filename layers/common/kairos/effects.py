@@ -82,7 +82,8 @@ def reserve(
     *,
     now: datetime | None = None,
 ) -> Effect | None:
-    """Reserves one effect (and appends ``effect.reserved``); None when the fence no longer holds."""
+    """Reserves one effect and traces ``effect.reserved`` (one statement); None when the fence no
+    longer holds or a cancel was requested (no call may start after one)."""
     row = db.fetch_one(
         conn,
         "effects_reserve",
@@ -98,21 +99,7 @@ def reserve(
             "now": now,
         },
     )
-    if row is None:
-        return None
-    effect = Effect.from_row(row)
-    seq = trace.append(
-        conn,
-        run_id,
-        EventType.EFFECT_RESERVED,
-        data={"effect_id": str(effect.id), "kind": kind, "mutation": mutation},
-        fence=fence,
-        step=step,
-        now=now,
-    )
-    if seq is None:  # cannot happen: the reservation holds the run row locked under this fence
-        raise RuntimeError("fence changed while the run row was locked")
-    return effect
+    return None if row is None else Effect.from_row(row)
 
 
 def settle(

@@ -748,12 +748,14 @@ class _Execution:
         remaining = self._remaining()
         if remaining <= 0:
             raise _Failure("runtime_limit")
-        with self.database.transaction() as conn:
-            if self._lock(conn)["cancel_requested_at"] is not None:
-                raise _Cancelled()
+        with self.database.connection() as conn:  # one statement: its own transaction
             effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
                                      prepared.mutation, prepared.url, prepared.digest, now=self.now)
-            if effect is None:
+            if effect is None:  # the fence moved on, or a cancel was requested: which one decides the end
+                current = db.fetch_one(conn, "runs_get", {"run_id": self.run_id})
+                if (current is not None and current["state"] == RunState.RUNNING
+                        and int(current["fence"]) == claimed.fence and current["cancel_requested_at"] is not None):
+                    raise _Cancelled()
                 raise _LeaseLost()
         self.open_effect = effect
         self.hooks.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)

@@ -2,15 +2,29 @@
 -- before the call and closed after it. Every statement here checks and locks the run row first
 -- (the `authority` CTE), so a worker that lost its lease reserves and settles nothing.
 
--- name: effects_reserve
--- Reserves one external effect for the current fence holder (zero rows when the fence is stale).
-INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, created_at)
-SELECT gen_random_uuid(), r.id, r.fence, r.attempt, %(step)s, %(kind)s, %(mutation)s, %(target)s, %(digest)s,
-       coalesce(%(now)s::timestamptz, now())
-  FROM runs r
- WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.attempt = %(attempt)s AND r.state = 'running'
-   FOR NO KEY UPDATE OF r
-RETURNING *;
+-- name: effects_reserve (prepared)
+-- Reserves one external effect for the current fence holder, unless a cancel was requested, and
+-- traces effect.reserved, in one statement (zero rows: the fence is stale or the run is cancelling).
+WITH authority AS (
+    UPDATE runs
+       SET last_seq = last_seq + 1
+     WHERE id = %(run_id)s AND fence = %(fence)s AND attempt = %(attempt)s AND state = 'running'
+       AND cancel_requested_at IS NULL
+    RETURNING id, last_seq, attempt, fence
+), reserved AS (
+    INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, created_at)
+    SELECT gen_random_uuid(), a.id, a.fence, a.attempt, %(step)s, %(kind)s, %(mutation)s, %(target)s, %(digest)s,
+           coalesce(%(now)s::timestamptz, now())
+      FROM authority a
+    RETURNING id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state, usage, error_code,
+              created_at, settled_at
+), traced AS (
+    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
+    SELECT a.id, a.last_seq, 'effect.reserved', coalesce(%(now)s::timestamptz, now()), a.attempt, a.fence, r.step,
+           jsonb_build_object('effect_id', r.id, 'kind', r.kind, 'mutation', r.mutation)
+      FROM authority a CROSS JOIN reserved r
+)
+SELECT * FROM reserved;
 
 -- name: effects_close
 -- Moves one reserved effect of the fence holder to settled, failed or ambiguous.
