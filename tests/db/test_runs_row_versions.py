@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 from kairos import runs
-from kairos.db import q as db_query
 from kairos.db import Database
+from kairos.db import q as db_query
 from kairos.executors.base import ExecutorError
 from kairos.settings import Settings
 from psycopg.rows import dict_row
