@@ -1,8 +1,9 @@
 """TickFunction: EventBridge invokes it every minute; it runs one tick (``kairos.tick``).
 
 Thin by design: build the tick from the per-container resources and run it until nothing is due or
-the invocation's remaining time runs short. EventBridge's event time is logged, never used: the
-database clock decides.
+the invocation's remaining time runs short. The SQS client is built only when the tick has a run id
+to send (``runtime.LazySqs``), so a tick with nothing due never loads botocore. EventBridge's event
+time is logged, never used: the database clock decides.
 """
 
 from __future__ import annotations
@@ -21,5 +22,5 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     logger.info("tick invoked", extra={"action": "tick_invoked", "event_time": (event or {}).get("time"),
                                        "event_id": (event or {}).get("id")})
     settings = runtime.settings()
-    tick = Tick(runtime.database(), runtime.sqs(), settings.run_queue_url or "")
+    tick = Tick(runtime.database(), runtime.LazySqs(), settings.run_queue_url or "")
     return tick.run(context.get_remaining_time_in_millis).as_dict()

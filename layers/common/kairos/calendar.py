@@ -27,7 +27,9 @@ Bad rules raise ``ValidationFailed`` naming field and rule; legacy abbreviation 
 (DST-aware) shortest gap for the frequency limit.
 
 Must not: touch the database, read the clock (callers pass ``after``), or parse cron itself beyond
-the syntax checks that give precise messages; croniter does the matching.
+the syntax checks that give precise messages; croniter does the matching. croniter (and the dateutil
+it pulls in) is imported at the first cron expression evaluated, so cold starts that handle no cron
+rule (interval, once and webhook schedules, reads) never load it.
 """
 
 from __future__ import annotations
@@ -44,14 +46,17 @@ from datetime import UTC, date, datetime, time, timedelta
 from functools import cache, lru_cache
 from importlib import resources
 from itertools import islice, pairwise
+from typing import TYPE_CHECKING
 from zoneinfo import ZoneInfo
 
 import tzdata
-from croniter import croniter
-from croniter.croniter import CroniterBadDateError
 
 from kairos.errors import FieldError, ValidationFailed
+from kairos.instants import rfc3339
 from kairos.states import DstFold, DstGap, ScheduleKind
+
+if TYPE_CHECKING:
+    from croniter import croniter
 
 __all__ = [
     "TZDATA_VERSION",
@@ -67,6 +72,7 @@ __all__ = [
     "iter_fires",
     "min_spacing",
     "next_fire",
+    "rfc3339",  # re-exported: the one RFC 3339 writer lives in kairos.instants
 ]
 
 TZDATA_VERSION: str = tzdata.IANA_VERSION
@@ -366,6 +372,8 @@ def _compile(expression: str) -> _Cron:
         problems.extend(FieldError("cron", "cron_syntax", message) for message in errors)
     if problems:
         raise ValidationFailed(problems)
+    from croniter import croniter  # imported on first use: interval, once and webhook paths never need it
+
     try:
         probe = croniter(" ".join(canonical), datetime(2000, 1, 1))
     except (ValueError, KeyError, TypeError) as exc:  # croniter's errors subclass ValueError
@@ -520,6 +528,8 @@ def _prototype(text: str, day_or: bool) -> croniter:
     Never advanced itself: ``_calc_next`` copies the expanded fields before touching them, so shallow
     copies in several threads share it safely.
     """
+    from croniter import croniter
+
     return croniter(text, datetime(2000, 1, 1), ret_type=datetime, day_or=day_or)
 
 
@@ -530,7 +540,7 @@ def _croniter_walls(spec: _Cron, start: datetime) -> Iterator[datetime]:
     while True:
         try:
             yield it.get_next()
-        except (CroniterBadDateError, OverflowError, ValueError):
+        except (OverflowError, ValueError):  # croniter's CroniterBadDateError is a ValueError
             return
 
 
@@ -733,11 +743,6 @@ def fires_between(rule: Rule, after: datetime, until: datetime) -> Iterator[Fire
             yield fire
 
     return bounded()
-
-
-def rfc3339(instant: datetime) -> str:
-    """A UTC instant as the API writes every time: RFC 3339 with ``Z`` (``2026-03-08T07:00:00Z``)."""
-    return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
 def describe(instant: datetime, timezone: str) -> Fire:

@@ -1,11 +1,12 @@
 """Conversations: the minimal transcript store that runs read and write, and the agent config.
 
-A conversation has an owner, an agent (JSON, validated by ``AgentConfig``) and entries numbered
-``seq`` = 1, 2, 3… A fork is its parent plus a fork point (``fork_seq``): nothing is copied, the
-fork reads its ancestors' entries up to each fork point and then its own, and its own entries
-continue the parent's numbering after the fork point, so a seq names one entry of the merged
-transcript. Inbox notes are bounded: the ``notes`` box keeps the newest 50; ``queued`` is never
-pruned here.
+A conversation has an owner, an agent (JSON, validated by ``kairos.agent_config.AgentConfig``,
+imported only when an agent is validated, so the tick and the run function never import pydantic)
+and entries numbered ``seq`` = 1, 2, 3… A fork is its parent plus a fork point (``fork_seq``):
+nothing is copied, the fork reads its ancestors' entries up to each fork point and then its own,
+and its own entries continue the parent's numbering after the fork point, so a seq names one entry
+of the merged transcript. Inbox notes are bounded: the ``notes`` box keeps the newest 50; ``queued``
+is never pruned here.
 
 Guarantees:
 * ``append`` is safe under concurrency: it locks the conversation row (``FOR NO KEY UPDATE``) and
@@ -29,18 +30,18 @@ from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
-from urllib.parse import urlsplit
+from typing import TYPE_CHECKING, Any
 
 import psycopg
 from psycopg.types.json import Jsonb
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
-from pydantic_core import PydanticCustomError
 
 from kairos import db
-from kairos.calendar import rfc3339
 from kairos.errors import FieldError, NotFound, ValidationFailed
+from kairos.instants import rfc3339
 from kairos.observability import logger
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 NOTES_KEPT = 50
 TITLE_MAX = 200
@@ -109,39 +110,6 @@ def field_errors(error: ValidationError, *, prefix: str = "") -> list[FieldError
 
 # --- Agent config ------------------------------------------------------------------------------
 
-
-class AgentConfig(BaseModel):
-    """The agent JSON of DESIGN.md "The run"; extra fields are refused."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True)
-
-    executor: Literal["openai", "bedrock", "http", "echo"]
-    model: StrictStr | None = Field(default=None, min_length=1, max_length=200)
-    system: StrictStr | None = Field(default=None, max_length=32_768)
-    base_url: StrictStr | None = Field(default=None, max_length=2_048)
-    api_key_secret: StrictStr | None = Field(default=None, max_length=2_048)
-    max_tokens: StrictInt | None = Field(default=None, ge=1, le=8_192)
-
-    @field_validator("base_url")
-    @classmethod
-    def _http_url(cls, value: str | None) -> str | None:
-        if value is None:
-            return None
-        parts = urlsplit(value)
-        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
-            raise PydanticCustomError("url", "give an http(s) URL such as https://host/v1")
-        if "@" in parts.netloc:
-            raise PydanticCustomError("url", "credentials must not be part of the URL; use api_key_secret")
-        return value
-
-    @field_validator("api_key_secret")
-    @classmethod
-    def _reference(cls, value: str | None) -> str | None:
-        if value is not None and not is_secret_reference(value):
-            raise PydanticCustomError("secret_reference", SECRET_REFERENCE_HINT)
-        return value
-
-
 # What each executor cannot work without (checked after the shape, so a model learns it at once
 # instead of at the first fire).
 _EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
@@ -156,6 +124,10 @@ def validate_agent(raw: object, *, field: str = "agent") -> dict[str, Any]:
     """The agent JSON, normalized (unset fields dropped); ``ValidationFailed`` naming ``agent.<name>``."""
     if not isinstance(raw, Mapping):
         raise ValidationFailed([FieldError(field, "type", "give the agent as a JSON object")])
+    from pydantic import ValidationError  # pydantic only on the paths that validate an agent
+
+    from kairos.agent_config import AgentConfig
+
     problems: list[FieldError] = []
     config: AgentConfig | None = None
     try:

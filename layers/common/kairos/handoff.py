@@ -32,7 +32,6 @@ from uuid import UUID
 
 import psycopg
 from aws_lambda_powertools.metrics import MetricUnit
-from botocore.exceptions import BotoCoreError, ClientError
 
 from kairos import db
 from kairos.observability import logger, metrics
@@ -56,6 +55,9 @@ def body(run_id: UUID) -> str:
 
 
 def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID]) -> tuple[list[UUID], list[UUID], str | None]:
+    # Imported here, not at the top: a caller with nothing to send (most ticks) never loads botocore.
+    from botocore.exceptions import BotoCoreError, ClientError
+
     by_entry = {run_id.hex: run_id for run_id in chunk}
     entries = [{"Id": key, "MessageBody": body(run_id)} for key, run_id in by_entry.items()]
     try:

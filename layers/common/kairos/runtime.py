@@ -2,6 +2,13 @@
 
 Handlers call these at invocation time (not import time), so importing a handler stays cheap and
 tests can point the environment elsewhere and call ``reset()``.
+
+The SQS client is built on first use, from a plain botocore session: ``boto3.client("sqs")`` is the
+same botocore client behind boto3's session, but importing boto3 also imports s3transfer and the
+resource layer, which nothing here uses. ``LazySqs`` defers even that: the tick holds one on every
+invocation and builds the client only when it has a run id to send, so a tick with nothing due never
+loads botocore. Configuration is botocore's usual chain either way (``AWS_REGION`` /
+``AWS_DEFAULT_REGION``, ``AWS_ENDPOINT_URL``, the function's role).
 """
 
 from __future__ import annotations
@@ -31,13 +38,22 @@ def database() -> db.Database:
 
 
 def sqs() -> Any:
+    """The container's SQS client (thread-safe, built once)."""
     global _sqs
     with _lock:
         if _sqs is None:
-            import boto3
+            import botocore.session
 
-            _sqs = boto3.client("sqs")
+            _sqs = botocore.session.get_session().create_client("sqs")
         return _sqs
+
+
+class LazySqs:
+    """Stands in for ``sqs()`` until a call needs the client: attribute access builds it (once per
+    container) and forwards. Holding one costs nothing; a tick with nothing to send never builds it."""
+
+    def __getattr__(self, name: str) -> Any:
+        return getattr(sqs(), name)
 
 
 def reset() -> None:

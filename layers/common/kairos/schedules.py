@@ -35,7 +35,8 @@ logs. Every edit is one guarded UPDATE that bumps ``revision`` and ``updated_at`
 "Now" is the database clock unless a test injects ``now``.
 
 Must not: build SQL from strings, log prompts, tokens or secrets, or re-implement the calendar
-(``kairos.calendar`` is the one evaluator for preview and dispatch).
+(``kairos.calendar`` is the one evaluator for preview and dispatch). The calendar is imported by the
+functions that evaluate rules, not at import: reading and listing schedules never loads it.
 """
 
 from __future__ import annotations
@@ -49,7 +50,7 @@ from contextlib import contextmanager, nullcontext
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from enum import Enum
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -66,12 +67,15 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kairos import calendar, conversations, db
-from kairos.calendar import rfc3339
+from kairos import conversations, db
 from kairos.conversations import field_errors
 from kairos.errors import Conflict, FieldError, Forbidden, KairosError, LimitExceeded, NotFound, ValidationFailed
+from kairos.instants import rfc3339
 from kairos.observability import logger
 from kairos.states import DstFold, DstGap, Mode, Overlap, ScheduleKind, ScheduleStatus
+
+if TYPE_CHECKING:
+    from kairos import calendar
 
 MAX_PER_CONVERSATION = 10
 MIN_SPACING = timedelta(minutes=5)
@@ -112,7 +116,9 @@ class ScheduleRequest(BaseModel):
     """The ``POST /v1/schedules`` body, strict: declared fields only, no type coercion of numbers,
     booleans or strings, times with an offset."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    # Built at its first use (defer_build): API cold starts that create no schedule never pay for it.
+    # (A comment, not the docstring: the docstring is the OpenAPI document's description.)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     conversation_id: uuid.UUID
     prompt: StrictStr
@@ -145,7 +151,7 @@ class ScheduleRequest(BaseModel):
 class SigningConfig(BaseModel):
     """A webhook's signature requirement; the secret is a reference, never the secret itself."""
 
-    model_config = ConfigDict(extra="forbid", frozen=True)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     scheme: Literal["standard", "github"]
     secret: StrictStr = Field(max_length=2_048)
@@ -253,6 +259,8 @@ def parse_request(raw: object, *, now: datetime | None = None) -> ScheduleReques
 
 def _check_semantics(request: ScheduleRequest, now: datetime) -> list[FieldError]:
     """Rules beyond the shape. Rule words match the calendar's (``not_for_kind``, ``known_zone``…)."""
+    from kairos import calendar
+
     problems: list[FieldError] = []
     kind = request.kind
 
@@ -300,6 +308,8 @@ def _check_semantics(request: ScheduleRequest, now: datetime) -> list[FieldError
 
 
 def _check_frequency(request: ScheduleRequest, now: datetime) -> None:
+    from kairos import calendar
+
     spacing = calendar.min_spacing(rule_of(request), now)
     if spacing is not None and spacing < MIN_SPACING:
         name = _rule_field(request.kind)
@@ -324,6 +334,8 @@ def _human(span: timedelta) -> str:
 
 def rule_of(source: ScheduleRequest | Schedule) -> calendar.Rule:
     """The calendar rule of a timed request or schedule (``ValueError`` for a webhook)."""
+    from kairos import calendar
+
     if source.kind not in TIMED_KINDS:
         raise ValueError("a webhook schedule has no calendar rule")
     return calendar.Rule(
@@ -440,6 +452,8 @@ def next_fire_at(target: Schedule | calendar.Rule, after: datetime) -> datetime 
         rule = rule_of(target)
     else:
         rule = target
+    from kairos import calendar
+
     fire = calendar.next_fire(rule, after)
     return None if fire is None else fire.fire_at
 
@@ -455,6 +469,8 @@ def preview(schedule: Schedule, *, after: datetime, count: int) -> list[calendar
         count = min(count, max(schedule.max_occurrences - schedule.fire_count, 0))
         if count == 0:
             return []
+    from kairos import calendar
+
     return calendar.fires(rule_of(schedule), after, count)
 
 

@@ -3,26 +3,30 @@
 ``DATABASE_URL`` wins; otherwise ``DATABASE_SECRET_ARN`` names a Secrets Manager secret in the RDS
 shape (``{"host", "port", "username", "password", "dbname"}``) that is read once per container.
 ``DATABASE_PROXY_HOST`` (an RDS Proxy endpoint) replaces the secret's host when set.
+
+A frozen dataclass, not a pydantic model: every handler reads it on its cold path, and ``from_env``
+already parses each variable into its type, so importing pydantic here would only add to every
+cold start (the tick and the run function never need pydantic otherwise).
 """
 
 from __future__ import annotations
 
 import json
 import os
+from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
 from urllib.parse import quote
 
-from pydantic import BaseModel, Field
 
-
-class Settings(BaseModel):
+@dataclass(frozen=True)
+class Settings:
     database_url: str | None = None
     database_secret_arn: str | None = None
     run_queue_url: str | None = None
     database_proxy_host: str | None = None
     auth: Literal["jwt", "dev"] = "jwt"
-    dev_tokens: dict[str, str] = Field(default_factory=dict)
+    dev_tokens: dict[str, str] = field(default_factory=dict)
     public_url: str | None = None  # None: the API answers with the host the request came to
     egress_allow: tuple[str, ...] = ()
     # The worker's hot statements run prepared (kairos.db) unless KAIROS_PREPARED_STATEMENTS=off or

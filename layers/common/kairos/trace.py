@@ -30,7 +30,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import calendar, db
+from kairos import db, instants
 from kairos.states import EventType
 
 FORBIDDEN_KEYS = frozenset(
@@ -130,8 +130,8 @@ MAX_PAGE = 200
 
 
 def rfc3339(value: datetime | None) -> str | None:
-    """``calendar.rfc3339`` that passes None through (optional columns)."""
-    return None if value is None else calendar.rfc3339(value)
+    """``instants.rfc3339`` that passes None through (optional columns)."""
+    return None if value is None else instants.rfc3339(value)
 
 
 def page(

@@ -35,7 +35,6 @@ from uuid import UUID
 
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
-from botocore.exceptions import BotoCoreError, ClientError
 
 from kairos import handoff, runs, runtime
 from kairos.db import Database
@@ -105,6 +104,8 @@ def handle_record(
         delay = outcome.retry_delay_seconds or 0
         if send_retry is None:
             raise RedeliverRecord("no queue to re-send the retry on")
+        from botocore.exceptions import BotoCoreError, ClientError  # only a retry talks to SQS
+
         try:
             send_retry(run_id, delay)
         except (BotoCoreError, ClientError) as error:

@@ -53,7 +53,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.utilities.data_classes.common import BaseProxyEvent
 from pydantic import AwareDatetime, BaseModel, ValidationError
 
-from kairos import conversations, db, runs, runtime, schedules, trace, webhooks
+from kairos import conversations, db, runtime, schedules
 from kairos.api import auth, models
 from kairos.errors import (
     Conflict,
@@ -293,6 +293,8 @@ def _webhook(token: str) -> dict[str, str]:
     """The URL to paste into GitHub or Stripe: ``KAIROS_PUBLIC_URL`` when set (a custom domain), else
     the host this request came to — API Gateway's own domain, which the template cannot pass to its
     function without a dependency cycle."""
+    from kairos import webhooks
+
     base = runtime.settings().public_url
     if base is None:
         domain = (app.current_event.raw_event.get("requestContext") or {}).get("domainName") or "localhost"
@@ -395,6 +397,8 @@ def rotate_token(
     id: str,
     body: Annotated[models.TokenRotate | None, Body()] = None,
 ) -> Response[dict[str, Any]]:
+    from kairos import webhooks
+
     owner = _principal()
     schedule_id = _parse_id(id, "schedule")
     overlap = (body or models.TokenRotate()).overlap_seconds
@@ -410,6 +414,8 @@ def rotate_token(
 
 
 # ---- webhooks -----------------------------------------------------------------------------------
+# ``kairos.webhooks`` (with the calendar, the trace and the identities it needs) is imported by the
+# routes that use it, like ``kairos.runs`` below: listing or reading schedules never loads them.
 
 
 def _handoff(database: db.Database, run_ids: list[UUID]) -> object:
@@ -426,6 +432,8 @@ def _handoff(database: db.Database, run_ids: list[UUID]) -> object:
 @_route("POST", "/v1/hooks/<token>", status=202, model=models.HookAccepted, errors=(401, 404, 413, 429),
         summary="Trigger a webhook schedule (no bearer; the token is the credential)", public=True)
 def post_hook(token: str) -> Response[dict[str, Any]]:
+    from kairos import webhooks
+
     event = app.current_event
     delivery = webhooks.Delivery(token=token, body=_raw_body(event.raw_event),
                                  headers={k.lower(): v for k, v in (event.headers or {}).items()})
@@ -446,10 +454,14 @@ def _raw_body(event: Mapping[str, Any]) -> bytes:
 
 
 # ---- runs ---------------------------------------------------------------------------------------
+# ``kairos.runs`` (with the executors' types, effects and the trace) is imported by these routes when
+# they are first called: a container that serves only schedules, conversations or webhooks never loads it.
 
 
 @_route("GET", "/v1/runs/<id>", status=200, model=models.RunEnvelope, errors=(404,), summary="One run")
 def get_run(id: str) -> Response[dict[str, Any]]:
+    from kairos import runs
+
     owner = _principal()
     run_id = _parse_id(id, "run")
     with _database().transaction() as conn:
@@ -464,6 +476,8 @@ def get_run_events(
     after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
     limit: Annotated[int, Query(ge=1, le=2_147_483_647, description="capped at 200")] = 100,
 ) -> Response[dict[str, Any]]:
+    from kairos import runs, trace
+
     owner = _principal()
     run_id = _parse_id(id, "run")
     with _database().transaction() as conn:
@@ -475,6 +489,8 @@ def get_run_events(
 @_route("GET", "/v1/runs/<id>/output", status=200, model=models.OutputEnvelope, errors=(404,),
         summary="The run's output projection: available, empty (with why) or unavailable")
 def get_run_output(id: str) -> Response[dict[str, Any]]:
+    from kairos import runs
+
     owner = _principal()
     run_id = _parse_id(id, "run")
     with _database().transaction() as conn:
@@ -485,6 +501,8 @@ def get_run_output(id: str) -> Response[dict[str, Any]]:
 @_route("POST", "/v1/runs/<id>/cancel", status=200, model=models.RunEnvelope, errors=(404, 409),
         summary="Cancel a run (queued: at once; running: at its next heartbeat or step)")
 def cancel_run(id: str) -> Response[dict[str, Any]]:
+    from kairos import runs
+
     owner = _principal()
     run_id = _parse_id(id, "run")
     with _database().transaction() as conn:

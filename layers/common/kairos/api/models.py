@@ -18,12 +18,14 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 
+# defer_build: a model's validator is built at its first use, not at import — a cold start builds only
+# the models of the route it serves (the OpenAPI document builds the rest when it is asked for).
 class _Strict(BaseModel):
-    model_config = ConfigDict(extra="forbid")
+    model_config = ConfigDict(extra="forbid", defer_build=True)
 
 
 class _Open(BaseModel):
-    model_config = ConfigDict(extra="allow")
+    model_config = ConfigDict(extra="allow", defer_build=True)
 
 
 # ---- requests ------------------------------------------------------------------------------------

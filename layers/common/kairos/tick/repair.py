@@ -32,7 +32,7 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import db, handoff, runs, trace
+from kairos import db, handoff, trace
 from kairos.observability import logger
 from kairos.states import EventType, RunState, Source, terminal_event
 
@@ -157,6 +157,8 @@ class Repair:
             logger.info("run rescued after its lease expired", extra={"action": "run_rescued", **log})
             return True
         assert outcome.reason_code is not None
+        from kairos import runs  # only when a rescue ends a run: keeps the run machinery off the tick's cold start
+
         diagnosis = runs.diagnose(outcome.reason_code, summary=_SUMMARIES.get(outcome.reason_code))
         moved = db.fetch_one(conn, "runs_end_rescued", {**ids, "state": outcome.state.value,
                                                         "diagnosis": Jsonb(diagnosis)})
