@@ -311,8 +311,11 @@ def test_each_handler_named_in_the_template_exists() -> None:
 
 def test_common_layer_is_built_from_the_package() -> None:
     layer = template()["Resources"]["CommonLayer"]
-    assert layer["Metadata"]["BuildMethod"] == "python3.12"
+    assert layer["Metadata"]["BuildMethod"] == "makefile"  # layers/common/Makefile: adds the bytecode
     content = ROOT / layer["Properties"]["ContentUri"]
+    makefile = (content / "Makefile").read_text(encoding="utf-8")
+    assert "build-CommonLayer:" in makefile and "-r requirements.txt" in makefile and "compileall" in makefile
+    assert "--python-version 3.12" in makefile and template()["Globals"]["Function"]["Runtime"] == "python3.12"
     assert (content / "requirements.txt").is_file()
     assert (content / "kairos" / "__init__.py").is_file()
     requirements = (content / "requirements.txt").read_text(encoding="utf-8")
@@ -543,3 +546,8 @@ def test_built_layer_carries_the_package_data_and_dependencies() -> None:
     for dependency in ("tzdata", "psycopg", "psycopg_binary", "psycopg_pool", "pydantic", "croniter",
                        "aws_lambda_powertools", "aws_xray_sdk"):
         assert (layer / dependency).is_dir(), f"layer lacks {dependency}"
+    # /opt is read-only on Lambda: without shipped bytecode every cold start compiles what it imports.
+    for package in ("kairos", "botocore", "psycopg", "pydantic", "aws_lambda_powertools"):
+        sources = {p.stem for p in (layer / package).glob("*.py")}
+        compiled = {p.name.split(".")[0] for p in (layer / package / "__pycache__").glob("*.cpython-312.pyc")}
+        assert sources and sources <= compiled, f"{package}: modules without bytecode: {sorted(sources - compiled)}"
