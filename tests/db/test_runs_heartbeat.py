@@ -7,9 +7,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from kairos import runs, trace
+from kairos import db, runs, trace
 from kairos.db import Database
 from kairos.states import EventType
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from tests import factories
@@ -144,3 +145,34 @@ def test_the_heartbeat_thread_ends_itself_once_the_lease_is_lost(db: Database, d
     beat._thread.join(WAIT)
     assert not beat._thread.is_alive()
     beat.stop()
+
+
+def test_a_beat_commits_without_waiting_for_the_flush_and_leaves_its_connection_durable(db_url: str) -> None:
+    """The beat's transaction alone is asynchronous; the pooled connection it used is not left so."""
+    row = _claimed_on(db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:  # the test server runs without durability
+        conn.execute(sql.SQL("ALTER DATABASE {} SET synchronous_commit = on").format(
+            sql.Identifier(conn.info.dbname)))
+    database = Database(db_url, max_size=1)  # one connection: the next borrower gets the beat's
+    try:
+        with database.connection() as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone() == {"synchronous_commit": "on"}
+        assert runs.Heartbeat(database, row["id"], row["fence"]).beat_once() is True
+        with database.connection() as conn:
+            assert conn.execute("SHOW synchronous_commit").fetchone() == {"synchronous_commit": "on"}
+            with conn.transaction():
+                conn.execute(db.q("runs_heartbeat"), {"run_id": row["id"], "fence": row["fence"],
+                                                      "lease_seconds": runs.LEASE_SECONDS, "now": None})
+                inside = conn.execute("SHOW synchronous_commit").fetchone()
+            after = conn.execute("SHOW synchronous_commit").fetchone()
+    finally:
+        database.close()
+    assert inside == {"synchronous_commit": "off"} and after == {"synchronous_commit": "on"}
+
+
+def _claimed_on(db_url: str) -> dict[str, Any]:
+    run = factories.run(db_url)
+    with psycopg.connect(db_url, row_factory=dict_row, autocommit=True) as conn:
+        row = runs.claim(conn, run["id"])
+    assert row is not None
+    return row

@@ -82,7 +82,9 @@ def with_now(params: Params | None, now: datetime | None) -> dict[str, Any]:
 
 # A connection returned to the pool less than this long ago is handed out without a check: it was
 # healthy a moment ago, and the round trip would cost every transaction. Older ones (a Lambda
-# container thawed after minutes, a server restart) are checked and replaced when broken.
+# container thawed after minutes, a server restart) are checked and replaced when broken. The return
+# time is stamped by Database's own context managers, not by a pool ``reset`` callback: with one,
+# psycopg_pool hands every returned connection to a worker thread.
 CHECK_AFTER_IDLE_SECONDS = 5.0
 _RETURNED_AT = "kairos_returned_at"
 
@@ -115,7 +117,6 @@ class Database:
             kwargs={"row_factory": dict_row,
                     "prepare_threshold": _ONLY_WHEN_ASKED if prepared_statements else None},
             check=_check_if_idle,
-            reset=_mark_returned,
             open=True,
             name="kairos",
         )
@@ -124,7 +125,10 @@ class Database:
     def transaction(self) -> Iterator[psycopg.Connection[Row]]:
         """A connection inside one transaction: committed on exit, rolled back on error."""
         with self._pool.connection() as conn:
-            yield cast("psycopg.Connection[Row]", conn)
+            try:
+                yield cast("psycopg.Connection[Row]", conn)
+            finally:
+                _mark_returned(conn)
 
     @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Row]]:
@@ -135,6 +139,7 @@ class Database:
                 yield cast("psycopg.Connection[Row]", conn)
             finally:
                 conn.autocommit = False
+                _mark_returned(conn)
 
     def close(self) -> None:
         self._pool.close()

@@ -70,11 +70,15 @@ UPDATE runs
 RETURNING conversation_id;
 
 -- name: runs_heartbeat (prepared)
--- Extends the lease of the fence holder and reads whether a cancel was requested.
+-- Extends the lease of the fence holder and reads whether a cancel was requested. Committed without
+-- waiting for the WAL flush (set_config(..., true) is SET LOCAL: this statement's own transaction, so
+-- run it alone, in autocommit): a beat lost in a server crash only makes the lease look up to one
+-- interval older, inside a lease six intervals long, and the fence makes even an early rescue safe.
 UPDATE runs
    SET lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s),
        heartbeat_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+   AND set_config('synchronous_commit', 'off', true) IS NOT NULL
 RETURNING cancel_requested_at, lease_expires_at;
 
 -- name: runs_succeed (prepared)
