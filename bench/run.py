@@ -33,6 +33,7 @@ import asyncio
 import logging
 import multiprocessing
 import queue
+import statistics
 import threading
 import time
 import uuid
@@ -238,16 +239,27 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2000, help="runs (and jobs) per measurement")
     parser.add_argument("--seconds", type=int, default=10, help="pgbench duration")
+    parser.add_argument("--rounds", type=int, default=3,
+                        help="rounds of pgbench, 8 processes and 8 threads, interleaved; medians are reported")
     args = parser.parse_args()
     logging.getLogger("kairos").setLevel(logging.WARNING)  # the library logs every claim at INFO
     logging.getLogger("procrastinate").setLevel(logging.ERROR)
 
     with server() as (admin_url, pgbench_binary):
-        tps = pgbench_tps(pgbench_binary, recreate(admin_url, "kairos_bench_pgbench"), args.seconds)
         kairos_url = recreate(admin_url, "kairos_bench")
         migrations.apply(kairos_url)
-        kairos_8 = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
-        kairos_8_threads = kairos_rate(kairos_url, args.runs, WORKERS)
+        pgbench_url = recreate(admin_url, "kairos_bench_pgbench")
+        # The machine's noise moves every series by 10-20 % from one minute to the next: interleave
+        # the three compared series and report each one's median (and the ratio of every round).
+        rounds: list[tuple[float | None, float, float]] = []
+        for _ in range(max(1, args.rounds)):
+            rounds.append((pgbench_tps(pgbench_binary, pgbench_url, args.seconds),
+                           kairos_rate(kairos_url, args.runs, WORKERS, processes=True),
+                           kairos_rate(kairos_url, args.runs, WORKERS)))
+        measured = [r[0] for r in rounds if r[0] is not None]
+        tps = statistics.median(measured) if measured else None
+        kairos_8 = statistics.median(r[1] for r in rounds)
+        kairos_8_threads = statistics.median(r[2] for r in rounds)
         kairos_1 = kairos_rate(kairos_url, max(200, args.runs // 4), 1)
         kairos_full = kairos_rate(kairos_url, args.runs, WORKERS, full=True)
         full, fetch_finish = asyncio.run(procrastinate_rates(recreate(admin_url, "kairos_bench_procrastinate"),
@@ -257,7 +269,12 @@ def main() -> None:
         return "n/a" if not base else f"{value / base:.2f}"
 
     print()
-    print(f"Run lifecycles: {args.runs} runs/jobs, {WORKERS} concurrent clients unless noted.")
+    print(f"Run lifecycles: {args.runs} runs/jobs, {WORKERS} concurrent clients unless noted; pgbench and the")
+    print(f"8-worker series are medians of {len(rounds)} interleaved rounds.")
+    print()
+    for i, (round_tps, procs, threads) in enumerate(rounds, 1):
+        print(f"round {i}: pgbench {round_tps or float('nan'):.0f} TPS, processes {procs:.0f}/s "
+              f"({ratio(procs, round_tps)}), threads {threads:.0f}/s ({ratio(threads, round_tps)})")
     print()
     print("| measure | per second | vs pgbench TPS | Kairos (8 workers) ÷ this |")
     print("|---|---:|---:|---:|")
@@ -275,9 +292,12 @@ def main() -> None:
     print(f"| Procrastinate fetch + finish only, 8 coroutines | {fetch_finish:.0f} | {ratio(fetch_finish, tps)} | "
           f"{ratio(kairos_8, fetch_finish)} |")
     print()
-    target_pg = tps is not None and kairos_8 / tps >= 0.2
-    print(f"Targets: Kairos ÷ pgbench ≥ 0.2: {'met' if target_pg else 'NOT met'}; "
-          f"Kairos ≥ Procrastinate cycle: {'met' if kairos_8 >= full else 'NOT met'}.")
+    def verdict(value: float) -> str:
+        return "met" if tps is not None and value / tps >= 0.2 else "NOT met"
+
+    print(f"Targets: Kairos ÷ pgbench ≥ 0.2: {verdict(kairos_8_threads)} with 8 threads, {verdict(kairos_8)} with 8 "
+          f"processes (on this machine their Python competes with the server for the same cores); "
+          f"Kairos ≥ Procrastinate cycle: {'met' if min(kairos_8, kairos_8_threads) >= full else 'NOT met'}.")
 
 
 if __name__ == "__main__":
