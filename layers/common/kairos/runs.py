@@ -5,9 +5,12 @@ prompt, however often the id is delivered; ``get``, ``output`` and ``cancel`` ar
 reads and the cancel the API calls.
 
 Guarantees:
-* Claim is one guarded update (``queued -> running``, fence + 1, attempt + 1, a new 120 s lease). The
-  claim, the target conversation (fork / append / fresh), the run's prompt entry and ``run.claimed``
-  commit together. Zero rows: someone else holds the run or it ended; the message is acknowledged.
+* Claim is one guarded update (``queued -> running``, fence + 1, attempt + 1, a new 120 s lease) that
+  also writes ``run.claimed`` and the first step's ``step.started``. The claim, the target
+  conversation (fork / append / fresh) and the run's prompt entry commit together. Zero rows:
+  someone else holds the run or it ended; the message is acknowledged.
+* Each worker transaction writes the run row once: a state change and its trace events are one
+  statement (``kairos.trace.change``); a second write would re-check all of the row's foreign keys.
 * Every later write of the running run — events, conversation entries, effects, output, terminal
   state — is guarded by its fence and locks the run row first, so a worker that lost its lease (a
   new claim after a rescue) writes nothing; it learns so from an empty result and stops.
@@ -19,6 +22,7 @@ Guarantees:
   caller (``kairos.worker``) re-sends its id with a delay.
 * A heartbeat thread (own pooled connection per beat) extends the lease every 20 s under the fence
   and reads the cancel flag; it writes ``step.progress`` (no content) at most once per 10 s per step.
+  The lease extension commits without waiting for the WAL flush (see ``runs_heartbeat``).
 * A run whose cancel was requested can never publish success (the success statement requires
   ``cancel_requested_at IS NULL``); its worker ends it ``cancelled`` at the next boundary.
 * A run's runtime is bounded by ``runtime_limit_seconds`` (server-capped below the Lambda timeout,
