@@ -197,7 +197,7 @@ def test_every_fenced_write_with_a_stale_fence_writes_nothing(db: Database, db_u
         assert runs.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
         assert runs.fail(conn, run["id"], 1, diagnosis=runs.diagnose("internal")) is False
         assert runs.finish_cancelled(conn, run["id"], 1) is False
-        assert runs.requeue(conn, run["id"], 1, attempt=1, step=None, reason_code="timeout", delay_seconds=1) is False
+        assert runs.requeue(conn, run["id"], 1, attempt=1, delay_seconds=1) is False
     assert runs.Heartbeat(db, run["id"], 1).beat_once() is False
 
     assert _snapshot(db_url, run["id"]) == before

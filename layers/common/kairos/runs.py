@@ -408,6 +408,30 @@ def append_entry(
     return None if row is None else int(row["seq"])
 
 
+def _end(
+    conn: psycopg.Connection[db.Row],
+    query: str,
+    run_id: UUID,
+    fence: int,
+    values: Mapping[str, Any],
+    usage: Mapping[str, Any] | None,
+    events: Sequence[trace.Event],
+    ending: trace.Event,
+    metric: str,
+    now: datetime | None,
+) -> bool:
+    """One terminal update of the fence holder with ``events`` and then its ``run.<state>`` event,
+    in one statement; False (nothing written) when fenced out or refused by the query's guard."""
+    row = trace.change(conn, query,
+                       {"run_id": run_id, "fence": fence, **values,
+                        "usage": None if usage is None else Jsonb(dict(usage))},
+                       [*events, ending], now=now)
+    if row is None:
+        return False
+    _count(metric)
+    return True
+
+
 def succeed(
     conn: psycopg.Connection[db.Row],
     run_id: UUID,
@@ -420,18 +444,9 @@ def succeed(
 ) -> bool:
     """``running -> succeeded`` unless fenced out or a cancel was requested; ``events`` and then
     ``run.succeeded`` are written by the same statement."""
-    row = trace.change(
-        conn,
-        "runs_succeed",
-        {"run_id": run_id, "fence": fence, "output": Jsonb(dict(output)),
-         "usage": None if usage is None else Jsonb(dict(usage))},
-        [*events, trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")})],
-        now=now,
-    )
-    if row is None:
-        return False
-    _count("RunSucceeded")
-    return True
+    return _end(conn, "runs_succeed", run_id, fence, {"output": Jsonb(dict(output))}, usage, events,
+                trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")}), "RunSucceeded",
+                now)
 
 
 def fail(
@@ -446,19 +461,10 @@ def fail(
 ) -> bool:
     """``running -> failed`` with a closed diagnosis, unless fenced out; ``events`` and then
     ``run.failed`` are written by the same statement."""
-    row = trace.change(
-        conn,
-        "runs_fail",
-        {"run_id": run_id, "fence": fence, "diagnosis": Jsonb(dict(diagnosis)),
-         "usage": None if usage is None else Jsonb(dict(usage))},
-        [*events, trace.Event(EventType.RUN_FAILED, data={"reason_code": diagnosis["reason_code"],
-                                                          "retry_eligible": diagnosis["retry_eligible"]})],
-        now=now,
-    )
-    if row is None:
-        return False
-    _count("RunFailed")
-    return True
+    ending = trace.Event(EventType.RUN_FAILED, data={"reason_code": diagnosis["reason_code"],
+                                                     "retry_eligible": diagnosis["retry_eligible"]})
+    return _end(conn, "runs_fail", run_id, fence, {"diagnosis": Jsonb(dict(diagnosis))}, usage, events, ending,
+                "RunFailed", now)
 
 
 def finish_cancelled(
@@ -472,18 +478,8 @@ def finish_cancelled(
 ) -> bool:
     """``running -> cancelled`` by the fence holder after a cancel request; ``events`` and then
     ``run.cancelled`` are written by the same statement."""
-    row = trace.change(
-        conn,
-        "runs_finish_cancelled",
-        {"run_id": run_id, "fence": fence, "diagnosis": Jsonb(diagnose("cancelled")),
-         "usage": None if usage is None else Jsonb(dict(usage))},
-        [*events, trace.Event(EventType.RUN_CANCELLED, data={"by": "worker"})],
-        now=now,
-    )
-    if row is None:
-        return False
-    _count("RunCancelled")
-    return True
+    return _end(conn, "runs_finish_cancelled", run_id, fence, {"diagnosis": Jsonb(diagnose("cancelled"))}, usage,
+                events, trace.Event(EventType.RUN_CANCELLED, data={"by": "worker"}), "RunCancelled", now)
 
 
 def requeue(
@@ -492,24 +488,19 @@ def requeue(
     fence: int,
     *,
     attempt: int,
-    step: str | None,
-    reason_code: str,
     delay_seconds: int,
     events: Sequence[trace.Event] = (),
     now: datetime | None = None,
 ) -> bool:
     """``running -> queued`` for another attempt, only while attempts remain and no mutation may
     have happened. ``handoff_at`` is set to now: the caller re-sends the id with a delay, and the
-    tick's repair re-sends it once that handoff is stale if the caller could not. ``events``, the
-    open step's ``step.finished`` and ``run.queued`` are written by the same statement."""
-    written = [*events]
-    if step is not None:
-        written.append(trace.Event(EventType.STEP_FINISHED, step,
-                                   {"outcome": "failed", "reason_code": reason_code}))
-    written.append(trace.Event(EventType.RUN_QUEUED, data={"reason": "retry", "next_attempt": attempt + 1,
-                                                           "delay_seconds": delay_seconds}))
-    row = trace.change(conn, "runs_requeue_retry", {"run_id": run_id, "fence": fence}, written, now=now)
-    return row is not None
+    tick's repair re-sends it once that handoff is stale if the caller could not. ``events`` (the
+    open step's ``step.finished`` among them) and then ``run.queued`` are written by the same
+    statement."""
+    queued = trace.Event(EventType.RUN_QUEUED, data={"reason": "retry", "next_attempt": attempt + 1,
+                                                     "delay_seconds": delay_seconds})
+    return trace.change(conn, "runs_requeue_retry", {"run_id": run_id, "fence": fence}, [*events, queued],
+                        now=now) is not None
 
 
 def retry_delay(attempt: int) -> int:
@@ -875,17 +866,17 @@ class _Execution:
         collected in this transaction) are written by that one statement."""
         claimed = self.claimed
         assert claimed is not None
-        fence, step = claimed.fence, self.step
+        fence = claimed.fence
+        events = [*events, *self._step_failed(reason)]
         if retry_safe:
             delay = retry_delay(claimed.attempt)
-            again = requeue(conn, self.run_id, fence, attempt=claimed.attempt, step=step, reason_code=reason,
-                            delay_seconds=delay, events=events, now=self.now)
+            again = requeue(conn, self.run_id, fence, attempt=claimed.attempt, delay_seconds=delay, events=events,
+                            now=self.now)
             if again:
                 logger.info("run will retry", extra={"action": "run_retry", "run_id": str(self.run_id),
                                                      "attempt": claimed.attempt, "reason_code": reason,
                                                      "delay_seconds": delay})
                 return Outcome(self.run_id, "retry", RunState.QUEUED, reason, delay)
-        events = [*events, *self._step_failed(reason)]
         self.hooks.fire("before_finish", run_id=self.run_id, fence=fence)
         # Retry-safe but out of attempts: a manual retry may still help.
         diagnosis = diagnose(reason, summary=summary, retry_eligible=True if retry_safe else None)
