@@ -37,7 +37,7 @@ def client(**kwargs: Any) -> Any:
 
 def request(**agent: Any) -> ExecutionRequest:
     return ExecutionRequest(
-        run_id="run-1",
+        owner="alice", run_id="run-1",
         attempt=1,
         agent={"executor": "bedrock", "model": MODEL, "system": "Be brief.", **agent},
         transcript=(Message("user", "Hi"), Message("user", "Are you there?"), Message("assistant", "Yes."),

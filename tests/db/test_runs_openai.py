@@ -39,6 +39,7 @@ class FakeOpenAI:
 @pytest.fixture
 def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
     monkeypatch.setenv("KAIROS_E2E_OPENAI_KEY", KEY)
+    monkeypatch.setenv("KAIROS_SHARED_SECRETS", "env:KAIROS_E2E_OPENAI_KEY@127.0.0.1")
     state = FakeOpenAI()
 
     class Handler(BaseHTTPRequestHandler):

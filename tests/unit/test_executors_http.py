@@ -29,6 +29,9 @@ RUN_ID = "5f0c2a9e-0000-4000-8000-00000000abcd"
 def signing_secret(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("KAIROS_TEST_HOOK_SECRET", WHSEC)
     monkeypatch.setenv("KAIROS_TEST_PLAIN_SECRET", "plain-text-secret")
+    # Shared keys go only to their host: these two to the local peers the tests run.
+    monkeypatch.setenv("KAIROS_SHARED_SECRETS",
+                       "env:KAIROS_TEST_HOOK_SECRET@127.0.0.1,env:KAIROS_TEST_PLAIN_SECRET@127.0.0.1")
     yield
 
 
@@ -37,8 +40,8 @@ def request_for(url: str, *, secret: str | None = "env:KAIROS_TEST_HOOK_SECRET",
     agent = {"executor": "http", "base_url": url}
     if secret is not None:
         agent["api_key_secret"] = secret
-    return ExecutionRequest(run_id=RUN_ID, attempt=2, agent=agent, transcript=(), prompt="Deploy the docs.",
-                            payload=payload)
+    return ExecutionRequest(owner="alice", run_id=RUN_ID, attempt=2, agent=agent, transcript=(),
+                            prompt="Deploy the docs.", payload=payload)
 
 
 def call(request: ExecutionRequest, *, timeout: float = 5.0) -> tuple[PreparedCall, Reply]:

@@ -33,8 +33,8 @@ def test_an_unknown_executor_is_agent_invalid() -> None:
 
 def test_echo_answers_the_prompt_without_network() -> None:
     echo = executors.get("echo", settings=Settings())
-    prepared = echo.prepare(ExecutionRequest(run_id="r", attempt=1, agent={"executor": "echo"}, transcript=(),
-                                             prompt="Guten Morgen", payload={"a": 1}))
+    prepared = echo.prepare(ExecutionRequest(owner="alice", run_id="r", attempt=1, agent={"executor": "echo"},
+                                             transcript=(), prompt="Guten Morgen", payload={"a": 1}))
     assert (prepared.kind, prepared.mutation, prepared.url, prepared.target) == ("model_call", False, "echo:", None)
     assert prepared.body == canonical_json({"prompt": "Guten Morgen"})
     assert prepared.digest == hashlib.sha256(prepared.body).hexdigest()

@@ -134,6 +134,12 @@ class UnsupportedMediaType(KairosError):
     code = "unsupported_media_type"
 
 
+class ServiceUnavailable(KairosError):
+    """A service Kairos depends on (Secrets Manager) failed; nothing was changed, the caller may retry."""
+
+    code = "service_unavailable"
+
+
 @dataclass(frozen=True)
 class HttpError:
     status: int
@@ -155,6 +161,7 @@ HTTP_STATUS: dict[type[KairosError], int] = {
     MalformedJson: 400,
     MethodNotAllowed: 405,
     UnsupportedMediaType: 415,
+    ServiceUnavailable: 503,
 }
 
 

@@ -91,7 +91,10 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "agent_invalid": ("target", False, ("check_agent_config",), "The agent configuration cannot be executed."),
     "egress_refused": ("target", False, ("check_agent_config", "check_egress_allow"),
                        "The agent's endpoint is not an allowed destination."),
-    "secret_unavailable": ("target", True, ("check_secret", "retry_run"), "The agent's API key could not be read."),
+    # Not retry-eligible (DESIGN.md "Credentials"): the reference is refused or names nothing until the
+    # owner fixes it; a Secrets Manager outage is retried on the same run without this entry's say.
+    "secret_unavailable": ("target", False, ("check_secret",),
+                           "The agent's API key could not be read, or the agent may not use it."),
     "connect_failed": ("target", True, ("retry_run", "check_target"),
                        "The agent's endpoint could not be reached; nothing was sent."),
     "timeout": ("step", True, ("retry_run", "check_target"), "The agent's endpoint did not answer in time."),
@@ -733,8 +736,9 @@ class _Execution:
         agent: dict[str, Any] = dict(row["agent"] or {})
         step = str(row["first_step"])  # the claim wrote its step.started
         self._check_stop()
-        request = ExecutionRequest(run_id=str(self.run_id), attempt=claimed.attempt, agent=agent,
-                                   transcript=claimed.transcript, prompt=row["prompt"], payload=row["payload"])
+        request = ExecutionRequest(run_id=str(self.run_id), attempt=claimed.attempt, owner=str(row["owner"]),
+                                   agent=agent, transcript=claimed.transcript, prompt=row["prompt"],
+                                   payload=row["payload"])
         try:
             executor = self.executor_factory(str(agent.get("executor", "")), settings=self.settings)
             prepared = executor.prepare(request)

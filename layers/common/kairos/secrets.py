@@ -1,58 +1,242 @@
-"""Resolve an agent's ``api_key_secret`` reference to the secret itself, at call time.
+"""Secret references: what an owner may name, where a key may travel, and the owners' own key store.
 
-A reference is ``env:NAME`` (the environment variable ``NAME``) or a Secrets Manager ARN
-(``arn:aws:secretsmanager:<region>:<account>:secret:<name>``). An ARN's ``SecretString`` is used as
-is, unless it is a JSON object with an ``api_key`` field, which is then used (the shape the console's
-key/value editor produces). Values from Secrets Manager are cached per container for ``CACHE_SECONDS``
-so a busy worker does not call the service on every run, yet a rotation is seen within minutes; the
-client is built once per region (the ARN's).
+A reference is a capability (DESIGN.md "Credentials"). Two forms exist, and each is checked against
+the owner who wrote it and the audience the secret would reach:
 
-Guarantees: secrets live only in memory, are never logged and never appear in an error message (which
-names the reference, not the value). Every failure is ``ExecutorError("secret_unavailable")``;
-retry-safe when the service itself failed (throttling, unreachable), not when the reference is wrong.
-This module must not store secrets in rows, events or files.
+* ``env:NAME`` names a key the operator shares. It is valid only when ``KAIROS_SHARED_SECRETS`` lists
+  ``env:NAME@host`` (or ``@host:port``), and then only for an agent whose ``base_url`` host is that
+  host. Nothing else in the function's environment (``AWS_*``, ``DATABASE_*``, …) can be named: the
+  list decides, never the environment, so a refusal says nothing about which variables exist.
+* A Secrets Manager ARN is valid only when its secret name lies in the caller's own namespace,
+  ``<KAIROS_SECRET_PREFIX>/<owner>/`` (``namespace``), has no empty, ``.`` or ``..`` segment, and is not
+  the database secret (``DATABASE_SECRET_ARN``), whatever its name.
+
+``check`` enforces this when a reference is written (the API answers 422 with field and rule
+``secret_reference`` or ``secret_audience``); ``resolve`` enforces it again right before the call, so a
+reference edited in the database after it was written still cannot reach the environment or another
+owner's keys (``ExecutorError("secret_unavailable")``, not retry-safe). A webhook signing secret has no
+audience host: only the owner's own ARNs are valid there.
+
+``store``, ``list_owned`` and ``delete`` keep an owner's keys in Secrets Manager (moto locally) under
+their namespace, for ``PUT/GET/DELETE /v1/secrets``; values are written, never returned.
+
+Values read from Secrets Manager are cached per container for ``CACHE_SECONDS`` (a rotation is seen
+within minutes; ``store`` and ``delete`` forget the entry in their own process at once). An ARN's
+``SecretString`` is used as is, unless it is a JSON object with an ``api_key`` field.
+
+Guarantees: secrets live only in memory, are never logged and never appear in an error message or a
+refusal (which names the reference or the rule, not the value). Must not: store secrets in rows,
+events or files; read a variable of the environment that ``KAIROS_SHARED_SECRETS`` does not list.
 """
 
 from __future__ import annotations
 
+import hashlib
 import json
 import os
+import re
 import threading
 import time
-from collections.abc import Callable
-from typing import Any
+from collections.abc import Callable, Iterator, Mapping
+from contextlib import contextmanager
+from dataclasses import dataclass
+from datetime import UTC, datetime
+from functools import lru_cache
+from typing import Any, Literal
+from urllib.parse import urlsplit
 
+from kairos.errors import FieldError, NotFound, ServiceUnavailable, ValidationFailed
 from kairos.executors.base import ExecutorError
 from kairos.observability import logger
 
 CACHE_SECONDS = 300.0
+DEFAULT_PREFIX = "kairos"
+NAME_MAX = 128
+VALUE_MAX_BYTES = 65_536  # Secrets Manager's own limit for a SecretString
+LIST_MAX = 1_000
+
+Rule = Literal["secret_reference", "secret_audience"]
+
 # Codes that say the reference or its permissions are wrong: retrying cannot help.
 _PERMANENT = frozenset(
     {"ResourceNotFoundException", "AccessDeniedException", "InvalidRequestException",
      "InvalidParameterException", "DecryptionFailure", "ValidationException"}
 )
+_ENV = re.compile(r"env:([A-Za-z_][A-Za-z0-9_]{0,127})")
+_ARN = re.compile(r"arn:aws(?:-[a-z]+)*:secretsmanager:([a-z0-9-]+):(\d{12}):secret:([A-Za-z0-9/_+=.@-]{1,512})")
+_SEGMENT = re.compile(r"[A-Za-z0-9_+=.@-]{1,128}")  # the characters Secrets Manager allows in a name, less "/"
+_ARN_SUFFIX = re.compile(r"-[A-Za-z0-9]{6}$")  # the random suffix Secrets Manager appends to an ARN's name
+HINT = ("give a reference (your own secret's ARN from PUT /v1/secrets/{name}, or a shared env:NAME), "
+        "never the secret itself")
 
 _lock = threading.Lock()
 _cache: dict[str, tuple[str, float]] = {}
 _clients: dict[str, Any] = {}
 
 
-def resolve(reference: str, *, env: dict[str, str] | None = None,
-            clock: Callable[[], float] = time.monotonic) -> str:
-    """The secret ``reference`` names, or ``ExecutorError("secret_unavailable")``."""
-    if reference.startswith("env:"):
-        name = reference[4:]
-        value = (os.environ if env is None else env).get(name)
-        if not name or not value:
-            raise ExecutorError("secret_unavailable", f"environment variable {name!r} is not set")
+def is_reference(value: str) -> bool:
+    """True for the two reference forms (``env:NAME``, a Secrets Manager ARN); anything else may be a
+    literal secret. Whether the owner may use it is ``check``'s question."""
+    return bool(_ENV.fullmatch(value) or _ARN.fullmatch(value))
+
+
+class Refused(Exception):
+    """A reference the owner may not use for this audience; ``rule`` is the FieldError rule."""
+
+    def __init__(self, rule: Rule, message: str) -> None:
+        super().__init__(message)
+        self.rule: Rule = rule
+        self.message = message
+
+
+@dataclass(frozen=True)
+class Policy:
+    """What ``KAIROS_SHARED_SECRETS``, ``KAIROS_SECRET_PREFIX`` and ``DATABASE_SECRET_ARN`` allow."""
+
+    shared: frozenset[tuple[str, str]] = frozenset()  # (variable name, host or host:port, lower case)
+    prefix: str = DEFAULT_PREFIX
+    database_secret_arn: str | None = None
+
+    @classmethod
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Policy:
+        env = os.environ if env is None else env
+        return _policy(env.get("KAIROS_SHARED_SECRETS", ""), env.get("KAIROS_SECRET_PREFIX", ""),
+                       env.get("DATABASE_SECRET_ARN") or None)
+
+
+@lru_cache(maxsize=16)
+def _policy(shared_list: str, prefix: str, database_secret_arn: str | None) -> Policy:
+    """Parsed once per distinct setting (a container has one), so a bad entry is logged once."""
+    shared: set[tuple[str, str]] = set()
+    for entry in filter(None, (e.strip() for e in shared_list.split(","))):
+        reference, at, host = entry.rpartition("@")
+        match = _ENV.fullmatch(reference)
+        if not at or match is None or not _host_ok(host):
+            # An operator's typo: say so (the entry names a variable, never a value) and share nothing.
+            logger.warning("KAIROS_SHARED_SECRETS entry ignored",
+                           extra={"action": "secret.shared_entry_invalid", "entry": entry[:200]})
+            continue
+        shared.add((match.group(1), host.lower().rstrip(".")))
+    return Policy(frozenset(shared), prefix.strip().strip("/") or DEFAULT_PREFIX, database_secret_arn)
+
+
+def _host_ok(host: str) -> bool:
+    """``host`` or ``host:port``, nothing more."""
+    try:
+        parts = urlsplit(f"//{host}")
+        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+    except ValueError:
+        return False
+    return bool(parts.hostname) and parts.username is None and not parts.path and not parts.query
+
+
+def namespace(owner: str, policy: Policy) -> str:
+    """``<prefix>/<owner>/``: the names an owner's references may start with.
+
+    An owner (a JWT ``sub``) that is not a plain name segment (``auth0|123``, ``a/b``, ``..``) is
+    written as ``=`` and the SHA-256 of the owner: injective in practice, since plain segments never
+    start with ``=``.
+    """
+    if not owner:
+        raise Refused("secret_reference", "no owner")
+    segment = owner
+    if not _SEGMENT.fullmatch(owner) or owner in (".", "..") or owner.startswith("="):
+        segment = "=" + hashlib.sha256(owner.encode("utf-8")).hexdigest()[:40]
+    return f"{policy.prefix}/{segment}/"
+
+
+def check(reference: str, *, owner: str, audience: str | None, policy: Policy | None = None) -> None:
+    """Raises ``Refused`` unless ``owner`` may send the secret ``reference`` names to ``audience``.
+
+    ``audience`` is the URL the secret would travel to or sign for (an agent's ``base_url``), or None
+    where there is none (a webhook signing secret).
+    """
+    policy = Policy.from_env() if policy is None else policy
+    env = _ENV.fullmatch(reference)
+    if env is not None:
+        _check_shared(env.group(1), reference, audience, policy)
+        return
+    arn = _ARN.fullmatch(reference)
+    if arn is None:
+        raise Refused("secret_reference", HINT)
+    _check_owned(arn.group(3), owner, policy)
+
+
+def _check_shared(name: str, reference: str, audience: str | None, policy: Policy) -> None:
+    hosts = sorted(host for shared, host in policy.shared if shared == name)
+    if not hosts:
+        raise Refused("secret_reference",
+                      f"{reference} is not a key the operator shares; store your own key with "
+                      "PUT /v1/secrets/{name} and give the reference it answers")
+    target = _audience_host(audience)
+    if target is None or not any(_same_host(host, target) for host in hosts):
+        where = "this use has no model host" if audience is None else "base_url's host is not that host"
+        raise Refused("secret_audience", f"{reference} may only be sent to {', '.join(hosts)}; {where}")
+
+
+def _audience_host(audience: str | None) -> tuple[str, int] | None:
+    if audience is None:
+        return None
+    try:
+        parts = urlsplit(audience)
+        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+    except ValueError:
+        return None
+    if not parts.hostname or port is None:
+        return None
+    return parts.hostname.lower().rstrip("."), port
+
+
+def _same_host(shared: str, target: tuple[str, int]) -> bool:
+    host, _, port = shared.partition(":")
+    return host == target[0] and (not port or int(port) == target[1])
+
+
+def _check_owned(name: str, owner: str, policy: Policy) -> None:
+    mine = namespace(owner, policy)
+    segments = name.split("/")
+    if not name.startswith(mine) or any(s in ("", ".", "..") for s in segments):
+        raise Refused("secret_reference",
+                      f"a Secrets Manager reference must name one of your secrets, under {mine}; "
+                      "store one with PUT /v1/secrets/{name}")
+    if policy.database_secret_arn is not None and _same_secret(name, policy.database_secret_arn):
+        raise Refused("secret_reference", "this secret cannot be referenced")
+
+
+def _same_secret(name: str, database_arn: str) -> bool:
+    """Whether ``name`` (full or partial, with or without the ARN's random suffix) is the database's."""
+    match = _ARN.fullmatch(database_arn)
+    other = match.group(3) if match else database_arn
+    bare, other_bare = _ARN_SUFFIX.sub("", name), _ARN_SUFFIX.sub("", other)
+    return name in (other, other_bare) or bare in (other, other_bare)
+
+
+def field_error(error: Refused, field: str) -> FieldError:
+    return FieldError(field, error.rule, error.message)
+
+
+def resolve(reference: str, *, owner: str, audience: str | None, policy: Policy | None = None,
+            env: Mapping[str, str] | None = None, clock: Callable[[], float] = time.monotonic) -> str:
+    """The secret ``reference`` names, re-checked for ``owner`` and ``audience`` first.
+
+    Every failure is ``ExecutorError("secret_unavailable")``: not retry-safe for a refused or wrong
+    reference, retry-safe when Secrets Manager itself failed (throttling, unreachable).
+    """
+    policy = Policy.from_env(env) if policy is None else policy
+    try:
+        check(reference, owner=owner, audience=audience, policy=policy)
+    except Refused as refused:
+        logger.warning("secret reference refused at the call",
+                       extra={"action": "secret.refused", "rule": refused.rule})
+        raise ExecutorError("secret_unavailable", f"api_key_secret refused ({refused.rule}): "
+                            f"{refused.message}") from None
+    env_match = _ENV.fullmatch(reference)
+    if env_match is not None:
+        value = (os.environ if env is None else env).get(env_match.group(1))
+        if not value:
+            raise ExecutorError("secret_unavailable", f"the shared key {reference} is not set on this function")
         return value
-    parts = reference.split(":")
-    if len(parts) >= 7 and parts[0] == "arn" and parts[1].startswith("aws") and parts[2] == "secretsmanager":
-        return _from_secrets_manager(reference, clock)
-    raise ExecutorError(
-        "secret_unavailable",
-        "api_key_secret must be 'env:NAME' or a Secrets Manager ARN (arn:aws:secretsmanager:…)",
-    )
+    return _from_secrets_manager(reference, clock)
 
 
 def clear_cache() -> None:
@@ -111,12 +295,123 @@ def _api_key(text: str) -> str:
     return text
 
 
-def _client(region: str) -> Any:
+def _client(region: str | None) -> Any:
+    key = region or ""
     with _lock:
-        client = _clients.get(region)
+        client = _clients.get(key)
         if client is None:
             import boto3
 
             client = boto3.client("secretsmanager", region_name=region or None)
-            _clients[region] = client
+            _clients[key] = client
         return client
+
+
+# --- an owner's own keys (PUT/GET/DELETE /v1/secrets) ------------------------------------------------
+
+
+@dataclass(frozen=True)
+class StoredSecret:
+    name: str  # as the owner named it, without the namespace
+    reference: str  # the ARN to give as api_key_secret or signing.secret
+    updated_at: datetime
+
+    def as_json(self) -> dict[str, Any]:
+        from kairos.instants import rfc3339
+
+        return {"name": self.name, "reference": self.reference, "updated_at": rfc3339(self.updated_at)}
+
+
+def check_name(name: str) -> None:
+    """``ValidationFailed`` (field ``name``) unless ``name`` is one segment Secrets Manager accepts."""
+    if not _SEGMENT.fullmatch(name) or name in (".", ".."):
+        raise ValidationFailed([FieldError("name", "pattern", f"1 to {NAME_MAX} characters of A-Z a-z 0-9 _ + = . @ -"
+                                           " (no slash, not . or ..)")])
+
+
+def store(owner: str, name: str, value: str, *, policy: Policy | None = None) -> tuple[StoredSecret, bool]:
+    """Creates or replaces the owner's secret ``name``; the record and whether it was created."""
+    policy = Policy.from_env() if policy is None else policy
+    check_name(name)
+    if not value or len(value.encode("utf-8")) > VALUE_MAX_BYTES:
+        raise ValidationFailed([FieldError("value", "length", f"1 to {VALUE_MAX_BYTES} bytes (UTF-8)")])
+    full = namespace(owner, policy) + name
+    client = _client(None)
+    created = True
+    with _service("store"):
+        try:
+            answer = client.create_secret(Name=full, SecretString=value,
+                                          Description="a Kairos owner's key (PUT /v1/secrets)")
+        except client.exceptions.ResourceExistsException:
+            created = False
+            answer = client.put_secret_value(SecretId=full, SecretString=value)
+        described = client.describe_secret(SecretId=answer["ARN"])
+    _forget(answer["ARN"])
+    logger.info("secret stored", extra={"action": "secret.stored", "new": created})
+    return StoredSecret(name, answer["ARN"], _changed(described)), created
+
+
+def list_owned(owner: str, *, policy: Policy | None = None) -> list[StoredSecret]:
+    """The owner's secrets, by name (at most ``LIST_MAX``)."""
+    policy = Policy.from_env() if policy is None else policy
+    mine = namespace(owner, policy)
+    client = _client(None)
+    found: list[StoredSecret] = []
+    token: str | None = None
+    with _service("list"):
+        while len(found) < LIST_MAX:
+            page = client.list_secrets(Filters=[{"Key": "name", "Values": [mine]}], MaxResults=100,
+                                       **({"NextToken": token} if token else {}))
+            for entry in page.get("SecretList", []):
+                rest = str(entry.get("Name", ""))[len(mine):]
+                # The service's name filter matches prefixes word by word: keep exactly the namespace.
+                if str(entry.get("Name", "")).startswith(mine) and _SEGMENT.fullmatch(rest):
+                    found.append(StoredSecret(rest, entry["ARN"], _changed(entry)))
+            token = page.get("NextToken")
+            if not token:
+                break
+    return sorted(found, key=lambda s: s.name)[:LIST_MAX]
+
+
+def delete(owner: str, name: str, *, policy: Policy | None = None) -> None:
+    """Removes the owner's secret ``name`` at once (no recovery window: the name is free again)."""
+    policy = Policy.from_env() if policy is None else policy
+    check_name(name)
+    client = _client(None)
+    with _service("delete"):
+        # Deleting without recovery answers success for a name that does not exist: look first, so a
+        # missing (or another owner's) name is the same 404 as everywhere else.
+        try:
+            found = client.describe_secret(SecretId=namespace(owner, policy) + name)
+        except client.exceptions.ResourceNotFoundException:
+            raise NotFound("secret") from None
+        if found.get("DeletedDate") is not None:
+            raise NotFound("secret")
+        client.delete_secret(SecretId=found["ARN"], ForceDeleteWithoutRecovery=True)
+    _forget(found["ARN"])
+    logger.info("secret deleted", extra={"action": "secret.deleted"})
+
+
+def _changed(described: Mapping[str, Any]) -> datetime:
+    stamp = described.get("LastChangedDate") or described.get("CreatedDate")
+    return stamp.astimezone(UTC) if isinstance(stamp, datetime) else datetime.now(UTC)
+
+
+def _forget(arn: str) -> None:
+    with _lock:
+        _cache.pop(arn, None)
+
+
+@contextmanager
+def _service(operation: str) -> Iterator[None]:
+    """Secrets Manager failures as ``ServiceUnavailable`` (503), logged without names or values."""
+    from botocore.exceptions import BotoCoreError, ClientError
+
+    try:
+        yield
+    except (ClientError, BotoCoreError) as error:
+        code = (str(error.response.get("Error", {}).get("Code", "")) if isinstance(error, ClientError)
+                else type(error).__name__)
+        logger.warning("secret store failed", extra={"action": "secret.store_failed", "operation": operation,
+                                                     "code": code})
+        raise ServiceUnavailable("the secret store is unavailable; try again") from None

@@ -39,6 +39,7 @@ class Message:
 class ExecutionRequest:
     run_id: str
     attempt: int
+    owner: str  # the run's owner: whose secret references the agent may use (kairos.secrets)
     agent: dict[str, Any]
     transcript: tuple[Message, ...]  # the target conversation before this run's prompt
     prompt: str
@@ -101,6 +102,12 @@ REASON_CODES: frozenset[str] = frozenset(
         "internal",  # a bug on our side
     }
 )
+
+
+class SecretSource(Protocol):
+    """Resolves a secret reference for an owner and the URL it will travel to (``kairos.secrets.resolve``)."""
+
+    def __call__(self, reference: str, *, owner: str, audience: str | None) -> str: ...
 
 
 class Executor(Protocol):

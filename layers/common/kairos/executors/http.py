@@ -46,6 +46,7 @@ from kairos.executors.base import (
     ExecutorError,
     PreparedCall,
     Reply,
+    SecretSource,
     agent_text,
     bounded_content,
     canonical_json,
@@ -73,7 +74,7 @@ class HttpExecutor:
     name = "http"
 
     def __init__(self, *, allow: Sequence[str] = (), resolve: egress.Resolver = socket.getaddrinfo,
-                 secret: Callable[[str], str] = secrets.resolve, clock: Callable[[], float] = time.time,
+                 secret: SecretSource = secrets.resolve, clock: Callable[[], float] = time.time,
                  ca_certs: str | None = None, read_limit: int = READ_LIMIT) -> None:
         self._allow = tuple(allow)
         self._resolve = resolve
@@ -87,7 +88,7 @@ class HttpExecutor:
         key_ref = agent_text(request.agent, "api_key_secret", required=True)
         assert base_url is not None and key_ref is not None
         target = egress.check(base_url, allow=self._allow, resolve=self._resolve)
-        key = signing_key(self._secret(key_ref))
+        key = signing_key(self._secret(key_ref, owner=request.owner, audience=base_url))
         body = canonical_json(
             {"run_id": request.run_id, "attempt": request.attempt, "prompt": request.prompt,
              "payload": request.payload}

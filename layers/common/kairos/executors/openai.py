@@ -37,7 +37,7 @@ from __future__ import annotations
 import json
 import re
 import socket
-from collections.abc import Callable, Sequence
+from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
@@ -48,6 +48,7 @@ from kairos.executors.base import (
     ExecutorError,
     PreparedCall,
     Reply,
+    SecretSource,
     agent_text,
     bounded_content,
     canonical_json,
@@ -64,7 +65,7 @@ class OpenAIExecutor:
     name = "openai"
 
     def __init__(self, *, allow: Sequence[str] = (), resolve: egress.Resolver = socket.getaddrinfo,
-                 secret: Callable[[str], str] = secrets.resolve, ca_certs: str | None = None,
+                 secret: SecretSource = secrets.resolve, ca_certs: str | None = None,
                  read_limit: int = READ_LIMIT) -> None:
         self._allow = tuple(allow)
         self._resolve = resolve
@@ -90,7 +91,7 @@ class OpenAIExecutor:
         body = canonical_json({"model": model, "messages": messages, "max_tokens": max_tokens(agent)})
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "kairos"}
         if key_ref is not None:
-            headers["Authorization"] = f"Bearer {self._secret(key_ref)}"
+            headers["Authorization"] = f"Bearer {self._secret(key_ref, owner=request.owner, audience=base_url)}"
         return PreparedCall(kind="model_call", mutation=False, method="POST", url=url, body=body,
                             digest=digest(body), headers=headers, target=target)
 
