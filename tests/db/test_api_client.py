@@ -1,7 +1,7 @@
 """Support for the API tests: the handler driven in-process with HTTP API v2 events, on a real database.
 
 The ``api`` fixture points the runtime at the test's database (``DATABASE_URL`` + ``kairos.runtime.reset()``), dev
-auth with two principals (alice, bob), and moto for SQS (a queue, ``RUN_QUEUE_URL``). ``ApiClient``
+auth with two principals (alice, bob), and moto for SQS (a queue, ``RUN_QUEUE_URL``) and Secrets Manager. ``ApiClient``
 builds events with ``kairos.apigw.build_event`` (the same shape as ``events/*.json``) and calls
 ``functions/webhook/app.handler``. No tests here; the other test modules import the fixtures.
 """
@@ -17,7 +17,7 @@ from typing import Any
 
 import boto3
 import pytest
-from kairos import apigw, db, runtime
+from kairos import apigw, db, runtime, secrets
 from kairos.dev import load_handler
 from moto import mock_aws
 
@@ -74,6 +74,15 @@ class ApiClient:
     def delete(self, target: str, **kw: Any) -> Answer:
         return self("DELETE", target, **kw)
 
+    def put(self, target: str, body: Any = None, **kw: Any) -> Answer:
+        return self("PUT", target, body, **kw)
+
+    def secret(self, name: str, value: str) -> str:
+        """Stores one of this user's keys (moto's Secrets Manager) and returns its reference."""
+        answer = self.put(f"/v1/secrets/{name}", {"value": value})
+        assert answer.status == 200, answer.text
+        return str(answer.json["secret"]["reference"])
+
 
 @dataclass
 class Api:
@@ -126,10 +135,12 @@ def api_fixture(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
         queue_url = sqs.create_queue(QueueName=f"runs-{uuid.uuid4().hex[:8]}")["QueueUrl"]
         monkeypatch.setenv("RUN_QUEUE_URL", queue_url)
         runtime.reset()
+        secrets.clear_cache()
         try:
             yield Api(db_url, queue_url, sqs, ApiClient("alice"), ApiClient("bob"), ApiClient(None))
         finally:
             runtime.reset()
+            secrets.clear_cache()
             _close_pool(db_url)
 
 

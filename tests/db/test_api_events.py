@@ -17,10 +17,11 @@ from tests.db.test_api_client import HANDLER, Api, api_fixture, rows  # noqa: F4
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 # Reads and edits first, the hook before its token rotates, cancellations last.
 ORDER = [
-    "api_openapi", "api_create_conversation", "api_create_schedule", "api_create_webhook_schedule",
+    "api_openapi", "api_put_secret", "api_list_secrets", "api_create_conversation", "api_create_schedule",
+    "api_create_webhook_schedule",
     "api_get_conversation", "api_get_inbox", "api_list_schedules", "api_get_schedule", "api_preview_schedule",
     "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token", "api_get_run", "api_run_events",
-    "api_run_output", "api_cancel_run", "api_cancel_schedule",
+    "api_run_output", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
 ]
 
 
@@ -34,6 +35,8 @@ def test_every_api_sample_event_is_covered() -> None:
 
 def test_the_sample_events_answer_2xx_in_jwt_mode(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
     monkeypatch.setenv("KAIROS_AUTH", "jwt")
+    # The sample conversation's agent names the operator's shared OpenAI key, sent only to its host.
+    monkeypatch.setenv("KAIROS_SHARED_SECRETS", "env:OPENAI_API_KEY@api.openai.com")
     runtime.reset()
     principal = load("api_get_schedule")["requestContext"]["authorizer"]["jwt"]["claims"]["sub"]
     conversation_id = load("api_get_conversation")["pathParameters"]["id"]

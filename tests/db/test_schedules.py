@@ -90,19 +90,24 @@ def test_interval_once_and_fresh_agent(db: Database, cid: uuid.UUID) -> None:
     at = T0 + timedelta(days=2)
     once = create(db, raw={"conversation_id": str(cid), "prompt": "p", "starts_at": at.isoformat()}, now=T0).schedule
     assert (once.kind, once.next_fire_at) == (ScheduleKind.ONCE, at)
-    agent = {"executor": "openai", "model": "m", "base_url": "https://llm.example/v1", "api_key_secret": "env:K"}
+    agent = {"executor": "openai", "model": "m", "base_url": "https://llm.example/v1",
+             "api_key_secret": "arn:aws:secretsmanager:us-east-1:123456789012:secret:kairos/alice/llm-AbCdEf"}
     fresh = create(db, raw=hourly(cid, mode="fresh", agent=agent), now=T0).schedule
     assert fresh.agent == agent
+
+
+HOOK_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:kairos/alice/hook-AbCdEf"
 
 
 def test_webhook_token_is_returned_once_and_only_its_hash_is_stored(db_url: str, db: Database,
                                                                      cid: uuid.UUID) -> None:
     created = create(db, raw={"conversation_id": str(cid), "prompt": "p", "kind": "webhook",
-                              "signing": {"scheme": "github", "secret": "env:HOOK"}})
+                              "signing": {"scheme": "github", "secret": HOOK_SECRET}})
     token = created.token
     assert token is not None and len(token) >= 43  # 32 random bytes, urlsafe base64
     s = created.schedule
-    assert s.next_fire_at is None and s.signing == {"scheme": "github", "secret": "env:HOOK", "tolerance_seconds": 300}
+    assert s.next_fire_at is None and s.signing == {"scheme": "github", "secret": HOOK_SECRET,
+                                                    "tolerance_seconds": 300}
     row = raw_row(db_url, s.id)
     assert row["token_hash"] == hashlib.sha256(token.encode()).hexdigest() == schedules.hash_token(token)
     assert not any(token in str(value) for value in row.values())  # the token itself is nowhere in the row

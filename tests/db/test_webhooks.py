@@ -198,13 +198,14 @@ def standard_headers(body: bytes, *, msg_id: str = "msg_1", at: int | None = Non
 
 
 @pytest.fixture
-def signing_env(monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.setenv("HOOK_STANDARD_SECRET", STANDARD_SECRET)
-    monkeypatch.setenv("HOOK_GITHUB_SECRET", GITHUB_SECRET)
+def signing_env(api: Api) -> dict[str, str]:
+    """alice's two signing secrets, stored through PUT /v1/secrets: scheme -> reference."""
+    return {"standard": api.alice.secret("hook-standard", STANDARD_SECRET),
+            "github": api.alice.secret("hook-github", GITHUB_SECRET)}
 
 
-def test_standard_webhooks_signature(api: Api, signing_env: None) -> None:
-    _, token = api.webhook_schedule(signing={"scheme": "standard", "secret": "env:HOOK_STANDARD_SECRET",
+def test_standard_webhooks_signature(api: Api, signing_env: dict[str, str]) -> None:
+    _, token = api.webhook_schedule(signing={"scheme": "standard", "secret": signing_env["standard"],
                                              "tolerance_seconds": 300})
     body = json.dumps({"type": "invoice.paid"}).encode()
 
@@ -224,8 +225,8 @@ def test_standard_webhooks_signature(api: Api, signing_env: None) -> None:
     assert rows(api.url, "SELECT idempotency_key FROM occurrences") == [{"idempotency_key": "msg_1"}]
 
 
-def test_github_signature(api: Api, signing_env: None) -> None:
-    _, token = api.webhook_schedule(signing={"scheme": "github", "secret": "env:HOOK_GITHUB_SECRET"})
+def test_github_signature(api: Api, signing_env: dict[str, str]) -> None:
+    _, token = api.webhook_schedule(signing={"scheme": "github", "secret": signing_env["github"]})
     body = b'{"zen": "Design for failure."}'
     signature = "sha256=" + hmac.new(GITHUB_SECRET.encode(), body, hashlib.sha256).hexdigest()
 
@@ -238,9 +239,9 @@ def test_github_signature(api: Api, signing_env: None) -> None:
     assert count(api, "runs") == 1
 
 
-def test_a_missing_signing_secret_refuses_rather_than_accepts(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
-    monkeypatch.delenv("HOOK_GITHUB_SECRET", raising=False)
-    _, token = api.webhook_schedule(signing={"scheme": "github", "secret": "env:HOOK_GITHUB_SECRET"})
+def test_a_missing_signing_secret_refuses_rather_than_accepts(api: Api, signing_env: dict[str, str]) -> None:
+    _, token = api.webhook_schedule(signing={"scheme": "github", "secret": signing_env["github"]})
+    assert api.alice.delete("/v1/secrets/hook-github").status == 204
     body = b"{}"
     signature = "sha256=" + hmac.new(b"", body, hashlib.sha256).hexdigest()
     assert hook(api, token, raw=body, headers={"x-hub-signature-256": signature}).status == 401
@@ -458,13 +459,14 @@ def powertools_output() -> Iterator[io.StringIO]:
 
 
 def test_the_raw_token_is_in_no_log_line_and_no_table(api: Api, capfd: pytest.CaptureFixture[str],
-                                                     caplog: pytest.LogCaptureFixture, signing_env: None) -> None:
+                                                     caplog: pytest.LogCaptureFixture,
+                                                     signing_env: dict[str, str]) -> None:
     caplog.set_level("DEBUG")
     output = powertools_output()
     buffer = output.__enter__()
     schedule, token = api.webhook_schedule()
     signed, signed_token = api.webhook_schedule(
-        signing={"scheme": "github", "secret": "env:HOOK_GITHUB_SECRET"})
+        signing={"scheme": "github", "secret": signing_env["github"]})
     body = b'{"n": 1}'
     signature = "sha256=" + hmac.new(GITHUB_SECRET.encode(), body, hashlib.sha256).hexdigest()
     hook(api, token, {"n": 1}, headers={"idempotency-key": "a"})

@@ -20,13 +20,28 @@ OPENAI = {"executor": "openai", "model": "m", "base_url": "https://llm.example/v
           "api_key_secret": "env:OPENAI_API_KEY", "max_tokens": 1024}
 
 
+OWNER = "alice"
+# The signing secret is one of alice's own (kairos/alice/…); OPENAI's key is shared for llm.example.
+HOOK_SECRET = "arn:aws:secretsmanager:us-east-1:123456789012:secret:kairos/alice/hook-AbCdEf"
+
+
+@pytest.fixture(autouse=True)
+def shared_key(monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAIROS_SHARED_SECRETS", "env:OPENAI_API_KEY@llm.example,env:k@llm.example")
+    monkeypatch.delenv("KAIROS_SECRET_PREFIX", raising=False)
+
+
+def parse(raw: Any, *, now: datetime) -> schedules.ScheduleRequest:
+    return schedules.parse_request(raw, owner=OWNER, now=now)
+
+
 def body(**fields: Any) -> dict[str, Any]:
     return {"conversation_id": CID, "prompt": "say hello", **fields}
 
 
 def refusal(raw: Any) -> KairosError:
     with pytest.raises(KairosError) as info:
-        schedules.parse_request(raw, now=NOW)
+        parse(raw, now=NOW)
     return info.value
 
 
@@ -46,8 +61,8 @@ def test_daily_utc_cron_becomes_a_fixed_86400_s_interval() -> None:
 
 
 def test_daily_utc_cron_requests_converge_on_one_representation() -> None:
-    a = schedules.parse_request(body(cron="30 7 * * *"), now=NOW)
-    b = schedules.parse_request(body(cron=" 30  07 * * * ", kind="cron", timezone="UTC"), now=NOW + timedelta(days=9))
+    a = parse(body(cron="30 7 * * *"), now=NOW)
+    b = parse(body(cron=" 30  07 * * * ", kind="cron", timezone="UTC"), now=NOW + timedelta(days=9))
     assert (a.kind, a.cron, a.interval_seconds, a.starts_at) == (b.kind, b.cron, b.interval_seconds, b.starts_at)
     # ...and it still fires every day at 07:30 UTC.
     fires = calendar.fires(schedules.rule_of(a), NOW, 3)
@@ -74,7 +89,7 @@ def test_every_seconds_becomes_an_interval() -> None:
     out = schedules.canonicalize(body(every_seconds=3600))
     assert (out["kind"], out["interval_seconds"]) == ("interval", 3600)
     assert "every_seconds" not in out
-    request = schedules.parse_request(body(every_seconds=3600), now=NOW)
+    request = parse(body(every_seconds=3600), now=NOW)
     assert request.kind is ScheduleKind.INTERVAL
     assert request.starts_at == NOW  # the anchor defaults to now
 
@@ -87,18 +102,18 @@ def test_every_seconds_is_not_guessed_next_to_other_rule_fields() -> None:
 
 
 def test_starts_at_alone_means_once() -> None:
-    request = schedules.parse_request(body(starts_at="2030-01-02T08:00:00+01:00"), now=NOW)
+    request = parse(body(starts_at="2030-01-02T08:00:00+01:00"), now=NOW)
     assert request.kind is ScheduleKind.ONCE
     assert request.starts_at == datetime(2030, 1, 2, 7, 0, tzinfo=UTC)
 
 
 def test_cron_starts_at_is_the_earliest_fire() -> None:
-    request = schedules.parse_request(body(cron="0 * * * *", starts_at="2030-03-01T00:30:00Z"), now=NOW)
+    request = parse(body(cron="0 * * * *", starts_at="2030-03-01T00:30:00Z"), now=NOW)
     assert schedules.next_fire_at(schedules.rule_of(request), NOW) == datetime(2030, 3, 1, 1, 0, tzinfo=UTC)
 
 
 def test_cron_without_kind_means_cron() -> None:
-    request = schedules.parse_request(body(cron="0 7 * * 1-5", timezone="Europe/Berlin"), now=NOW)
+    request = parse(body(cron="0 7 * * 1-5", timezone="Europe/Berlin"), now=NOW)
     assert (request.kind, request.cron, request.timezone) == (ScheduleKind.CRON, "0 7 * * 1-5", "Europe/Berlin")
 
 
@@ -117,9 +132,9 @@ def test_canonicalize_does_not_change_its_input() -> None:
     [
         body(cron="*/5 * * * *"),
         body(kind="interval", interval_seconds=300),
-        body(kind="webhook", signing={"scheme": "github", "secret": "env:HOOK_SECRET"}),
+        body(kind="webhook", signing={"scheme": "github", "secret": HOOK_SECRET}),
         body(kind="webhook", signing={"scheme": "standard",
-                                      "secret": "arn:aws:secretsmanager:eu-west-1:123456789012:secret:hook-AbC123",
+                                      "secret": HOOK_SECRET.replace("us-east-1", "eu-west-1"),
                                       "tolerance_seconds": 600}),
         body(cron="0 7 * * 1-5", timezone="Europe/Berlin", dst_gap="skip", dst_fold="both", overlap="queue_one",
              catch_up=True, max_occurrences=3, ends_at="2031-01-01T00:00:00Z"),
@@ -129,15 +144,15 @@ def test_canonicalize_does_not_change_its_input() -> None:
     ],
 )
 def test_accepted(raw: dict[str, Any]) -> None:
-    request = schedules.parse_request(raw, now=NOW)
+    request = parse(raw, now=NOW)
     assert request.prompt == "say hello"
 
 
 def test_agent_and_signing_are_normalized() -> None:
-    request = schedules.parse_request(body(mode="fresh", agent={"executor": "echo"}, cron="0 * * * *"), now=NOW)
+    request = parse(body(mode="fresh", agent={"executor": "echo"}, cron="0 * * * *"), now=NOW)
     assert request.agent == {"executor": "echo"}
-    hook = schedules.parse_request(body(kind="webhook", signing={"scheme": "github", "secret": "env:S"}), now=NOW)
-    assert hook.signing == {"scheme": "github", "secret": "env:S", "tolerance_seconds": 300}
+    hook = parse(body(kind="webhook", signing={"scheme": "github", "secret": HOOK_SECRET}), now=NOW)
+    assert hook.signing == {"scheme": "github", "secret": HOOK_SECRET, "tolerance_seconds": 300}
 
 
 # --- refused -----------------------------------------------------------------------------------
@@ -225,18 +240,18 @@ PAST = (NOW - timedelta(hours=1)).isoformat()
         (body(kind="webhook", cron="0 * * * *"), ValidationFailed, "cron", "not_for_kind"),
         (body(kind="webhook", max_occurrences=3), ValidationFailed, "max_occurrences", "not_for_kind"),
         (body(kind="webhook", timezone="Nowhere/Land"), ValidationFailed, "timezone", "known_zone"),
-        (body(cron="0 * * * *", signing={"scheme": "github", "secret": "env:S"}),
+        (body(cron="0 * * * *", signing={"scheme": "github", "secret": HOOK_SECRET}),
          ValidationFailed, "signing", "not_for_kind"),
         # signing: references only
         (body(kind="webhook", signing={"scheme": "github", "secret": "hunter2hunter2"}),
          ValidationFailed, "signing.secret", "secret_reference"),
-        (body(kind="webhook", signing={"scheme": "svix", "secret": "env:S"}),
+        (body(kind="webhook", signing={"scheme": "svix", "secret": HOOK_SECRET}),
          ValidationFailed, "signing.scheme", "enum"),
-        (body(kind="webhook", signing={"scheme": "github", "secret": "env:S", "tolerance_seconds": 0}),
+        (body(kind="webhook", signing={"scheme": "github", "secret": HOOK_SECRET, "tolerance_seconds": 0}),
          ValidationFailed, "signing.tolerance_seconds", "min"),
-        (body(kind="webhook", signing={"scheme": "github", "secret": "env:S", "tolerance_seconds": 3601}),
+        (body(kind="webhook", signing={"scheme": "github", "secret": HOOK_SECRET, "tolerance_seconds": 3601}),
          ValidationFailed, "signing.tolerance_seconds", "max"),
-        (body(kind="webhook", signing={"scheme": "github", "secret": "env:S", "algo": "sha1"}),
+        (body(kind="webhook", signing={"scheme": "github", "secret": HOOK_SECRET, "algo": "sha1"}),
          ValidationFailed, "signing.algo", "unknown_field"),
         (body(kind="webhook", signing={"scheme": "github"}), ValidationFailed, "signing.secret", "required"),
         # not an object at all
@@ -284,11 +299,12 @@ def test_limit_is_reported_only_for_an_otherwise_valid_request() -> None:
 
 @pytest.mark.parametrize(
     "reference",
-    ["env:OPENAI_API_KEY", "env:k", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:prod/llm-AbC123",
-     "arn:aws-us-gov:secretsmanager:us-gov-west-1:123456789012:secret:x"],
+    ["env:OPENAI_API_KEY", "env:k", "arn:aws:secretsmanager:eu-west-1:123456789012:secret:kairos/alice/llm-AbC123",
+     "arn:aws-us-gov:secretsmanager:us-gov-west-1:123456789012:secret:kairos/alice/x"],
 )
 def test_secret_references_accepted(reference: str) -> None:
-    assert conversations.validate_agent({**OPENAI, "api_key_secret": reference})["api_key_secret"] == reference
+    agent = conversations.validate_agent({**OPENAI, "api_key_secret": reference}, owner=OWNER)
+    assert agent["api_key_secret"] == reference
 
 
 @pytest.mark.parametrize(
@@ -297,14 +313,14 @@ def test_secret_references_accepted(reference: str) -> None:
 )
 def test_secret_literals_refused(literal: str) -> None:
     with pytest.raises(ValidationFailed) as info:
-        conversations.validate_agent({**OPENAI, "api_key_secret": literal})
+        conversations.validate_agent({**OPENAI, "api_key_secret": literal}, owner=OWNER)
     assert pairs(info.value) == {("agent.api_key_secret", "secret_reference")}
 
 
 def test_validate_agent_drops_unset_fields() -> None:
-    assert conversations.validate_agent({"executor": "echo", "model": None}) == {"executor": "echo"}
-    assert conversations.validate_agent(OPENAI) == OPENAI
+    assert conversations.validate_agent({"executor": "echo", "model": None}, owner=OWNER) == {"executor": "echo"}
+    assert conversations.validate_agent(OPENAI, owner=OWNER) == OPENAI
 
 
 def test_mode_default_is_fork() -> None:
-    assert schedules.parse_request(body(cron="0 * * * *"), now=NOW).mode is Mode.FORK
+    assert parse(body(cron="0 * * * *"), now=NOW).mode is Mode.FORK

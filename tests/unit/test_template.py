@@ -46,6 +46,9 @@ ROUTES = {
     "GET /v1/runs/{id}/events",
     "GET /v1/runs/{id}/output",
     "POST /v1/runs/{id}/cancel",
+    "PUT /v1/secrets/{name}",
+    "GET /v1/secrets",
+    "DELETE /v1/secrets/{name}",
     "GET /v1/openapi.json",
 }
 PUBLIC_ROUTES = {"POST /v1/hooks/{token}", "GET /v1/openapi.json"}
@@ -360,8 +363,9 @@ def test_permissions_are_scoped_to_kairos_resources() -> None:
         for statement in statements(function):
             assert statement["Effect"] == "Allow"
             assert not [a for a in actions(statement) if a == "*" or a.endswith(":*")], function
-            if statement["Resource"] == "*":  # X-Ray has no resource-level permissions; nothing else may
-                assert set(actions(statement)) == {"xray:PutTraceSegments", "xray:PutTelemetryRecords"}, function
+            if statement["Resource"] == "*":  # X-Ray and ListSecrets have no resource-level permissions
+                assert set(actions(statement)) in ({"xray:PutTraceSegments", "xray:PutTelemetryRecords"},
+                                                   {"secretsmanager:ListSecrets"}), function
         assert database_secret in granting(function, "secretsmanager:GetSecretValue"), function
         assert granting(function, "logs:PutLogEvents") == [{"Fn::GetAtt": [function.replace("Function", "LogGroup"),
                                                                            "Arn"]}], function
@@ -377,8 +381,16 @@ def test_permissions_are_scoped_to_kairos_resources() -> None:
     # Agent keys: only under the parameterised prefix, and only for the functions that read them.
     for function in ("RunFunction", "ApiFunction"):
         agent_secrets = [g for g in granting(function, "secretsmanager:GetSecretValue") if g != database_secret]
-        assert len(agent_secrets) == 1 and "${AgentSecretPrefix}*" in agent_secrets[0]["Fn::Sub"], function
+        assert len(agent_secrets) == 1, function
+        assert agent_secrets[0]["Fn::Sub"].endswith(":secret:${AgentSecretPrefix}/*"), function
     assert granting("TickFunction", "secretsmanager:GetSecretValue") == [database_secret]
+    # Owners' keys are written only by the API, only under the prefix; the run function reads them only.
+    for action in ("secretsmanager:CreateSecret", "secretsmanager:PutSecretValue", "secretsmanager:DeleteSecret"):
+        (resource,) = granting("ApiFunction", action)
+        assert resource["Fn::Sub"].endswith(":secret:${AgentSecretPrefix}/*"), action
+        assert all(granting(f, action) == [] for f in functions if f != "ApiFunction"), action
+    assert granting("ApiFunction", "secretsmanager:ListSecrets") == ["*"]
+    assert all(granting(f, "secretsmanager:ListSecrets") == [] for f in functions if f != "ApiFunction")
     assert granting("RunFunction", "bedrock:InvokeModel")
     assert all(granting(f, "bedrock:InvokeModel") == [] for f in functions if f != "RunFunction")
 
@@ -400,7 +412,10 @@ def test_functions_get_the_contract_environment() -> None:
     assert {
         "POWERTOOLS_SERVICE_NAME", "POWERTOOLS_METRICS_NAMESPACE", "DATABASE_SECRET_ARN", "RUN_QUEUE_URL",
         "KAIROS_PUBLIC_URL", "KAIROS_EGRESS_ALLOW", "KAIROS_AUTH", "DATABASE_PROXY_HOST",
+        "KAIROS_SECRET_PREFIX", "KAIROS_SHARED_SECRETS",
     } <= set(variables)
+    assert variables["KAIROS_SECRET_PREFIX"] == {"Ref": "AgentSecretPrefix"}
+    assert variables["KAIROS_SHARED_SECRETS"] == {"Ref": "SharedSecrets"}
     assert variables["POWERTOOLS_SERVICE_NAME"] == "kairos"
     assert variables["POWERTOOLS_METRICS_NAMESPACE"] == "Kairos"
     assert variables["RUN_QUEUE_URL"] == {"Ref": "RunQueue"}
@@ -413,7 +428,7 @@ def test_parameters_for_an_existing_database_and_optional_features() -> None:
     parameters = template()["Parameters"]
     assert {"DatabaseSecretArn", "JwtIssuer", "JwtAudience"} <= {k for k, v in parameters.items() if "Default" not in v}
     for optional in ("SubnetIds", "SecurityGroupIds", "DatabaseProxyEndpoint", "PublicUrl", "EgressAllow",
-                     "AlarmTopicArn"):
+                     "AlarmTopicArn", "SharedSecrets"):
         assert parameters[optional]["Default"] == "", optional
     for other in ("LogRetentionDays", "RunReservedConcurrency", "AgentSecretPrefix"):
         assert "Default" in parameters[other]

@@ -1,7 +1,8 @@
 """The agent JSON's strict model (DESIGN.md "The run"), for ``kairos.conversations.validate_agent``.
 
 Role: the one pydantic model of an agent config: declared fields only, secrets only as references
-(``env:NAME`` or a Secrets Manager ARN), ``base_url`` an http(s) URL without credentials.
+(``env:NAME`` or a Secrets Manager ARN; whose they may be is ``kairos.secrets.check``'s rule),
+``base_url`` an http(s) URL without credentials.
 
 Kept apart from ``kairos.conversations`` so that importing conversations (which the tick and the run
 function do on every cold start) does not import pydantic; only code that validates an agent — the
@@ -18,7 +19,7 @@ from urllib.parse import urlsplit
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, field_validator
 from pydantic_core import PydanticCustomError
 
-from kairos.conversations import SECRET_REFERENCE_HINT, is_secret_reference
+from kairos import secrets
 
 
 class AgentConfig(BaseModel):
@@ -48,6 +49,6 @@ class AgentConfig(BaseModel):
     @field_validator("api_key_secret")
     @classmethod
     def _reference(cls, value: str | None) -> str | None:
-        if value is not None and not is_secret_reference(value):
-            raise PydanticCustomError("secret_reference", SECRET_REFERENCE_HINT)
+        if value is not None and not secrets.is_reference(value):
+            raise PydanticCustomError("secret_reference", secrets.HINT)
         return value

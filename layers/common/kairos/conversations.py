@@ -14,8 +14,8 @@ Guarantees:
   must run inside the caller's transaction (on an autocommit connection it opens its own).
 * ``get`` and ``inbox`` are scoped to the owner; another owner's conversation raises the same
   ``NotFound("conversation")`` as a missing one.
-* ``validate_agent`` accepts only declared fields, and only *references* to secrets
-  (``env:NAME`` or a Secrets Manager ARN), never a literal key.
+* ``validate_agent`` accepts only declared fields, and only *references* to secrets that the owner
+  may send to the agent's ``base_url`` (``kairos.secrets.check``), never a literal key.
 
 Must not: log or return secrets; log prompts or entry contents; rewrite or delete entries.
 ``entries``, ``latest_seq``, ``append``, ``fork``, ``note`` and ``lineage_has_run`` are internal
@@ -24,7 +24,6 @@ Must not: log or return secrets; log prompts or entry contents; rewrite or delet
 
 from __future__ import annotations
 
-import re
 import uuid
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager, nullcontext
@@ -47,17 +46,6 @@ NOTES_KEPT = 50
 TITLE_MAX = 200
 ROLES = ("system", "user", "assistant", "tool")
 EXECUTORS = ("openai", "bedrock", "http", "echo")
-
-# Secrets are referenced, never stored: an environment variable name or a Secrets Manager ARN.
-_ENV_REFERENCE = re.compile(r"env:[A-Za-z_][A-Za-z0-9_]{0,127}")
-_ARN_REFERENCE = re.compile(r"arn:aws(?:-[a-z]+)*:secretsmanager:[a-z0-9-]+:\d{12}:secret:[A-Za-z0-9/_+=.@!-]{1,512}")
-SECRET_REFERENCE_HINT = "give a reference, env:NAME or a Secrets Manager ARN, never the secret itself"  # noqa: S105 (a hint, not a secret)
-
-
-def is_secret_reference(value: str) -> bool:
-    """True for ``env:NAME`` and Secrets Manager ARNs; anything else may be a literal secret."""
-    return bool(_ENV_REFERENCE.fullmatch(value) or _ARN_REFERENCE.fullmatch(value))
-
 
 # --- Pydantic errors in the house shape -------------------------------------------------------
 
@@ -120,8 +108,14 @@ _EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
 }
 
 
-def validate_agent(raw: object, *, field: str = "agent") -> dict[str, Any]:
-    """The agent JSON, normalized (unset fields dropped); ``ValidationFailed`` naming ``agent.<name>``."""
+def validate_agent(raw: object, *, owner: str | None, field: str = "agent") -> dict[str, Any]:
+    """The agent JSON, normalized (unset fields dropped); ``ValidationFailed`` naming ``agent.<name>``.
+
+    With an ``owner``, its ``api_key_secret`` must also be one that owner may send to the agent's
+    ``base_url`` (rules ``secret_reference`` / ``secret_audience``). ``owner=None`` checks the shape
+    only: for a run's own thread, whose agent was checked when written and is checked again by the
+    executor before every call.
+    """
     if not isinstance(raw, Mapping):
         raise ValidationFailed([FieldError(field, "type", "give the agent as a JSON object")])
     from pydantic import ValidationError  # pydantic only on the paths that validate an agent
@@ -139,6 +133,13 @@ def validate_agent(raw: object, *, field: str = "agent") -> dict[str, Any]:
         for name in _EXECUTOR_NEEDS.get(executor, ()):
             if raw.get(name) is None:
                 problems.append(FieldError(f"{field}.{name}", "required", f"the {executor} executor needs {name}"))
+    if config is not None and owner is not None and config.api_key_secret is not None:
+        from kairos import secrets
+
+        try:
+            secrets.check(config.api_key_secret, owner=owner, audience=config.base_url)
+        except secrets.Refused as refused:
+            problems.append(secrets.field_error(refused, f"{field}.api_key_secret"))
     if problems or config is None:
         raise ValidationFailed(problems)
     return config.model_dump(exclude_none=True)
@@ -249,7 +250,9 @@ def create(
     problems: list[FieldError] = []
     config: dict[str, Any] = {}
     try:
-        config = validate_agent(agent)
+        # A run's own thread (origin_run_id) copies an agent checked when it was written; the executor
+        # checks its secret reference again before every call.
+        config = validate_agent(agent, owner=None if origin_run_id is not None else owner)
     except ValidationFailed as error:
         problems.extend(error.fields)
     if title is not None and not isinstance(title, str):

@@ -68,6 +68,7 @@ from pydantic import (
 from pydantic_core import PydanticCustomError
 
 from kairos import conversations, db
+from kairos import secrets as kairos_secrets
 from kairos.conversations import field_errors
 from kairos.errors import Conflict, FieldError, Forbidden, KairosError, LimitExceeded, NotFound, ValidationFailed
 from kairos.instants import rfc3339
@@ -160,19 +161,29 @@ class SigningConfig(BaseModel):
     @field_validator("secret")
     @classmethod
     def _reference(cls, value: str) -> str:
-        if not conversations.is_secret_reference(value):
-            raise PydanticCustomError("secret_reference", conversations.SECRET_REFERENCE_HINT)
+        if not kairos_secrets.is_reference(value):
+            raise PydanticCustomError("secret_reference", kairos_secrets.HINT)
         return value
 
 
-def validate_signing(raw: object) -> dict[str, Any]:
-    """The signing JSON, normalized; ``ValidationFailed`` naming ``signing.<name>``."""
+def validate_signing(raw: object, *, owner: str) -> dict[str, Any]:
+    """The signing JSON, normalized; ``ValidationFailed`` naming ``signing.<name>``.
+
+    The secret must be one of the owner's own (a signing secret has no model host, so no shared
+    ``env:`` key qualifies): otherwise the hook would verify against, and so reveal, a key that is
+    not theirs.
+    """
     if not isinstance(raw, Mapping):
         raise ValidationFailed([FieldError("signing", "type", "give signing as a JSON object")])
     try:
-        return SigningConfig.model_validate(dict(raw)).model_dump()
+        config = SigningConfig.model_validate(dict(raw))
     except ValidationError as error:
         raise ValidationFailed(field_errors(error, prefix="signing")) from None
+    try:
+        kairos_secrets.check(config.secret, owner=owner, audience=None)
+    except kairos_secrets.Refused as refused:
+        raise ValidationFailed([kairos_secrets.field_error(refused, "signing.secret")]) from None
+    return config.model_dump()
 
 
 _DAILY = re.compile(r"(\d{1,2})\s+(\d{1,2})\s+\*\s+\*\s+\*")
@@ -211,7 +222,7 @@ def canonicalize(raw: Mapping[str, Any]) -> dict[str, Any]:
     return body
 
 
-def parse_request(raw: object, *, now: datetime | None = None) -> ScheduleRequest:
+def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> ScheduleRequest:
     """Canonicalize, validate strictly, check the kind's rules, the calendar and the frequency.
 
     Raises ``ValidationFailed`` listing every problem (field + rule), or ``LimitExceeded`` for a
@@ -230,12 +241,12 @@ def parse_request(raw: object, *, now: datetime | None = None) -> ScheduleReques
     signing: dict[str, Any] | None = None
     if body.get("agent") is not None:
         try:
-            agent = conversations.validate_agent(body["agent"])
+            agent = conversations.validate_agent(body["agent"], owner=owner)
         except ValidationFailed as error:
             problems.extend(error.fields)
     if body.get("signing") is not None:
         try:
-            signing = validate_signing(body["signing"])
+            signing = validate_signing(body["signing"], owner=owner)
         except ValidationFailed as error:
             problems.extend(error.fields)
 
@@ -524,7 +535,7 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
     if context_run_id is not None:
         raise _from_run()
     clock = _clock(conn, now)
-    request = parse_request(raw, now=clock)
+    request = parse_request(raw, owner=owner, now=clock)
 
     conversation = conversations.lock(conn, request.conversation_id, owner=owner)
     if conversations.lineage_has_run(conn, conversation.id):

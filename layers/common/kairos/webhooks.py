@@ -148,7 +148,8 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
     db_now: datetime = hook["now"]
     if hook["signing"]:
         try:
-            verify_signature(hook["signing"], body=delivery.body, headers=delivery.headers, now=db_now)
+            verify_signature(hook["signing"], body=delivery.body, headers=delivery.headers, now=db_now,
+                             owner=hook["owner"])
         except SignatureInvalid:
             _rejected("signature", schedule_id)
             raise
@@ -243,11 +244,15 @@ def _storable(value: Any) -> bool:
 
 
 def verify_signature(signing: Mapping[str, Any], *, body: bytes, headers: Mapping[str, str], now: datetime,
-                     secret: str | None = None) -> None:
-    """Raises ``SignatureInvalid`` unless the body carries a valid signature of the schedule's scheme."""
+                     owner: str, secret: str | None = None) -> None:
+    """Raises ``SignatureInvalid`` unless the body carries a valid signature of the schedule's scheme.
+
+    The secret reference is checked again for the schedule's ``owner`` (``kairos.secrets``): a
+    reference edited in the database cannot make the hook verify against someone else's key.
+    """
     scheme = signing.get("scheme")
     if secret is None:
-        secret = _resolve_secret(str(signing.get("secret", "")))
+        secret = _resolve_secret(str(signing.get("secret", "")), owner)
     if scheme == "github":
         presented = headers.get("x-hub-signature-256") or ""
         expected = "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
@@ -287,12 +292,12 @@ def _standard_key(secret: str) -> bytes:
     return secret.encode("utf-8")
 
 
-def _resolve_secret(reference: str) -> str:
+def _resolve_secret(reference: str, owner: str) -> str:
     from kairos import secrets
     from kairos.executors.base import ExecutorError
 
     try:
-        return secrets.resolve(reference)
+        return secrets.resolve(reference, owner=owner, audience=None)
     except ExecutorError:
         # Misconfiguration on our side; the sender only learns the signature could not be verified.
         logger.error("webhook signing secret unavailable", extra={"action": "webhook_secret_unavailable"})

@@ -175,6 +175,7 @@ _ERROR_TEXT = {
     400: "Malformed JSON body", 401: "No principal", 403: "Refused by policy", 404: "Not found",
     405: "Method not allowed", 409: "Conflict with the object's state", 413: "Body too large",
     415: "Unsupported media type", 422: "Validation failed", 429: "Rate limited", 500: "Internal error",
+    503: "A service Kairos depends on is unavailable",
 }
 
 
@@ -258,9 +259,8 @@ def _conversation_json(conversation: conversations.Conversation,
         summary="Create a conversation with an agent", has_body=True)
 def create_conversation(body: Annotated[models.ConversationCreate, Body()]) -> Response[dict[str, Any]]:
     owner = _principal()
-    agent = conversations.validate_agent(body.agent)
     with _database().transaction() as conn:
-        conversation = conversations.create(conn, owner=owner, agent=agent, title=body.title)
+        conversation = conversations.create(conn, owner=owner, agent=body.agent, title=body.title)
         entries = conversations.entries(conn, conversation.id)
     return _ok(201, models.ConversationEnvelope, {"conversation": _conversation_json(conversation, entries)})
 
@@ -411,6 +411,38 @@ def rotate_token(
         token = webhooks.rotate_token(conn, schedule_id, owner=owner, overlap_seconds=overlap)
         schedule = schedules.get(conn, schedule_id, owner=owner)
     return _ok(200, models.TokenRotated, {"schedule": schedule.as_json(), "webhook": _webhook(token)})
+
+
+# ---- owners' secrets ----------------------------------------------------------------------------
+# Values go to Secrets Manager under the caller's namespace and never come back; ``kairos.secrets``
+# (and boto3) is imported only by these routes.
+
+
+@_route("PUT", "/v1/secrets/<name>", status=200, model=models.SecretEnvelope, errors=(400, 415, 503),
+        summary="Store or replace one of your keys; answers the reference to give as api_key_secret",
+        has_body=True)
+def put_secret(name: str, body: Annotated[models.SecretPut, Body()]) -> Response[dict[str, Any]]:
+    from kairos import secrets
+
+    stored, _ = secrets.store(_principal(), name, body.value)
+    return _ok(200, models.SecretEnvelope, {"secret": stored.as_json()})
+
+
+@_route("GET", "/v1/secrets", status=200, model=models.SecretList, errors=(503,),
+        summary="Your keys' names and references (never their values)")
+def list_secrets() -> Response[dict[str, Any]]:
+    from kairos import secrets
+
+    return _ok(200, models.SecretList, {"secrets": [s.as_json() for s in secrets.list_owned(_principal())]})
+
+
+@_route("DELETE", "/v1/secrets/<name>", status=204, model=models.Empty, errors=(404, 503),
+        summary="Delete one of your keys at once (runs that name it then fail secret_unavailable)")
+def delete_secret(name: str) -> Response[None]:
+    from kairos import secrets
+
+    secrets.delete(_principal(), name)
+    return Response(status_code=204, content_type=JSON, body=None)
 
 
 # ---- webhooks -----------------------------------------------------------------------------------
@@ -727,6 +759,10 @@ def handle(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
             if spec.has_body:
                 _screen_body(event)
             result = app.resolve(dict(event), context)
+            if result.get("statusCode") == 204:  # No Content: no body (Powertools would write "null")
+                result["body"] = ""
+                for headers in (result.get("headers") or {}, result.get("multiValueHeaders") or {}):
+                    headers.pop("Content-Type", None)
     except KairosError as error:
         result = _to_lambda(error_response(error))
     except Exception as error:  # noqa: BLE001 - outside the resolver (settings, auth): same 500, logged

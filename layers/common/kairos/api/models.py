@@ -38,6 +38,12 @@ class ConversationCreate(_Strict):
     title: str | None = Field(default=None, max_length=200)
 
 
+class SecretPut(_Strict):
+    """``PUT /v1/secrets/{name}``: the key itself. It is stored in Secrets Manager, never returned."""
+
+    value: str = Field(min_length=1, description="the key; at most 65,536 bytes (UTF-8)")
+
+
 class TokenRotate(_Strict):
     """``POST /v1/schedules/{id}/token``: how long the previous token keeps working."""
 
@@ -90,6 +96,20 @@ class ScheduleCreated(_Strict):
 class TokenRotated(_Strict):
     schedule: ScheduleOut
     webhook: Webhook
+
+
+class SecretOut(_Strict):
+    name: str
+    reference: str = Field(description="give this as agent.api_key_secret or signing.secret")
+    updated_at: str
+
+
+class SecretEnvelope(_Strict):
+    secret: SecretOut
+
+
+class SecretList(_Strict):
+    secrets: list[SecretOut]
 
 
 class ScheduleList(_Strict):
@@ -160,6 +180,10 @@ class NoteOut(_Open):
 
 class Inbox(_Strict):
     notes: list[NoteOut]
+
+
+class Empty(_Strict):
+    """No body (204)."""
 
 
 class OpenApiDocument(_Open):
