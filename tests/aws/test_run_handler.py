@@ -225,3 +225,45 @@ def test_an_invocation_short_of_time_does_not_claim(stack: Stack) -> None:
 )
 def test_only_the_exact_body_shape_names_a_run(body: str, expected: uuid.UUID | None) -> None:
     assert worker.parse_run_id(body) == expected
+
+
+@pytest.mark.parametrize(
+    "event",
+    [
+        pytest.param({}, id="no-records"),
+        pytest.param({"Records": None}, id="records-null"),
+        pytest.param({"Records": []}, id="records-empty"),
+        pytest.param({"Records": "not a list"}, id="records-not-a-list"),
+        pytest.param({"detail-type": "Scheduled Event", "source": "aws.events"}, id="another-service"),
+    ],
+)
+def test_an_event_without_sqs_records_is_refused_in_one_line_and_acknowledged(
+        stack: Stack, event: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
+    response = app.handler(event, LambdaContext())
+
+    assert response == {"batchItemFailures": []}
+    refusals = [vars(r) for r in caplog.records if getattr(r, "action", None) == "bad_event"]
+    assert len(refusals) == 1
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]
+
+
+def test_records_without_an_id_or_a_body_are_refused_and_the_good_ones_run(
+        stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
+    good = factories.run(stack.db_url)
+    event = sqs_event(run_body(good["id"]))
+    no_id = {k: v for k, v in event["Records"][0].items() if k != "messageId"}
+    no_id["body"] = run_body(uuid.uuid4())
+    no_body = {**event["Records"][0], "messageId": "m-without-body"}
+    del no_body["body"]
+    numeric_body = {**event["Records"][0], "messageId": "m-numeric-body", "body": 7}
+    event["Records"] += [no_id, no_body, numeric_body, "not a record", None]
+
+    response = app.handler(event, LambdaContext())
+
+    # Nothing is sent back for garbage (it names no run SQS could deliver again), the good record ran.
+    assert response == {"batchItemFailures": []}
+    assert state(stack.db_url, good["id"])["state"] == "succeeded"
+    refusals = [vars(r) for r in caplog.records if getattr(r, "action", None) == "bad_record"]
+    assert [r["index"] for r in refusals] == [1, 2, 3, 4, 5]
+    assert [r["missing"] for r in refusals] == ["messageId", "body", "body", "messageId", "messageId"]
+    assert not [r for r in caplog.records if r.levelname in ("ERROR", "CRITICAL")]

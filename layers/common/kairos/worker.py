@@ -20,6 +20,9 @@ Per record:
   and the tick's repair re-sends the queued run once its handoff is stale: every path is safe,
   because the claim is a guarded update and a second message finds nothing to claim.
 * An invocation with too little time left does not claim a run: the record is reported failed.
+* An event that is not an SQS batch (no ``Records``, or none in it), and a record without a string
+  ``messageId`` and ``body``, is refused with one log line (``action=bad_event`` / ``bad_record``)
+  and acknowledged: it names no run, and SQS could not be told which message to deliver again.
 * A database error (connection lost, server down) raises for that record only: partial failure.
 
 Must not: trust anything in a message but the run id; log message bodies; share a database
@@ -116,6 +119,29 @@ def handle_record(
     return outcome
 
 
+def _well_formed(event: Any) -> list[dict[str, Any]]:
+    """The records of an SQS batch that carry a string ``messageId`` and ``body``; every other record,
+    and an event that is not a batch at all (or an empty one), gets one refusal line (never its content)."""
+    raw = event.get("Records") if isinstance(event, dict) else None
+    if not isinstance(raw, list) or not raw:
+        logger.warning("event without SQS records acknowledged",
+                       extra={"action": "bad_event", "event_type": type(event).__name__,
+                              "records_type": type(raw).__name__})
+        return []
+    kept: list[dict[str, Any]] = []
+    for index, record in enumerate(raw):
+        message_id = record.get("messageId") if isinstance(record, dict) else None
+        if isinstance(record, dict) and isinstance(message_id, str) and message_id \
+                and isinstance(record.get("body"), str):
+            kept.append(record)
+            continue
+        logger.warning("bad record acknowledged", extra={
+            "action": "bad_record", "index": index,
+            "message_id": message_id if isinstance(message_id, str) else None,
+            "missing": "messageId" if not isinstance(message_id, str) or not message_id else "body"})
+    return kept
+
+
 def handle_batch(
     event: dict[str, Any],
     context: Any,
@@ -126,6 +152,10 @@ def handle_batch(
     executor_factory: runs.ExecutorFactory | None = None,
 ) -> dict[str, Any]:
     """Processes one SQS batch; returns ``{"batchItemFailures": [{"itemIdentifier": …}, …]}``."""
+    records = _well_formed(event)
+    if not records:
+        return {"batchItemFailures": []}
+    event = {**event, "Records": records}
     database = db
     sender = send_retry if send_retry is not None else sqs_retry_sender(database, settings)
     remaining: Callable[[], int] | None = getattr(context, "get_remaining_time_in_millis", None)
