@@ -75,3 +75,39 @@ def test_changed_applied_file_is_refused(empty_db_url: str) -> None:
     edited = [Migration(9101, "thing", "CREATE TABLE thing (x int, y int)")]
     with pytest.raises(MigrationError, match="changed after it was applied"):
         migrations.apply(empty_db_url, edited)
+
+
+DIRTY_TARGETS = [
+    ("https://gw.example/v1/chat/completions?api-key=K1", "https://gw.example/v1/chat/completions"),
+    ("https://gw.example/v1?api-version=2024&key=K2#frag", "https://gw.example/v1"),
+    ("https://user:K3@gw.example:8443/hook", "https://gw.example:8443/hook"),
+    ("http://K4@gw.example/hook#x?y", "http://gw.example/hook"),
+    ("https://gw.example/a@b/c", "https://gw.example/a@b/c"),  # an @ in the path is no userinfo
+    ("https://bedrock-runtime.us-east-1.amazonaws.com/model/m/converse",
+     "https://bedrock-runtime.us-east-1.amazonaws.com/model/m/converse"),
+]
+
+
+def test_0006_scrubs_query_fragment_and_userinfo_from_recorded_effect_targets(db_url: str) -> None:
+    from kairos.executors.base import recorded_target
+
+    from tests import factories
+
+    # Given effects recorded before the scrub, with keys in their targets
+    run = factories.run(db_url, state="running")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for step, (dirty, _) in enumerate(DIRTY_TARGETS):
+            conn.execute(
+                """INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest,
+                                        state, settled_at)
+                   VALUES (gen_random_uuid(), %s, 1, 1, %s, 'model_call', false, %s, 'd', 'settled', now())""",
+                (run["id"], f"s{step}", dirty))
+        (scrub,) = [m for m in migrations.discover() if m.version == 6]
+
+        # When the migration runs over them
+        conn.execute(scrub.sql)
+
+        rows = dict(conn.execute("SELECT step, target FROM effects WHERE run_id = %s", (run["id"],)).fetchall())
+    # Then each keeps only scheme, host, port and path: what recorded_target keeps for a new row
+    for step, (dirty, clean) in enumerate(DIRTY_TARGETS):
+        assert rows[f"s{step}"] == clean == recorded_target(dirty)

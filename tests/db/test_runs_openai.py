@@ -142,3 +142,30 @@ def test_a_503_is_retried_on_the_same_run_with_a_new_attempt(db: Database, db_ur
     assert fake_openai.requests[0]["raw"] == fake_openai.requests[1]["raw"]  # the same transcript and prompt
     row = _one(db_url, "SELECT attempt, output FROM runs WHERE id = %s", run["id"])
     assert row["attempt"] == 2 and row["output"]["attempt"] == 2
+
+
+@pytest.mark.parametrize("executor", ["openai", "http"])
+def test_an_effect_target_keeps_no_query_fragment_or_userinfo(db: Database, db_url: str, fake_openai: FakeOpenAI,
+                                                              executor: str) -> None:
+    # Given a base_url that carries a key in its query (some gateways take ?api-key=) and a fragment
+    agent = {**_agent(fake_openai), "executor": executor,
+             "base_url": f"{fake_openai.base_url}?api-key=QUERY-KEY-123&x=1#frag-SECRET"}
+    if executor == "http":
+        del agent["model"], agent["system"], agent["max_tokens"]
+    sched = factories.schedule(db_url, agent=agent)
+    run = factories.run(db_url, schedule_row=sched)
+
+    outcome = runs.process(db, run["id"], settings=SETTINGS)
+
+    # Then the call still carried the query to the peer, but the ledger and the trace keep none of it
+    assert outcome.result == "succeeded"
+    (request,) = fake_openai.requests
+    assert "api-key=QUERY-KEY-123" in request["path"]
+    effect = _one(db_url, "SELECT target FROM effects WHERE run_id = %s", run["id"])
+    expected = f"{fake_openai.base_url}/chat/completions" if executor == "openai" else fake_openai.base_url
+    assert effect["target"] == expected
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        stored = json.dumps([list(r) for r in conn.execute(
+            "SELECT e.*, (SELECT json_agg(v) FROM run_events v WHERE v.run_id = e.run_id) FROM effects e")],
+            default=str)
+    assert "QUERY-KEY-123" not in stored and "frag-SECRET" not in stored

@@ -29,6 +29,7 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from kairos import db, trace
+from kairos.executors.base import recorded_target
 from kairos.states import EffectState, EventType
 
 
@@ -83,7 +84,8 @@ def reserve(
     now: datetime | None = None,
 ) -> Effect | None:
     """Reserves one effect and traces ``effect.reserved`` (one statement); None when the fence no
-    longer holds or a cancel was requested (no call may start after one)."""
+    longer holds or a cancel was requested (no call may start after one). ``target`` is kept without
+    userinfo, query or fragment (``recorded_target``), whatever the executor passed."""
     row = db.fetch_one(
         conn,
         "effects_reserve",
@@ -94,7 +96,7 @@ def reserve(
             "step": step,
             "kind": kind,
             "mutation": mutation,
-            "target": target,
+            "target": recorded_target(target),
             "digest": digest,
             "now": now,
         },

@@ -20,6 +20,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -51,7 +52,7 @@ class PreparedCall:
     kind: EffectKind
     mutation: bool
     method: str
-    url: str  # what is recorded as the effect's target (no credentials, no query secrets)
+    url: str  # what is recorded as the effect's target: ``recorded_target`` (no userinfo, query or fragment)
     body: bytes
     digest: str  # SHA-256 hex of body
     headers: dict[str, str] = field(default_factory=dict, repr=False)  # may carry credentials: never log
@@ -125,6 +126,20 @@ def canonical_json(value: Any) -> bytes:
 
 def digest(body: bytes) -> str:
     return hashlib.sha256(body).hexdigest()
+
+
+_USERINFO = re.compile(r"^([A-Za-z][A-Za-z0-9+.\-]*://)[^/?#]*@")
+
+
+def recorded_target(url: str) -> str:
+    """``url`` as the effects ledger keeps it: scheme, host, port and path only.
+
+    The query and fragment are cut at the first ``?`` or ``#`` and any ``userinfo@`` is dropped: a
+    ``base_url`` may carry a key (``?api-key=…``) that the call needs but no record may keep. Plain
+    text rules, not a URL parser, so a malformed URL cannot slip through, and migration
+    ``0006_effect_targets_scrubbed`` applies the same two rules to rows written before.
+    """
+    return _USERINFO.sub(r"\1", re.split(r"[?#]", url, maxsplit=1)[0])
 
 
 # Bounds shared by the executors. A model's output is capped at 8,192 tokens; a reply's content at

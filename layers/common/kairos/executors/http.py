@@ -51,6 +51,7 @@ from kairos.executors.base import (
     bounded_content,
     canonical_json,
     digest,
+    recorded_target,
 )
 
 
@@ -102,7 +103,7 @@ class HttpExecutor:
             "webhook-timestamp": str(timestamp),
             "webhook-signature": sign(key, message_id=message_id, timestamp=timestamp, body=body),
         }
-        return PreparedCall(kind="http_call", mutation=True, method="POST", url=base_url, body=body,
+        return PreparedCall(kind="http_call", mutation=True, method="POST", url=recorded_target(base_url), body=body,
                             digest=digest(body), headers=headers, target=target)
 
     def send(self, prepared: PreparedCall, *, timeout: float) -> Reply:

@@ -54,6 +54,7 @@ from kairos.executors.base import (
     canonical_json,
     digest,
     max_tokens,
+    recorded_target,
     user_content,
 )
 
@@ -92,7 +93,7 @@ class OpenAIExecutor:
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "kairos"}
         if key_ref is not None:
             headers["Authorization"] = f"Bearer {self._secret(key_ref, owner=request.owner, audience=base_url)}"
-        return PreparedCall(kind="model_call", mutation=False, method="POST", url=url, body=body,
+        return PreparedCall(kind="model_call", mutation=False, method="POST", url=recorded_target(url), body=body,
                             digest=digest(body), headers=headers, target=target)
 
     def send(self, prepared: PreparedCall, *, timeout: float) -> Reply:
