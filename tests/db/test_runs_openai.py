@@ -169,3 +169,43 @@ def test_an_effect_target_keeps_no_query_fragment_or_userinfo(db: Database, db_u
             "SELECT e.*, (SELECT json_agg(v) FROM run_events v WHERE v.run_id = e.run_id) FROM effects e")],
             default=str)
     assert "QUERY-KEY-123" not in stored and "frag-SECRET" not in stored
+
+
+def _visible(url: str, run_id: Any) -> dict[str, Any]:
+    """What the owner can see of a run: state, attempts, diagnosis, and the trace without ids and times."""
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
+        row = conn.execute("SELECT state, attempt, diagnosis, usage, output FROM runs WHERE id = %s",
+                           (run_id,)).fetchone()
+        events = conn.execute("SELECT seq, type, attempt, step, data FROM run_events WHERE run_id = %s ORDER BY seq",
+                              (run_id,)).fetchall()
+    assert row is not None
+    for event in events:
+        event["data"] = {k: v for k, v in (event["data"] or {}).items() if not k.endswith("_id")}
+    return {**row, "events": events}
+
+
+def test_a_private_name_and_a_name_that_does_not_resolve_fail_alike(db: Database, db_url: str) -> None:
+    # Given two agents: one whose host resolves to a loopback address (not allowed here), one whose
+    # host does not resolve at all (.invalid never does)
+    private = factories.schedule(db_url, agent={"executor": "openai", "model": "m", "base_url": "http://localhost:9/v1"})
+    missing = factories.schedule(db_url, agent={"executor": "openai", "model": "m",
+                                                "base_url": "http://kairos-no-such-host.invalid:9/v1"})
+    runs_ = [factories.run(db_url, schedule_row=private), factories.run(db_url, schedule_row=missing)]
+
+    # When each runs until it ends (retries included)
+    outcomes: list[list[tuple[str, str | None]]] = []
+    for run in runs_:
+        seen: list[tuple[str, str | None]] = []
+        for _ in range(5):
+            outcome = runs.process(db, run["id"], settings=Settings())
+            seen.append((outcome.result, outcome.reason_code))
+            if outcome.result != "retry":
+                break
+        outcomes.append(seen)
+
+    # Then the owner sees the same thing for both: reason, retries, diagnosis and trace
+    assert outcomes[0] == outcomes[1]
+    assert outcomes[0][-1] == ("failed", "connect_failed")
+    first, second = (_visible(db_url, run["id"]) for run in runs_)
+    assert first == second
+    assert first["diagnosis"]["reason_code"] == "connect_failed"

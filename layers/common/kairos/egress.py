@@ -6,8 +6,11 @@ public (``ipaddress`` ``is_global``) or it, its network, or the host by name is 
 (``KAIROS_EGRESS_ALLOW``: hosts, addresses or CIDRs). Link-local addresses (169.254.0.0/16,
 fe80::/10), cloud metadata endpoints and the unspecified address are refused always, listed or not;
 an IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is judged by that
-too. A refusal is ``ExecutorError("egress_refused")`` naming the address and why; a host that does not
-resolve is ``connect_failed`` (retry-safe: nothing was sent).
+too. A refused literal address is ``ExecutorError("egress_refused")`` naming the address and why. A host
+*name* that does not resolve, or resolves to an address that is refused, is one and the same
+``connect_failed`` (retry-safe: nothing was sent) with one message: a run's reason must not tell an
+owner what the function's resolver knows (which internal names exist and where they point). The
+difference is logged for the operator only (``egress.unresolved`` / ``egress.refused``).
 
 ``post(target, …)`` sends one POST to an approved address and never resolves the name again, so a
 DNS answer that changes between check and connect (rebinding) cannot redirect it: the TCP connection
@@ -121,9 +124,11 @@ def check(url: str, *, allow: Sequence[str], resolve: Resolver = socket.getaddri
     for address in addresses:
         refusal = _refusal(address, host_allowed=host in allowed_hosts, networks=allowed_networks)
         if refusal is not None:
-            shown = host if literal is not None else f"{host} ({address})"
-            logger.warning("egress refused", extra={"action": "egress.refused", "host": host, "address": str(address)})
-            raise ExecutorError("egress_refused", f"egress to {shown} refused: {address} is {refusal}")
+            logger.warning("egress refused", extra={"action": "egress.refused", "host": host, "address": str(address),
+                                                    "why": refusal})
+            if literal is None:
+                raise _unreachable(host)  # the same answer as a name that does not resolve
+            raise ExecutorError("egress_refused", f"egress to {host} refused: {address} is {refusal}")
         approved.append(address)
     ordered = sorted(dict.fromkeys(approved), key=lambda a: a.version)  # IPv4 first: Lambda may lack IPv6
     return ResolvedTarget(url=url, scheme=scheme, host=host, port=port, path=path,
@@ -239,17 +244,27 @@ def _literal(host: str) -> IPAddress | None:
         return None
 
 
+def _unreachable(host: str) -> ExecutorError:
+    """The one failure of a host name without an approved address, whether it did not resolve or
+    resolved to a refused address: same reason, same retry, same message."""
+    return ExecutorError("connect_failed", f"{host} could not be reached: no allowed address", retry_safe=True)
+
+
 def _resolve(host: str, port: int, resolve: Resolver) -> list[IPAddress]:
     try:
         infos = resolve(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
-        raise ExecutorError("connect_failed", f"{host} did not resolve", retry_safe=True) from exc
+        logger.warning("host did not resolve", extra={"action": "egress.unresolved", "host": host,
+                                                        "error": type(exc).__name__})
+        raise _unreachable(host) from exc
     addresses: list[IPAddress] = []
     for info in infos:
         raw = str(info[4][0]).split("%", 1)[0]  # drop an IPv6 zone id
         addresses.append(ipaddress.ip_address(raw))
     if not addresses:
-        raise ExecutorError("connect_failed", f"{host} did not resolve", retry_safe=True)
+        logger.warning("host did not resolve", extra={"action": "egress.unresolved", "host": host,
+                                                        "error": "no_address"})
+        raise _unreachable(host)
     return addresses
 
 

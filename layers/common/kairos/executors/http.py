@@ -15,7 +15,7 @@ redirects) to the checked address, and only says "retry-safe" when nothing can h
 | outcome | reason_code | retry_safe | outcome_unknown |
 |---|---|---|---|
 | 2xx | (a ``Reply`` with the response text) | | |
-| connection refused, DNS failure, connect timeout, TLS failure | connect_failed | yes | no |
+| refused, no (allowed) address for the name, connect timeout, TLS failure | connect_failed | yes | no |
 | sent, no status line in time | timeout | no | yes |
 | connection dropped after sending, no status line | ambiguous_effect | no | yes |
 | 429 (the target refused the request) | rate_limited | yes | no |

@@ -13,7 +13,7 @@ classifies what happened:
 
 | outcome | reason_code | retry_safe | outcome_unknown |
 |---|---|---|---|
-| connection refused, DNS failure, connect timeout, TLS failure | connect_failed | yes | no |
+| refused, no (allowed) address for the name, connect timeout, TLS failure | connect_failed | yes | no |
 | sent, no (complete) answer in time | timeout | no | yes |
 | connection dropped after sending, no status | peer_error | no | yes |
 | 429 | rate_limited | yes | no |
