@@ -33,6 +33,8 @@ class AgentConfig(BaseModel):
     base_url: StrictStr | None = Field(default=None, max_length=2_048)
     api_key_secret: StrictStr | None = Field(default=None, max_length=2_048)
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=8_192)
+    # Bounded model input (DESIGN.md "The run"): default 16,000 when unset (kairos.executors.base).
+    max_input_tokens: StrictInt | None = Field(default=None, ge=1, le=100_000)
 
     @field_validator("base_url")
     @classmethod

@@ -18,7 +18,7 @@ Guarantees:
   may send to the agent's ``base_url`` (``kairos.secrets.check``), never a literal key.
 
 Must not: log or return secrets; log prompts or entry contents; rewrite or delete entries.
-``entries``, ``latest_seq``, ``append``, ``fork``, ``note`` and ``lineage_has_run`` are internal
+``entries``, ``window``, ``latest_seq``, ``append``, ``fork``, ``note`` and ``lineage_has_run`` are internal
 (the caller has already checked ownership) and take no owner.
 """
 
@@ -300,6 +300,28 @@ def entries(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID) -> lis
     """
     return [Entry.from_row(r) for r in db.fetch_all(conn, "conversation_entries_list",
                                                     {"conversation_id": conversation_id})]
+
+
+@dataclass(frozen=True)
+class Window:
+    """The newest entries of a transcript that fit a budget (oldest first) and how many were left out."""
+
+    entries: tuple[Entry, ...]
+    elided: int
+
+
+def window(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, budget_chars: int,
+           entry_overhead: int, exclude_run: uuid.UUID | None = None) -> Window:
+    """As many of the newest entries of the merged transcript as fit ``budget_chars``, each costing
+    its length plus ``entry_overhead``, leaving out ``exclude_run``'s own entries. Chosen in SQL: only
+    the entries that fit are read into memory, however long the transcript."""
+    if entry_overhead < 1:
+        raise ValueError("entry_overhead must be positive")
+    rows = db.fetch_all(conn, "conversation_entries_window",
+                        {"conversation_id": conversation_id, "run_id": exclude_run,
+                         "budget": max(0, budget_chars), "overhead": entry_overhead})
+    kept = tuple(Entry.from_row(r) for r in rows if r["seq"] is not None)
+    return Window(kept, int(rows[0]["elided"]) if rows else 0)
 
 
 def latest_seq(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID) -> int:

@@ -14,7 +14,7 @@ by the next claim and may be replayed: it changed nothing outside, and the resta
 tokens a replay can cost.
 
 Must not: make calls, read prompts or replies, or write anything but ids, kinds, digests, usage
-counts and reason codes. Events carry no target URL or digest (trace data stays minimal).
+and input counts and reason codes. Events carry no target URL or digest (trace data stays minimal).
 """
 
 from __future__ import annotations
@@ -81,11 +81,13 @@ def reserve(
     target: str,
     digest: str,
     *,
+    data: Mapping[str, Any] | None = None,
     now: datetime | None = None,
 ) -> Effect | None:
     """Reserves one effect and traces ``effect.reserved`` (one statement); None when the fence no
     longer holds or a cancel was requested (no call may start after one). ``target`` is kept without
-    userinfo, query or fragment (``recorded_target``), whatever the executor passed."""
+    userinfo, query or fragment (``recorded_target``), whatever the executor passed. ``data`` adds
+    keys to the event (counts only, never content), e.g. ``{"input": …}`` for a model call's window."""
     row = db.fetch_one(
         conn,
         "effects_reserve",
@@ -98,6 +100,7 @@ def reserve(
             "mutation": mutation,
             "target": recorded_target(target),
             "digest": digest,
+            "data": None if data is None else Jsonb(dict(data)),
             "now": now,
         },
     )

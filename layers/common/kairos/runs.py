@@ -25,6 +25,11 @@ Guarantees:
   The lease extension commits without waiting for the WAL flush (see ``runs_heartbeat``).
 * A run whose cancel was requested can never publish success (the success statement requires
   ``cancel_requested_at IS NULL``); its worker ends it ``cancelled`` at the next boundary.
+* Model input is bounded (openai, bedrock): the system prompt, the run's user turn and as many of the
+  newest transcript entries as fit the agent's ``max_input_tokens`` (characters / 4), older ones left
+  out behind one marker; the window is chosen in SQL (``conversations.window``) and its counts are
+  traced on ``effect.reserved`` (``input``). A system prompt and user turn that alone exceed the
+  limit fail ``input_too_large`` before any call.
 * A run's runtime is bounded by ``runtime_limit_seconds`` (server-capped below the Lambda timeout,
   and by the invocation's remaining time); exceeding it fails the run with ``runtime_limit``.
 * Failures end in a closed diagnosis (``diagnose``): summary, scope, reason code, retry eligibility
@@ -37,6 +42,7 @@ database owns state and time; the local monotonic clock only bounds this process
 
 from __future__ import annotations
 
+import math
 import threading
 import time
 from collections.abc import Callable, Mapping, Sequence
@@ -51,7 +57,20 @@ from psycopg.types.json import Jsonb
 
 from kairos import conversations, db, effects, trace
 from kairos.errors import KairosError, NotFound
-from kairos.executors.base import REASON_CODES, ExecutionRequest, Executor, ExecutorError, Message, Reply
+from kairos.executors.base import (
+    CHARS_PER_TOKEN,
+    DEFAULT_MAX_INPUT_TOKENS,
+    ENTRY_OVERHEAD_CHARS,
+    REASON_CODES,
+    ExecutionRequest,
+    Executor,
+    ExecutorError,
+    Message,
+    Reply,
+    elision_marker,
+    max_input_tokens,
+    user_content,
+)
 from kairos.observability import logger, metrics
 from kairos.settings import Settings
 from kairos.states import EventType, Mode, RunState
@@ -103,6 +122,8 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "malformed_reply": ("step", True, ("retry_run", "check_agent_config"),
                         "The agent's endpoint answered something that is not a usable reply."),
     "reply_too_large": ("step", False, ("check_agent_config",), "The agent's reply exceeded the size limit."),
+    "input_too_large": ("step", False, ("check_agent_config",),
+                        "The run's prompt and the agent's system prompt alone exceed the agent's input limit."),
     "ambiguous_effect": ("step", False, ("check_target",),
                          "An external call may or may not have taken effect, so the run is not replayed."),
     "runtime_limit": ("run", False, ("raise_runtime_limit", "check_target"), "The run exceeded its runtime limit."),
@@ -119,6 +140,11 @@ HOOK_POINTS: frozenset[str] = frozenset(
 )
 
 ExecutorFactory = Callable[..., Executor]
+
+# The executors that send the transcript to a model: their input is bounded by max_input_tokens.
+MODEL_EXECUTORS: frozenset[str] = frozenset({"openai", "bedrock"})
+# What the elision marker may cost at most (its longest text and its framing).
+_MARKER_CHARS = len(elision_marker(10**9)) + ENTRY_OVERHEAD_CHARS
 
 
 def diagnose(
@@ -605,13 +631,27 @@ class _Failure(Exception):
         self.summary = summary
 
 
+@dataclass(frozen=True)
+class _ModelInput:
+    """The bounded model input of one attempt: the window chosen, and what the trace records of it."""
+
+    transcript: tuple[Message, ...]  # the elision marker (when entries were left out), then the newest entries
+    limit: int | None  # the agent's max_input_tokens (capped); None when the agent's value is invalid
+    too_large: bool  # the system prompt and the user turn alone exceed the limit
+    record: dict[str, int]  # counts for effect.reserved: limit, estimate, entries sent and left out
+
+
 @dataclass
 class _Claimed:
     row: db.Row
     fence: int
     attempt: int
     conversation_id: UUID
-    transcript: tuple[Message, ...]
+    model_input: _ModelInput
+
+    @property
+    def transcript(self) -> tuple[Message, ...]:
+        return self.model_input.transcript
 
 
 @dataclass
@@ -676,14 +716,36 @@ class _Execution:
                                    content=_prompt_entry(self.run_id, row), now=self.now)
                 if seq is None:
                     raise RuntimeError("fence changed while the run row was locked")
-            transcript = tuple(
-                Message(e.role, e.content)
-                for e in conversations.entries(conn, conversation_id)
-                if e.run_id != self.run_id
-            )
-        self.claimed = _Claimed(row, fence, attempt, conversation_id, transcript)
+            model_input = self._model_input(conn, row, conversation_id)
+        self.claimed = _Claimed(row, fence, attempt, conversation_id, model_input)
         self.hooks.fire("after_claim", run_id=self.run_id, fence=fence)
         return None
+
+    def _model_input(self, conn: psycopg.Connection[db.Row], row: db.Row, conversation_id: UUID) -> _ModelInput:
+        """The system prompt, the run's user turn and as many of the newest transcript entries as fit
+        ``max_input_tokens`` (characters / 4); older entries are left out behind one marker. The
+        window is chosen in SQL (``conversations.window``): the rest of the transcript is never read."""
+        agent: dict[str, Any] = dict(row["agent"] or {})
+        try:
+            limit: int | None = max_input_tokens(agent)
+        except ExecutorError:
+            limit = None  # execute() fails the run agent_invalid before any call
+        budget = (limit or DEFAULT_MAX_INPUT_TOKENS) * CHARS_PER_TOKEN
+        system = agent.get("system")
+        fixed = (len(system) if isinstance(system, str) else 0) + len(user_content(str(row["prompt"]), row["payload"]))
+        window = conversations.window(conn, conversation_id, budget_chars=budget - fixed - _MARKER_CHARS,
+                                      entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=self.run_id)
+        transcript = [Message(e.role, e.content) for e in window.entries]
+        used = fixed + sum(len(e.content) + ENTRY_OVERHEAD_CHARS for e in window.entries)
+        if window.elided:
+            marker = elision_marker(window.elided)
+            if used + len(marker) + ENTRY_OVERHEAD_CHARS <= budget:
+                transcript.insert(0, Message("system", marker))
+                used += len(marker) + ENTRY_OVERHEAD_CHARS
+        record = {"max_input_tokens": limit or DEFAULT_MAX_INPUT_TOKENS,
+                  "estimated_tokens": math.ceil(used / CHARS_PER_TOKEN),
+                  "entries": len(window.entries), "elided": window.elided}
+        return _ModelInput(tuple(transcript), limit, fixed > budget, record)
 
     def _resolve_conversation(self, conn: psycopg.Connection[db.Row], row: db.Row, fence: int) -> UUID:
         """The target: the one the claim set (append, or kept from an earlier attempt), else a new
@@ -736,6 +798,11 @@ class _Execution:
         agent: dict[str, Any] = dict(row["agent"] or {})
         step = str(row["first_step"])  # the claim wrote its step.started
         self._check_stop()
+        model_call = str(agent.get("executor", "")) in MODEL_EXECUTORS
+        if model_call and claimed.model_input.limit is None:
+            raise _Failure("agent_invalid", summary="The agent's max_input_tokens is not a positive integer.")
+        if model_call and claimed.model_input.too_large:
+            raise _Failure("input_too_large")
         request = ExecutionRequest(run_id=str(self.run_id), attempt=claimed.attempt, owner=str(row["owner"]),
                                    agent=agent, transcript=claimed.transcript, prompt=row["prompt"],
                                    payload=row["payload"])
@@ -749,7 +816,8 @@ class _Execution:
             raise _Failure("runtime_limit")
         with self.database.connection() as conn:  # one statement: its own transaction
             effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
-                                     prepared.mutation, prepared.url, prepared.digest, now=self.now)
+                                     prepared.mutation, prepared.url, prepared.digest, now=self.now,
+                                     data={"input": claimed.model_input.record} if model_call else None)
             if effect is None:  # the fence moved on, or a cancel was requested: which one decides the end
                 current = db.fetch_one(conn, "runs_get", {"run_id": self.run_id})
                 if (current is not None and current["state"] == RunState.RUNNING

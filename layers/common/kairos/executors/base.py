@@ -94,6 +94,7 @@ REASON_CODES: frozenset[str] = frozenset(
         "rate_limited",  # the peer answered 429
         "malformed_reply",  # the peer answered something we cannot read
         "reply_too_large",  # the peer's answer exceeded the bound
+        "input_too_large",  # the system prompt and the run's prompt alone exceed max_input_tokens
         "ambiguous_effect",  # a mutation whose outcome cannot be proven
         "runtime_limit",  # the run exceeded its runtime limit
         "lease_lost",  # another worker holds the run now
@@ -148,6 +149,32 @@ OUTPUT_TOKEN_CAP = 8192
 DEFAULT_MAX_TOKENS = 1024
 CONTENT_CHAR_LIMIT = 65_536
 READ_LIMIT = 1 << 20
+
+
+# Model input is bounded (DESIGN.md "The run"): the system prompt, the run's user turn and as many of
+# the newest transcript entries as fit the agent's ``max_input_tokens``, estimated as characters / 4.
+# An entry also costs its framing (role and JSON around the content), counted as 4 tokens, so an
+# empty entry is not free and a window never holds more than the budget / 16 entries.
+DEFAULT_MAX_INPUT_TOKENS = 16_000
+INPUT_TOKEN_CAP = 100_000
+CHARS_PER_TOKEN = 4
+ENTRY_OVERHEAD_CHARS = 16
+
+
+def max_input_tokens(agent: dict[str, Any]) -> int:
+    """``min(agent.max_input_tokens or 16000, 100000)``; ``agent_invalid`` unless a positive integer."""
+    value = agent.get("max_input_tokens")
+    if value is None:
+        return DEFAULT_MAX_INPUT_TOKENS
+    if isinstance(value, bool) or not isinstance(value, int) or value < 1:
+        raise ExecutorError("agent_invalid", "agent.max_input_tokens must be a positive integer")
+    return min(value, INPUT_TOKEN_CAP)
+
+
+def elision_marker(elided: int) -> str:
+    """The text that stands in for the ``elided`` oldest entries left out of a model's input."""
+    noun = "entry" if elided == 1 else "entries"
+    return f"[{elided} earlier {noun} of this conversation left out to fit the input limit]"
 
 
 def agent_text(agent: dict[str, Any], key: str, *, required: bool) -> str | None:

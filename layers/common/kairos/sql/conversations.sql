@@ -72,6 +72,44 @@ SELECT e.seq, e.role, e.content, e.run_id, e.created_at
  WHERE l.upto IS NULL OR e.seq <= l.upto
  ORDER BY e.seq, l.depth;
 
+-- name: conversation_entries_window
+-- The newest entries of the merged transcript that fit a budget of characters, oldest first, without
+-- the given run's own entries (bounded model input, DESIGN.md "The run"). An entry costs its length
+-- plus a fixed overhead (its framing), so at most budget / overhead + 1 of the newest entries are
+-- measured, and only the ones that fit are returned: the transcript is never read whole. The kept
+-- entries are a contiguous newest run (the running sum only grows), never a gap-filled selection.
+-- Every row carries the number of entries left out; when none fits, one row with a NULL seq.
+WITH RECURSIVE lineage (id, parent_id, fork_seq, upto, depth) AS (
+    SELECT id, parent_id, fork_seq, NULL::integer, 0 FROM conversations WHERE id = %(conversation_id)s
+    UNION ALL
+    SELECT p.id, p.parent_id, p.fork_seq, least(l.upto, l.fork_seq), l.depth + 1
+      FROM lineage l
+      JOIN conversations p ON p.id = l.parent_id
+     WHERE l.depth < 10000
+), newest AS (
+    SELECT n.seq, n.role, n.content, n.run_id, n.created_at,
+           sum(length(n.content) + %(overhead)s::integer) OVER (ORDER BY n.seq DESC) AS used
+      FROM (SELECT e.seq, e.role, e.content, e.run_id, e.created_at
+              FROM lineage l
+              JOIN conversation_entries e ON e.conversation_id = l.id
+             WHERE (l.upto IS NULL OR e.seq <= l.upto)
+               AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid)
+             ORDER BY e.seq DESC
+             LIMIT greatest(%(budget)s::integer, 0) / %(overhead)s::integer + 1) n
+), kept AS (
+    SELECT seq, role, content, run_id, created_at FROM newest WHERE used <= %(budget)s::integer
+), total AS (
+    SELECT count(*) AS entries
+      FROM lineage l
+      JOIN conversation_entries e ON e.conversation_id = l.id
+     WHERE (l.upto IS NULL OR e.seq <= l.upto)
+       AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid)
+)
+SELECT t.entries - (SELECT count(*) FROM kept) AS elided, k.seq, k.role, k.content, k.run_id, k.created_at
+  FROM total t
+  LEFT JOIN kept k ON true
+ ORDER BY k.seq;
+
 -- name: conversation_entries_append
 -- Appends one entry at the next seq of the merged transcript; the caller holds conversations_lock.
 INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)

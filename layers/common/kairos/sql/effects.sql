@@ -4,7 +4,7 @@
 
 -- name: effects_reserve (prepared)
 -- Reserves one external effect for the current fence holder, unless a cancel was requested, and
--- traces effect.reserved, in one statement (zero rows: the fence is stale or the run is cancelling).
+-- traces effect.reserved (with the caller's extra counts, e.g. the model input window), in one statement (zero rows: the fence is stale or the run is cancelling).
 WITH authority AS (
     UPDATE runs
        SET last_seq = last_seq + 1
@@ -22,6 +22,7 @@ WITH authority AS (
     INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
     SELECT a.id, a.last_seq, 'effect.reserved', coalesce(%(now)s::timestamptz, now()), a.attempt, a.fence, r.step,
            jsonb_build_object('effect_id', r.id, 'kind', r.kind, 'mutation', r.mutation)
+               || coalesce(%(data)s::jsonb, '{}'::jsonb)
       FROM authority a CROSS JOIN reserved r
 )
 SELECT * FROM reserved;
