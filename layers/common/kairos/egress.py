@@ -37,7 +37,7 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError, ProtocolError, ReadTimeoutError
 
-from kairos.executors.base import ExecutorError
+from kairos.executors.base import Abort, ExecutorError
 from kairos.observability import logger
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -136,15 +136,18 @@ def check(url: str, *, allow: Sequence[str], resolve: Resolver = socket.getaddri
 
 
 def post(target: ResolvedTarget, *, body: bytes, headers: dict[str, str], timeout: float,
-         read_limit: int, ca_certs: str | None = None) -> Answer:
-    """One POST to ``target``'s pinned addresses (the next one only when connecting failed)."""
+         read_limit: int, ca_certs: str | None = None, abort: Abort | None = None) -> Answer:
+    """One POST to ``target``'s pinned addresses (the next one only when connecting failed).
+
+    A fired ``abort`` stops it: before the request is sent as ``connect`` (nothing was sent), after
+    that as ``dropped`` (the peer may have received it), even when the peer had answered by then."""
     if not target.addresses:
         raise ExecutorError("egress_refused", f"egress to {target.host} refused: no checked address")
     last: TransportFailure | None = None
     for address in target.addresses:
         try:
             return _post_once(target, address, body=body, headers=headers, timeout=timeout,
-                              read_limit=read_limit, ca_certs=ca_certs)
+                              read_limit=read_limit, ca_certs=ca_certs, abort=abort)
         except TransportFailure as failure:
             if failure.stage != "connect":
                 raise
@@ -154,8 +157,10 @@ def post(target: ResolvedTarget, *, body: bytes, headers: dict[str, str], timeou
 
 
 def _post_once(target: ResolvedTarget, address: str, *, body: bytes, headers: dict[str, str], timeout: float,
-               read_limit: int, ca_certs: str | None) -> Answer:
+               read_limit: int, ca_certs: str | None, abort: Abort | None) -> Answer:
     deadline = time.monotonic() + timeout
+    if abort is not None and abort.fired:
+        raise TransportFailure("connect", "aborted")
     conn: HTTPConnection
     if target.scheme == "https":
         pinned_name = None if _literal(target.host) is not None else target.host
@@ -165,6 +170,7 @@ def _post_once(target: ResolvedTarget, address: str, *, body: bytes, headers: di
     else:
         conn = HTTPConnection(address, target.port, timeout=min(timeout, 10.0))
     sent = {"Host": target.host_header, "Accept-Encoding": "identity", **headers}
+    attached: Any = None
     try:
         # Connect (and finish the TLS handshake) on its own first: a failure here proves nothing was sent,
         # while any failure after it may come after the peer received the request.
@@ -172,6 +178,10 @@ def _post_once(target: ResolvedTarget, address: str, *, body: bytes, headers: di
             conn.connect()
         except (HTTPError, OSError, ValueError) as exc:  # refused, unreachable, timeout, TLS/certificate
             raise TransportFailure("connect", _describe(exc)) from exc
+        if abort is not None:
+            if conn.sock is None or not abort.attach(conn.sock):
+                raise TransportFailure("connect", "aborted")
+            attached = conn.sock
         conn.timeout = timeout
         if conn.sock is not None:
             conn.sock.settimeout(timeout)
@@ -179,12 +189,31 @@ def _post_once(target: ResolvedTarget, address: str, *, body: bytes, headers: di
             conn.request("POST", target.path, body=body, headers=sent, preload_content=False)
             response = conn.getresponse()
         except (TimeoutError, ReadTimeoutError) as exc:
-            raise TransportFailure("timeout", "no answer in time") from exc
+            raise _aborted(abort) or TransportFailure("timeout", "no answer in time") from exc
         except (HTTPError, HTTPException, OSError) as exc:
-            raise TransportFailure("dropped", _describe(exc)) from exc
-        return _read_bounded(response, deadline=deadline, read_limit=read_limit)
+            raise _aborted(abort) or TransportFailure("dropped", _describe(exc)) from exc
+        try:
+            answer = _read_bounded(response, deadline=deadline, read_limit=read_limit)
+        except TransportFailure as failure:
+            raise _aborted(abort, failure) or failure from failure.__cause__
+        # A shut-down socket reads as a clean end, so an answer read while the abort fired may be cut
+        # short: it is reported as dropped, with the status and what was read.
+        aborted = _aborted(abort, TransportFailure("dropped", "aborted", status=answer.status, partial=answer.body))
+        if aborted is not None:
+            raise aborted
+        return answer
     finally:
+        if attached is not None and abort is not None:
+            abort.detach(attached)
         conn.close()
+
+
+def _aborted(abort: Abort | None, failure: TransportFailure | None = None) -> TransportFailure | None:
+    """The failure of a call whose abort fired after its request went out, else None."""
+    if abort is None or not abort.fired:
+        return None
+    status = None if failure is None else failure.status
+    return TransportFailure("dropped", "aborted", status=status, partial=b"" if failure is None else failure.partial)
 
 
 def _read_bounded(response: urllib3.BaseHTTPResponse, *, deadline: float, read_limit: int) -> Answer:

@@ -21,8 +21,10 @@ Guarantees:
   external mutation, within ``max_attempts``: the run goes back to ``queued`` under the fence and the
   caller (``kairos.worker``) re-sends its id with a delay.
 * A heartbeat thread (own pooled connection per beat) extends the lease every 20 s under the fence
-  and reads the cancel flag; it writes ``step.progress`` (no content) at most once per 10 s per step.
-  The lease extension commits without waiting for the WAL flush (see ``runs_heartbeat``).
+  and reads the cancel flag; a cancel request or a lost lease aborts the HTTP call in flight at that
+  beat (its socket is shut down; the run then ends ``cancelled``, or writes nothing when fenced out)
+  rather than waiting up to the 300 s call timeout. It writes ``step.progress`` (no content) at most
+  once per 10 s per step. The lease extension commits without waiting for the WAL flush (see ``runs_heartbeat``).
 * A run whose cancel was requested can never publish success (the success statement requires
   ``cancel_requested_at IS NULL``); its worker ends it ``cancelled`` at the next boundary.
 * Model input is bounded (openai, bedrock): the system prompt, the run's user turn and as many of the
@@ -42,6 +44,7 @@ database owns state and time; the local monotonic clock only bounds this process
 
 from __future__ import annotations
 
+import dataclasses
 import math
 import threading
 import time
@@ -62,6 +65,7 @@ from kairos.executors.base import (
     DEFAULT_MAX_INPUT_TOKENS,
     ENTRY_OVERHEAD_CHARS,
     REASON_CODES,
+    Abort,
     ExecutionRequest,
     Executor,
     ExecutorError,
@@ -320,6 +324,8 @@ class Heartbeat:
         self.interval = interval
         self.lost = threading.Event()
         self.cancel_requested = threading.Event()
+        # Fired with either event: stops the run's call in flight (kairos.executors.base.Abort).
+        self.abort = Abort()
         self._now = now
         self._clock = clock
         self._hooks = hooks
@@ -371,6 +377,11 @@ class Heartbeat:
         if self.lost.is_set():
             logger.warning("lease lost", extra={"action": "lease_lost", "run_id": str(self.run_id),
                                                  "fence": self.fence, "by": "heartbeat"})
+        if self.should_stop and not self.abort.fired:
+            self.abort.fire()
+            logger.info("call in flight aborted", extra={"action": "call_aborted", "run_id": str(self.run_id),
+                                                         "fence": self.fence,
+                                                         "by": "lease_lost" if self.lost.is_set() else "cancel"})
         self._hooks.fire("heartbeat", run_id=self.run_id, fence=self.fence, alive=not self.lost.is_set(),
                          cancel_requested=self.cancel_requested.is_set())
         return not self.lost.is_set()
@@ -828,6 +839,8 @@ class _Execution:
         self.hooks.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
         self._check_stop()
         assert self.heartbeat is not None
+        # The heartbeat aborts the call when it reads a cancel request or finds the lease lost.
+        prepared = dataclasses.replace(prepared, abort=self.heartbeat.abort)
         self.heartbeat.step_started(step)
         started = time.monotonic()
         self.call_started = True

@@ -7,7 +7,8 @@ the effect in the ledger between them:
    and its SHA-256 digest, and whether the call mutates something outside (``mutation``). It raises
    ``ExecutorError`` for configuration problems (bad agent, egress refused, missing secret) — the
    outcome is known: nothing was sent.
-2. ``send(prepared, timeout=…)`` performs that one call and returns a ``Reply``. It raises
+2. ``send(prepared, timeout=…)`` performs that one call and returns a ``Reply``; when the worker set
+   ``prepared.abort`` and fires it (cancel, lost lease), an HTTP call stops at once as a dropped call. It raises
    ``ExecutorError`` whose flags say what is known about the outcome: ``outcome_unknown`` when the
    request may have reached the peer (a timeout after sending, a dropped connection mid-response);
    ``retry_safe`` only when the evidence says nothing happened outside (connection refused, a 429 or
@@ -21,6 +22,8 @@ from __future__ import annotations
 import hashlib
 import json
 import re
+import socket
+import threading
 from dataclasses import dataclass, field
 from typing import TYPE_CHECKING, Any, Literal, Protocol
 
@@ -47,6 +50,49 @@ class ExecutionRequest:
     payload: Any = None  # a webhook's JSON body, when the run came from a hook
 
 
+class Abort:
+    """Stops one run's call in flight from another thread: the heartbeat fires it when it reads a
+    cancel request or finds the lease lost, so a cancelled run does not wait out (and pay for) a call
+    of up to 300 s.
+
+    ``fire()`` shuts down every socket attached to it: a connect, send or read blocked on one returns
+    at once. (``shutdown``, not ``close``: it wakes a thread blocked on the same socket, and it is the
+    plain socket's, below TLS, so no TLS state is touched from this thread.) A socket attached after
+    ``fire()`` is refused, so a call that had not sent yet never sends. Firing twice, or never, is safe.
+    """
+
+    def __init__(self) -> None:
+        self._lock = threading.Lock()
+        self._fired = False
+        self._sockets: set[socket.socket] = set()
+
+    @property
+    def fired(self) -> bool:
+        return self._fired
+
+    def fire(self) -> None:
+        with self._lock:
+            self._fired = True
+            sockets = list(self._sockets)
+        for sock in sockets:
+            try:
+                socket.socket.shutdown(sock, socket.SHUT_RDWR)
+            except OSError:
+                pass  # already closed by its call: nothing left to stop
+
+    def attach(self, sock: socket.socket) -> bool:
+        """Registers the socket of a call about to send; False (not attached) once fired."""
+        with self._lock:
+            if self._fired:
+                return False
+            self._sockets.add(sock)
+            return True
+
+    def detach(self, sock: socket.socket) -> None:
+        with self._lock:
+            self._sockets.discard(sock)
+
+
 @dataclass(frozen=True)
 class PreparedCall:
     kind: EffectKind
@@ -59,6 +105,8 @@ class PreparedCall:
     # The destination the egress check approved, with its addresses pinned: ``send`` connects only to
     # these (no second DNS resolution). None for calls that do not leave through the egress check.
     target: ResolvedTarget | None = None
+    # Set by the worker before ``send``: the handle that aborts this call in flight (see ``Abort``).
+    abort: Abort | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -111,7 +111,8 @@ class HttpExecutor:
             raise ExecutorError("internal", "the call was not prepared by the http executor")
         try:
             answer = egress.post(prepared.target, body=prepared.body, headers=prepared.headers, timeout=timeout,
-                                 read_limit=self._read_limit, ca_certs=self._ca_certs)
+                                 read_limit=self._read_limit, ca_certs=self._ca_certs,
+                                 abort=prepared.abort)
         except egress.TransportFailure as failure:
             if failure.status is not None and 200 <= failure.status < 300:
                 return _reply(failure.partial, cut=True)  # the target accepted; only its answer is incomplete

@@ -101,7 +101,8 @@ class OpenAIExecutor:
             raise ExecutorError("internal", "the call was not prepared by the openai executor")
         try:
             answer = egress.post(prepared.target, body=prepared.body, headers=prepared.headers, timeout=timeout,
-                                 read_limit=self._read_limit, ca_certs=self._ca_certs)
+                                 read_limit=self._read_limit, ca_certs=self._ca_certs,
+                                 abort=prepared.abort)
         except egress.TransportFailure as failure:
             raise _transport_error(failure) from failure
         if not 200 <= answer.status < 300:
