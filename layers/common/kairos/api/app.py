@@ -493,7 +493,7 @@ def _handoff(database: db.Database, run_ids: list[UUID]) -> object:
     return handoff.send(database, runtime.sqs(), settings.run_queue_url, run_ids)
 
 
-@_route("POST", "/v1/hooks/<token>", status=202, model=models.HookAccepted, errors=(401, 404, 413, 429),
+@_route("POST", "/v1/hooks/<token>", status=202, model=models.HookAccepted, errors=(401, 404, 413, 429, 503),
         summary="Trigger a webhook schedule (no bearer; the token is the credential)", public=True)
 def post_hook(token: str) -> Response[dict[str, Any]]:
     from kairos import webhooks
