@@ -10,16 +10,21 @@ Time moves the way DESIGN.md says black-box tests move it: by editing ``expires_
 
 from __future__ import annotations
 
+import hashlib
 import json
 import uuid
 from concurrent.futures import ThreadPoolExecutor
+from datetime import timedelta
 from typing import Any
 
 import psycopg
 import pytest
-from kairos import identity
+from kairos import identity, migrations, webhooks
+from kairos.db import Database
+from kairos.schedules import hash_token
 from kairos.states import Source
 
+from tests import factories
 from tests.db.test_api_client import Answer, Api, ApiClient, api_fixture, rows  # noqa: F401 - the fixture
 from tests.db.test_webhooks import count, hook
 
@@ -244,3 +249,44 @@ def test_a_retried_conversation_create_makes_one_conversation(api: Api) -> None:
     assert retried.text == first.text
     assert other.status == 422 and other.error["code"] == "idempotency_key_reused"
     assert count(api, "conversations") == 1
+
+
+# ---- the upgrade ------------------------------------------------------------------------------------
+
+
+def test_the_migration_keeps_live_receipts_and_frees_expired_keys(empty_db_url: str) -> None:
+    """Receipts written before 0005 expire 24 h after they were made; their rows keep generation 0."""
+    url = empty_db_url
+    migrations.apply(url, [m for m in migrations.discover() if m.version < 5])
+    sched = factories.schedule(url, kind="webhook", token_hash=hash_token("tok-upgrade"))
+    body = b'{"v": 1}'
+    keys = {}
+    for name, age in (("live", timedelta(hours=1)), ("old", timedelta(hours=25))):
+        run = factories.run(url, schedule_row=sched, source="webhook")
+        (occ,) = rows(url, "SELECT idempotency_key FROM occurrences WHERE id = %(id)s", {"id": run["occurrence_id"]})
+        keys[name] = (occ["idempotency_key"], run)
+        rows(url, """INSERT INTO webhook_receipts (schedule_id, idempotency_key, request_digest, occurrence_id,
+                                                   run_id, created_at)
+                     VALUES (%(s)s, %(k)s, %(d)s, %(o)s, %(r)s, now() - %(age)s) RETURNING run_id""",
+             {"s": sched["id"], "k": occ["idempotency_key"], "d": hashlib.sha256(body).hexdigest(),
+              "o": run["occurrence_id"], "r": run["id"], "age": age})
+
+    migrations.apply(url)
+
+    upgraded = rows(url, "SELECT created_at, expires_at, generation FROM webhook_receipts")
+    assert all(r["expires_at"] == r["created_at"] + timedelta(hours=24) and r["generation"] == 0 for r in upgraded)
+    assert {r["key_generation"] for r in rows(url, "SELECT key_generation FROM occurrences")} == {0}
+    database = Database(url)
+    try:
+        def deliver(key: str) -> webhooks.Accepted:
+            return webhooks.receive(database, webhooks.Delivery("tok-upgrade", body, {"idempotency-key": key}))
+
+        live_key, live_run = keys["live"]
+        old_key, old_run = keys["old"]
+        replay = deliver(live_key)
+        assert replay.replayed and replay.run_id == live_run["id"], "a live receipt still answers"
+        fresh = deliver(old_key)
+        assert not fresh.replayed and fresh.run_id != old_run["id"], "an expired one frees its key"
+        assert fresh.occurrence_id == identity.occurrence_id(sched["id"], Source.WEBHOOK, key=old_key, generation=1)
+    finally:
+        database.close()
