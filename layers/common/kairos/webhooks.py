@@ -11,21 +11,31 @@ Flow of ``receive`` (one transaction, then the SQS handoff):
    receipt check below always see every earlier delivery;
 3. the signature, when the schedule requires one (``signing``: Standard Webhooks or GitHub's
    ``X-Hub-Signature-256``), over the raw body, with a timestamp tolerance (Standard Webhooks);
-4. the idempotency key (``Idempotency-Key``, else ``webhook-id``, else a fresh random key): a receipt
-   younger than 24 h answers the first response again when the body digest matches, and
-   ``IdempotencyMismatch`` (422) when it does not. A replay is answered before the rate limit: a
-   sender retrying an accepted delivery gets its answer even when the schedule is at its limit;
+4. the idempotency key (``idempotency_key``): ``Idempotency-Key``, else Standard Webhooks'
+   ``webhook-id``, else GitHub's ``X-GitHub-Delivery``, else a fresh random key. A schedule that
+   requires a signature dedupes on its scheme's own id first — the signed ``webhook-id``, GitHub's
+   delivery id — so a captured delivery re-posted with a new, unsigned ``Idempotency-Key`` is the same
+   delivery. Keys are printable ASCII of at most 255 characters (``kairos.idempotency.check_key``,
+   else 422 naming the header). A live receipt (``expires_at``, 24 h) answers the first response
+   again when the body digest matches, and ``IdempotencyMismatch`` (422) when it does not. A replay
+   is answered before the rate limit: a sender retrying an accepted delivery gets its answer even
+   when the schedule is at its limit;
 5. the rate limit: ``rate_limit_per_minute`` (default 60) webhook occurrences in the last 60 s raise
    ``RateLimited`` with the seconds until the window frees a slot;
 6. the occurrence (source ``webhook``, ``fire_at`` = database now, local time from
-   ``calendar.describe``), the run (payload = the JSON body, or ``{"raw": text}``), ``run.queued``
-   and the receipt are inserted; the transaction commits; then the run id is handed to SQS. A failed
+   ``calendar.describe``), the run (payload = the JSON body, or ``{"raw": text}`` when it is not JSON
+   PostgreSQL can store: ``NaN``, ``Infinity``, ``1e999``, NUL, lone surrogates), ``run.queued`` and
+   the receipt are inserted; the transaction commits; then the run id is handed to SQS. A failed
    send leaves the run queued with no handoff stamp: the tick's repair sends it.
 
-Identity: occurrence id = uuid5(schedule, "webhook", key), run id = uuid5(occurrence). A key whose
-receipt has expired (older than 24 h) still converges on the rows it produced the first time: the
-delivery is answered with the original ids and nothing new is created (the body is no longer
-compared). Identities are forever; only the digest memory is bounded.
+Identity: occurrence id = uuid5(schedule, "webhook", key, generation), run id = uuid5(occurrence).
+Once a key's receipt has expired the key is new again: the next delivery with it makes the key's
+next generation (one past the newest occurrence it made), a new occurrence and run with the new
+body. Every id stays deterministic: a retry of that delivery finds the new receipt.
+
+Database failures: any ``psycopg.Error`` while recording a delivery answers 503
+(``ServiceUnavailable``) and logs one line with the error class and SQLSTATE only — PostgreSQL's
+message and context quote the values they refused (the payload), so they never reach a log here.
 
 Guarantees: the raw token is never stored, logged or put in an error; logs carry ``action`` and ids.
 This module must not decide anything with the Lambda clock: "now" is the database's.
@@ -39,6 +49,7 @@ import hmac
 import json
 import math
 import random
+import re
 import secrets as pysecrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
@@ -49,13 +60,14 @@ from uuid import UUID
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import calendar, db, identity, trace
+from kairos import calendar, db, idempotency, identity, trace
 from kairos.errors import (
     FieldError,
     IdempotencyMismatch,
     NotFound,
     PayloadTooLarge,
     RateLimited,
+    ServiceUnavailable,
     SignatureInvalid,
     ValidationFailed,
 )
@@ -64,7 +76,10 @@ from kairos.schedules import hash_token  # the one hashing rule (SHA-256 hex), s
 from kairos.states import EventType, Source
 
 MAX_BODY_BYTES = 65_536
-MAX_KEY_LENGTH = 255
+MAX_KEY_LENGTH = idempotency.MAX_KEY_LENGTH
+# Standard Webhooks timestamps are integer seconds; 12 digits reach the year 33658. Anything longer
+# (10^400 overflowed float conversion: a 500) or not ASCII digits is refused as unsigned.
+_TIMESTAMP = re.compile(r"-?[0-9]{1,12}")
 DEFAULT_RATE_LIMIT = 60
 DEFAULT_TOLERANCE_SECONDS = 300
 MAX_OVERLAP_SECONDS = 604_800
@@ -116,10 +131,19 @@ def receive(database: db.Database, delivery: Delivery, *, now: datetime | None =
     if len(delivery.body) > MAX_BODY_BYTES:
         _rejected("too_large", None)
         raise PayloadTooLarge(f"webhook bodies are limited to {MAX_BODY_BYTES} bytes")
-    with database.transaction() as conn:
-        accepted = accept(conn, delivery, now=now)
-        if not accepted.replayed and random.randrange(PRUNE_EVERY) == 0:
-            prune_receipts(conn, now=now)
+    try:
+        with database.transaction() as conn:
+            accepted = accept(conn, delivery, now=now)
+            if not accepted.replayed and random.randrange(PRUNE_EVERY) == 0:
+                prune_receipts(conn, now=now)
+    except psycopg.Error as error:
+        # PostgreSQL's message, detail and context quote the values they refused (the payload):
+        # the class and SQLSTATE say what failed; nothing else of the error reaches the log.
+        logger.error("webhook not recorded: database error", extra={
+            "action": "webhook_database_error", "error_type": type(error).__name__,
+            "sqlstate": getattr(error, "sqlstate", None)})
+        metrics.add_metric(name="WebhooksFailed", unit="Count", value=1)
+        raise ServiceUnavailable("the delivery could not be recorded; nothing was accepted, retry later") from None
     log_extra = {"action": "webhook_accepted", "schedule_id": str(accepted.schedule_id),
                  "occurrence_id": str(accepted.occurrence_id), "run_id": str(accepted.run_id),
                  "replayed": accepted.replayed}
@@ -153,10 +177,9 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
         except SignatureInvalid:
             _rejected("signature", schedule_id)
             raise
-    key, deduplicated = idempotency_key(delivery)
+    key, deduplicated = idempotency_key(delivery, scheme=(hook["signing"] or {}).get("scheme"))
     digest = hashlib.sha256(delivery.body).hexdigest()
-    occurrence_id = identity.occurrence_id(schedule_id, Source.WEBHOOK, key=key)
-    run_id = identity.run_id(occurrence_id)
+    generation = 0
     if deduplicated:
         receipt = db.fetch_one(conn, "webhook_receipts_find",
                                {"schedule_id": schedule_id, "idempotency_key": key, "now": now})
@@ -169,16 +192,24 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
                                        "the key was used with another body in the last 24 hours")],
                 )
             return Accepted(schedule_id, receipt["occurrence_id"], receipt["run_id"], replayed=True)
+        # No live receipt: the key is new (again). Its generation keeps the new rows apart from the
+        # ones an expired use of the key made.
+        row = db.fetch_one(conn, "occurrences_hook_key_generation",
+                           {"schedule_id": schedule_id, "idempotency_key": key})
+        generation = int(row["generation"]) if row is not None else 0
+    occurrence_id = identity.occurrence_id(schedule_id, Source.WEBHOOK, key=key, generation=generation)
+    run_id = identity.run_id(occurrence_id)
     _check_rate(conn, schedule_id, hook["rate_limit_per_minute"] or DEFAULT_RATE_LIMIT, db_now, now)
     fire = calendar.describe(db_now, hook["timezone"])
     inserted = db.fetch_one(conn, "occurrences_insert_hook", {
         "id": occurrence_id, "schedule_id": schedule_id, "fire_at": fire.fire_at, "local_time": fire.local_time,
         "utc_offset": fire.utc_offset, "fold": fire.fold, "timezone": fire.timezone,
         "tzdata_version": fire.tzdata_version, "schedule_revision": hook["revision"],
-        "idempotency_key": key, "now": now,
+        "idempotency_key": key, "key_generation": generation, "now": now,
     })
     if inserted is None:
-        # The key produced these rows once already (its receipt has expired): converge on them.
+        # Unreachable while deliveries of a schedule serialize on its row lock (the generation is read
+        # under it); converging on the existing rows is the safe answer if that ever changes.
         return Accepted(schedule_id, occurrence_id, run_id, replayed=True)
     db.fetch_one(conn, "runs_insert_hook", {
         "id": run_id, "occurrence_id": occurrence_id, "schedule_id": schedule_id, "owner": hook["owner"],
@@ -191,7 +222,7 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
     if deduplicated:
         db.fetch_one(conn, "webhook_receipts_insert", {
             "schedule_id": schedule_id, "idempotency_key": key, "request_digest": digest,
-            "occurrence_id": occurrence_id, "run_id": run_id, "now": now,
+            "occurrence_id": occurrence_id, "run_id": run_id, "generation": generation, "now": now,
         })
     return Accepted(schedule_id, occurrence_id, run_id, replayed=False)
 
@@ -207,18 +238,28 @@ def find(conn: psycopg.Connection[db.Row], token: str, *, now: datetime | None =
     return row if current or previous else None
 
 
-def idempotency_key(delivery: Delivery) -> tuple[str, bool]:
-    """The delivery's key and whether it came from the sender (a fresh random key dedupes nothing)."""
-    for header in ("idempotency-key", "webhook-id"):
-        value = delivery.header(header)
+# Where a delivery's key comes from, first match wins. A signed schedule's own id header comes first:
+# it is what the signature covers (Standard Webhooks signs ``webhook-id``) or what the signer sets
+# (GitHub's delivery id, kept across its redeliveries), while ``Idempotency-Key`` is anyone's to set.
+_KEY_HEADERS = (("idempotency-key", "Idempotency-Key"), ("webhook-id", "webhook-id"),
+                ("x-github-delivery", "X-GitHub-Delivery"))
+_SIGNED_ID = {"standard": ("webhook-id", "webhook-id"), "github": ("x-github-delivery", "X-GitHub-Delivery")}
+
+
+def idempotency_key(delivery: Delivery, *, scheme: str | None = None) -> tuple[str, bool]:
+    """The delivery's key and whether it came from the sender (a fresh random key dedupes nothing).
+
+    ``scheme`` is the schedule's signing scheme (verified before this is called), if any.
+    """
+    order: tuple[tuple[str, str], ...] = _KEY_HEADERS
+    if scheme in _SIGNED_ID:
+        order = (_SIGNED_ID[scheme], *(h for h in _KEY_HEADERS if h != _SIGNED_ID[scheme]))
+        if scheme == "standard":
+            order = order[:1]  # the signed id is always there; an unsigned header must not override it
+    for header, name in order:
+        value = idempotency.check_key(name, delivery.header(header))
         if value is not None:
-            value = value.strip()
-            if len(value) > MAX_KEY_LENGTH:
-                name = "Idempotency-Key" if header == "idempotency-key" else "webhook-id"
-                raise ValidationFailed([FieldError(name, "max_length",
-                                                   f"at most {MAX_KEY_LENGTH} characters")])
-            if value:
-                return value, True
+            return value, True
     return f"fresh:{pysecrets.token_hex(16)}", False
 
 
@@ -226,12 +267,25 @@ def payload_of(body: bytes) -> Any:
     """The run payload: the parsed JSON body, or ``{"raw": text}`` when it is not storable JSON."""
     text = body.decode("utf-8", errors="replace")
     try:
-        value = json.loads(text)
+        # NaN, Infinity and numbers beyond a float (1e999) are Python's extensions, not JSON:
+        # PostgreSQL's jsonb refuses them, so such a body is kept as its text.
+        value = json.loads(text, parse_constant=_not_json, parse_float=_finite)
     except ValueError:
         return {"raw": text.replace("\x00", "\ufffd")}
     if _storable(value):
         return value
     return {"raw": text.replace("\x00", "\ufffd")}
+
+
+def _not_json(token: str) -> Any:
+    raise ValueError(f"{token} is not JSON")
+
+
+def _finite(token: str) -> float:
+    number = float(token)
+    if not math.isfinite(number):
+        raise ValueError("number out of range")
+    return number
 
 
 def _storable(value: Any) -> bool:
@@ -256,7 +310,7 @@ def verify_signature(signing: Mapping[str, Any], *, body: bytes, headers: Mappin
     if scheme == "github":
         presented = headers.get("x-hub-signature-256") or ""
         expected = "sha256=" + hmac.new(secret.encode("utf-8"), body, hashlib.sha256).hexdigest()
-        if not presented or not hmac.compare_digest(presented.strip().lower(), expected):
+        if not presented or not _same(presented.strip().lower(), expected):
             raise SignatureInvalid("X-Hub-Signature-256 is missing or does not match the body")
         return
     if scheme == "standard":
@@ -265,21 +319,27 @@ def verify_signature(signing: Mapping[str, Any], *, body: bytes, headers: Mappin
         presented = headers.get("webhook-signature") or ""
         if not (msg_id and stamp and presented):
             raise SignatureInvalid("webhook-id, webhook-timestamp and webhook-signature headers are required")
-        try:
-            sent_at = int(stamp)
-        except ValueError:
-            raise SignatureInvalid("webhook-timestamp must be integer seconds since the epoch") from None
+        if not _TIMESTAMP.fullmatch(stamp):
+            raise SignatureInvalid("webhook-timestamp must be integer seconds since the epoch")
+        sent_at = int(stamp)
         tolerance = int(signing.get("tolerance_seconds") or DEFAULT_TOLERANCE_SECONDS)
         if abs(now.timestamp() - sent_at) > tolerance:
             raise SignatureInvalid(f"webhook-timestamp is more than {tolerance} seconds away from now")
-        signed = f"{msg_id}.{stamp}.".encode() + body
+        # Header text that is not UTF-8-encodable (lone surrogates) cannot have been signed as sent:
+        # escaped, it simply fails to match instead of raising.
+        signed = f"{msg_id}.{stamp}.".encode("utf-8", errors="backslashreplace") + body
         expected = base64.b64encode(hmac.new(_standard_key(secret), signed, hashlib.sha256).digest()).decode()
         for candidate in presented.split():
             version, _, value = candidate.partition(",")
-            if version == "v1" and hmac.compare_digest(value, expected):
+            if version == "v1" and _same(value, expected):
                 return
         raise SignatureInvalid("webhook-signature does not match the body")
     raise SignatureInvalid("the schedule's signing scheme is not supported")
+
+
+def _same(presented: str, expected: str) -> bool:
+    """Constant-time comparison that also takes non-ASCII text (``hmac.compare_digest`` raises on str)."""
+    return hmac.compare_digest(presented.encode("utf-8", errors="backslashreplace"), expected.encode("ascii"))
 
 
 def _standard_key(secret: str) -> bytes:

@@ -259,10 +259,14 @@ def _conversation_json(conversation: conversations.Conversation,
         summary="Create a conversation with an agent", has_body=True)
 def create_conversation(body: Annotated[models.ConversationCreate, Body()]) -> Response[dict[str, Any]]:
     owner = _principal()
-    with _database().transaction() as conn:
+
+    def create(conn: Any) -> Response[dict[str, Any]]:
         conversation = conversations.create(conn, owner=owner, agent=body.agent, title=body.title)
         entries = conversations.entries(conn, conversation.id)
-    return _ok(201, models.ConversationEnvelope, {"conversation": _conversation_json(conversation, entries)})
+        return _ok(201, models.ConversationEnvelope, {"conversation": _conversation_json(conversation, entries)})
+
+    with _database().transaction() as conn:
+        return _idempotent(conn, owner, create)
 
 
 @_route("GET", "/v1/conversations/<id>", status=200, model=models.ConversationEnvelope, errors=(404,),
@@ -286,6 +290,30 @@ def get_inbox(id: str) -> Response[dict[str, Any]]:
     return _ok(200, models.Inbox, {"notes": [n.as_json() for n in notes]})
 
 
+# ---- idempotent creates -------------------------------------------------------------------------
+
+
+def _idempotent(conn: Any, owner: str, create: Callable[[Any], Response[dict[str, Any]]]) -> Response[dict[str, Any]]:
+    """``create(conn)`` at most once per owner and ``Idempotency-Key`` in 24 h (``kairos.idempotency``):
+    a retry with the same body answers the first response again, another body 422. No key: a plain create."""
+    from kairos import idempotency
+
+    raw = app.current_event.raw_event
+    headers = {str(k).lower(): str(v) for k, v in (raw.get("headers") or {}).items()}
+    key = idempotency.check_key("Idempotency-Key", headers.get("idempotency-key"))
+    if key is None:
+        return create(conn)
+    body = _raw_body(raw)
+    claim = idempotency.begin(conn, owner=owner, key=key, route=_route_key(),
+                              body=json.loads(body) if body else None)
+    if isinstance(claim, idempotency.Replay):
+        return Response(status_code=claim.status, content_type=JSON, body=claim.body,
+                        headers={"Idempotent-Replayed": "true"})
+    response = create(conn)
+    idempotency.remember(conn, claim, status=response.status_code, body=response.body)
+    return response
+
+
 # ---- schedules ----------------------------------------------------------------------------------
 
 
@@ -307,12 +335,16 @@ def _webhook(token: str) -> dict[str, str]:
         has_body=True)
 def create_schedule(body: Annotated[dict[str, Any], Body(description="ScheduleRequest")]) -> Response[dict[str, Any]]:
     owner = _principal()
-    with _database().transaction() as conn:
+
+    def create(conn: Any) -> Response[dict[str, Any]]:
         created = schedules.create(conn, owner=owner, raw=body)
-    payload: dict[str, Any] = {"schedule": created.schedule.as_json()}
-    if created.token is not None:
-        payload["webhook"] = _webhook(created.token)
-    return _ok(201, models.ScheduleCreated, payload)
+        payload: dict[str, Any] = {"schedule": created.schedule.as_json()}
+        if created.token is not None:
+            payload["webhook"] = _webhook(created.token)
+        return _ok(201, models.ScheduleCreated, payload)
+
+    with _database().transaction() as conn:
+        return _idempotent(conn, owner, create)
 
 
 @_route("GET", "/v1/schedules", status=200, model=models.ScheduleList, errors=(),
@@ -461,7 +493,7 @@ def _handoff(database: db.Database, run_ids: list[UUID]) -> object:
     return handoff.send(database, runtime.sqs(), settings.run_queue_url, run_ids)
 
 
-@_route("POST", "/v1/hooks/<token>", status=202, model=models.HookAccepted, errors=(401, 404, 413, 429),
+@_route("POST", "/v1/hooks/<token>", status=202, model=models.HookAccepted, errors=(401, 404, 413, 429, 503),
         summary="Trigger a webhook schedule (no bearer; the token is the credential)", public=True)
 def post_hook(token: str) -> Response[dict[str, Any]]:
     from kairos import webhooks
@@ -752,7 +784,8 @@ def handle(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
                 MethodNotAllowed(f"{method} is not allowed here; use {', '.join(allowed)}"),
                 {"Allow": ", ".join(allowed)}))
         elif spec is None:
-            raise NotFound("route")
+            # An empty or many-segment token is just another unknown hook: the same 404, byte for byte.
+            raise NotFound("hook" if method == "POST" and path.startswith("/v1/hooks/") else "route")
         else:
             if not spec.public:
                 _request.principal = auth.principal(event, runtime.settings())

@@ -22,9 +22,13 @@ from kairos import schedules, webhooks
 REF = "#/components/schemas/{model}"
 
 _HOOK_HEADERS = [
-    ("Idempotency-Key", "Remembered 24 h: the same key and body answer the first response again; "
-                        "the same key with another body answers 422."),
-    ("webhook-id", "Standard Webhooks message id; used as the idempotency key when Idempotency-Key is absent."),
+    ("Idempotency-Key", "Printable ASCII, at most 255 characters. Remembered 24 h: the same key and body answer "
+                        "the first response again; the same key with another body answers 422; after 24 h the "
+                        "key is new again. A signed schedule dedupes on its scheme's own id instead."),
+    ("webhook-id", "Standard Webhooks message id; the key when Idempotency-Key is absent, and always the key "
+                   "of a schedule that requires a Standard Webhooks signature (it is what is signed)."),
+    ("X-GitHub-Delivery", "GitHub's delivery id (kept across redeliveries); the key when neither header above "
+                          "is present, and first for a schedule that requires a GitHub signature."),
     ("webhook-timestamp", "Standard Webhooks: seconds since the epoch, within the schedule's tolerance."),
     ("webhook-signature", "Standard Webhooks: space-separated v1,<base64 HMAC-SHA256> signatures."),
     ("X-Hub-Signature-256", "GitHub: sha256=<hex HMAC-SHA256 of the raw body>."),
@@ -49,6 +53,7 @@ def document(app: APIGatewayHttpResolver) -> dict[str, Any]:
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     _describe_schedule_body(doc, components)
     _describe_hook(doc)
+    _describe_idempotent_creates(doc)
     for name in ("HTTPValidationError", "ValidationError"):
         if f'"#/components/schemas/{name}"' not in _text(doc["paths"]):
             components.pop(name, None)
@@ -86,6 +91,16 @@ def _describe_hook(doc: dict[str, Any]) -> None:
     operation["responses"]["429"]["headers"] = {
         "Retry-After": {"description": "seconds until the hook accepts again", "schema": {"type": "integer"}},
     }
+
+
+def _describe_idempotent_creates(doc: dict[str, Any]) -> None:
+    for path in ("/v1/schedules", "/v1/conversations"):
+        doc["paths"][path]["post"].setdefault("parameters", []).append({
+            "name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string"},
+            "description": "Printable ASCII, at most 255 characters (send a UUID). For 24 h, per caller: a retry "
+                           "with the same body answers the first response again (a webhook's token included), "
+                           "with another body 422; nothing is created twice.",
+        })
 
 
 def _text(value: Any) -> str:

@@ -29,19 +29,27 @@ OFFSET %(offset)s
  LIMIT 1;
 
 -- name: webhook_receipts_find
--- The receipt of an idempotency key of a schedule, if it is younger than 24 h.
+-- The receipt of an idempotency key of a schedule, unless it has expired.
 SELECT request_digest, occurrence_id, run_id
   FROM webhook_receipts
  WHERE schedule_id = %(schedule_id)s
    AND idempotency_key = %(idempotency_key)s
-   AND created_at > coalesce(%(now)s::timestamptz, now()) - interval '24 hours';
+   AND expires_at > coalesce(%(now)s::timestamptz, now());
+
+-- name: occurrences_hook_key_generation
+-- The generation the next use of a webhook key makes: one past the newest occurrence it made, else 0.
+SELECT coalesce(max(key_generation) + 1, 0) AS generation
+  FROM occurrences
+ WHERE schedule_id = %(schedule_id)s
+   AND source = 'webhook'
+   AND idempotency_key = %(idempotency_key)s;
 
 -- name: occurrences_insert_hook
 -- The immutable occurrence of one accepted webhook delivery (zero rows: its key was seen before).
 INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
-                         tzdata_version, schedule_revision, decision, idempotency_key, created_at)
+                         tzdata_version, schedule_revision, decision, idempotency_key, key_generation, created_at)
 VALUES (%(id)s, %(schedule_id)s, 'webhook', %(fire_at)s, %(local_time)s, %(utc_offset)s, %(fold)s, %(timezone)s,
-        %(tzdata_version)s, %(schedule_revision)s, 'dispatched', %(idempotency_key)s,
+        %(tzdata_version)s, %(schedule_revision)s, 'dispatched', %(idempotency_key)s, %(key_generation)s,
         coalesce(%(now)s::timestamptz, now()))
 ON CONFLICT DO NOTHING
 RETURNING id;
@@ -57,21 +65,27 @@ ON CONFLICT DO NOTHING
 RETURNING id;
 
 -- name: webhook_receipts_insert
--- Remembers an idempotency key with the digest of its body and the run it produced.
-INSERT INTO webhook_receipts (schedule_id, idempotency_key, request_digest, occurrence_id, run_id, created_at)
-VALUES (%(schedule_id)s, %(idempotency_key)s, %(request_digest)s, %(occurrence_id)s, %(run_id)s,
-        coalesce(%(now)s::timestamptz, now()))
-ON CONFLICT (schedule_id, idempotency_key) DO NOTHING
+-- Remembers an idempotency key for 24 h with the digest of its body and the run it produced; an expired
+-- receipt of the key (not pruned yet) is replaced, a live one never.
+INSERT INTO webhook_receipts (schedule_id, idempotency_key, request_digest, occurrence_id, run_id, generation,
+                              created_at, expires_at)
+VALUES (%(schedule_id)s, %(idempotency_key)s, %(request_digest)s, %(occurrence_id)s, %(run_id)s, %(generation)s,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()) + interval '24 hours')
+ON CONFLICT (schedule_id, idempotency_key) DO UPDATE
+   SET request_digest = excluded.request_digest, occurrence_id = excluded.occurrence_id,
+       run_id = excluded.run_id, generation = excluded.generation,
+       created_at = excluded.created_at, expires_at = excluded.expires_at
+ WHERE webhook_receipts.expires_at <= excluded.created_at
 RETURNING run_id;
 
 -- name: webhook_receipts_prune
--- Deletes up to `limit` receipts older than 24 h, skipping rows another transaction holds.
+-- Deletes up to `limit` expired receipts, skipping rows another transaction holds.
 DELETE FROM webhook_receipts
  WHERE (schedule_id, idempotency_key) IN (
         SELECT schedule_id, idempotency_key
           FROM webhook_receipts
-         WHERE created_at <= coalesce(%(now)s::timestamptz, now()) - interval '24 hours'
-         ORDER BY created_at
+         WHERE expires_at <= coalesce(%(now)s::timestamptz, now())
+         ORDER BY expires_at
          LIMIT %(limit)s
            FOR UPDATE SKIP LOCKED);
 
