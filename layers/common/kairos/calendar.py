@@ -13,7 +13,10 @@ Rules (DESIGN.md "Time"):
   field begins with ``*`` follows real time (``skip`` + ``both``); any other fires once per
   wall-clock match (``shift_forward`` + ``first``). Day fields follow Vixie: when day-of-month or
   day-of-week begins with ``*`` a day must match both, otherwise either (croniter ORs ``*/N`` day
-  fields; we do not inherit that). ``starts_at``, when given, is the earliest instant a cron fires.
+  fields; we do not inherit that). ``N/S`` in any field means ``N-max/S``, as croniter, cronsim,
+  Kubernetes and EventBridge read it (day-of-week max 6); like ``N-max/S`` it begins with a digit, so
+  under ``auto`` ``0 0/6 * * *`` fires once per wall-clock match, as ``0 0-23/6 * * *`` does.
+  ``starts_at``, when given, is the earliest instant a cron fires.
 * ``interval``: ``starts_at + k * interval_seconds`` for k >= 0, in UTC.
 * ``once``: ``starts_at``.
 * ``ends_at`` is inclusive: nothing fires after it.
@@ -280,7 +283,8 @@ def _field_value(token: str, index: int, errors: list[str]) -> int | None:
 
 
 def _check_field(text: str, index: int) -> tuple[str, list[str]]:
-    """Vixie syntax of one field: comma-separated ``*``, ``a``, ``a-b``, each with an optional ``/step``.
+    """Vixie syntax of one field: comma-separated ``*``, ``a``, ``a-b``, each with an optional ``/step``;
+    ``a/step`` means ``a-max/step``.
 
     Returns the field for croniter (``*`` parts as written, everything else as explicit numbers) and
     the problems found (one message each).
@@ -299,14 +303,10 @@ def _check_field(text: str, index: int) -> tuple[str, list[str]]:
                     f"{name} {part!r} uses a non-standard cron extension (L, W, #, ?, H); "
                     "use numbers, ranges like 1-5, lists like 1,15 and steps like */15"
                 )
-            elif "/" in part and "-" not in part and not part.startswith("*"):
-                start = part.split("/", 1)[0]
-                errors.append(
-                    f"{name} {part!r} is not standard cron; write */N or a range with a step, e.g. {start}-{high}/N"
-                )
             else:
                 errors.append(
-                    f"{name} {part!r} is not valid cron syntax; use *, a number, a range a-b, a list, or a step */N"
+                    f"{name} {part!r} is not valid cron syntax; use *, a number, a range a-b, a list, or a step "
+                    "such as */N, a-b/N or N/S"
                 )
             continue
         step = match["step"]
@@ -326,10 +326,12 @@ def _check_field(text: str, index: int) -> tuple[str, list[str]]:
             )
             continue
         if b is None and step is not None:
-            errors.append(
-                f"{name} {part!r} is not standard cron; write */N or a range with a step, e.g. {a}-{high}/{step}"
-            )
-            continue
+            # 'N/S' is 'N-max/S' (croniter, cronsim, Kubernetes, EventBridge). The day-of-week max is 6
+            # (Saturday) as they read it: '1/2' is Mon, Wed, Fri, never also 7 (= Sunday); '7/2' is '0/2'.
+            if index == 4:
+                a, b = a % 7, 6
+            else:
+                b = high
         # Ranges and steps go to croniter as explicit values: it reads a one-value range ('5-5',
         # '1-1/1') as the whole field, and values leave nothing to interpret.
         values.update(v % 7 if index == 4 else v for v in range(a, (a if b is None else b) + 1, int(step or 1)))
