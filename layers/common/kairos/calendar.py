@@ -25,7 +25,8 @@ Guarantees: fires come strictly after ``after``, ascending, with unique ``fire_a
 UTC instant (``tzinfo=UTC``), the wall time at that instant, the offset, the fold, the zone and the
 tzdata version. Zones are read from the shipped ``tzdata`` package (never the host's
 ``/usr/share/zoneinfo``), so ``TZDATA_VERSION`` names exactly the data every fire was computed with.
-Bad rules raise ``ValidationFailed`` naming field and rule; legacy abbreviation zones ('EST', 'CET',
+Bad rules raise ``ValidationFailed`` naming field and rule (``starts_at`` and ``ends_at`` must lie in
+``kairos.instants``' range: ``min`` / ``max``); legacy abbreviation zones ('EST', 'CET',
 'PST8PDT', ...) are refused with the location to use instead. ``min_spacing`` measures the real
 (DST-aware) shortest gap for the frequency limit.
 
@@ -55,7 +56,7 @@ from zoneinfo import ZoneInfo
 import tzdata
 
 from kairos.errors import FieldError, ValidationFailed
-from kairos.instants import rfc3339
+from kairos.instants import out_of_range, rfc3339
 from kairos.states import DstFold, DstGap, ScheduleKind
 
 if TYPE_CHECKING:
@@ -69,6 +70,7 @@ __all__ = [
     "Rule",
     "ScheduleKind",
     "check_rule",
+    "cron_problems",
     "describe",
     "fires",
     "fires_between",
@@ -76,6 +78,7 @@ __all__ = [
     "min_spacing",
     "next_fire",
     "rfc3339",  # re-exported: the one RFC 3339 writer lives in kairos.instants
+    "zone_problems",
 ]
 
 TZDATA_VERSION: str = tzdata.IANA_VERSION
@@ -584,6 +587,24 @@ def _naive(field: str) -> FieldError:
     )
 
 
+def cron_problems(expression: object) -> list[FieldError]:
+    """Every problem of a cron expression on its own (field ``cron``), whatever the rest of the rule."""
+    if not expression or not isinstance(expression, str):
+        return [FieldError("cron", "required", "kind 'cron' needs a cron expression, e.g. '0 7 * * 1-5'")]
+    try:
+        _compile(expression)
+    except ValidationFailed as exc:
+        return list(exc.fields)
+    return []
+
+
+def zone_problems(name: object) -> list[FieldError]:
+    """The ``known_zone`` problem of a zone name, or nothing when the calendar knows it."""
+    if isinstance(name, str) and name in _ZONE_NAMES:
+        return []
+    return [_unknown_zone(name)]
+
+
 def check_rule(rule: Rule) -> None:
     """Raise ``ValidationFailed`` listing every problem of the rule (field + rule + a fix); else return.
 
@@ -592,9 +613,7 @@ def check_rule(rule: Rule) -> None:
     kind = ScheduleKind(rule.kind)
     if kind is ScheduleKind.WEBHOOK:
         raise ValueError("webhook schedules have no calendar")
-    errors: list[FieldError] = []
-    if not isinstance(rule.timezone, str) or rule.timezone not in _ZONE_NAMES:
-        errors.append(_unknown_zone(rule.timezone))
+    errors: list[FieldError] = zone_problems(rule.timezone)
     try:
         DstGap(rule.dst_gap)
     except ValueError:
@@ -610,7 +629,9 @@ def check_rule(rule: Rule) -> None:
     for field, value in (("starts_at", rule.starts_at), ("ends_at", rule.ends_at)):
         if value is not None and (not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None):
             errors.append(_naive(field))
-    aware = not any(e.rule == "timezone_aware" for e in errors)
+        elif value is not None and (bound := out_of_range(value, field)) is not None:
+            errors.append(bound)
+    aware = not any(e.field in ("starts_at", "ends_at") for e in errors)
     if aware and rule.starts_at is not None and rule.ends_at is not None and rule.ends_at <= rule.starts_at:
         errors.append(
             FieldError(
@@ -620,13 +641,7 @@ def check_rule(rule: Rule) -> None:
             )
         )
     if kind is ScheduleKind.CRON:
-        if not rule.cron or not isinstance(rule.cron, str):
-            errors.append(FieldError("cron", "required", "kind 'cron' needs a cron expression, e.g. '0 7 * * 1-5'"))
-        else:
-            try:
-                _compile(rule.cron)
-            except ValidationFailed as exc:
-                errors.extend(exc.fields)
+        errors.extend(cron_problems(rule.cron))
     elif rule.cron is not None:
         errors.append(
             FieldError("cron", "not_for_kind", f"cron applies only to kind 'cron'; remove it for kind {kind.value!r}")
