@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from kairos import conversations, schedules, webhooks
+from kairos import calendar, conversations, schedules, webhooks
 from kairos.api import app as api_app
 from kairos.errors import ValidationFailed
 
@@ -207,3 +207,16 @@ def test_a_start_with_a_step_every_minute_is_refused_by_the_limit(api: Api, conv
     answer = api.alice.post("/v1/schedules", {"conversation_id": conversation, "prompt": "p", "cron": "0/1 * * * *"})
     assert_shape(answer, code="limit_exceeded")
     assert fields_of(answer) == [("cron", "min_interval")]
+
+
+def test_the_calendar_names_the_same_mistakes_with_the_same_words(api: Api, conversation: str) -> None:
+    """The calendar said 'positive' and 'one_of' where the API says 'min' and 'enum'."""
+    answer = api.alice.post("/v1/schedules", {"conversation_id": conversation, "prompt": "p", "kind": "interval",
+                                              "interval_seconds": 0, "dst_gap": "sideways"})
+    assert_shape(answer)
+    with pytest.raises(ValidationFailed) as info:
+        calendar.check_rule(calendar.Rule(calendar.ScheduleKind.INTERVAL, interval_seconds=0,
+                                          starts_at=datetime(2030, 1, 1, tzinfo=UTC),
+                                          dst_gap="sideways"))  # type: ignore[arg-type]
+    library = {(f.field, f.rule) for f in info.value.fields}
+    assert set(fields_of(answer)) == library == {("interval_seconds", "min"), ("dst_gap", "enum")}

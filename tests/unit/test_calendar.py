@@ -516,12 +516,18 @@ def test_concurrent_iterations_of_one_expression_do_not_disturb_each_other() -> 
         (Rule(ScheduleKind.CRON), ("cron", "required")),
         (
             Rule(ScheduleKind.INTERVAL, interval_seconds=0, starts_at=datetime(2026, 1, 1, tzinfo=UTC)),
-            ("interval_seconds", "positive"),
+            ("interval_seconds", "min"),
         ),
         (
             Rule(ScheduleKind.INTERVAL, interval_seconds=-60, starts_at=datetime(2026, 1, 1, tzinfo=UTC)),
-            ("interval_seconds", "positive"),
+            ("interval_seconds", "min"),
         ),
+        (
+            Rule(ScheduleKind.INTERVAL, interval_seconds="60", starts_at=datetime(2026, 1, 1, tzinfo=UTC)),  # type: ignore[arg-type]
+            ("interval_seconds", "type"),
+        ),
+        (cron("0 * * * *", starts_at=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))), ("starts_at", "min")),
+        (cron("0 * * * *", ends_at=datetime(9999, 12, 31, tzinfo=timezone(timedelta(hours=-1)))), ("ends_at", "max")),
         (Rule(ScheduleKind.INTERVAL, starts_at=datetime(2026, 1, 1, tzinfo=UTC)), ("interval_seconds", "required")),
         (Rule(ScheduleKind.INTERVAL, interval_seconds=60), ("starts_at", "required")),
         (Rule(ScheduleKind.ONCE), ("starts_at", "required")),
@@ -537,8 +543,8 @@ def test_concurrent_iterations_of_one_expression_do_not_disturb_each_other() -> 
             cron("0 * * * *", starts_at=datetime(2026, 1, 1, tzinfo=UTC), ends_at=datetime(2026, 1, 1, tzinfo=UTC)),
             ("ends_at", "after_starts_at"),
         ),
-        (cron("0 * * * *", dst_gap="sideways"), ("dst_gap", "one_of")),
-        (cron("0 * * * *", dst_fold="twice"), ("dst_fold", "one_of")),
+        (cron("0 * * * *", dst_gap="sideways"), ("dst_gap", "enum")),
+        (cron("0 * * * *", dst_fold="twice"), ("dst_fold", "enum")),
         (
             Rule(ScheduleKind.ONCE, cron="0 * * * *", starts_at=datetime(2026, 1, 1, tzinfo=UTC)),
             ("cron", "not_for_kind"),

@@ -55,7 +55,7 @@ from zoneinfo import ZoneInfo
 
 import tzdata
 
-from kairos.errors import FieldError, ValidationFailed
+from kairos.errors import ENUM, MIN, TYPE, FieldError, ValidationFailed
 from kairos.instants import out_of_range, rfc3339
 from kairos.states import DstFold, DstGap, ScheduleKind
 
@@ -618,13 +618,13 @@ def check_rule(rule: Rule) -> None:
         DstGap(rule.dst_gap)
     except ValueError:
         errors.append(
-            FieldError("dst_gap", "one_of", f"dst_gap must be one of {', '.join(DstGap)}; got {rule.dst_gap!r}")
+            FieldError("dst_gap", ENUM, f"dst_gap must be one of {', '.join(DstGap)}; got {rule.dst_gap!r}")
         )
     try:
         DstFold(rule.dst_fold)
     except ValueError:
         errors.append(
-            FieldError("dst_fold", "one_of", f"dst_fold must be one of {', '.join(DstFold)}; got {rule.dst_fold!r}")
+            FieldError("dst_fold", ENUM, f"dst_fold must be one of {', '.join(DstFold)}; got {rule.dst_fold!r}")
         )
     for field, value in (("starts_at", rule.starts_at), ("ends_at", rule.ends_at)):
         if value is not None and (not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None):
@@ -655,10 +655,11 @@ def check_rule(rule: Rule) -> None:
                 )
             )
         elif isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
+            # The words the API's request model uses for the same mistakes (kairos.errors).
             errors.append(
                 FieldError(
                     "interval_seconds",
-                    "positive",
+                    MIN if isinstance(seconds, int) and not isinstance(seconds, bool) else TYPE,
                     f"interval_seconds must be a whole number of seconds greater than 0, got {seconds!r}",
                 )
             )
