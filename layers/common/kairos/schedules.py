@@ -115,11 +115,11 @@ def _instant(value: object) -> datetime:
         try:
             value = datetime.fromisoformat(value)
         except ValueError:
-            raise PydanticCustomError("type", _INSTANT_HINT) from None
+            raise PydanticCustomError(TYPE, _INSTANT_HINT) from None
     if not isinstance(value, datetime):
-        raise PydanticCustomError("type", _INSTANT_HINT)
+        raise PydanticCustomError(TYPE, _INSTANT_HINT)
     if value.tzinfo is None or value.utcoffset() is None:
-        raise PydanticCustomError("timezone_aware", _INSTANT_HINT)
+        raise PydanticCustomError(TIMEZONE_AWARE, _INSTANT_HINT)
     # Checked before converting: far instants overflow in UTC. (pydantic names the field by its location.)
     bound = out_of_range(value, "starts_at")
     if bound is not None:
@@ -511,7 +511,9 @@ def preview(schedule: Schedule, *, after: datetime, count: int) -> list[calendar
         problems.append(FieldError("count", TYPE, f"count must be a whole number from 1 to {PREVIEW_MAX}"))
     elif not 1 <= count <= PREVIEW_MAX:
         problems.append(FieldError("count", MIN if count < 1 else MAX, f"count must be between 1 and {PREVIEW_MAX}"))
-    if not isinstance(after, datetime) or after.tzinfo is None or after.utcoffset() is None:
+    if not isinstance(after, datetime):
+        problems.append(FieldError("after", TYPE, _INSTANT_HINT))
+    elif after.tzinfo is None or after.utcoffset() is None:
         problems.append(FieldError("after", TIMEZONE_AWARE, _INSTANT_HINT))
     elif (bound := out_of_range(after, "after")) is not None:
         problems.append(bound)
