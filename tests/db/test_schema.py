@@ -5,10 +5,12 @@ from __future__ import annotations
 import re
 import uuid
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 import pytest
 from kairos import states
+from psycopg import sql
 
 from tests import factories
 
@@ -98,3 +100,61 @@ def test_duplicate_timed_occurrence_is_refused(db_url: str) -> None:
     factories.run(db_url, schedule_row=sched, fire_at=fire_at)
     with pytest.raises(psycopg.errors.UniqueViolation):
         factories.run(db_url, schedule_row=sched, fire_at=fire_at)
+
+
+def _skipped_occurrence(conn: psycopg.Connection[Any], schedule_id: uuid.UUID) -> uuid.UUID:
+    """An occurrence with no run (a skipped fire): the kind a pruner could remove outright."""
+    occurrence_id = uuid.uuid4()
+    fire_at = datetime(2026, 1, 1, 7, tzinfo=UTC)
+    conn.execute(
+        """INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
+               tzdata_version, schedule_revision, decision)
+           VALUES (%s, %s, 'scheduled', %s, %s, interval '0', 0, 'UTC', 'test', 1, 'skipped_late')""",
+        (occurrence_id, schedule_id, fire_at, fire_at.replace(tzinfo=None)),
+    )
+    return occurrence_id
+
+
+@pytest.mark.parametrize("statement", ["DELETE FROM {table}", "DELETE FROM {table} WHERE false",
+                                       "TRUNCATE {table} CASCADE"])
+@pytest.mark.parametrize("table", ["occurrences", "run_events"])
+def test_occurrences_and_run_events_refuse_delete_and_truncate(db_url: str, table: str, statement: str) -> None:
+    # Given a run with its occurrence and one event, and a skipped occurrence with no run
+    run = factories.run(db_url, state="queued")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO run_events (run_id, seq, type, attempt) VALUES (%s, 1, 'run.queued', 0)",
+                     (run["id"],))
+        _skipped_occurrence(conn, run["schedule_id"])
+        # When anyone but the pruner deletes or truncates, Then it is refused and nothing is gone
+        with pytest.raises(psycopg.errors.RestrictViolation, match="append-only"):
+            conn.execute(sql.SQL(statement).format(table=sql.Identifier(table)))
+        counts = conn.execute("SELECT (SELECT count(*) FROM occurrences) AS o, (SELECT count(*) FROM run_events) AS e"
+                              ).fetchone()
+    assert counts == (2, 1)
+
+
+def test_the_pruner_may_delete_in_its_own_transaction_only(db_url: str) -> None:
+    run = factories.run(db_url, state="succeeded")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO run_events (run_id, seq, type, attempt) VALUES (%s, 1, 'run.queued', 0), "
+                     "(%s, 2, 'run.succeeded', 1)", (run["id"], run["id"]))
+        skipped = _skipped_occurrence(conn, run["schedule_id"])
+        # The pruner: the escape hatch and its deletes in one transaction.
+        with conn.transaction():
+            conn.execute("SELECT kairos_allow_pruning()")
+            deleted = conn.execute("DELETE FROM run_events WHERE run_id = %s AND seq = 1", (run["id"],)).rowcount
+            gone = conn.execute("DELETE FROM occurrences WHERE id = %s", (skipped,)).rowcount
+            # Pruning removes rows; it never rewrites them.
+            with pytest.raises(psycopg.errors.RestrictViolation), conn.transaction():
+                conn.execute("UPDATE run_events SET type = 'run.failed' WHERE run_id = %s", (run["id"],))
+        assert (deleted, gone) == (1, 1)
+        # The permission ended with that transaction: the same connection is refused again.
+        with pytest.raises(psycopg.errors.RestrictViolation):
+            conn.execute("DELETE FROM run_events WHERE run_id = %s", (run["id"],))
+        # And a rolled-back pruner leaves nothing behind either.
+        with pytest.raises(RuntimeError), conn.transaction():
+            conn.execute("SELECT kairos_allow_pruning()")
+            raise RuntimeError("pruner failed")
+        with pytest.raises(psycopg.errors.RestrictViolation):
+            conn.execute("DELETE FROM run_events WHERE run_id = %s", (run["id"],))
+        assert conn.execute("SELECT count(*) FROM run_events WHERE run_id = %s", (run["id"],)).fetchone() == (1,)

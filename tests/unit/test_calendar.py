@@ -11,6 +11,8 @@ from itertools import pairwise
 
 import pytest
 import tzdata
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kairos import calendar
 from kairos.calendar import (
     TZDATA_VERSION,
@@ -285,6 +287,72 @@ def test_leap_day_fires_every_four_years() -> None:
     assert [f.local_time.date().isoformat() for f in got] == ["2028-02-29", "2032-02-29"]
 
 
+# --------------------------------------------------------------------------- N/S: a start with a step
+
+
+@pytest.mark.parametrize(
+    ("expr", "expected"),
+    [
+        ("0/15 * * * *", ["00:00", "00:15", "00:30", "00:45", "01:00"]),
+        ("5/10 * * * *", ["00:05", "00:15", "00:25", "00:35", "00:45"]),
+        ("0 16/3 * * *", ["16:00", "19:00", "22:00", "16:00", "19:00"]),
+        ("59/15 3 * * *", ["03:59"] * 5),
+    ],
+)
+def test_a_start_with_a_step_runs_from_the_start_to_the_fields_end(expr: str, expected: list[str]) -> None:
+    """The forms croniter, cronsim, Kubernetes and EventBridge users write: `N/S` is `N-max/S`."""
+    got = fires(cron(expr), utc(2026, 1, 1) - timedelta(seconds=1), 5)
+    assert [f"{f.local_time:%H:%M}" for f in got] == expected
+
+
+def test_a_start_with_a_step_works_in_every_day_field_with_names() -> None:
+    doms = fires(cron("0 0 5/10 * *"), utc(2026, 1, 1), 4)
+    assert [f.local_time.day for f in doms] == [5, 15, 25, 5]
+    months = fires(cron("0 0 1 2/5 *"), utc(2026, 1, 1), 3)
+    assert [f.local_time.month for f in months] == [2, 7, 12]
+    assert [f.local_time.month for f in fires(cron("0 0 1 jan/5 *"), utc(2026, 1, 1), 3)] == [6, 11, 1]
+    # Day-of-week runs to Saturday (6), as croniter reads it: Mon, Wed, Fri and never also Sunday (7).
+    weekdays = fires(cron("0 0 * * 1/2"), utc(2026, 1, 4), 4)  # 2026-01-04 is a Sunday
+    assert [f.local_time.strftime("%a") for f in weekdays] == ["Mon", "Wed", "Fri", "Mon"]
+    for sunday_start in ("7/2", "sun/2", "0/2"):
+        got = fires(cron(f"0 0 * * {sunday_start}"), utc(2026, 1, 3), 5)  # from Saturday 2026-01-03
+        assert [f.local_time.strftime("%a") for f in got] == ["Sun", "Tue", "Thu", "Sat", "Sun"], sunday_start
+
+
+def test_a_start_with_a_step_keeps_the_range_forms_dst_behaviour() -> None:
+    """`30 1/1` begins with a digit like `30 1-23/1`: once per wall-clock match (the fold's first
+    instance), where `30 */1` follows real time and fires in both instances of 01:30."""
+    after, until = utc(2026, 11, 1, 4), utc(2026, 11, 1, 8)  # New York falls back at 06:00 UTC
+    start_step = [f.fire_at for f in between(cron("30 1/1 * * *", NY), after, until)]
+    assert start_step == [f.fire_at for f in between(cron("30 1-23/1 * * *", NY), after, until)]
+    assert start_step == [utc(2026, 11, 1, 5, 30), utc(2026, 11, 1, 7, 30)]  # 01:30 EDT, 02:30 EST
+    real_time = [f.fire_at for f in between(cron("30 */1 * * *", NY), after, until)]
+    assert real_time == [utc(2026, 11, 1, 4, 30), utc(2026, 11, 1, 5, 30), utc(2026, 11, 1, 6, 30),
+                         utc(2026, 11, 1, 7, 30)]
+
+
+_FIELD_RANGES = ((0, 59), (0, 23), (1, 31), (1, 12), (0, 7))
+
+
+@settings(max_examples=60, deadline=None, derandomize=True)
+@given(data=st.data(), index=st.integers(0, 4), zone=st.sampled_from(["UTC", NY, "Europe/Berlin"]))
+def test_a_start_with_a_step_fires_exactly_as_the_range_it_stands_for(data: st.DataObject, index: int,
+                                                                      zone: str) -> None:
+    low, high = _FIELD_RANGES[index]
+    start = data.draw(st.integers(low, high), label="start")
+    step = data.draw(st.integers(1, high - low + 1), label="step")
+    end = 6 if index == 4 else high
+    base = ["7", "3", "*", "*", "*"] if index > 1 else ["*", "*", "*", "*", "*"]
+    short, long = list(base), list(base)
+    short[index] = f"{start}/{step}"
+    long[index] = f"{start % 7 if index == 4 else start}-{end}/{step}"
+    if index == 1:
+        short[0] = long[0] = "0"
+    after = utc(2026, 3, 1) + timedelta(days=data.draw(st.integers(0, 300), label="day"))
+    a, b = cron(" ".join(short), zone), cron(" ".join(long), zone)
+    assert [f.fire_at for f in fires(a, after, 30)] == [f.fire_at for f in fires(b, after, 30)], (short, long)
+
+
 # ----------------------------------------------------------------------------- iteration contract
 
 
@@ -436,7 +504,9 @@ def test_concurrent_iterations_of_one_expression_do_not_disturb_each_other() -> 
         (cron("0 0 ? * 1"), ("cron", "cron_syntax")),
         (cron("H 0 * * *"), ("cron", "cron_syntax")),
         (cron("*/0 * * * *"), ("cron", "cron_syntax")),
-        (cron("0/15 * * * *"), ("cron", "cron_syntax")),
+        (cron("0/x * * * *"), ("cron", "cron_syntax")),
+        (cron("0/0 * * * *"), ("cron", "cron_syntax")),
+        (cron("60/5 * * * *"), ("cron", "cron_syntax")),
         (cron("30-10 * * * *"), ("cron", "cron_syntax")),
         (cron("0,,5 * * * *"), ("cron", "cron_syntax")),
         (cron("0 0 * foo *"), ("cron", "cron_syntax")),
@@ -446,12 +516,18 @@ def test_concurrent_iterations_of_one_expression_do_not_disturb_each_other() -> 
         (Rule(ScheduleKind.CRON), ("cron", "required")),
         (
             Rule(ScheduleKind.INTERVAL, interval_seconds=0, starts_at=datetime(2026, 1, 1, tzinfo=UTC)),
-            ("interval_seconds", "positive"),
+            ("interval_seconds", "min"),
         ),
         (
             Rule(ScheduleKind.INTERVAL, interval_seconds=-60, starts_at=datetime(2026, 1, 1, tzinfo=UTC)),
-            ("interval_seconds", "positive"),
+            ("interval_seconds", "min"),
         ),
+        (
+            Rule(ScheduleKind.INTERVAL, interval_seconds="60", starts_at=datetime(2026, 1, 1, tzinfo=UTC)),  # type: ignore[arg-type]
+            ("interval_seconds", "type"),
+        ),
+        (cron("0 * * * *", starts_at=datetime(1, 1, 1, tzinfo=timezone(timedelta(hours=1)))), ("starts_at", "min")),
+        (cron("0 * * * *", ends_at=datetime(9999, 12, 31, tzinfo=timezone(timedelta(hours=-1)))), ("ends_at", "max")),
         (Rule(ScheduleKind.INTERVAL, starts_at=datetime(2026, 1, 1, tzinfo=UTC)), ("interval_seconds", "required")),
         (Rule(ScheduleKind.INTERVAL, interval_seconds=60), ("starts_at", "required")),
         (Rule(ScheduleKind.ONCE), ("starts_at", "required")),
@@ -467,8 +543,8 @@ def test_concurrent_iterations_of_one_expression_do_not_disturb_each_other() -> 
             cron("0 * * * *", starts_at=datetime(2026, 1, 1, tzinfo=UTC), ends_at=datetime(2026, 1, 1, tzinfo=UTC)),
             ("ends_at", "after_starts_at"),
         ),
-        (cron("0 * * * *", dst_gap="sideways"), ("dst_gap", "one_of")),
-        (cron("0 * * * *", dst_fold="twice"), ("dst_fold", "one_of")),
+        (cron("0 * * * *", dst_gap="sideways"), ("dst_gap", "enum")),
+        (cron("0 * * * *", dst_fold="twice"), ("dst_fold", "enum")),
         (
             Rule(ScheduleKind.ONCE, cron="0 * * * *", starts_at=datetime(2026, 1, 1, tzinfo=UTC)),
             ("cron", "not_for_kind"),
@@ -502,8 +578,8 @@ def test_check_rule_messages_say_what_is_wrong_and_what_would_be_right() -> None
         check_rule(cron("0 0 31 2 *"))
     assert "never fires" in caught.value.fields[0].message
     with pytest.raises(ValidationFailed) as caught:
-        check_rule(cron("0/15 * * * *"))
-    assert "*/N" in caught.value.fields[0].message and "0-59/15" in caught.value.fields[0].message
+        check_rule(cron("0/x * * * *"))
+    assert "*/N" in caught.value.fields[0].message and "N/S" in caught.value.fields[0].message
 
 
 def test_check_rule_reports_every_problem_at_once() -> None:

@@ -4,7 +4,8 @@ The oracle shares nothing with ``kairos.calendar`` but ``zoneinfo``: its own cro
 Vixie day matcher, a walk over local wall minutes that finds each minute's UTC instant(s) by
 round-tripping fold 0 and fold 1 (two instants = a repeated wall time, none = a wall time in a gap),
 the first existing wall minute after a gap, and DESIGN.md's policies applied to that. Hypothesis
-generates the expressions (minute/hour lists, steps, ranges; day fields with and without ``*``).
+generates the expressions (minute/hour lists, steps, ranges, ``N/S`` starts with a step; day fields with
+and without ``*``).
 
 Three checks:
 * dense: every wall minute of an eight-hour window around each UTC-offset change in six zones
@@ -57,6 +58,10 @@ def expand(text: str, index: int) -> frozenset[int]:
             a, b = low, high
         elif "-" in base:
             a, b = (int(x) for x in base.split("-"))
+        elif step and index == 4:  # 'N/S' is 'N-6/S' for day-of-week (7 is Sunday, 0), as croniter reads it
+            a, b = int(base) % 7, 6
+        elif step:  # 'N/S' is 'N-max/S'
+            a, b = int(base), high
         else:
             a = b = int(base)
         values.update(range(a, b + 1, int(step) if step else 1))
@@ -187,8 +192,10 @@ def check(expr: str, name: str, gap: DstGap, fold: DstFold, lo: datetime, hi: da
 def numbers(low: int, high: int) -> st.SearchStrategy[str]:
     single = st.integers(low, high).map(str)
     span = st.tuples(st.integers(low, high), st.integers(low, high)).map(lambda ab: f"{min(ab)}-{max(ab)}")
-    stepped = st.tuples(span, st.integers(1, max(1, (high - low) // 2))).map(lambda s: f"{s[0]}/{s[1]}")
-    return st.lists(st.one_of(single, span, stepped), min_size=1, max_size=3).map(",".join)
+    steps = st.integers(1, max(1, (high - low) // 2))
+    stepped = st.tuples(span, steps).map(lambda s: f"{s[0]}/{s[1]}")
+    start_stepped = st.tuples(st.integers(low, high), steps).map(lambda s: f"{s[0]}/{s[1]}")  # N-max/S
+    return st.lists(st.one_of(single, span, stepped, start_stepped), min_size=1, max_size=3).map(",".join)
 
 
 def starred(low: int, high: int) -> st.SearchStrategy[str]:

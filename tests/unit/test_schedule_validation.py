@@ -6,7 +6,7 @@ Every refusal must name the field and a stable rule, so a model can correct one 
 from __future__ import annotations
 
 import uuid
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
@@ -324,3 +324,89 @@ def test_validate_agent_drops_unset_fields() -> None:
 
 def test_mode_default_is_fork() -> None:
     assert parse(body(cron="0 * * * *"), now=NOW).mode is Mode.FORK
+
+
+# --- all at once, one vocabulary, bounded instants (issue 10) ------------------------------------
+
+
+def test_a_refused_shape_still_reports_the_cron_and_the_timezone() -> None:
+    """A bad mode used to hide the cron and zone problems behind it: three round trips for one body."""
+    error = refusal(body(mode="copy", cron="0 25 * * *", timezone="Mars/Olympus"))
+    assert type(error) is ValidationFailed
+    assert pairs(error) == {("mode", "enum"), ("cron", "cron_syntax"), ("timezone", "known_zone")}
+    also = refusal(body(kind="weekly", cron="0/x * * * *", timezone="EST", starts_at="2030-01-01T00:00:00"))
+    assert pairs(also) >= {("kind", "enum"), ("cron", "cron_syntax"), ("timezone", "known_zone"),
+                           ("starts_at", "timezone_aware")}
+
+
+@pytest.mark.parametrize(("value", "rule"), [
+    ("9999-12-31T23:59:59-01:00", "max"),  # overflowed converting to UTC: a 500
+    ("0001-01-01T00:00:00+01:00", "min"),
+    ("9000-01-01T00:00:01Z", "max"),
+    ("1969-12-31T23:59:59Z", "min"),
+])
+@pytest.mark.parametrize("field", ["starts_at", "ends_at"])
+def test_instants_outside_the_sane_range_name_the_field(field: str, value: str, rule: str) -> None:
+    raw = body(kind="once", starts_at=value) if field == "starts_at" else body(cron="0 * * * *", ends_at=value)
+    error = refusal(raw)
+    assert type(error) is ValidationFailed
+    assert (field, rule) in pairs(error), error.fields
+
+
+def test_the_calendar_bounds_instants_the_same_way() -> None:
+    far = datetime(9999, 12, 31, 23, 59, 59, tzinfo=timezone(timedelta(hours=-1)))
+    rule = calendar.Rule(ScheduleKind.ONCE, starts_at=far)
+    with pytest.raises(ValidationFailed) as info:
+        calendar.check_rule(rule)
+    assert pairs(info.value) == {("starts_at", "max")}
+
+
+@pytest.mark.parametrize("cron", ["0/15 * * * *", "5/10 * * * *", "0 16/3 * * *", "0 9 1/7 jan/3 mon/2"])
+def test_start_with_a_step_crons_are_accepted(cron: str) -> None:
+    request = parse(body(cron=cron, timezone="Europe/Berlin"), now=NOW)
+    assert request.cron == cron
+
+
+def test_a_start_with_a_step_too_frequent_is_refused_by_the_limit_not_the_syntax() -> None:
+    error = refusal(body(cron="0/1 * * * *"))
+    assert type(error) is LimitExceeded
+    assert pairs(error) == {("cron", "min_interval")}
+
+
+def test_one_table_names_pydantic_errors_for_the_api_and_the_library() -> None:
+    """The API's request validation and the library's models translate the same pydantic error to the
+    same rule (the API said 'range' and 'timezone_required' where the library said 'min' and
+    'timezone_aware')."""
+    from kairos.api import app as api_app
+    from pydantic import AwareDatetime, BaseModel, Field, ValidationError
+
+    class Probe(BaseModel):
+        low: int = Field(ge=1)
+        high: int = Field(le=10)
+        at: AwareDatetime
+        word: str = Field(max_length=3)
+
+    with pytest.raises(ValidationError) as info:
+        Probe.model_validate({"low": 0, "high": 11, "at": "2030-01-01T00:00:00", "word": "long", "x": 1})
+    library = [(f.field, f.rule) for f in conversations.field_errors(info.value)]
+    as_powertools = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
+    api = [(f.field, f.rule) for f in api_app.translate(as_powertools)]
+    assert api == library
+    assert dict(library) == {"low": "min", "high": "max", "at": "timezone_aware", "word": "max_length"}
+
+
+def test_library_checks_use_the_vocabulary_too() -> None:
+    schedule = schedules.Schedule(
+        id=uuid.uuid4(), owner=OWNER, conversation_id=uuid.UUID(CID), name="", prompt="p",
+        kind=ScheduleKind.CRON, cron="0 * * * *", interval_seconds=None, starts_at=None, ends_at=None,
+        max_occurrences=None, timezone="UTC", dst_gap=calendar.DstGap.AUTO, dst_fold=calendar.DstFold.AUTO,
+        mode=Mode.FORK, catch_up=False, overlap=schedules.Overlap.ALLOW, agent=None, signing=None,
+        status=schedules.ScheduleStatus.ACTIVE, revision=1, next_fire_at=None, last_fire_at=None, fire_count=0,
+        consecutive_failures=0)
+    for count, rule in ((0, "min"), (101, "max")):
+        with pytest.raises(ValidationFailed) as info:
+            schedules.preview(schedule, after=NOW, count=count)
+        assert pairs(info.value) == {("count", rule)}
+    with pytest.raises(ValidationFailed) as info:
+        schedules.preview(schedule, after=datetime(1, 1, 1, 0, 0, tzinfo=timezone(timedelta(hours=1))), count=3)
+    assert pairs(info.value) == {("after", "min")}

@@ -13,7 +13,10 @@ Rules (DESIGN.md "Time"):
   field begins with ``*`` follows real time (``skip`` + ``both``); any other fires once per
   wall-clock match (``shift_forward`` + ``first``). Day fields follow Vixie: when day-of-month or
   day-of-week begins with ``*`` a day must match both, otherwise either (croniter ORs ``*/N`` day
-  fields; we do not inherit that). ``starts_at``, when given, is the earliest instant a cron fires.
+  fields; we do not inherit that). ``N/S`` in any field means ``N-max/S``, as croniter, cronsim,
+  Kubernetes and EventBridge read it (day-of-week max 6); like ``N-max/S`` it begins with a digit, so
+  under ``auto`` ``0 0/6 * * *`` fires once per wall-clock match, as ``0 0-23/6 * * *`` does.
+  ``starts_at``, when given, is the earliest instant a cron fires.
 * ``interval``: ``starts_at + k * interval_seconds`` for k >= 0, in UTC.
 * ``once``: ``starts_at``.
 * ``ends_at`` is inclusive: nothing fires after it.
@@ -22,7 +25,8 @@ Guarantees: fires come strictly after ``after``, ascending, with unique ``fire_a
 UTC instant (``tzinfo=UTC``), the wall time at that instant, the offset, the fold, the zone and the
 tzdata version. Zones are read from the shipped ``tzdata`` package (never the host's
 ``/usr/share/zoneinfo``), so ``TZDATA_VERSION`` names exactly the data every fire was computed with.
-Bad rules raise ``ValidationFailed`` naming field and rule; legacy abbreviation zones ('EST', 'CET',
+Bad rules raise ``ValidationFailed`` naming field and rule (``starts_at`` and ``ends_at`` must lie in
+``kairos.instants``' range: ``min`` / ``max``); legacy abbreviation zones ('EST', 'CET',
 'PST8PDT', ...) are refused with the location to use instead. ``min_spacing`` measures the real
 (DST-aware) shortest gap for the frequency limit.
 
@@ -51,8 +55,8 @@ from zoneinfo import ZoneInfo
 
 import tzdata
 
-from kairos.errors import FieldError, ValidationFailed
-from kairos.instants import rfc3339
+from kairos.errors import ENUM, MIN, TYPE, FieldError, ValidationFailed
+from kairos.instants import out_of_range, rfc3339
 from kairos.states import DstFold, DstGap, ScheduleKind
 
 if TYPE_CHECKING:
@@ -66,6 +70,7 @@ __all__ = [
     "Rule",
     "ScheduleKind",
     "check_rule",
+    "cron_problems",
     "describe",
     "fires",
     "fires_between",
@@ -73,6 +78,7 @@ __all__ = [
     "min_spacing",
     "next_fire",
     "rfc3339",  # re-exported: the one RFC 3339 writer lives in kairos.instants
+    "zone_problems",
 ]
 
 TZDATA_VERSION: str = tzdata.IANA_VERSION
@@ -280,7 +286,8 @@ def _field_value(token: str, index: int, errors: list[str]) -> int | None:
 
 
 def _check_field(text: str, index: int) -> tuple[str, list[str]]:
-    """Vixie syntax of one field: comma-separated ``*``, ``a``, ``a-b``, each with an optional ``/step``.
+    """Vixie syntax of one field: comma-separated ``*``, ``a``, ``a-b``, each with an optional ``/step``;
+    ``a/step`` means ``a-max/step``.
 
     Returns the field for croniter (``*`` parts as written, everything else as explicit numbers) and
     the problems found (one message each).
@@ -299,14 +306,10 @@ def _check_field(text: str, index: int) -> tuple[str, list[str]]:
                     f"{name} {part!r} uses a non-standard cron extension (L, W, #, ?, H); "
                     "use numbers, ranges like 1-5, lists like 1,15 and steps like */15"
                 )
-            elif "/" in part and "-" not in part and not part.startswith("*"):
-                start = part.split("/", 1)[0]
-                errors.append(
-                    f"{name} {part!r} is not standard cron; write */N or a range with a step, e.g. {start}-{high}/N"
-                )
             else:
                 errors.append(
-                    f"{name} {part!r} is not valid cron syntax; use *, a number, a range a-b, a list, or a step */N"
+                    f"{name} {part!r} is not valid cron syntax; use *, a number, a range a-b, a list, or a step "
+                    "such as */N, a-b/N or N/S"
                 )
             continue
         step = match["step"]
@@ -326,10 +329,12 @@ def _check_field(text: str, index: int) -> tuple[str, list[str]]:
             )
             continue
         if b is None and step is not None:
-            errors.append(
-                f"{name} {part!r} is not standard cron; write */N or a range with a step, e.g. {a}-{high}/{step}"
-            )
-            continue
+            # 'N/S' is 'N-max/S' (croniter, cronsim, Kubernetes, EventBridge). The day-of-week max is 6
+            # (Saturday) as they read it: '1/2' is Mon, Wed, Fri, never also 7 (= Sunday); '7/2' is '0/2'.
+            if index == 4:
+                a, b = a % 7, 6
+            else:
+                b = high
         # Ranges and steps go to croniter as explicit values: it reads a one-value range ('5-5',
         # '1-1/1') as the whole field, and values leave nothing to interpret.
         values.update(v % 7 if index == 4 else v for v in range(a, (a if b is None else b) + 1, int(step or 1)))
@@ -582,6 +587,24 @@ def _naive(field: str) -> FieldError:
     )
 
 
+def cron_problems(expression: object) -> list[FieldError]:
+    """Every problem of a cron expression on its own (field ``cron``), whatever the rest of the rule."""
+    if not expression or not isinstance(expression, str):
+        return [FieldError("cron", "required", "kind 'cron' needs a cron expression, e.g. '0 7 * * 1-5'")]
+    try:
+        _compile(expression)
+    except ValidationFailed as exc:
+        return list(exc.fields)
+    return []
+
+
+def zone_problems(name: object) -> list[FieldError]:
+    """The ``known_zone`` problem of a zone name, or nothing when the calendar knows it."""
+    if isinstance(name, str) and name in _ZONE_NAMES:
+        return []
+    return [_unknown_zone(name)]
+
+
 def check_rule(rule: Rule) -> None:
     """Raise ``ValidationFailed`` listing every problem of the rule (field + rule + a fix); else return.
 
@@ -590,25 +613,25 @@ def check_rule(rule: Rule) -> None:
     kind = ScheduleKind(rule.kind)
     if kind is ScheduleKind.WEBHOOK:
         raise ValueError("webhook schedules have no calendar")
-    errors: list[FieldError] = []
-    if not isinstance(rule.timezone, str) or rule.timezone not in _ZONE_NAMES:
-        errors.append(_unknown_zone(rule.timezone))
+    errors: list[FieldError] = zone_problems(rule.timezone)
     try:
         DstGap(rule.dst_gap)
     except ValueError:
         errors.append(
-            FieldError("dst_gap", "one_of", f"dst_gap must be one of {', '.join(DstGap)}; got {rule.dst_gap!r}")
+            FieldError("dst_gap", ENUM, f"dst_gap must be one of {', '.join(DstGap)}; got {rule.dst_gap!r}")
         )
     try:
         DstFold(rule.dst_fold)
     except ValueError:
         errors.append(
-            FieldError("dst_fold", "one_of", f"dst_fold must be one of {', '.join(DstFold)}; got {rule.dst_fold!r}")
+            FieldError("dst_fold", ENUM, f"dst_fold must be one of {', '.join(DstFold)}; got {rule.dst_fold!r}")
         )
     for field, value in (("starts_at", rule.starts_at), ("ends_at", rule.ends_at)):
         if value is not None and (not isinstance(value, datetime) or value.tzinfo is None or value.utcoffset() is None):
             errors.append(_naive(field))
-    aware = not any(e.rule == "timezone_aware" for e in errors)
+        elif value is not None and (bound := out_of_range(value, field)) is not None:
+            errors.append(bound)
+    aware = not any(e.field in ("starts_at", "ends_at") for e in errors)
     if aware and rule.starts_at is not None and rule.ends_at is not None and rule.ends_at <= rule.starts_at:
         errors.append(
             FieldError(
@@ -618,13 +641,7 @@ def check_rule(rule: Rule) -> None:
             )
         )
     if kind is ScheduleKind.CRON:
-        if not rule.cron or not isinstance(rule.cron, str):
-            errors.append(FieldError("cron", "required", "kind 'cron' needs a cron expression, e.g. '0 7 * * 1-5'"))
-        else:
-            try:
-                _compile(rule.cron)
-            except ValidationFailed as exc:
-                errors.extend(exc.fields)
+        errors.extend(cron_problems(rule.cron))
     elif rule.cron is not None:
         errors.append(
             FieldError("cron", "not_for_kind", f"cron applies only to kind 'cron'; remove it for kind {kind.value!r}")
@@ -638,10 +655,11 @@ def check_rule(rule: Rule) -> None:
                 )
             )
         elif isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
+            # The words the API's request model uses for the same mistakes (kairos.errors).
             errors.append(
                 FieldError(
                     "interval_seconds",
-                    "positive",
+                    MIN if isinstance(seconds, int) and not isinstance(seconds, bool) else TYPE,
                     f"interval_seconds must be a whole number of seconds greater than 0, got {seconds!r}",
                 )
             )

@@ -35,7 +35,16 @@ import psycopg
 from psycopg.types.json import Jsonb
 
 from kairos import db
-from kairos.errors import FieldError, NotFound, ValidationFailed
+from kairos.errors import (
+    MAX_LENGTH,
+    REQUIRED,
+    TYPE,
+    UNKNOWN_FIELD,
+    FieldError,
+    NotFound,
+    ValidationFailed,
+    from_pydantic,
+)
 from kairos.instants import rfc3339
 from kairos.observability import logger
 
@@ -49,51 +58,14 @@ EXECUTORS = ("openai", "bedrock", "http", "echo")
 
 # --- Pydantic errors in the house shape -------------------------------------------------------
 
-# pydantic error type -> the stable rule word of a FieldError. Custom errors raised by our own
-# validators (PydanticCustomError) carry their rule as their type and pass through unchanged.
-_RULES: dict[str, str] = {
-    "missing": "required",
-    "extra_forbidden": "unknown_field",
-    "enum": "enum",
-    "literal_error": "enum",
-    "greater_than": "min",
-    "greater_than_equal": "min",
-    "less_than": "max",
-    "less_than_equal": "max",
-    "string_too_short": "min_length",
-    "too_short": "min_length",
-    "string_too_long": "max_length",
-    "too_long": "max_length",
-    "timezone_aware": "timezone_aware",
-}
-_TYPE_ERRORS = ("_type", "_parsing", "_from_datetime_inexact", "_from_float", "_from_date_parsing")
-
 
 def field_errors(error: ValidationError, *, prefix: str = "") -> list[FieldError]:
-    """Translates a pydantic ``ValidationError`` into FieldErrors (dotted field path, stable rule).
+    """Translates a pydantic ``ValidationError`` into FieldErrors (dotted field path, and the rule from
+    ``kairos.errors``' one vocabulary, which the API's request validation uses too).
 
     Messages never repeat the input value (it may be a secret the caller should not have sent).
     """
-    out: list[FieldError] = []
-    for detail in error.errors(include_url=False, include_input=False):
-        path = ".".join(str(part) for part in detail["loc"])
-        field = ".".join(p for p in (prefix, path) if p) or "body"
-        kind = str(detail["type"])
-        if kind in _RULES:
-            rule = _RULES[kind]
-        elif kind.endswith(_TYPE_ERRORS) or kind in ("dict_type", "model_type", "model_attributes_type"):
-            rule = "type"
-        elif kind in ("value_error", "assertion_error"):
-            rule = "invalid"
-        else:
-            rule = kind  # one of our own custom rules
-        message = str(detail["msg"])
-        if rule == "unknown_field":
-            message = "unknown field; remove it (only the declared fields are accepted)"
-        elif rule == "required":
-            message = "this field is required"
-        out.append(FieldError(field, rule, message))
-    return out
+    return from_pydantic(error.errors(include_url=False, include_input=False), prefix=prefix)
 
 
 # --- Agent config ------------------------------------------------------------------------------
@@ -247,18 +219,40 @@ def create(
     now: datetime | None = None,
 ) -> Conversation:
     """A new root conversation; the agent is validated (``ValidationFailed`` naming ``agent.<name>``)."""
-    problems: list[FieldError] = []
+    return _create(conn, owner=owner, agent=agent, title=title, origin_run_id=origin_run_id, now=now, problems=[])
+
+
+CREATE_FIELDS = ("agent", "title")
+
+
+def create_from_body(conn: psycopg.Connection[db.Row], *, owner: str, raw: object,
+                     now: datetime | None = None) -> Conversation:
+    """``POST /v1/conversations``: the whole body judged at once — undeclared fields, a missing agent,
+    every problem of the agent and of the title in one ``ValidationFailed``."""
+    if not isinstance(raw, Mapping):
+        raise ValidationFailed([FieldError("body", TYPE, "give the conversation as a JSON object")])
+    problems = [FieldError(str(name), UNKNOWN_FIELD, "unknown field; remove it (only the declared fields are "
+                           "accepted)") for name in raw if name not in CREATE_FIELDS]
+    if raw.get("agent") is None:
+        problems.append(FieldError("agent", REQUIRED, "this field is required"))
+    return _create(conn, owner=owner, agent=raw.get("agent"), title=raw.get("title"), origin_run_id=None,
+                   now=now, problems=problems)
+
+
+def _create(conn: psycopg.Connection[db.Row], *, owner: str, agent: object, title: object,
+            origin_run_id: uuid.UUID | None, now: datetime | None, problems: list[FieldError]) -> Conversation:
     config: dict[str, Any] = {}
-    try:
-        # A run's own thread (origin_run_id) copies an agent checked when it was written; the executor
-        # checks its secret reference again before every call.
-        config = validate_agent(agent, owner=None if origin_run_id is not None else owner)
-    except ValidationFailed as error:
-        problems.extend(error.fields)
+    if agent is not None or not problems:  # a missing agent is already named (``required``)
+        try:
+            # A run's own thread (origin_run_id) copies an agent checked when it was written; the executor
+            # checks its secret reference again before every call.
+            config = validate_agent(agent, owner=None if origin_run_id is not None else owner)
+        except ValidationFailed as error:
+            problems.extend(error.fields)
     if title is not None and not isinstance(title, str):
-        problems.append(FieldError("title", "type", "give the title as a string"))
+        problems.append(FieldError("title", TYPE, "give the title as a string"))
     elif title is not None and len(title) > TITLE_MAX:
-        problems.append(FieldError("title", "max_length", f"at most {TITLE_MAX} characters"))
+        problems.append(FieldError("title", MAX_LENGTH, f"at most {TITLE_MAX} characters"))
     if problems:
         raise ValidationFailed(problems)
     row = db.fetch_one(

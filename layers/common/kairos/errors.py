@@ -3,13 +3,85 @@
 Library code raises these; the API handler turns them into the error shape DESIGN.md fixes:
 ``{"error": {"code", "message", "fields": [{"field", "rule", "message"}]}}``. Messages are written
 for the caller (a person or a model correcting one request): they never carry SQL, stack traces,
-hashes or tokens. Nothing matches on message text.
+hashes or tokens. Nothing matches on message text. Field errors name their rule from one vocabulary
+(below), whichever layer found them.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable, Mapping
 from dataclasses import dataclass, field
 from typing import Any
+
+# ---- the rule vocabulary ------------------------------------------------------------------------
+#
+# One word per kind of problem, whichever layer finds it: the API's request validation (Powertools and
+# pydantic), the library's models (schedules, agents, signing) and the library's own checks. A caller,
+# or a model correcting its request, sees the same rule for the same mistake on every path.
+
+REQUIRED = "required"  # the field is missing
+UNKNOWN_FIELD = "unknown_field"  # the body names a field the route does not declare
+TYPE = "type"  # wrong JSON type, or text that does not parse as the declared kind (uuid, instant)
+ENUM = "enum"  # not one of the allowed words
+MIN = "min"  # a number or an instant below its lower bound
+MAX = "max"  # a number or an instant above its upper bound
+MIN_LENGTH = "min_length"
+MAX_LENGTH = "max_length"
+TIMEZONE_AWARE = "timezone_aware"  # an instant without a UTC offset
+INVALID = "invalid"  # a value our own validator refused without a rule of its own
+MAX_DEPTH = "max_depth"  # JSON nested deeper than a body may be
+INVALID_CHARACTER = "invalid_character"  # NUL or a lone surrogate: PostgreSQL cannot store it
+
+# pydantic error type -> rule. Errors raised by our own validators (``PydanticCustomError``) carry
+# their rule as their type and pass through unchanged (``secret_reference``, ``url``, ``empty``...).
+PYDANTIC_RULES: dict[str, str] = {
+    "missing": REQUIRED,
+    "extra_forbidden": UNKNOWN_FIELD,
+    "enum": ENUM,
+    "literal_error": ENUM,
+    "greater_than": MIN,
+    "greater_than_equal": MIN,
+    "less_than": MAX,
+    "less_than_equal": MAX,
+    "string_too_short": MIN_LENGTH,
+    "too_short": MIN_LENGTH,
+    "string_too_long": MAX_LENGTH,
+    "too_long": MAX_LENGTH,
+    "timezone_aware": TIMEZONE_AWARE,
+    "value_error": INVALID,
+    "assertion_error": INVALID,
+}
+_TYPE_ERRORS = ("_type", "_parsing", "_from_datetime_inexact", "_from_float", "_from_date_parsing")
+_MESSAGES = {
+    UNKNOWN_FIELD: "unknown field; remove it (only the declared fields are accepted)",
+    REQUIRED: "this field is required",
+}
+
+
+def rule_for(pydantic_type: str) -> str:
+    """The rule word of a pydantic error type (see ``PYDANTIC_RULES``)."""
+    if pydantic_type in PYDANTIC_RULES:
+        return PYDANTIC_RULES[pydantic_type]
+    if pydantic_type.endswith(_TYPE_ERRORS):
+        return TYPE
+    return pydantic_type  # one of our own custom rules
+
+
+def from_pydantic(details: Iterable[Mapping[str, Any]], *, prefix: str = "") -> list[FieldError]:
+    """pydantic error dicts (``ValidationError.errors()``, or Powertools' request errors with their
+    location already stripped) as FieldErrors: dotted field, rule from ``rule_for``.
+
+    Messages are pydantic's, which never repeat the input value (it may be a secret the caller should
+    not have sent), except for the two rules whose fix is always the same.
+    """
+    out: list[FieldError] = []
+    for detail in details:
+        path = ".".join(str(part) for part in detail.get("loc", ()))
+        name = ".".join(p for p in (prefix, path) if p) or "body"
+        rule = rule_for(str(detail.get("type", INVALID)))
+        message = _MESSAGES.get(rule) or str(detail.get("msg") or rule.replace("_", " "))
+        out.append(FieldError(name, rule, message))
+    return out
 
 
 @dataclass(frozen=True)

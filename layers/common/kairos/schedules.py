@@ -70,8 +70,20 @@ from pydantic_core import PydanticCustomError
 from kairos import conversations, db
 from kairos import secrets as kairos_secrets
 from kairos.conversations import field_errors
-from kairos.errors import Conflict, FieldError, Forbidden, KairosError, LimitExceeded, NotFound, ValidationFailed
-from kairos.instants import rfc3339
+from kairos.errors import (
+    MAX,
+    MIN,
+    TIMEZONE_AWARE,
+    TYPE,
+    Conflict,
+    FieldError,
+    Forbidden,
+    KairosError,
+    LimitExceeded,
+    NotFound,
+    ValidationFailed,
+)
+from kairos.instants import out_of_range, rfc3339
 from kairos.observability import logger
 from kairos.states import DstFold, DstGap, Mode, Overlap, ScheduleKind, ScheduleStatus
 
@@ -97,16 +109,21 @@ _INSTANT_HINT = "give an RFC 3339 time with an offset, e.g. 2030-01-01T07:00:00Z
 
 
 def _instant(value: object) -> datetime:
-    """RFC 3339 strings (or aware datetimes from Python callers) only; the result is UTC."""
+    """RFC 3339 strings (or aware datetimes from Python callers) only, within ``kairos.instants``'
+    range (rules ``min`` / ``max``); the result is UTC."""
     if isinstance(value, str):
         try:
             value = datetime.fromisoformat(value)
         except ValueError:
-            raise PydanticCustomError("type", _INSTANT_HINT) from None
+            raise PydanticCustomError(TYPE, _INSTANT_HINT) from None
     if not isinstance(value, datetime):
-        raise PydanticCustomError("type", _INSTANT_HINT)
+        raise PydanticCustomError(TYPE, _INSTANT_HINT)
     if value.tzinfo is None or value.utcoffset() is None:
-        raise PydanticCustomError("timezone_aware", _INSTANT_HINT)
+        raise PydanticCustomError(TIMEZONE_AWARE, _INSTANT_HINT)
+    # Checked before converting: far instants overflow in UTC. (pydantic names the field by its location.)
+    bound = out_of_range(value, "starts_at")
+    if bound is not None:
+        raise PydanticCustomError(bound.rule, bound.message)
     return value.astimezone(UTC)
 
 
@@ -254,6 +271,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
         request = ScheduleRequest.model_validate(body)
     except ValidationError as error:
         problems.extend(field_errors(error))
+        problems.extend(_standalone_problems(body, {p.field for p in problems}))
         raise ValidationFailed(problems) from None
 
     if request.kind is ScheduleKind.INTERVAL and request.starts_at is None:
@@ -266,6 +284,22 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     if request.kind in TIMED_KINDS:
         _check_frequency(request, now)
     return request
+
+
+def _standalone_problems(body: Mapping[str, Any], reported: set[str]) -> list[FieldError]:
+    """When the body's shape is already refused, the checks that need no other field still run, so one
+    answer names a bad ``mode``, a bad ``cron`` and a bad ``timezone`` together (not one per round trip).
+    The checks that depend on the kind or on several fields wait for a well-shaped body."""
+    from kairos import calendar
+
+    problems: list[FieldError] = []
+    cron = body.get("cron")
+    if "cron" not in reported and isinstance(cron, str) and cron:
+        problems.extend(calendar.cron_problems(cron))
+    zone = body.get("timezone")
+    if "timezone" not in reported and isinstance(zone, str):
+        problems.extend(calendar.zone_problems(zone))
+    return problems
 
 
 def _check_semantics(request: ScheduleRequest, now: datetime) -> list[FieldError]:
@@ -470,10 +504,21 @@ def next_fire_at(target: Schedule | calendar.Rule, after: datetime) -> datetime 
 
 
 def preview(schedule: Schedule, *, after: datetime, count: int) -> list[calendar.Fire]:
-    """The next ``count`` (1..100) fires strictly after ``after``, honouring ``max_occurrences``.
-    A webhook has no timed fires."""
-    if isinstance(count, bool) or not isinstance(count, int) or count < 1 or count > PREVIEW_MAX:
-        raise ValidationFailed([FieldError("count", "range", f"count must be between 1 and {PREVIEW_MAX}")])
+    """The next ``count`` (1..100) fires strictly after ``after`` (an instant in ``kairos.instants``'
+    range), honouring ``max_occurrences``. A webhook has no timed fires."""
+    problems: list[FieldError] = []
+    if isinstance(count, bool) or not isinstance(count, int):
+        problems.append(FieldError("count", TYPE, f"count must be a whole number from 1 to {PREVIEW_MAX}"))
+    elif not 1 <= count <= PREVIEW_MAX:
+        problems.append(FieldError("count", MIN if count < 1 else MAX, f"count must be between 1 and {PREVIEW_MAX}"))
+    if not isinstance(after, datetime):
+        problems.append(FieldError("after", TYPE, _INSTANT_HINT))
+    elif after.tzinfo is None or after.utcoffset() is None:
+        problems.append(FieldError("after", TIMEZONE_AWARE, _INSTANT_HINT))
+    elif (bound := out_of_range(after, "after")) is not None:
+        problems.append(bound)
+    if problems:
+        raise ValidationFailed(problems)
     if schedule.kind not in TIMED_KINDS:
         return []
     if schedule.max_occurrences is not None:

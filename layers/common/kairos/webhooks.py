@@ -390,7 +390,8 @@ def rotate_token(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, owner: 
     ownership and kind first (``schedules.get``) so a foreign id answers the same NotFound.
     """
     if not 0 <= overlap_seconds <= MAX_OVERLAP_SECONDS:
-        raise ValidationFailed([FieldError("overlap_seconds", "range", f"between 0 and {MAX_OVERLAP_SECONDS}")])
+        rule = "min" if overlap_seconds < 0 else "max"  # kairos.errors.MIN / MAX, as the API body check
+        raise ValidationFailed([FieldError("overlap_seconds", rule, f"between 0 and {MAX_OVERLAP_SECONDS}")])
     token = new_token()
     row = db.fetch_one(conn, "schedules_rotate_token", {
         "id": schedule_id, "owner": owner, "token_hash": hash_token(token),

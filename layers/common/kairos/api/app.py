@@ -7,8 +7,9 @@
 2. every route except the webhook trigger and the OpenAPI document needs a principal
    (``kairos.api.auth``): none → 401, before any validation or database work;
 3. bodies of the routes that take one are screened: another media type → 415, not UTF-8 or not JSON
-   → 400 ``malformed_json``, NUL characters or lone surrogates (PostgreSQL cannot store them) → 422
-   ``invalid_character``;
+   → 400 ``malformed_json``, arrays and objects nested deeper than 64 levels → 422 ``max_depth``
+   (checked before parsing, without recursion; hook bodies too), NUL characters or lone surrogates
+   (PostgreSQL cannot store them) → 422 ``invalid_character``;
 4. the resolver validates parameters and bodies against ``kairos.api.models`` (``enable_validation``)
    and calls the route, which calls the library with the principal: every query is scoped to it, so
    another principal's object answers the same ``NotFound`` — byte for byte — as a missing one;
@@ -56,6 +57,8 @@ from pydantic import AwareDatetime, BaseModel, ValidationError
 from kairos import conversations, db, runtime, schedules
 from kairos.api import auth, models
 from kairos.errors import (
+    INVALID,
+    MAX_DEPTH,
     Conflict,
     FieldError,
     KairosError,
@@ -66,8 +69,10 @@ from kairos.errors import (
     Unauthorized,
     UnsupportedMediaType,
     ValidationFailed,
+    from_pydantic,
     http_status,
 )
+from kairos.instants import out_of_range
 from kairos.observability import logger
 
 # Powertools' own debug lines include route arguments (the webhook token): never let them through.
@@ -76,9 +81,6 @@ logging.getLogger("aws_lambda_powertools.event_handler").setLevel(logging.INFO)
 JSON = "application/json"
 MAX_EVENTS_PAGE = 200
 MAX_PREVIEW = 100
-# Instants a preview may start from: the calendar works in this range without overflow.
-EARLIEST = datetime(1970, 1, 1, tzinfo=UTC)
-LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -257,11 +259,15 @@ def _conversation_json(conversation: conversations.Conversation,
 
 @_route("POST", "/v1/conversations", status=201, model=models.ConversationEnvelope, errors=(400, 415),
         summary="Create a conversation with an agent", has_body=True)
-def create_conversation(body: Annotated[models.ConversationCreate, Body()]) -> Response[dict[str, Any]]:
+def create_conversation(
+    body: Annotated[dict[str, Any], Body(description="ConversationCreate")],
+) -> Response[dict[str, Any]]:
+    # The body is judged whole by the library (undeclared fields, the title and every agent problem in
+    # one answer); the OpenAPI document describes it from models.ConversationCreate.
     owner = _principal()
 
     def create(conn: Any) -> Response[dict[str, Any]]:
-        conversation = conversations.create(conn, owner=owner, agent=body.agent, title=body.title)
+        conversation = conversations.create_from_body(conn, owner=owner, raw=body)
         entries = conversations.entries(conn, conversation.id)
         return _ok(201, models.ConversationEnvelope, {"conversation": _conversation_json(conversation, entries)})
 
@@ -375,8 +381,8 @@ def preview_schedule(
 ) -> Response[dict[str, Any]]:
     owner = _principal()
     schedule_id = _parse_id(id, "schedule")
-    if after is not None and not EARLIEST <= after <= LATEST:
-        raise ValidationFailed([FieldError("after", "range", "must be between 1970-01-01 and 9000-01-01")])
+    if after is not None and (bound := out_of_range(after, "after")) is not None:
+        raise ValidationFailed([bound])  # before any database work; the library checks it again
     with _database().transaction() as conn:
         schedule = schedules.get(conn, schedule_id, owner=owner)
         if after is None:
@@ -499,7 +505,10 @@ def post_hook(token: str) -> Response[dict[str, Any]]:
     from kairos import webhooks
 
     event = app.current_event
-    delivery = webhooks.Delivery(token=token, body=_raw_body(event.raw_event),
+    body = _raw_body(event.raw_event)
+    if len(body) <= webhooks.MAX_BODY_BYTES:  # a larger body answers 413 from the library
+        _check_depth(body.decode("utf-8", errors="replace"))
+    delivery = webhooks.Delivery(token=token, body=body,
                                  headers={k.lower(): v for k, v in (event.headers or {}).items()})
     accepted = webhooks.receive(_database(), delivery, handoff=_handoff)
     return _ok(202, models.HookAccepted, accepted.as_json())
@@ -631,33 +640,16 @@ def _on_domain_error(error: KairosError) -> Response[dict[str, Any]]:
     return error_response(error)
 
 
-_RULES = {
-    "missing": "required", "extra_forbidden": "unknown_field", "int_type": "type", "int_parsing": "type",
-    "string_type": "type", "bool_type": "type", "bool_parsing": "type", "dict_type": "type",
-    "model_attributes_type": "type", "model_type": "type", "list_type": "type", "float_type": "type",
-    "uuid_parsing": "format", "uuid_type": "type", "datetime_parsing": "format", "datetime_type": "type",
-    "datetime_from_date_parsing": "format", "timezone_aware": "timezone_required",
-    "greater_than_equal": "range", "less_than_equal": "range", "greater_than": "range", "less_than": "range",
-    "string_too_long": "max_length", "string_too_short": "min_length", "int_from_float": "type",
-    "enum": "enum", "literal_error": "enum",
-}
-
-
 def translate(errors: Sequence[Mapping[str, Any]]) -> list[FieldError]:
-    """Pydantic/Powertools error dicts as FieldErrors: dotted field (``body.`` dropped), stable rule."""
-    out: list[FieldError] = []
+    """Powertools' request errors as FieldErrors: dotted field (``body.``/``query.`` dropped) and the
+    rule from ``kairos.errors``' one vocabulary, the same the library's own validation names."""
+    stripped: list[dict[str, Any]] = []
     for e in errors:
         loc = [str(part) for part in e.get("loc", ())]
         if loc and loc[0] in ("body", "query", "path", "header"):
-            where, loc = loc[0], loc[1:]
-        else:
-            where = "body"
-        field = ".".join(loc) if loc else where
-        kind = str(e.get("type", "invalid"))
-        rule = _RULES.get(kind, kind)
-        message = str(e.get("msg") or rule.replace("_", " "))
-        out.append(FieldError(field, rule, message))
-    return out or [FieldError("body", "invalid", "the request is not valid")]
+            loc = loc[1:]
+        stripped.append({**e, "loc": loc})
+    return from_pydantic(stripped) or [FieldError("body", INVALID, "the request is not valid")]
 
 
 @_on(RequestValidationError)
@@ -728,6 +720,10 @@ def _screen_body(event: Mapping[str, Any]) -> None:
         return
     try:
         text = base64.b64decode(raw).decode("utf-8") if event.get("isBase64Encoded") else str(raw)
+    except ValueError:
+        raise MalformedJson("the body is not valid JSON") from None
+    _check_depth(text)
+    try:
         value = json.loads(text)
     except ValueError:
         raise MalformedJson("the body is not valid JSON") from None
@@ -735,6 +731,39 @@ def _screen_body(event: Mapping[str, Any]) -> None:
     if bad is not None:
         raise ValidationFailed([FieldError(bad or "body", "invalid_character",
                                            "text must not contain NUL characters or unpaired surrogates")])
+
+
+# Deeper JSON is refused before it is parsed: every reader after the parser (this screen, pydantic,
+# psycopg's JSON dump) recurses, and ~1,000 levels exhaust Python's stack (a RecursionError was a 500).
+MAX_JSON_DEPTH = 64
+_JSON_STRUCTURE = re.compile(r'[\[\]{}"\\]')
+
+
+def _check_depth(text: str) -> None:
+    """``ValidationFailed`` (``body`` / ``max_depth``) when arrays and objects nest deeper than
+    ``MAX_JSON_DEPTH``. One pass over the structural characters, no recursion, strings skipped."""
+    depth = 0
+    in_string = False
+    skip_to = -1
+    for token in _JSON_STRUCTURE.finditer(text):
+        at = token.start()
+        if at < skip_to:
+            continue
+        char = token.group()
+        if in_string:
+            if char == "\\":
+                skip_to = at + 2  # the escaped character
+            elif char == '"':
+                in_string = False
+        elif char == '"':
+            in_string = True
+        elif char in "[{":
+            depth += 1
+            if depth > MAX_JSON_DEPTH:
+                raise ValidationFailed([FieldError("body", MAX_DEPTH, f"arrays and objects may nest at most "
+                                                                       f"{MAX_JSON_DEPTH} levels deep")])
+        elif char in "]}":
+            depth -= 1
 
 
 def _unstorable(value: Any, path: str) -> str | None:

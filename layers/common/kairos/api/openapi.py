@@ -1,8 +1,9 @@
 """The OpenAPI document of the HTTP API, generated from the resolver's routes and models.
 
 Powertools builds the paths, parameters, bodies and responses from the route signatures and
-``kairos.api.models``. Two bodies are read raw by design and are described here from their models:
-``POST /v1/schedules`` (the strict ``schedules.ScheduleRequest``; the chat-style shorthand it also
+``kairos.api.models``. Three bodies are read raw by design and are described here from their models:
+``POST /v1/conversations`` (judged whole by ``conversations.create_from_body``), ``POST
+/v1/schedules`` (the strict ``schedules.ScheduleRequest``; the chat-style shorthand it also
 accepts is canonicalized before that validation and named in the description) and ``POST
 /v1/hooks/{token}`` (any body up to 64 KiB, with its idempotency and signature headers). Powertools'
 default 422 schema is replaced by the one error shape. Nothing here reads a request.
@@ -18,6 +19,7 @@ from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
 
 import kairos
 from kairos import schedules, webhooks
+from kairos.api import models
 
 REF = "#/components/schemas/{model}"
 
@@ -52,6 +54,7 @@ def document(app: APIGatewayHttpResolver) -> dict[str, Any]:
     doc: dict[str, Any] = schema.model_dump(mode="json", by_alias=True, exclude_none=True)
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     _describe_schedule_body(doc, components)
+    _describe_conversation_body(doc, components)
     _describe_hook(doc)
     _describe_idempotent_creates(doc)
     for name in ("HTTPValidationError", "ValidationError"):
@@ -70,6 +73,18 @@ def _describe_schedule_body(doc: dict[str, Any], components: dict[str, Any]) -> 
         "required": True,
         "description": SHORTHAND,
         "content": {"application/json": {"schema": {"$ref": REF.format(model="ScheduleRequest")}}},
+    }
+
+
+def _describe_conversation_body(doc: dict[str, Any], components: dict[str, Any]) -> None:
+    operation = doc["paths"]["/v1/conversations"]["post"]
+    body_schema = models.ConversationCreate.model_json_schema(ref_template=REF)
+    for name, definition in body_schema.pop("$defs", {}).items():
+        components.setdefault(name, definition)
+    components["ConversationCreate"] = body_schema
+    operation["requestBody"] = {
+        "required": True,
+        "content": {"application/json": {"schema": {"$ref": REF.format(model="ConversationCreate")}}},
     }
 
 
