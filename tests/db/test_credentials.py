@@ -316,7 +316,7 @@ def test_secrets_api_is_owner_scoped_and_never_returns_a_value(api: Api) -> None
     ("/v1/secrets/..", {"value": "v"}, "name", "pattern"),
     ("/v1/secrets/a%2Fb", {"value": "v"}, "name", "pattern"),
     ("/v1/secrets/ok", {"value": ""}, "value", "min_length"),
-    ("/v1/secrets/ok", {"value": "x" * 65_537}, "value", "length"),
+    ("/v1/secrets/ok", {"value": "x" * 65_537}, "value", "max_length"),
     ("/v1/secrets/ok", {"value": 5}, "value", "type"),
     ("/v1/secrets/ok", {"value": "v", "owner": "bob"}, "owner", "unknown_field"),
     ("/v1/secrets/ok", {}, "value", "required"),

@@ -27,6 +27,7 @@ MIN = "min"  # a number or an instant below its lower bound
 MAX = "max"  # a number or an instant above its upper bound
 MIN_LENGTH = "min_length"
 MAX_LENGTH = "max_length"
+PATTERN = "pattern"  # text outside the characters or shape the field allows
 TIMEZONE_AWARE = "timezone_aware"  # an instant without a UTC offset
 INVALID = "invalid"  # a value our own validator refused without a rule of its own
 MAX_DEPTH = "max_depth"  # JSON nested deeper than a body may be
@@ -47,6 +48,7 @@ PYDANTIC_RULES: dict[str, str] = {
     "too_short": MIN_LENGTH,
     "string_too_long": MAX_LENGTH,
     "too_long": MAX_LENGTH,
+    "string_pattern_mismatch": PATTERN,
     "timezone_aware": TIMEZONE_AWARE,
     "value_error": INVALID,
     "assertion_error": INVALID,

@@ -45,7 +45,7 @@ from functools import lru_cache
 from typing import Any, Literal
 from urllib.parse import urlsplit
 
-from kairos.errors import FieldError, NotFound, ServiceUnavailable, ValidationFailed
+from kairos.errors import MAX_LENGTH, MIN_LENGTH, PATTERN, FieldError, NotFound, ServiceUnavailable, ValidationFailed
 from kairos.executors.base import ExecutorError
 from kairos.observability import logger
 
@@ -325,7 +325,7 @@ class StoredSecret:
 def check_name(name: str) -> None:
     """``ValidationFailed`` (field ``name``) unless ``name`` is one segment Secrets Manager accepts."""
     if not _SEGMENT.fullmatch(name) or name in (".", ".."):
-        raise ValidationFailed([FieldError("name", "pattern", f"1 to {NAME_MAX} characters of A-Z a-z 0-9 _ + = . @ -"
+        raise ValidationFailed([FieldError("name", PATTERN, f"1 to {NAME_MAX} characters of A-Z a-z 0-9 _ + = . @ -"
                                            " (no slash, not . or ..)")])
 
 
@@ -334,7 +334,8 @@ def store(owner: str, name: str, value: str, *, policy: Policy | None = None) ->
     policy = Policy.from_env() if policy is None else policy
     check_name(name)
     if not value or len(value.encode("utf-8")) > VALUE_MAX_BYTES:
-        raise ValidationFailed([FieldError("value", "length", f"1 to {VALUE_MAX_BYTES} bytes (UTF-8)")])
+        rule = MIN_LENGTH if not value else MAX_LENGTH
+        raise ValidationFailed([FieldError("value", rule, f"1 to {VALUE_MAX_BYTES} bytes (UTF-8)")])
     full = namespace(owner, policy) + name
     client = _client(None)
     created = True
