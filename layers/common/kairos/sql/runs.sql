@@ -8,7 +8,37 @@
 -- with run.claimed and the first step's step.started, in one statement (one row version of the
 -- run; see kairos.trace). An append run targets its source conversation from here on; fork and
 -- fresh get theirs from the worker. first_step names the step the run's executor performs.
-WITH claimed AS (
+-- Or refuses it, from the same reading of the run and its schedule in the same statement (no
+-- check-then-claim race), ending it without any call (DESIGN.md "The run"): `cancelled` when its
+-- schedule is neither active nor completed (schedule_cancelled, else schedule_paused); `abandoned`
+-- (superseded) when a newer scheduled fire of the schedule was already claimed; `expired` once
+-- expires_at has passed. A refused run comes back in its terminal state with `refusal` (the
+-- reason code; NULL for a claim), its diagnosis taken from %(refusals)s, and its one terminal event
+-- run.<state> written by this statement. The superseded probe walks only the schedule's newer
+-- occurrences (occurrences_schedule_idx), which a run on time has none of.
+WITH target AS (
+    SELECT r.id AS run_id,
+           CASE
+               WHEN s.status = 'cancelled' THEN 'schedule_cancelled'
+               WHEN s.status NOT IN ('active', 'completed') THEN 'schedule_paused'
+               WHEN r.source = 'scheduled' AND EXISTS (
+                        SELECT 1
+                          FROM occurrences mine
+                          JOIN occurrences newer
+                            ON newer.schedule_id = mine.schedule_id AND newer.fire_at > mine.fire_at
+                          JOIN runs n ON n.occurrence_id = newer.id
+                         WHERE mine.id = r.occurrence_id
+                           AND newer.source = 'scheduled'
+                           AND n.started_at IS NOT NULL) THEN 'superseded'
+               WHEN r.expires_at <= coalesce(%(now)s::timestamptz, now()) THEN 'expired'
+           END AS refusal
+      FROM runs r
+      JOIN schedules s ON s.id = r.schedule_id
+     WHERE r.id = %(run_id)s
+       AND r.state = 'queued'
+       AND r.blocked_by_run_id IS NULL
+       AND r.cancel_requested_at IS NULL
+), claimed AS (
     UPDATE runs
        SET state = 'running',
            fence = fence + 1,
@@ -20,15 +50,37 @@ WITH claimed AS (
            updated_at = coalesce(%(now)s::timestamptz, now()),
            conversation_id = coalesce(conversation_id,
                                       CASE WHEN mode = 'append' THEN source_conversation_id END),
+           unclaimed_handoffs = 0,
            last_seq = last_seq + 2
-     WHERE id = %(run_id)s
-       AND state = 'queued'
-       AND blocked_by_run_id IS NULL
-       AND cancel_requested_at IS NULL
+      FROM target t
+     WHERE runs.id = t.run_id
+       AND t.refusal IS NULL
+       AND runs.state = 'queued'
+       AND runs.blocked_by_run_id IS NULL
+       AND runs.cancel_requested_at IS NULL
     RETURNING id, occurrence_id, schedule_id, owner, source, mode, state, attempt, max_attempts, fence,
               lease_expires_at, heartbeat_at, conversation_id, source_conversation_id, prompt, payload, agent,
               runtime_limit_seconds, last_seq,
-              CASE WHEN agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step
+              CASE WHEN agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step,
+              NULL::text AS refusal
+), refused AS (
+    UPDATE runs
+       SET state = CASE t.refusal WHEN 'superseded' THEN 'abandoned'
+                                  WHEN 'expired' THEN 'expired'
+                                  ELSE 'cancelled' END,
+           diagnosis = %(refusals)s::jsonb -> t.refusal,
+           finished_at = coalesce(%(now)s::timestamptz, now()),
+           updated_at = coalesce(%(now)s::timestamptz, now()),
+           last_seq = last_seq + 1
+      FROM target t
+     WHERE runs.id = t.run_id
+       AND t.refusal IS NOT NULL
+       AND runs.state = 'queued'
+       AND runs.blocked_by_run_id IS NULL
+       AND runs.cancel_requested_at IS NULL
+    RETURNING id, occurrence_id, schedule_id, owner, source, mode, state, attempt, max_attempts, fence,
+              lease_expires_at, heartbeat_at, conversation_id, source_conversation_id, prompt, payload, agent,
+              runtime_limit_seconds, last_seq, NULL::text AS first_step, t.refusal
 ), claimed_events AS (
     INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
     SELECT c.id, c.last_seq - 2 + e.n, e.type, coalesce(%(now)s::timestamptz, now()), c.attempt, c.fence,
@@ -38,8 +90,15 @@ WITH claimed AS (
            (1, 'run.claimed', NULL, jsonb_build_object('attempt', c.attempt, 'mode', c.mode)),
            (2, 'step.started', c.first_step, jsonb_build_object('attempt', c.attempt))
      ) AS e (n, type, step, data)
+), refused_events AS (
+    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, data)
+    SELECT f.id, f.last_seq, 'run.' || f.state, coalesce(%(now)s::timestamptz, now()), f.attempt, f.fence,
+           jsonb_build_object('reason_code', f.refusal, 'by', 'claim')
+      FROM refused f
 )
-SELECT * FROM claimed;
+SELECT * FROM claimed
+UNION ALL
+SELECT * FROM refused;
 
 -- name: runs_get
 -- One run by id, whoever owns it (the worker: an SQS message names a run, never an owner).
