@@ -163,7 +163,7 @@ RETURNING r.id;
 
 -- name: runs_lock_unsent
 -- Locks queued, unblocked runs whose handoff never happened (and are not fresh) or is stale.
-SELECT id
+SELECT id, unclaimed_handoffs
   FROM runs
  WHERE state = 'queued'
    AND blocked_by_run_id IS NULL
@@ -173,6 +173,18 @@ SELECT id
  ORDER BY handoff_at NULLS FIRST, created_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: runs_fail_undeliverable
+-- queued -> failed (undeliverable): a run the caller holds locked that SQS accepted that many times
+-- since its last claim with no worker claiming it; a failure like any other for the settle step.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'failed',
+       diagnosis = %(diagnosis)s,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(id)s AND state = 'queued' AND unclaimed_handoffs >= %(handoffs)s
+RETURNING id, last_seq, attempt, fence, schedule_id, unclaimed_handoffs;
 
 -- name: runs_lock_expired
 -- Locks running runs whose lease expired (their worker is presumed gone) for the rescue.
