@@ -15,7 +15,9 @@ black-box test move it: by editing ``next_fire_at``, ``runs.expires_at`` and ``r
 
 from __future__ import annotations
 
+import threading
 import uuid
+from concurrent.futures import ThreadPoolExecutor
 from datetime import datetime, timedelta
 from typing import Any
 
@@ -171,6 +173,24 @@ def test_a_queued_run_of_a_cancelled_schedule_is_cancelled_at_its_claim(api: Api
 
     assert_refused_without_a_call(api, run_id, "cancelled", "schedule_cancelled")
     assert_redelivery_changes_nothing(api, run_id)
+
+
+def test_copies_of_a_refused_runs_message_handled_at_once_refuse_it_once(api: Api) -> None:
+    now = db_now(api)
+    schedule = interval_schedule(api, anchor=now - timedelta(seconds=90))
+    run_id = fire(api, schedule["id"], now - timedelta(seconds=90))
+    assert api.alice.delete(f"/v1/schedules/{schedule['id']}").status == 200
+    start = threading.Barrier(4)
+
+    def handle(_: int) -> dict[str, Any]:
+        start.wait()
+        return deliver(run_id)
+
+    with ThreadPoolExecutor(max_workers=4) as pool:  # four invocations of the run function at once
+        answers = list(pool.map(handle, range(4)))
+
+    assert answers == [{"batchItemFailures": []}] * 4
+    assert_refused_without_a_call(api, run_id, "cancelled", "schedule_cancelled")
 
 
 def test_an_older_fire_delivered_after_a_newer_one_started_is_abandoned_as_superseded(api: Api) -> None:
