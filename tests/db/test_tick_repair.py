@@ -13,6 +13,7 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from kairos import handoff, runs
 from kairos.db import Database
 from kairos.tick import Repair, Settle
 from moto import mock_aws
@@ -126,6 +127,33 @@ def test_unsent_and_stale_handoffs_are_sent_again_fresh_and_blocked_ones_are_not
     for untouched in (just_created, recent, blocked, running):
         assert run_row(db_url, untouched["id"])["handoff_count"] == untouched["handoff_count"]
     assert repair(db, queue).resend_once(now=now).resent == 0
+
+
+def test_only_handoffs_since_the_last_claim_count_toward_undeliverable(db: Database, db_url: str, queue: Queue,
+                                                                      now: datetime) -> None:
+    """Five handoffs with no claim give a run up; a claim in between starts the count again."""
+    sched = factories.schedule(db_url)
+    claimed_between = make_run(db_url, schedule_row=sched, handoff_at=now - timedelta(minutes=16),
+                               handoff_count=4, unclaimed_handoffs=4)
+    with db.transaction() as conn:  # a worker claims it, then SQS is handed it again for a retry
+        assert runs.claim(conn, claimed_between["id"], now=now) is not None
+        conn.execute("UPDATE runs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
+                     (claimed_between["id"],))
+        handoff.stamp(conn, [claimed_between["id"]], now=now - timedelta(minutes=16))
+    never_claimed = make_run(db_url, schedule_row=sched, handoff_at=now - timedelta(minutes=16),
+                             handoff_count=5, unclaimed_handoffs=5)
+
+    report = repair(db, queue).resend_once(now=now)
+
+    assert (report.resent, report.undeliverable) == (1, 1)
+    assert queue.run_ids() == [claimed_between["id"]]
+    again = run_row(db_url, claimed_between["id"])
+    assert (again["state"], again["handoff_count"], again["unclaimed_handoffs"]) == ("queued", 6, 2)
+    given_up = run_row(db_url, never_claimed["id"])
+    assert (given_up["state"], given_up["diagnosis"]["reason_code"]) == ("failed", "undeliverable")
+    assert given_up["finished_at"] == now and given_up["handoff_count"] == 5
+    assert [(e["type"], e["data"]["reason_code"]) for e in events(db_url, never_claimed["id"])] == [
+        ("run.failed", "undeliverable")]
 
 
 def test_a_failed_resend_stays_unstamped_and_is_retried(db: Database, db_url: str, queue: Queue,

@@ -66,6 +66,7 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "RunFailed",
         "RunCancelled",
         "RunAbandoned",
+        "RunExpired",
         # api
         "WebhooksAccepted",
         "WebhooksRejected",

@@ -9,6 +9,12 @@ Guarantees:
   also writes ``run.claimed`` and the first step's ``step.started``. The claim, the target
   conversation (fork / append / fresh) and the run's prompt entry commit together. Zero rows:
   someone else holds the run or it ended; the message is acknowledged.
+* The same statement refuses a run that must not run, from the same reading of the run and its
+  schedule, and ends it without any call: ``cancelled`` when its schedule is paused (or in draft)
+  or cancelled (``schedule_paused`` / ``schedule_cancelled``), ``abandoned`` (``superseded``) when a
+  newer scheduled fire of its schedule has already been claimed, ``expired`` past ``expires_at``.
+  Each writes its diagnosis and one ``run.<state>`` event; the message is acknowledged. None of
+  these ends counts toward the schedule's failures.
 * Each worker transaction writes the run row once: a state change and its trace events are one
   statement (``kairos.trace.change``); a second write would re-check all of the row's foreign keys.
 * Every later write of the running run — events, conversation entries, effects, output, terminal
@@ -45,6 +51,7 @@ database owns state and time; the local monotonic clock only bounds this process
 from __future__ import annotations
 
 import dataclasses
+import json
 import math
 import threading
 import time
@@ -136,6 +143,28 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "abandoned_late": ("run", False, (), "The run was interrupted and is not delivered late (catch-up is off)."),
     "cancelled": ("run", False, (), "The run was cancelled."),
     "internal": ("run", True, ("retry_run", "report_issue"), "The run failed because of an internal error."),
+    # The run machinery's own endings (RUN_REASON_CODES): the claim's refusals and the tick's give-up.
+    "schedule_paused": ("run", False, ("resume_schedule",),
+                        "The run was not started: its schedule is paused."),
+    "schedule_cancelled": ("run", False, (), "The run was not started: its schedule was cancelled."),
+    "superseded": ("run", False, (), "The run was not started: a newer fire of its schedule had already started."),
+    "expired": ("run", False, (), "The run was not started in time: it waited past its expiry (catch-up is off), "
+                                  "so it is not delivered late."),
+    "undeliverable": ("run", True, ("retry_run", "report_issue"),
+                      "The run was handed to the queue five times and no worker claimed it."),
+}
+
+# Reasons only the run machinery gives (the claim's refusals, the tick's repair), beside the
+# executors' REASON_CODES; ``diagnose`` accepts both.
+RUN_REASON_CODES: frozenset[str] = frozenset(
+    {"schedule_paused", "schedule_cancelled", "superseded", "expired", "undeliverable"}
+)
+# reason code -> the state the claim ends a refused run in (runs_claim decides which applies).
+CLAIM_REFUSALS: dict[str, RunState] = {
+    "schedule_paused": RunState.CANCELLED,
+    "schedule_cancelled": RunState.CANCELLED,
+    "superseded": RunState.ABANDONED,
+    "expired": RunState.EXPIRED,
 }
 
 HookPoint = Literal["after_claim", "heartbeat_started", "heartbeat", "after_reserve", "after_send", "before_finish"]
@@ -158,8 +187,9 @@ def diagnose(
     retry_eligible: bool | None = None,
     scope: Scope | None = None,
 ) -> dict[str, Any]:
-    """The closed diagnosis of a failed (or abandoned) run for one reason code of ``REASON_CODES``."""
-    if reason_code not in REASON_CODES:
+    """The closed diagnosis of an ended run for one reason code of ``REASON_CODES`` or
+    ``RUN_REASON_CODES``."""
+    if reason_code not in REASON_CODES and reason_code not in RUN_REASON_CODES:
         raise ValueError(f"unknown reason code {reason_code}")
     default_scope, default_eligible, actions, default_summary = _DIAGNOSES[reason_code]
     eligible = default_eligible if retry_eligible is None else retry_eligible
@@ -170,6 +200,11 @@ def diagnose(
         "retry_eligible": eligible,
         "recovery_actions": [a for a in actions if eligible or a != "retry_run"],
     }
+
+
+# The diagnoses of the claim's refusals as one JSON document, serialized once and sent with every
+# claim: runs_claim picks the one its verdict names.
+_REFUSALS_JSON = json.dumps({code: diagnose(code) for code in CLAIM_REFUSALS}, separators=(",", ":"))
 
 
 # --- Records ---------------------------------------------------------------------------------------
@@ -252,6 +287,7 @@ OutcomeResult = Literal[
     "cancelled",  # this call ended the run cancelled (seen at a boundary, or queued with a cancel request)
     "retry",  # back to queued for another attempt: re-send the id after retry_delay_seconds
     "skipped",  # not claimed: another worker holds the run, it ended, or it waits behind another run
+    "refused",  # the claim ended the run without any call (state and reason_code say how and why)
     "unknown",  # no such run in this database
     "lease_lost",  # claimed, then fenced out by a newer claim: nothing more was written
     "deferred",  # not claimed because the invocation has too little time left: deliver again
@@ -289,6 +325,11 @@ class Hooks:
 
 
 _NO_HOOKS = Hooks()
+_REFUSAL_METRICS: dict[RunState, str] = {
+    RunState.CANCELLED: "RunCancelled",
+    RunState.ABANDONED: "RunAbandoned",
+    RunState.EXPIRED: "RunExpired",
+}
 
 
 def _count(name: str) -> None:
@@ -413,8 +454,14 @@ class Heartbeat:
 
 def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None) -> db.Row | None:
     """``queued -> running`` for exactly one caller, with ``run.claimed`` and the first step's
-    ``step.started`` (the row's ``first_step``); the claimed row, or None (not claimable)."""
-    return db.fetch_one(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now})
+    ``step.started`` (the row's ``first_step``); the claimed row, or None (not claimable).
+
+    The same statement refuses a run that must not run (its schedule paused or cancelled, a newer
+    fire already started, past ``expires_at``): it ends the run ``cancelled`` / ``abandoned`` /
+    ``expired`` with its diagnosis and terminal event, and the row comes back in that state with
+    ``refusal`` set to the reason code (``refusal`` is None on a claim)."""
+    return db.fetch_one(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now,
+                                             "refusals": _REFUSALS_JSON})
 
 
 def lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> db.Row | None:
@@ -690,6 +737,8 @@ class _Execution:
             row = claim(conn, self.run_id, now=self.now)
             if row is None:
                 return self._not_claimed(conn)
+            if row["refusal"] is not None:
+                return self._refused(row)
             _count("Claims")
             fence, attempt = int(row["fence"]), int(row["attempt"])
             log = {"run_id": str(self.run_id), "schedule_id": str(row["schedule_id"]),
@@ -775,6 +824,16 @@ class _Execution:
         if done is None:
             raise RuntimeError("fence changed while the run row was locked")
         return current
+
+    def _refused(self, row: db.Row) -> Outcome:
+        """The claim ended the run instead (its statement wrote the state and the terminal event)."""
+        state = RunState(row["state"])
+        reason = str(row["refusal"])
+        _count(_REFUSAL_METRICS[state])
+        logger.info("run refused at claim", extra={
+            "action": "run_refused", "run_id": str(self.run_id), "schedule_id": str(row["schedule_id"]),
+            "occurrence_id": str(row["occurrence_id"]), "state": state.value, "reason_code": reason})
+        return Outcome(self.run_id, "refused", state, reason)
 
     def _not_claimed(self, conn: psycopg.Connection[db.Row]) -> Outcome:
         row = db.fetch_one(conn, "runs_get", {"run_id": self.run_id})

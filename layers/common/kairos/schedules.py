@@ -97,6 +97,10 @@ NAME_MAX = 200
 CRON_MAX = 200
 INTERVAL_MAX_SECONDS = 366 * 86_400
 MAX_OCCURRENCES_MAX = 1_000_000
+# How late a scheduled run without catch-up may still start, from its fire instant (DESIGN.md "The run").
+MAX_DELAY_DEFAULT_SECONDS = 600
+MAX_DELAY_MIN_SECONDS = 60
+MAX_DELAY_MAX_SECONDS = 86_400
 PREVIEW_MAX = 100
 DAY = 86_400
 
@@ -152,6 +156,8 @@ class ScheduleRequest(BaseModel):
     dst_fold: DstFold = DstFold.AUTO
     mode: Mode = Mode.FORK
     catch_up: StrictBool = False
+    max_delay_seconds: StrictInt = Field(default=MAX_DELAY_DEFAULT_SECONDS, ge=MAX_DELAY_MIN_SECONDS,
+                                         le=MAX_DELAY_MAX_SECONDS)
     overlap: Overlap = Overlap.ALLOW
     agent: dict[str, Any] | None = None
     signing: dict[str, Any] | None = None
@@ -316,6 +322,8 @@ def _check_semantics(request: ScheduleRequest, now: datetime) -> list[FieldError
         for name in ("cron", "interval_seconds", "starts_at", "ends_at", "max_occurrences"):
             if getattr(request, name) is not None:
                 not_for_kind(name, "timed kinds (cron, interval, once)")
+        if "max_delay_seconds" in request.model_fields_set:
+            not_for_kind("max_delay_seconds", "timed kinds (cron, interval, once)")
     if kind is ScheduleKind.ONCE:
         for name in ("ends_at", "max_occurrences"):
             if getattr(request, name) is not None:
@@ -440,6 +448,7 @@ class Schedule:
     created_by_run_id: uuid.UUID | None = None
     created_at: datetime | None = None
     updated_at: datetime | None = None
+    max_delay_seconds: int = MAX_DELAY_DEFAULT_SECONDS
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:
@@ -623,6 +632,7 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
             "dst_fold": request.dst_fold.value,
             "mode": request.mode.value,
             "catch_up": request.catch_up,
+            "max_delay_seconds": request.max_delay_seconds,
             "overlap": request.overlap.value,
             # The snapshot a fresh run starts from; fork and append read the conversation's agent.
             "agent": Jsonb(request.agent if request.agent is not None else conversation.agent),

@@ -12,6 +12,8 @@ Per record:
   ids (``kairos.handoff``) only ever writes the exact shape.
 * An unknown run (deleted, or a message meant for another deployment's database) is acknowledged.
 * A run that is not claimable (someone else has it, it ended) is acknowledged.
+* A run that must not run (its schedule paused or cancelled, a newer fire already started, past its
+  expiry) is ended by the claim itself (``runs.process`` answers ``refused``) and acknowledged.
 * A retry-safe failure puts the run back to ``queued`` (in ``process``); this module then sends a
   **new message with ``DelaySeconds``** (10 s, 20 s, 40 s … ≤ 60 s) and acknowledges the current one,
   so retries follow our backoff rather than the queue's visibility timeout and do not count towards

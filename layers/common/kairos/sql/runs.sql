@@ -8,38 +8,83 @@
 -- with run.claimed and the first step's step.started, in one statement (one row version of the
 -- run; see kairos.trace). An append run targets its source conversation from here on; fork and
 -- fresh get theirs from the worker. first_step names the step the run's executor performs.
-WITH claimed AS (
-    UPDATE runs
-       SET state = 'running',
-           fence = fence + 1,
-           attempt = attempt + 1,
-           lease_token = gen_random_uuid(),
-           lease_expires_at = coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s),
-           heartbeat_at = coalesce(%(now)s::timestamptz, now()),
-           started_at = coalesce(started_at, coalesce(%(now)s::timestamptz, now())),
-           updated_at = coalesce(%(now)s::timestamptz, now()),
-           conversation_id = coalesce(conversation_id,
-                                      CASE WHEN mode = 'append' THEN source_conversation_id END),
-           last_seq = last_seq + 2
-     WHERE id = %(run_id)s
-       AND state = 'queued'
-       AND blocked_by_run_id IS NULL
-       AND cancel_requested_at IS NULL
-    RETURNING id, occurrence_id, schedule_id, owner, source, mode, state, attempt, max_attempts, fence,
-              lease_expires_at, heartbeat_at, conversation_id, source_conversation_id, prompt, payload, agent,
-              runtime_limit_seconds, last_seq,
-              CASE WHEN agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step
-), claimed_events AS (
+-- Or refuses it, decided inside this same update from the run row it updates and its schedule (no
+-- check-then-claim race), ending it without any call (DESIGN.md "The run"): `cancelled` when the
+-- schedule is neither active nor completed (schedule_cancelled, else schedule_paused); `expired`
+-- once expires_at has passed; `abandoned` (superseded) when a newer scheduled fire of the schedule
+-- was already claimed. A refused run comes back in its terminal state with `refusal` (its reason
+-- code, NULL for a claim) and its diagnosis from the `refusals` parameter (JSON text, parsed only
+-- when a run is refused), its one terminal event run.<state> written here.
+-- Cost: the new values are one row sub-select evaluated once per updated row (the verdict in it is
+-- fenced by OFFSET 0, or the planner would copy its CASE, probe and all, into every column), so a
+-- claim on time adds a schedule lookup and two index probes: the superseded probe walks only the
+-- schedule's newer occurrences, which a run on time has none of. The schedule row is read, never
+-- locked.
+WITH changed AS (
+    UPDATE runs AS r
+       SET (state, fence, attempt, lease_token, lease_expires_at, heartbeat_at, started_at, conversation_id,
+            unclaimed_handoffs, diagnosis, finished_at, last_seq, updated_at) = (
+           SELECT CASE WHEN v.refusal IS NULL THEN 'running'
+                       WHEN v.refusal = 'superseded' THEN 'abandoned'
+                       WHEN v.refusal = 'expired' THEN 'expired'
+                       ELSE 'cancelled' END,
+                  r.fence + CASE WHEN v.refusal IS NULL THEN 1 ELSE 0 END,
+                  r.attempt + CASE WHEN v.refusal IS NULL THEN 1 ELSE 0 END,
+                  CASE WHEN v.refusal IS NULL THEN gen_random_uuid() END,
+                  CASE WHEN v.refusal IS NULL
+                       THEN coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(lease_seconds)s) END,
+                  CASE WHEN v.refusal IS NULL THEN coalesce(%(now)s::timestamptz, now()) ELSE r.heartbeat_at END,
+                  CASE WHEN v.refusal IS NULL THEN coalesce(r.started_at, coalesce(%(now)s::timestamptz, now()))
+                       ELSE r.started_at END,
+                  CASE WHEN v.refusal IS NULL
+                       THEN coalesce(r.conversation_id, CASE WHEN r.mode = 'append' THEN r.source_conversation_id END)
+                       ELSE r.conversation_id END,
+                  CASE WHEN v.refusal IS NULL THEN 0 ELSE r.unclaimed_handoffs END,
+                  CASE WHEN v.refusal IS NULL THEN r.diagnosis ELSE %(refusals)s::text::jsonb -> v.refusal END,
+                  CASE WHEN v.refusal IS NULL THEN NULL ELSE coalesce(%(now)s::timestamptz, now()) END,
+                  r.last_seq + CASE WHEN v.refusal IS NULL THEN 2 ELSE 1 END,
+                  coalesce(%(now)s::timestamptz, now())
+             FROM (SELECT CASE
+                              WHEN s.status = 'cancelled' THEN 'schedule_cancelled'
+                              WHEN s.status NOT IN ('active', 'completed') THEN 'schedule_paused'
+                              WHEN r.expires_at <= coalesce(%(now)s::timestamptz, now()) THEN 'expired'
+                              WHEN r.source = 'scheduled' AND EXISTS (
+                                       SELECT 1
+                                         FROM occurrences mine
+                                         JOIN occurrences newer
+                                           ON newer.schedule_id = mine.schedule_id AND newer.source = 'scheduled'
+                                          AND newer.fire_at > mine.fire_at
+                                         JOIN runs n ON n.occurrence_id = newer.id
+                                        WHERE mine.id = r.occurrence_id
+                                          AND n.started_at IS NOT NULL) THEN 'superseded'
+                          END AS refusal
+                     FROM schedules s
+                    WHERE s.id = r.schedule_id
+                   OFFSET 0) AS v)
+     WHERE r.id = %(run_id)s
+       AND r.state = 'queued'
+       AND r.blocked_by_run_id IS NULL
+       AND r.cancel_requested_at IS NULL
+    RETURNING r.id, r.occurrence_id, r.schedule_id, r.owner, r.source, r.mode, r.state, r.attempt, r.max_attempts,
+              r.fence, r.lease_expires_at, r.heartbeat_at, r.conversation_id, r.source_conversation_id, r.prompt,
+              r.payload, r.agent, r.runtime_limit_seconds, r.last_seq,
+              CASE WHEN r.state <> 'running' THEN NULL
+                   WHEN r.agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step,
+              CASE WHEN r.state <> 'running' THEN r.diagnosis ->> 'reason_code' END AS refusal
+), changed_events AS (
+    -- A claim: run.claimed and step.started. A refusal: its one terminal event.
     INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
-    SELECT c.id, c.last_seq - 2 + e.n, e.type, coalesce(%(now)s::timestamptz, now()), c.attempt, c.fence,
+    SELECT c.id, c.last_seq - e.back, e.type, coalesce(%(now)s::timestamptz, now()), c.attempt, c.fence,
            e.step, e.data
-      FROM claimed c
+      FROM changed c
      CROSS JOIN LATERAL (VALUES
-           (1, 'run.claimed', NULL, jsonb_build_object('attempt', c.attempt, 'mode', c.mode)),
-           (2, 'step.started', c.first_step, jsonb_build_object('attempt', c.attempt))
-     ) AS e (n, type, step, data)
+           (true, 1, 'run.claimed', NULL, jsonb_build_object('attempt', c.attempt, 'mode', c.mode)),
+           (true, 0, 'step.started', c.first_step, jsonb_build_object('attempt', c.attempt)),
+           (false, 0, 'run.' || c.state, NULL, jsonb_build_object('reason_code', c.refusal, 'by', 'claim'))
+     ) AS e (claim, back, type, step, data)
+     WHERE e.claim = (c.refusal IS NULL)
 )
-SELECT * FROM claimed;
+SELECT * FROM changed;
 
 -- name: runs_get
 -- One run by id, whoever owns it (the worker: an SQS message names a run, never an owner).

@@ -50,6 +50,8 @@ RETURNING s.id;
 
 -- name: occurrences_insert_scheduled
 -- Records scheduled occurrences, their queued runs and each run's run.queued event (seq 1), idempotently.
+-- A run claimable at once without catch-up expires at fire_at + the schedule's max_delay_seconds; a
+-- queued-behind run gets its expiry when it is released (runs_release_blocked).
 WITH planned AS (
     SELECT *
       FROM jsonb_to_recordset(%(occurrences)s::jsonb)
@@ -70,10 +72,12 @@ WITH planned AS (
     RETURNING id, schedule_id, decision
 ), new_runs AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
-                      agent, catch_up, state, blocked_by_run_id, last_seq, created_at, updated_at)
+                      agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at, updated_at)
     SELECT p.run_id, occ.id, s.id, s.owner, 'scheduled', s.conversation_id, s.mode, s.prompt,
-           coalesce(s.agent, c.agent), s.catch_up, 'queued', p.blocked_by, 1,
-           coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+           coalesce(s.agent, c.agent), s.catch_up, 'queued', p.blocked_by,
+           CASE WHEN NOT s.catch_up AND p.blocked_by IS NULL
+                THEN p.fire_at + make_interval(secs => s.max_delay_seconds) END,
+           1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
       FROM occ
       JOIN planned p ON p.occurrence_id = occ.id
       JOIN schedules s ON s.id = occ.schedule_id
@@ -137,10 +141,15 @@ UPDATE schedules AS s
  WHERE s.id = u.id AND s.consecutive_failures IS DISTINCT FROM u.failures;
 
 -- name: runs_release_blocked
--- queue_one: unblocks queued runs whose blocker has ended, so they can be handed to SQS.
+-- queue_one: unblocks queued runs whose blocker has ended, so they can be handed to SQS. A scheduled
+-- run without catch-up becomes claimable here, so its expiry is set here: fire_at + max_delay_seconds
+-- (a run that waited behind a long blocker is not delivered late either).
 UPDATE runs AS r
    SET blocked_by_run_id = NULL,
+       expires_at = CASE WHEN r.source = 'scheduled' AND NOT r.catch_up
+                         THEN o.fire_at + make_interval(secs => s.max_delay_seconds) END,
        updated_at = coalesce(%(now)s::timestamptz, now())
+  FROM occurrences o, schedules s
  WHERE r.id IN (SELECT w.id
                   FROM runs w
                   JOIN runs b ON b.id = w.blocked_by_run_id
@@ -148,11 +157,13 @@ UPDATE runs AS r
                  LIMIT %(limit)s
                    FOR NO KEY UPDATE OF w SKIP LOCKED)
    AND r.state = 'queued'
+   AND o.id = r.occurrence_id
+   AND s.id = r.schedule_id
 RETURNING r.id;
 
 -- name: runs_lock_unsent
 -- Locks queued, unblocked runs whose handoff never happened (and are not fresh) or is stale.
-SELECT id
+SELECT id, unclaimed_handoffs
   FROM runs
  WHERE state = 'queued'
    AND blocked_by_run_id IS NULL
@@ -162,6 +173,18 @@ SELECT id
  ORDER BY handoff_at NULLS FIRST, created_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: runs_fail_undeliverable
+-- queued -> failed (undeliverable): a run the caller holds locked that SQS accepted that many times
+-- since its last claim with no worker claiming it; a failure like any other for the settle step.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'failed',
+       diagnosis = %(diagnosis)s,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(id)s AND state = 'queued' AND unclaimed_handoffs >= %(handoffs)s
+RETURNING id, last_seq, attempt, fence, schedule_id, unclaimed_handoffs;
 
 -- name: runs_lock_expired
 -- Locks running runs whose lease expired (their worker is presumed gone) for the rescue.

@@ -6,7 +6,8 @@ Role: what TickFunction runs every minute (DESIGN.md "The tick"). ``Tick.run`` d
    failures in a row pause a schedule with an inbox note; runs queued behind an ended run are
    released and handed off;
 2. repair (``kairos.tick.repair``): runs of vanished workers are rescued (or abandoned / failed with a
-   diagnosis), queued runs whose handoff never reached SQS or is stale are sent again;
+   diagnosis), queued runs whose handoff never reached SQS or is stale are sent again, and one SQS
+   took five times without a claim fails ``undeliverable``;
 3. fire (``kairos.tick.fire``): due schedules in bounded batches become occurrences and runs,
    committed before their ids are sent to SQS and the handoff stamped;
 4. repeats fire batches (two in flight at once by default) until nothing is due or the invocation's
@@ -66,6 +67,7 @@ class TickReport:
     abandoned: int = 0
     failed: int = 0
     cancelled: int = 0
+    undeliverable: int = 0  # queued runs failed after five unclaimed handoffs
     batches: int = 0
     schedules: int = 0  # due schedules handled
     dispatched: int = 0
@@ -104,6 +106,7 @@ class _Totals:
             abandoned=sum(r.abandoned for r in self.repair),
             failed=sum(r.failed for r in self.repair),
             cancelled=sum(r.cancelled for r in self.repair),
+            undeliverable=sum(r.undeliverable for r in self.repair),
             batches=sum(1 for f in self.fire if f.locked),
             schedules=sum(f.locked for f in self.fire),
             dispatched=sum(f.dispatched for f in self.fire),

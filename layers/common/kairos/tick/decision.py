@@ -18,8 +18,9 @@ Guarantees:
 * Overlap applies only to an occurrence that would create a run: ``allow`` dispatches, ``skip``
   records ``skipped_overlap``, ``queue_one`` records ``queued_behind`` with a run blocked by the newest
   active run unless one is already waiting (then ``skipped_overlap``).
-* The cursor moves to the first fire strictly after now; no next fire, or ``max_occurrences`` runs
-  created, completes the schedule.
+* The cursor moves to the first fire strictly after now; no next fire, ``max_occurrences`` runs
+  created, or the one occurrence of a ``once`` schedule recorded (dispatched or expired) completes
+  the schedule.
 
 Must not: read the Lambda clock, EventBridge's time, or anything but its arguments.
 """
@@ -232,8 +233,12 @@ def decide(due: Due, now: datetime, *, grace: timedelta = GRACE) -> Plan:
             )
     runs_created = sum(1 for o in occurrences if o.run_id is not None)
     next_fire_at = None if following is None else following.fire_at
-    completed = next_fire_at is None or (
-        due.max_occurrences is not None and due.fire_count + runs_created >= due.max_occurrences
+    completed = (
+        next_fire_at is None
+        # A once schedule has one occurrence: recorded, whatever its decision, the schedule is done,
+        # even when its cursor was moved before starts_at (the rule would still offer starts_at).
+        or (due.kind is ScheduleKind.ONCE and bool(occurrences))
+        or (due.max_occurrences is not None and due.fire_count + runs_created >= due.max_occurrences)
     )
     return Plan(
         schedule_id=due.id,

@@ -3,7 +3,10 @@
 Role:
 * Resend: ``queued`` runs that are not blocked and whose handoff never happened (created more than
   ``fresh`` ago, so a tick that is about to send them is left alone) or happened longer than
-  ``stale`` ago are sent to SQS again and stamped.
+  ``stale`` ago are sent to SQS again and stamped. A run SQS already accepted ``undeliverable_after``
+  (5) times since its last claim, none of which a worker claimed, is not sent again: it ends
+  ``failed`` (``undeliverable``) with ``run.failed``, and the settle step counts it toward the
+  schedule's three-failure pause like any failure (rather than being resent every 15 minutes forever).
 * Rescue: ``running`` runs whose lease expired. Effects their worker left ``reserved`` are closed
   (a mutation becomes ``ambiguous``: its outcome is unknown; a non-mutation ``failed``). Then, in
   this order: a requested cancel ends the run ``cancelled``; a mutation that may have reached the
@@ -30,15 +33,17 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+from aws_lambda_powertools.metrics import MetricUnit
 from psycopg.types.json import Jsonb
 
 from kairos import db, handoff, trace
-from kairos.observability import logger
+from kairos.observability import logger, metrics
 from kairos.states import EventType, RunState, Source, terminal_event
 
 RESTART_LIMIT = 2
 FRESH = timedelta(seconds=30)  # a tick sends its new runs right after commit: leave them this long
 STALE = timedelta(minutes=15)  # a handoff older than this, with the run still queued, is redone
+UNDELIVERABLE_AFTER = 5  # handoffs since the last claim, none claimed: the run fails undeliverable
 DEFAULT_LIMIT = 500
 
 
@@ -53,6 +58,7 @@ class RepairReport:
     cancelled: int = 0
     rescue_full: bool = False
     handoff_failures: int = 0
+    undeliverable: int = 0  # queued runs given up after UNDELIVERABLE_AFTER unclaimed handoffs (failed)
 
 
 @dataclass(frozen=True)
@@ -63,7 +69,8 @@ class _Outcome:
 
 class Repair:
     def __init__(self, database: db.Database, sqs: Any, queue_url: str, *, limit: int = DEFAULT_LIMIT,
-                 fresh: timedelta = FRESH, stale: timedelta = STALE, restart_limit: int = RESTART_LIMIT) -> None:
+                 fresh: timedelta = FRESH, stale: timedelta = STALE, restart_limit: int = RESTART_LIMIT,
+                 undeliverable_after: int = UNDELIVERABLE_AFTER) -> None:
         self.db = database
         self.sqs = sqs
         self.queue_url = queue_url
@@ -71,6 +78,7 @@ class Repair:
         self.fresh = fresh
         self.stale = stale
         self.restart_limit = restart_limit
+        self.undeliverable_after = undeliverable_after
 
     def run_once(self, now: datetime | None = None) -> RepairReport:
         rescued = self.rescue_once(now)
@@ -85,6 +93,7 @@ class Repair:
             cancelled=rescued.cancelled,
             rescue_full=rescued.rescue_full,
             handoff_failures=rescued.handoff_failures + resent.handoff_failures,
+            undeliverable=resent.undeliverable,
         )
 
     def resend_once(self, now: datetime | None = None) -> RepairReport:
@@ -97,12 +106,41 @@ class Repair:
             )
             if not rows:
                 return RepairReport()
-            result = handoff.send_batch(self.sqs, self.queue_url, [r["id"] for r in rows])
+            given_up = [r for r in rows if int(r["unclaimed_handoffs"]) >= self.undeliverable_after]
+            undeliverable = self._fail_undeliverable(conn, given_up, now) if given_up else 0
+            to_send = [r["id"] for r in rows if int(r["unclaimed_handoffs"]) < self.undeliverable_after]
+            result = handoff.send_batch(self.sqs, self.queue_url, to_send)
             handoff.stamp(conn, result.sent, now=now)
-        logger.info("unsent runs handed off again",
-                    extra={"action": "handoff_repaired", "resent": len(result.sent), "failed": len(result.failed)})
+        if to_send:
+            logger.info("unsent runs handed off again",
+                        extra={"action": "handoff_repaired", "resent": len(result.sent), "failed": len(result.failed)})
         return RepairReport(resent=len(result.sent), resend_full=len(rows) >= self.limit,
-                            handoff_failures=len(result.failed))
+                            handoff_failures=len(result.failed), undeliverable=undeliverable)
+
+    def _fail_undeliverable(self, conn: psycopg.Connection[db.Row], rows: list[db.Row], now: datetime | None) -> int:
+        """Ends each locked run that SQS took ``undeliverable_after`` times without a claim ``failed``."""
+        from kairos import runs  # only when a run is given up: keeps the run machinery off the tick's cold start
+
+        diagnosis = Jsonb(runs.diagnose("undeliverable"))
+        failed = 0
+        for row in rows:
+            # One statement per run: trace.change writes one run's state and its event together.
+            done = trace.change(
+                conn, "runs_fail_undeliverable",
+                {"id": row["id"], "handoffs": self.undeliverable_after, "diagnosis": diagnosis},
+                [trace.Event(EventType.RUN_FAILED, data={"reason_code": "undeliverable", "retry_eligible": True,
+                                                         "handoffs": int(row["unclaimed_handoffs"])})],
+                now=now)
+            if done is None:
+                continue
+            failed += 1
+            logger.warning("run never claimed after repeated handoffs; failed as undeliverable",
+                           extra={"action": "run_undeliverable", "run_id": str(row["id"]),
+                                  "schedule_id": str(done["schedule_id"]),
+                                  "handoffs": int(done["unclaimed_handoffs"])})
+        if failed:
+            metrics.add_metric(name="RunFailed", unit=MetricUnit.Count, value=failed)
+        return failed
 
     def rescue_once(self, now: datetime | None = None) -> RepairReport:
         with self.db.transaction() as conn:
