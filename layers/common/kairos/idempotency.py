@@ -50,17 +50,16 @@ import random
 import re
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any
+from typing import TYPE_CHECKING, Any
 
 import psycopg
-from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives import hashes
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
-from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from kairos import db
 from kairos.errors import FieldError, IdempotencyMismatch, ValidationFailed
 from kairos.observability import logger
+
+if TYPE_CHECKING:
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 MAX_KEY_LENGTH = 255
 _KEY_TEXT = re.compile(r"[\x20-\x7e]+")
@@ -161,6 +160,11 @@ def _aad(key_digest_hex: str, request_digest_hex: str) -> bytes:
 
 
 def _aead(owner: str, key: str) -> AESGCM:
+    # Imported here: the webhook route needs only check_key, and cryptography costs its cold start.
+    from cryptography.hazmat.primitives import hashes
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+    from cryptography.hazmat.primitives.kdf.hkdf import HKDF
+
     derived = HKDF(algorithm=hashes.SHA256(), length=32, salt=owner.encode("utf-8"),
                    info=_PURPOSE).derive(key.encode("utf-8"))
     return AESGCM(derived)
@@ -172,6 +176,8 @@ def _seal(plain: bytes, *, owner: str, key: str, aad: bytes) -> bytes:
 
 
 def _open(sealed: bytes, *, owner: str, key: str, aad: bytes) -> bytes:
+    from cryptography.exceptions import InvalidTag
+
     try:
         return _aead(owner, key).decrypt(sealed[:_NONCE_BYTES], sealed[_NONCE_BYTES:], aad)
     except InvalidTag:
