@@ -46,7 +46,7 @@ def pg_server() -> Iterator[PgServer]:
     if given:
         yield PgServer(given)
         return
-    from kairos.localdb import LocalPostgres
+    from kairos.local.postgres import LocalPostgres
 
     server = LocalPostgres()
     try:

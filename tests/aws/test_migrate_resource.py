@@ -18,7 +18,7 @@ import boto3
 import psycopg
 import pytest
 from kairos import db, migrations, runtime, settings
-from kairos.dev import load_function
+from kairos.local.stack import load_function
 from kairos.migrations import Migration
 from moto import mock_aws
 

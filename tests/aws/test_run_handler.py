@@ -18,7 +18,7 @@ import pytest
 from kairos import db as kairos_db
 from kairos import runtime, worker
 from kairos.db import Database, Row
-from kairos.dev import load_function
+from kairos.local.stack import load_function
 from kairos.settings import Settings
 from moto import mock_aws
 from psycopg.rows import dict_row

@@ -14,7 +14,7 @@ import boto3
 import psycopg
 import pytest
 from kairos import runtime
-from kairos.dev import load_function
+from kairos.local.stack import load_function
 from kairos.observability import METRIC_NAMES
 from moto import mock_aws
 

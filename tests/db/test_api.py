@@ -129,7 +129,7 @@ def test_jwt_mode_takes_the_principal_from_the_authorizer_claims(api: Api, monke
                                                                 world: dict[str, Any]) -> None:
     monkeypatch.setenv("KAIROS_AUTH", "jwt")
     runtime.reset()
-    from kairos import apigw
+    from kairos.local import apigw
 
     from tests.db.test_api_client import HANDLER
 

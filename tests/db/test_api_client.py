@@ -2,7 +2,7 @@
 
 The ``api`` fixture points the runtime at the test's database (``DATABASE_URL`` + ``kairos.runtime.reset()``), dev
 auth with two principals (alice, bob), and moto for SQS (a queue, ``RUN_QUEUE_URL``) and Secrets Manager. ``ApiClient``
-builds events with ``kairos.apigw.build_event`` (the same shape as ``events/*.json``) and calls
+builds events with ``kairos.local.apigw.build_event`` (the same shape as ``events/*.json``) and calls
 ``functions/webhook/app.handler``. No tests here; the other test modules import the fixtures.
 """
 
@@ -17,8 +17,9 @@ from typing import Any
 
 import boto3
 import pytest
-from kairos import apigw, db, runtime, secrets
-from kairos.dev import load_handler
+from kairos import db, runtime, secrets
+from kairos.local import apigw
+from kairos.local.stack import load_handler
 from moto import mock_aws
 
 ROOT = Path(__file__).resolve().parents[2]
