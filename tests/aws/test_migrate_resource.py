@@ -19,7 +19,7 @@ import psycopg
 import pytest
 from kairos import db, migrations, runtime, settings
 from kairos.local.stack import load_function
-from kairos.migrations import Migration
+from kairos.migrations import Migration, custom_resource
 from moto import mock_aws
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -206,7 +206,7 @@ def test_failure_answers_failed_with_a_reason_and_no_secret(
     reason = answer.body["Reason"]
     assert reason.startswith("migrations failed: ") and error in reason
     assert secret not in reason and "hunter" not in reason and "s3cret" not in reason
-    assert len(reason) <= app.MAX_REASON_CHARS
+    assert len(reason) <= custom_resource.MAX_REASON_CHARS
     runtime.reset()
 
 
@@ -234,7 +234,7 @@ def test_answers_failed_before_the_timeout_when_migrations_block(
     database: str, response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given another runner holding the migration lock, and a Lambda with little time left
-    monkeypatch.setattr(app, "TIMEOUT_MARGIN_SECONDS", 0.0)
+    monkeypatch.setattr(custom_resource, "TIMEOUT_MARGIN_SECONDS", 0.0)
     holder = psycopg.connect(database, autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s)", (migrations.LOCK_KEY,))
     finished = threading.Event()
@@ -267,7 +267,7 @@ def test_answers_failed_before_the_timeout_when_migrations_block(
 def test_the_answer_is_retried_when_the_put_fails(
     response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
-    monkeypatch.setattr(app, "RESPONSE_BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(custom_resource, "RESPONSE_BACKOFF_SECONDS", 0.0)
     response_server.statuses.extend([503])
 
     app.handler(request("Delete", response_server), LambdaContext())
