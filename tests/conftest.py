@@ -4,6 +4,9 @@ The server is ``DATABASE_URL`` when set (its database is used only to create and
 an embedded server started once for the session. The schema is built once, by the real migration
 runner, into a template database; every test that asks for ``db_url`` gets its own clone, so tests
 are isolated and the suite stays fast (a clone costs milliseconds; migrating costs far more).
+
+Also every test's ``lambda_context`` and ``sqs_queue`` (``tests.support.aws``); ``tests/db/conftest.py``
+adds ``api`` and ``fake_openai``, ``tests/e2e/conftest.py`` adds ``api``.
 """
 
 from __future__ import annotations
@@ -22,6 +25,8 @@ from kairos import migrations
 from kairos.db import Database
 from psycopg import sql
 from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.support.aws import lambda_context, sqs_queue  # noqa: F401 - fixtures for every test
 
 TEMPLATE = "kairos_template"
 

@@ -20,7 +20,7 @@ import pytest
 from kairos.local import apigw
 from kairos.observability import logger
 
-from tests.db.test_api_client import HANDLER, Api, api_fixture  # noqa: F401 - the fixture
+from tests.support.api import HANDLER, Api
 
 
 class Recorder:

@@ -26,8 +26,8 @@ from typing import Any
 import pytest
 from kairos.local.stack import load_function
 
-from tests.aws.test_run_handler import LambdaContext, run_body, sqs_event
-from tests.db.test_api_client import Api, api_fixture, rows  # noqa: F401 - the fixture
+from tests.support.api import Api, rows
+from tests.support.aws import LambdaContext, run_body, sqs_event
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "layers" / "common" / "kairos"

@@ -29,7 +29,7 @@ from kairos.local import apigw
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from tests.db.test_api_client import HANDLER, TOKENS, Api, ApiClient, api_fixture  # noqa: F401 - fixture
+from tests.support.api import HANDLER, TOKENS, Api, ApiClient
 
 MAX_EXAMPLES = 30
 
