@@ -16,33 +16,17 @@ import os
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 import pytest
 from kairos import migrations
 from kairos.db import Database
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
 
 from tests.support.aws import lambda_context, sqs_queue  # noqa: F401 - fixtures for every test
+from tests.support.postgres import PgServer
 
 TEMPLATE = "kairos_template"
-
-
-@dataclass
-class PgServer:
-    admin_url: str
-    bin_dir: str | None = None
-
-    def url(self, database: str) -> str:
-        params: dict[str, Any] = conninfo_to_dict(self.admin_url)
-        params["dbname"] = database
-        return make_conninfo(**params)
-
-    def admin(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.admin_url, autocommit=True)
 
 
 @pytest.fixture(scope="session")

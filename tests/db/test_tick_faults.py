@@ -27,8 +27,8 @@ from psycopg import sql
 from psycopg.rows import dict_row
 
 from tests import factories
-from tests.conftest import PgServer
 from tests.support.aws import SqsQueue
+from tests.support.postgres import PgServer
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
 POINTS = ["after_select", "after_cursor", "after_inserts", "after_commit", "after_send"]

@@ -6,9 +6,10 @@
 * ``executors``: a scripted executor, and a local OpenAI-compatible server (``fake_openai``).
 * ``peer``: a scriptable local HTTP(S) server for the executor and transport tests.
 * ``db``: waiting for a backend to block on a lock.
+* ``postgres``: ``PgServer``, the server the ``pg_server`` fixture yields.
 * ``logs``: what the Powertools logger writes.
 
 Fixtures are registered in ``tests/conftest.py`` (``api`` in ``tests/db`` and ``tests/e2e``).
-``tests/unit/test_layout.py`` holds every test module to importing only from here, ``tests.factories``
-and ``tests.conftest``.
+``tests/unit/test_layout.py`` holds every test module to importing only from here and ``tests.factories``,
+never from another test module or a conftest.
 """
