@@ -1,6 +1,6 @@
 """Benchmark: webhook deliveries through the API handler, beside a bare Powertools resolver.
 
-Both sides are driven in-process with API Gateway HTTP API v2 events (``kairos.apigw.build_event``):
+Both sides are driven in-process with API Gateway HTTP API v2 events (``kairos.local.apigw.build_event``):
 
 * ``bare``: an ``APIGatewayHttpResolver`` with one route ``POST /v1/hooks/<token>`` answering a
   constant — the floor any Powertools HTTP handler pays on this machine;
@@ -38,7 +38,8 @@ from typing import Any
 
 import psycopg
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
-from kairos import apigw, dev, migrations, runtime
+from kairos import migrations, runtime
+from kairos.local import apigw, stack
 from kairos.observability import logger
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
@@ -167,7 +168,7 @@ def database() -> Iterator[str]:
     if given:
         admin_url = given
     else:
-        from kairos.localdb import LocalPostgres
+        from kairos.local.postgres import LocalPostgres
 
         server = LocalPostgres()
         admin_url = server.url()
@@ -236,7 +237,7 @@ def main() -> int:
         os.environ.update({"DATABASE_URL": url, "KAIROS_AUTH": "dev", "RUN_QUEUE_URL": "https://sqs.local/q",
                            "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"})
         runtime.reset()
-        handler = dev.load_handler("webhook")
+        handler = stack.load_handler("webhook")
         with quiet():
             token = seed(url)
         rtt = rtt_ms(url)

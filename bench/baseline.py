@@ -33,7 +33,7 @@ def server() -> Iterator[tuple[str, str | None]]:
     if given:
         yield given, shutil.which("pgbench") or (SYSTEM_PGBENCH if Path(SYSTEM_PGBENCH).exists() else None)
         return
-    from kairos.localdb import LocalPostgres
+    from kairos.local.postgres import LocalPostgres
 
     local = LocalPostgres()
     try:

@@ -205,19 +205,19 @@ class _AcceptingSqs:
 
 
 def cases(seed: Seeder) -> list[Case]:
-    from kairos import apigw, dev
+    from kairos.local import apigw, stack
 
     def sqs_record(run_id: uuid.UUID) -> dict[str, Any]:
-        return dev.sqs_event([{"MessageId": "m-1", "ReceiptHandle": "r-1",
-                               "Body": json.dumps({"run_id": str(run_id)})}], seed.queue_arn)
+        return stack.sqs_event([{"MessageId": "m-1", "ReceiptHandle": "r-1",
+                                 "Body": json.dumps({"run_id": str(run_id)})}], seed.queue_arn)
 
     def idle_tick() -> dict[str, Any]:
         seed.quiet()
-        return dev.scheduled_event()
+        return stack.scheduled_event()
 
     def due_tick() -> dict[str, Any]:
         seed.due_cron()
-        return dev.scheduled_event()
+        return stack.scheduled_event()
 
     def hook() -> dict[str, Any]:
         return apigw.build_event("POST", f"/v1/hooks/{seed.hook_token()}",
@@ -263,15 +263,16 @@ def main() -> int:
                              "cache; none: everything compiled from source in every process (see the module doc)")
     args = parser.parse_args()
 
-    from kairos import dev, migrations
-    from kairos.localdb import LocalPostgres
+    from kairos import migrations
+    from kairos.local import stack
+    from kairos.local.postgres import LocalPostgres
 
     pg = LocalPostgres()
     rows: list[tuple[str, float, float, float]] = []
     try:
         url = pg.url()
         migrations.apply(url)
-        with dev.sqs_server() as (endpoint, queue_url, queue_arn), tempfile.TemporaryDirectory() as pycache:
+        with stack.sqs_server() as (endpoint, queue_url, queue_arn), tempfile.TemporaryDirectory() as pycache:
             env = {
                 **os.environ,
                 "DATABASE_URL": url,

@@ -4,6 +4,9 @@ The server is ``DATABASE_URL`` when set (its database is used only to create and
 an embedded server started once for the session. The schema is built once, by the real migration
 runner, into a template database; every test that asks for ``db_url`` gets its own clone, so tests
 are isolated and the suite stays fast (a clone costs milliseconds; migrating costs far more).
+
+Also every test's ``lambda_context`` and ``sqs_queue`` (``tests.support.aws``); ``tests/db/conftest.py``
+adds ``api`` and ``fake_openai``, ``tests/e2e/conftest.py`` adds ``api``.
 """
 
 from __future__ import annotations
@@ -13,31 +16,17 @@ import os
 import queue
 import threading
 from collections.abc import Iterator
-from dataclasses import dataclass
-from typing import Any
 
 import psycopg
 import pytest
 from kairos import migrations
 from kairos.db import Database
 from psycopg import sql
-from psycopg.conninfo import conninfo_to_dict, make_conninfo
+
+from tests.support.aws import lambda_context, sqs_queue  # noqa: F401 - fixtures for every test
+from tests.support.postgres import PgServer
 
 TEMPLATE = "kairos_template"
-
-
-@dataclass
-class PgServer:
-    admin_url: str
-    bin_dir: str | None = None
-
-    def url(self, database: str) -> str:
-        params: dict[str, Any] = conninfo_to_dict(self.admin_url)
-        params["dbname"] = database
-        return make_conninfo(**params)
-
-    def admin(self) -> psycopg.Connection[Any]:
-        return psycopg.connect(self.admin_url, autocommit=True)
 
 
 @pytest.fixture(scope="session")
@@ -46,7 +35,7 @@ def pg_server() -> Iterator[PgServer]:
     if given:
         yield PgServer(given)
         return
-    from kairos.localdb import LocalPostgres
+    from kairos.local.postgres import LocalPostgres
 
     server = LocalPostgres()
     try:

@@ -19,7 +19,7 @@ from kairos.executors.base import ExecutionRequest, ExecutorError, Message, Repl
 from kairos.executors.bedrock import BedrockExecutor
 from kairos.settings import Settings
 
-from tests.unit.test_executors_transport import Peer, closed_port, hang
+from tests.support.peer import Peer, closed_port, hang
 
 MODEL = "anthropic.claude-3-haiku-20240307-v1:0"
 

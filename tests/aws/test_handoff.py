@@ -4,26 +4,15 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import boto3
 import psycopg
-import pytest
 from kairos import handoff
 from kairos.db import Database
-from moto import mock_aws
 
 from tests import factories
-
-
-@pytest.fixture
-def sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with mock_aws():
-        yield boto3.client("sqs", region_name="us-east-1")
+from tests.support.aws import SqsQueue
 
 
 def bodies(sqs: Any, url: str) -> list[str]:
@@ -60,8 +49,8 @@ class PartlyFailing:
         return {"Successful": response.get("Successful", []), "Failed": failed}
 
 
-def test_ids_go_out_in_batches_of_ten_with_exactly_the_run_id_as_body(sqs: Any) -> None:
-    url = sqs.create_queue(QueueName="runs")["QueueUrl"]
+def test_ids_go_out_in_batches_of_ten_with_exactly_the_run_id_as_body(sqs_queue: SqsQueue) -> None:
+    sqs, url = sqs_queue.client, sqs_queue.url
     sizes = count_calls(sqs)
     ids = [uuid.uuid4() for _ in range(23)]
 
@@ -74,14 +63,15 @@ def test_ids_go_out_in_batches_of_ten_with_exactly_the_run_id_as_body(sqs: Any) 
     assert all(json.loads(b).keys() == {"run_id"} for b in got)
 
 
-def test_nothing_to_send_makes_no_call(sqs: Any) -> None:
+def test_nothing_to_send_makes_no_call(sqs_queue: SqsQueue) -> None:
+    sqs = sqs_queue.client
     sizes = count_calls(sqs)
     assert handoff.send_batch(sqs, "https://unused", []) == handoff.HandoffResult()
     assert sizes == []
 
 
-def test_a_failing_call_fails_its_chunk_only(sqs: Any) -> None:
-    url = sqs.create_queue(QueueName="runs")["QueueUrl"]
+def test_a_failing_call_fails_its_chunk_only(sqs_queue: SqsQueue) -> None:
+    sqs, url = sqs_queue.client, sqs_queue.url
     ids = [uuid.uuid4() for _ in range(5)]
     missing = url.replace("/runs", "/gone")
     result = handoff.send_batch(sqs, missing, ids)
@@ -90,8 +80,8 @@ def test_a_failing_call_fails_its_chunk_only(sqs: Any) -> None:
     assert bodies(sqs, url) == []
 
 
-def test_failed_entries_are_reported_as_not_sent(sqs: Any) -> None:
-    url = sqs.create_queue(QueueName="runs")["QueueUrl"]
+def test_failed_entries_are_reported_as_not_sent(sqs_queue: SqsQueue) -> None:
+    sqs, url = sqs_queue.client, sqs_queue.url
     ids = [uuid.uuid4() for _ in range(12)]
     refused = {ids[1], ids[11]}
     result = handoff.send_batch(PartlyFailing(sqs, refused), url, ids)
@@ -99,9 +89,9 @@ def test_failed_entries_are_reported_as_not_sent(sqs: Any) -> None:
     assert sorted(json.loads(b)["run_id"] for b in bodies(sqs, url)) == sorted(str(i) for i in set(ids) - refused)
 
 
-def test_send_stamps_only_what_sqs_accepted(sqs: Any, db: Database, db_url: str) -> None:
+def test_send_stamps_only_what_sqs_accepted(sqs_queue: SqsQueue, db: Database, db_url: str) -> None:
     """The webhook API's entry point: send, then stamp; a refused run keeps handoff_at NULL for repair."""
-    url = sqs.create_queue(QueueName="runs")["QueueUrl"]
+    sqs, url = sqs_queue.client, sqs_queue.url
     sched = factories.schedule(db_url)
     t = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
     runs = [factories.run(db_url, schedule_row=sched, fire_at=t + timedelta(minutes=i))["id"] for i in range(3)]

@@ -18,9 +18,11 @@ import boto3
 import psycopg
 import pytest
 from kairos import db, migrations, runtime, settings
-from kairos.dev import load_function
-from kairos.migrations import Migration
+from kairos.local.stack import load_function
+from kairos.migrations import Migration, custom_resource
 from moto import mock_aws
+
+from tests.support.aws import LambdaContext
 
 ROOT = Path(__file__).resolve().parents[2]
 SIGNATURE = "X-Amz-Signature=4f1c0ffee5ecre7519a7"
@@ -44,14 +46,6 @@ class ResponseServer:
     answers: list[Answer] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)
     received: threading.Event = field(default_factory=threading.Event)
-
-
-class LambdaContext:
-    def __init__(self, remaining_ms: int = 600_000) -> None:
-        self.remaining_ms = remaining_ms
-
-    def get_remaining_time_in_millis(self) -> int:
-        return self.remaining_ms
 
 
 @pytest.fixture
@@ -111,10 +105,11 @@ def tables(url: str) -> set[str]:
         return {r[0] for r in rows}
 
 
-def test_create_applies_every_migration_and_answers_success(database: str, response_server: ResponseServer) -> None:
+def test_create_applies_every_migration_and_answers_success(database: str, response_server: ResponseServer,
+                                                            lambda_context: LambdaContext) -> None:
     event = request("Create", response_server)
 
-    returned = app.handler(event, LambdaContext())
+    returned = app.handler(event, lambda_context)
 
     (answer,) = response_server.answers
     assert answer.body["Status"] == "SUCCESS"
@@ -133,10 +128,11 @@ def test_create_applies_every_migration_and_answers_success(database: str, respo
     assert {"schedules", "runs", "occurrences", "run_events", "kairos_migrations"} <= tables(database)
 
 
-def test_update_is_idempotent_and_keeps_the_physical_id(database: str, response_server: ResponseServer) -> None:
-    app.handler(request("Create", response_server), LambdaContext())
+def test_update_is_idempotent_and_keeps_the_physical_id(database: str, response_server: ResponseServer,
+                                                        lambda_context: LambdaContext) -> None:
+    app.handler(request("Create", response_server), lambda_context)
 
-    app.handler(request("Update", response_server), LambdaContext())
+    app.handler(request("Update", response_server), lambda_context)
 
     create, update = response_server.answers
     assert update.body["Status"] == "SUCCESS"
@@ -148,12 +144,13 @@ def test_update_is_idempotent_and_keeps_the_physical_id(database: str, response_
 
 
 def test_update_applies_a_migration_the_new_code_adds(database: str, response_server: ResponseServer,
-                                                      monkeypatch: pytest.MonkeyPatch) -> None:
-    app.handler(request("Create", response_server), LambdaContext())
+                                                      monkeypatch: pytest.MonkeyPatch,
+                                                      lambda_context: LambdaContext) -> None:
+    app.handler(request("Create", response_server), lambda_context)
     newer = [*migrations.discover(), Migration(9001, "add_thing", "CREATE TABLE thing (x int)")]
     monkeypatch.setattr(migrations, "discover", lambda: newer)
 
-    app.handler(request("Update", response_server), LambdaContext())
+    app.handler(request("Update", response_server), lambda_context)
 
     update = response_server.answers[-1]
     assert update.body["Status"] == "SUCCESS"
@@ -161,8 +158,9 @@ def test_update_applies_a_migration_the_new_code_adds(database: str, response_se
     assert "thing" in tables(database)
 
 
-def test_delete_leaves_the_database_alone(database: str, response_server: ResponseServer) -> None:
-    app.handler(request("Delete", response_server), LambdaContext())
+def test_delete_leaves_the_database_alone(database: str, response_server: ResponseServer,
+                                          lambda_context: LambdaContext) -> None:
+    app.handler(request("Delete", response_server), lambda_context)
 
     (answer,) = response_server.answers
     assert answer.body["Status"] == "SUCCESS"
@@ -171,14 +169,14 @@ def test_delete_leaves_the_database_alone(database: str, response_server: Respon
 
 
 def test_delete_succeeds_even_when_the_database_is_unreachable(
-    response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch
+    response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch, lambda_context: LambdaContext
 ) -> None:
     # Given no database configuration at all (e.g. the secret was deleted before the stack)
     monkeypatch.delenv("DATABASE_URL", raising=False)
     monkeypatch.delenv("DATABASE_SECRET_ARN", raising=False)
     runtime.reset()
 
-    app.handler(request("Delete", response_server), LambdaContext())
+    app.handler(request("Delete", response_server), lambda_context)
 
     assert [a.body["Status"] for a in response_server.answers] == ["SUCCESS"]
     runtime.reset()
@@ -194,36 +192,39 @@ def test_delete_succeeds_even_when_the_database_is_unreachable(
     ],
 )
 def test_failure_answers_failed_with_a_reason_and_no_secret(
-    url: str, secret: str, error: str, response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch
+    url: str, secret: str, error: str, response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch,
+    lambda_context: LambdaContext,
 ) -> None:
     monkeypatch.setenv("DATABASE_URL", url)
     runtime.reset()
 
-    app.handler(request("Create", response_server), LambdaContext())
+    app.handler(request("Create", response_server), lambda_context)
 
     (answer,) = response_server.answers
     assert answer.body["Status"] == "FAILED"
     reason = answer.body["Reason"]
     assert reason.startswith("migrations failed: ") and error in reason
     assert secret not in reason and "hunter" not in reason and "s3cret" not in reason
-    assert len(reason) <= app.MAX_REASON_CHARS
+    assert len(reason) <= custom_resource.MAX_REASON_CHARS
     runtime.reset()
 
 
-def test_a_changed_applied_migration_fails_the_deploy(database: str, response_server: ResponseServer) -> None:
+def test_a_changed_applied_migration_fails_the_deploy(database: str, response_server: ResponseServer,
+                                                      lambda_context: LambdaContext) -> None:
     # Given a database where 0001 was applied from different text
     first = migrations.discover()[0]
     migrations.apply(database, [Migration(first.version, first.name, "CREATE TABLE early (x int)")])
 
-    app.handler(request("Create", response_server), LambdaContext())
+    app.handler(request("Create", response_server), lambda_context)
 
     (answer,) = response_server.answers
     assert answer.body["Status"] == "FAILED"
     assert "changed after it was applied" in answer.body["Reason"]
 
 
-def test_unknown_request_type_fails(database: str, response_server: ResponseServer) -> None:
-    app.handler(request("Rollback", response_server), LambdaContext())
+def test_unknown_request_type_fails(database: str, response_server: ResponseServer,
+                                    lambda_context: LambdaContext) -> None:
+    app.handler(request("Rollback", response_server), lambda_context)
 
     (answer,) = response_server.answers
     assert answer.body["Status"] == "FAILED"
@@ -234,7 +235,7 @@ def test_answers_failed_before_the_timeout_when_migrations_block(
     database: str, response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Given another runner holding the migration lock, and a Lambda with little time left
-    monkeypatch.setattr(app, "TIMEOUT_MARGIN_SECONDS", 0.0)
+    monkeypatch.setattr(custom_resource, "TIMEOUT_MARGIN_SECONDS", 0.0)
     holder = psycopg.connect(database, autocommit=True)
     holder.execute("SELECT pg_advisory_lock(%s)", (migrations.LOCK_KEY,))
     finished = threading.Event()
@@ -265,23 +266,23 @@ def test_answers_failed_before_the_timeout_when_migrations_block(
 
 
 def test_the_answer_is_retried_when_the_put_fails(
-    response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch
+    response_server: ResponseServer, monkeypatch: pytest.MonkeyPatch, lambda_context: LambdaContext
 ) -> None:
-    monkeypatch.setattr(app, "RESPONSE_BACKOFF_SECONDS", 0.0)
+    monkeypatch.setattr(custom_resource, "RESPONSE_BACKOFF_SECONDS", 0.0)
     response_server.statuses.extend([503])
 
-    app.handler(request("Delete", response_server), LambdaContext())
+    app.handler(request("Delete", response_server), lambda_context)
 
     assert [a.body["Status"] for a in response_server.answers] == ["SUCCESS"]
     assert response_server.statuses == []  # the failed attempt was consumed
 
 
 def test_the_response_url_and_credentials_never_reach_the_logs(
-    database: str, response_server: ResponseServer, caplog: pytest.LogCaptureFixture
+    database: str, response_server: ResponseServer, caplog: pytest.LogCaptureFixture, lambda_context: LambdaContext
 ) -> None:
     caplog.set_level(logging.DEBUG)
 
-    app.handler(request("Create", response_server), LambdaContext())
+    app.handler(request("Create", response_server), lambda_context)
 
     # Every record with every structured field it carries (Powertools turns `extra` into attributes)
     logged = [str(vars(record)) for record in caplog.records]

@@ -3,7 +3,6 @@ handler with its decorators. One bad or failing record never takes the good ones
 
 from __future__ import annotations
 
-import copy
 import json
 import uuid
 from collections.abc import Iterator
@@ -12,40 +11,23 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import psycopg
 import pytest
 from kairos import db as kairos_db
 from kairos import runtime, worker
 from kairos.db import Database, Row
-from kairos.dev import load_function
+from kairos.local.stack import load_function
 from kairos.settings import Settings
-from moto import mock_aws
 from psycopg.rows import dict_row
 
 from tests import factories
+from tests.support.aws import LambdaContext, SqsQueue, run_body, sqs_event
 
 ROOT = Path(__file__).resolve().parents[2]
 REFUSED_PORT_AGENT = {"executor": "openai", "model": "m", "base_url": "http://127.0.0.1:1/v1"}
 
 
 app = load_function("run")
-
-
-class LambdaContext:
-    function_name = "kairos-RunFunction"
-    function_version = "$LATEST"
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:kairos-RunFunction"
-    memory_limit_in_mb = 512
-    aws_request_id = "c6af9ac6-7b61-11e6-9a41-93e8deadbeef"
-    log_group_name = "/aws/lambda/kairos-RunFunction"
-    log_stream_name = "2026/01/01/[$LATEST]abcdef"
-
-    def __init__(self, remaining_ms: int = 600_000) -> None:
-        self.remaining_ms = remaining_ms
-
-    def get_remaining_time_in_millis(self) -> int:
-        return self.remaining_ms
 
 
 @dataclass
@@ -56,39 +38,17 @@ class Stack:
 
 
 @pytest.fixture
-def stack(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def stack(db_url: str, sqs_queue: SqsQueue, monkeypatch: pytest.MonkeyPatch) -> Iterator[Stack]:
     monkeypatch.setenv("DATABASE_URL", db_url)
     monkeypatch.setenv("KAIROS_EGRESS_ALLOW", "127.0.0.1")
-    with mock_aws():
-        sqs = boto3.client("sqs", region_name="us-east-1")
-        queue_url = sqs.create_queue(QueueName="runs")["QueueUrl"]
-        monkeypatch.setenv("RUN_QUEUE_URL", queue_url)
+    monkeypatch.setenv("RUN_QUEUE_URL", sqs_queue.url)
+    runtime.reset()
+    try:
+        yield Stack(db_url, sqs_queue.url, sqs_queue.client)
+    finally:
+        runtime.database().close()
+        kairos_db._databases.pop(db_url, None)
         runtime.reset()
-        try:
-            yield Stack(db_url, queue_url, sqs)
-        finally:
-            runtime.database().close()
-            kairos_db._databases.pop(db_url, None)
-            runtime.reset()
-
-
-def sqs_event(*bodies: str) -> dict[str, Any]:
-    """Records shaped like events/run_sqs.json, one per body, each with its own message id."""
-    template = json.loads((ROOT / "events" / "run_sqs.json").read_text())["Records"][0]
-    records = []
-    for body in bodies:
-        record = copy.deepcopy(template)
-        record["messageId"] = str(uuid.uuid4())
-        record["body"] = body
-        records.append(record)
-    return {"Records": records}
-
-
-def run_body(run_id: uuid.UUID) -> str:
-    return json.dumps({"run_id": str(run_id)})
 
 
 def state(url: str, run_id: uuid.UUID) -> dict[str, Any]:
@@ -102,7 +62,7 @@ def state(url: str, run_id: uuid.UUID) -> dict[str, Any]:
 
 
 def test_bad_records_are_acknowledged_alone_and_good_records_run(
-        stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
+        stack: Stack, caplog: pytest.LogCaptureFixture, lambda_context: LambdaContext) -> None:
     good_a, good_b = factories.run(stack.db_url), factories.run(stack.db_url)
     event = sqs_event(
         run_body(good_a["id"]),
@@ -114,7 +74,7 @@ def test_bad_records_are_acknowledged_alone_and_good_records_run(
         run_body(good_b["id"]),
     )
 
-    response = app.handler(event, LambdaContext())
+    response = app.handler(event, lambda_context)
 
     assert response == {"batchItemFailures": []}
     assert state(stack.db_url, good_a["id"])["state"] == "succeeded"
@@ -126,10 +86,10 @@ def test_bad_records_are_acknowledged_alone_and_good_records_run(
     assert not any("SECRET-BODY" in json.dumps(entry, default=str) for entry in logs)
 
 
-def test_five_copies_of_one_message_in_one_batch_execute_once(stack: Stack) -> None:
+def test_five_copies_of_one_message_in_one_batch_execute_once(stack: Stack, lambda_context: LambdaContext) -> None:
     run = factories.run(stack.db_url)
 
-    response = app.handler(sqs_event(*[run_body(run["id"])] * 5), LambdaContext())
+    response = app.handler(sqs_event(*[run_body(run["id"])] * 5), lambda_context)
 
     assert response == {"batchItemFailures": []}
     assert state(stack.db_url, run["id"]) == {"state": "succeeded", "attempt": 1, "handoff_count": 0,
@@ -152,17 +112,17 @@ class FlakyDatabase(Database):
             yield conn
 
 
-def test_a_transient_database_error_fails_only_its_own_record(stack: Stack) -> None:
+def test_a_transient_database_error_fails_only_its_own_record(stack: Stack, lambda_context: LambdaContext) -> None:
     first, second = factories.run(stack.db_url), factories.run(stack.db_url)
     event = sqs_event(run_body(first["id"]), "garbage", run_body(second["id"]))
     flaky = FlakyDatabase(stack.db_url)
     try:
-        response = worker.handle_batch(event, LambdaContext(), db=flaky, settings=Settings.from_env())
+        response = worker.handle_batch(event, lambda_context, db=flaky, settings=Settings.from_env())
         assert response == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
         assert state(stack.db_url, first["id"])["state"] == "queued"  # nothing claimed: delivered again
         assert state(stack.db_url, second["id"])["state"] == "succeeded"
 
-        again = worker.handle_batch(sqs_event(run_body(first["id"])), LambdaContext(), db=flaky,
+        again = worker.handle_batch(sqs_event(run_body(first["id"])), lambda_context, db=flaky,
                                     settings=Settings.from_env())
         assert again == {"batchItemFailures": []}
         assert state(stack.db_url, first["id"])["state"] == "succeeded"
@@ -170,11 +130,11 @@ def test_a_transient_database_error_fails_only_its_own_record(stack: Stack) -> N
         flaky.close()
 
 
-def test_a_retry_safe_failure_is_sent_again_with_a_delay(stack: Stack) -> None:
+def test_a_retry_safe_failure_is_sent_again_with_a_delay(stack: Stack, lambda_context: LambdaContext) -> None:
     sched = factories.schedule(stack.db_url, agent=REFUSED_PORT_AGENT)
     run = factories.run(stack.db_url, schedule_row=sched)
 
-    response = app.handler(sqs_event(run_body(run["id"])), LambdaContext())
+    response = app.handler(sqs_event(run_body(run["id"])), lambda_context)
 
     assert response == {"batchItemFailures": []}
     assert state(stack.db_url, run["id"]) == {"state": "queued", "attempt": 1, "handoff_count": 1,
@@ -186,13 +146,13 @@ def test_a_retry_safe_failure_is_sent_again_with_a_delay(stack: Stack) -> None:
     assert attributes["ApproximateNumberOfMessages"] == "0"
 
 
-def test_without_a_queue_a_retry_is_redelivered_by_sqs(stack: Stack) -> None:
+def test_without_a_queue_a_retry_is_redelivered_by_sqs(stack: Stack, lambda_context: LambdaContext) -> None:
     sched = factories.schedule(stack.db_url, agent=REFUSED_PORT_AGENT)
     run = factories.run(stack.db_url, schedule_row=sched)
     event = sqs_event(run_body(run["id"]))
     database = Database(stack.db_url)
     try:
-        response = worker.handle_batch(event, LambdaContext(), db=database,
+        response = worker.handle_batch(event, lambda_context, db=database,
                                        settings=Settings(egress_allow=("127.0.0.1",)))
     finally:
         database.close()
@@ -238,8 +198,8 @@ def test_only_the_exact_body_shape_names_a_run(body: str, expected: uuid.UUID | 
     ],
 )
 def test_an_event_without_sqs_records_is_refused_in_one_line_and_acknowledged(
-        stack: Stack, event: dict[str, Any], caplog: pytest.LogCaptureFixture) -> None:
-    response = app.handler(event, LambdaContext())
+        stack: Stack, event: dict[str, Any], caplog: pytest.LogCaptureFixture, lambda_context: LambdaContext) -> None:
+    response = app.handler(event, lambda_context)
 
     assert response == {"batchItemFailures": []}
     refusals = [vars(r) for r in caplog.records if getattr(r, "action", None) == "bad_event"]
@@ -248,7 +208,7 @@ def test_an_event_without_sqs_records_is_refused_in_one_line_and_acknowledged(
 
 
 def test_records_without_an_id_or_a_body_are_refused_and_the_good_ones_run(
-        stack: Stack, caplog: pytest.LogCaptureFixture) -> None:
+        stack: Stack, caplog: pytest.LogCaptureFixture, lambda_context: LambdaContext) -> None:
     good = factories.run(stack.db_url)
     event = sqs_event(run_body(good["id"]))
     no_id = {k: v for k, v in event["Records"][0].items() if k != "messageId"}
@@ -258,7 +218,7 @@ def test_records_without_an_id_or_a_body_are_refused_and_the_good_ones_run(
     numeric_body = {**event["Records"][0], "messageId": "m-numeric-body", "body": 7}
     event["Records"] += [no_id, no_body, numeric_body, "not a record", None]
 
-    response = app.handler(event, LambdaContext())
+    response = app.handler(event, lambda_context)
 
     # Nothing is sent back for garbage (it names no run SQS could deliver again), the good record ran.
     assert response == {"batchItemFailures": []}

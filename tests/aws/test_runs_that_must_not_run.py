@@ -22,13 +22,11 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from kairos.dev import load_function
+from kairos.local.stack import load_function
 
 from tests import factories
-from tests.aws.test_run_handler import LambdaContext, run_body, sqs_event
-from tests.aws.test_tick_handler import Context as TickContext
-from tests.aws.test_tick_handler import scheduled_event
-from tests.db.test_api_client import Api, api_fixture, rows  # noqa: F401 - the fixture
+from tests.support.api import Api, rows
+from tests.support.aws import LambdaContext, run_body, scheduled_event, sqs_event
 
 run_app = load_function("run")
 tick_app = load_function("tick")
@@ -47,7 +45,7 @@ def iso(instant: datetime) -> str:
 
 
 def tick() -> dict[str, Any]:
-    report: dict[str, Any] = tick_app.handler(scheduled_event("2026-03-02T07:00:00Z"), TickContext())
+    report: dict[str, Any] = tick_app.handler(scheduled_event("2026-03-02T07:00:00Z"), LambdaContext())
     return report
 
 

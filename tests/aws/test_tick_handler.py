@@ -3,22 +3,20 @@
 from __future__ import annotations
 
 import json
-import uuid
 from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from types import ModuleType
-from typing import Any
 
 import boto3
 import psycopg
 import pytest
 from kairos import runtime
-from kairos.dev import load_function
+from kairos.local.stack import load_function
 from kairos.observability import METRIC_NAMES
-from moto import mock_aws
 
 from tests import factories
+from tests.support.aws import LambdaContext, SqsQueue, scheduled_event
 
 APP = Path(__file__).resolve().parents[2] / "functions" / "tick" / "app.py"
 
@@ -27,46 +25,21 @@ def load_app() -> ModuleType:
     return load_function("tick")
 
 
-class Context:
-    """The parts of a Lambda context the handler and Powertools read."""
-
-    function_name = "TickFunction"
-    memory_limit_in_mb = 256
-    invoked_function_arn = "arn:aws:lambda:us-east-1:000000000000:function:TickFunction"
-    aws_request_id = str(uuid.uuid4())
-
-    def __init__(self, remaining_ms: int = 55_000) -> None:
-        self.remaining_ms = remaining_ms
-
-    def get_remaining_time_in_millis(self) -> int:
-        return self.remaining_ms
-
-
-def scheduled_event(time: str) -> dict[str, Any]:
-    return {"version": "0", "id": str(uuid.uuid4()), "detail-type": "Scheduled Event", "source": "aws.events",
-            "account": "000000000000", "time": time, "region": "us-east-1",
-            "resources": ["arn:aws:events:us-east-1:000000000000:rule/tick"], "detail": {}}
-
-
 @pytest.fixture
-def queue_url(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
+def queue_url(db_url: str, sqs_queue: SqsQueue, monkeypatch: pytest.MonkeyPatch) -> Iterator[str]:
     monkeypatch.setenv("DATABASE_URL", db_url)
-    with mock_aws():
-        url = boto3.client("sqs", region_name="us-east-1").create_queue(QueueName="runs")["QueueUrl"]
-        monkeypatch.setenv("RUN_QUEUE_URL", url)
+    monkeypatch.setenv("RUN_QUEUE_URL", sqs_queue.url)
+    runtime.reset()
+    try:
+        yield sqs_queue.url
+    finally:
         runtime.reset()
-        try:
-            yield url
-        finally:
-            runtime.reset()
 
 
 def test_the_handler_fires_what_is_due_by_database_time_and_reports(db_url: str, queue_url: str,
                                                                    capsys: pytest.CaptureFixture[str],
-                                                                   caplog: pytest.LogCaptureFixture) -> None:
+                                                                   caplog: pytest.LogCaptureFixture,
+                                                                   lambda_context: LambdaContext) -> None:
     with psycopg.connect(db_url) as conn:
         row = conn.execute("SELECT now()").fetchone()
     assert row is not None
@@ -79,7 +52,7 @@ def test_the_handler_fires_what_is_due_by_database_time_and_reports(db_url: str,
     # EventBridge says it is 2030: logged, never used for a decision.
     event = scheduled_event((db_now + timedelta(days=1500)).astimezone(UTC).strftime("%Y-%m-%dT%H:%M:%SZ"))
 
-    report = app.handler(event, Context())
+    report = app.handler(event, lambda_context)
 
     assert report["dispatched"] == 1 and report["schedules"] == 1 and report["handoff_failures"] == 0
     json.dumps(report)  # the handler's answer is plain JSON
@@ -103,7 +76,7 @@ def test_the_handler_fires_what_is_due_by_database_time_and_reports(db_url: str,
 
 def test_the_handler_stops_starting_batches_when_time_is_short(db_url: str, queue_url: str) -> None:
     factories.schedule(db_url, cron="*/5 * * * *")
-    report = load_app().handler(scheduled_event("2026-03-02T07:00:00Z"), Context(remaining_ms=5_000))
+    report = load_app().handler(scheduled_event("2026-03-02T07:00:00Z"), LambdaContext(remaining_ms=5_000))
     assert report["stopped_for_time"] is True and report["schedules"] == 0
     with psycopg.connect(db_url) as conn:
         assert conn.execute("SELECT count(*) FROM occurrences").fetchone() == (0,)

@@ -22,7 +22,7 @@ from kairos.api import app as api_app
 from kairos.states import EventType
 
 from tests import factories
-from tests.db.test_api_client import Answer, Api, ApiClient, api_fixture, rows  # noqa: F401 - the fixture
+from tests.support.api import Answer, Api, ApiClient, rows
 
 ID_ROUTES = [spec for spec in api_app.ROUTES if "{id}" in spec.path]
 PRIVATE_ROUTES = [spec for spec in api_app.ROUTES if not spec.public]
@@ -129,14 +129,15 @@ def test_jwt_mode_takes_the_principal_from_the_authorizer_claims(api: Api, monke
                                                                 world: dict[str, Any]) -> None:
     monkeypatch.setenv("KAIROS_AUTH", "jwt")
     runtime.reset()
-    from kairos import apigw
+    from kairos.local import apigw
 
-    from tests.db.test_api_client import HANDLER
+    from tests.support.api import HANDLER
+    from tests.support.aws import LambdaContext
 
     def call(target: str, claims: dict[str, Any] | None, bearer: str | None = None) -> dict[str, Any]:
         headers = {"authorization": f"Bearer {bearer}"} if bearer else {}
         event = apigw.build_event("GET", target, headers, None, claims=claims)
-        return dict(HANDLER(event, apigw.LocalContext()))
+        return dict(HANDLER(event, LambdaContext(function_name="kairos-api")))
 
     schedule = f"/v1/schedules/{world['alice']['schedule']}"
     assert call(schedule, {"sub": "alice"})["statusCode"] == 200

@@ -12,7 +12,8 @@ import pytest
 from kairos import runtime, webhooks
 
 from tests import factories
-from tests.db.test_api_client import HANDLER, Api, api_fixture, rows  # noqa: F401 - the fixture
+from tests.support.api import HANDLER, Api, rows
+from tests.support.aws import LambdaContext
 
 EVENTS = Path(__file__).resolve().parents[2] / "events"
 # Reads and edits first, the hook before its token rotates, cancellations last.
@@ -33,7 +34,8 @@ def test_every_api_sample_event_is_covered() -> None:
     assert sorted(p.stem for p in EVENTS.glob("api_*.json")) == sorted(ORDER)
 
 
-def test_the_sample_events_answer_2xx_in_jwt_mode(api: Api, monkeypatch: pytest.MonkeyPatch) -> None:
+def test_the_sample_events_answer_2xx_in_jwt_mode(api: Api, monkeypatch: pytest.MonkeyPatch,
+                                                  lambda_context: LambdaContext) -> None:
     monkeypatch.setenv("KAIROS_AUTH", "jwt")
     # The sample conversation's agent names the operator's shared OpenAI key, sent only to its host.
     monkeypatch.setenv("KAIROS_SHARED_SECRETS", "env:OPENAI_API_KEY@api.openai.com")
@@ -52,20 +54,7 @@ def test_the_sample_events_answer_2xx_in_jwt_mode(api: Api, monkeypatch: pytest.
 
     for name in ORDER:
         event = load(name)
-        answer = HANDLER(event, _Context())
+        answer = HANDLER(event, lambda_context)
         assert 200 <= answer["statusCode"] < 300, (name, answer["body"])
     assert rows(api.url, "SELECT state FROM runs WHERE id = %(id)s", {"id": run_id}) == [{"state": "cancelled"}]
     assert len(rows(api.url, "SELECT id FROM runs WHERE source = 'webhook'")) == 1
-
-
-class _Context:
-    function_name = "kairos-api"
-    function_version = "$LATEST"
-    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:kairos-api"
-    memory_limit_in_mb = 512
-    aws_request_id = "sample"
-    log_group_name = "/aws/lambda/kairos-api"
-    log_stream_name = "sample"
-
-    def get_remaining_time_in_millis(self) -> int:
-        return 30_000

@@ -1,4 +1,4 @@
-"""``kairos.apigw``: real HTTP requests become HTTP API v2 events, and responses go back as sent.
+"""``kairos.local.apigw``: real HTTP requests become HTTP API v2 events, and responses go back as sent.
 
 A recording handler stands in for the function (no database needed), then the real API handler is
 served once to check a webhook goes through end to end over HTTP.
@@ -17,10 +17,10 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kairos import apigw
+from kairos.local import apigw
 from kairos.observability import logger
 
-from tests.db.test_api_client import HANDLER, Api, api_fixture  # noqa: F401 - the fixture
+from tests.support.api import HANDLER, Api
 
 
 class Recorder:

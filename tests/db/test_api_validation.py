@@ -16,7 +16,7 @@ from kairos import calendar, conversations, schedules, webhooks
 from kairos.api import app as api_app
 from kairos.errors import ValidationFailed
 
-from tests.db.test_api_client import Answer, Api, api_fixture, rows  # noqa: F401 - the fixture
+from tests.support.api import Answer, Api, rows
 
 JSON_ROUTES = [spec for spec in api_app.ROUTES if spec.has_body or spec.path == "/v1/hooks/{token}"]
 

@@ -10,7 +10,7 @@ import pytest
 from kairos import cli
 
 from tests import factories
-from tests.db.test_api_client import Api, api_fixture  # noqa: F401 - the fixture is used by name
+from tests.support.api import Api
 
 ROOT = Path(__file__).resolve().parents[2]
 

@@ -5,7 +5,7 @@ from __future__ import annotations
 import threading
 import uuid
 from collections.abc import Callable
-from datetime import UTC, datetime, timedelta
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -16,29 +16,13 @@ from kairos.errors import NotFound, ValidationFailed
 from psycopg.rows import dict_row
 
 from tests import factories
+from tests.support.db import wait_until_blocked
 
 ECHO = {"executor": "echo", "model": "echo"}
 
 
 def contents(conn: psycopg.Connection[Any], cid: uuid.UUID) -> list[tuple[int, str]]:
     return [(e.seq, e.content) for e in conversations.entries(conn, cid)]
-
-
-def wait_until_blocked(db_url: str, pid: int, done: threading.Event) -> bool:
-    """True once backend ``pid`` waits on a lock; False if its thread finished without waiting.
-
-    This waits for a condition (polling pg_stat_activity, returning early when the thread ends), it
-    does not sleep for timing.
-    """
-    with psycopg.connect(db_url, autocommit=True) as watcher:
-        deadline = datetime.now(UTC) + timedelta(seconds=20)
-        while datetime.now(UTC) < deadline:
-            row = watcher.execute("SELECT wait_event_type FROM pg_stat_activity WHERE pid = %s", (pid,)).fetchone()
-            if row is not None and row[0] == "Lock":
-                return True
-            if done.wait(0.005):
-                return False
-    raise AssertionError("the second writer neither blocked nor finished")
 
 
 def test_create_validates_the_agent_and_get_is_owner_scoped(db: Database) -> None:

@@ -24,10 +24,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kairos.dev import load_function
+from kairos.local.stack import load_function
 
-from tests.aws.test_run_handler import LambdaContext, run_body, sqs_event
-from tests.db.test_api_client import Api, api_fixture, rows  # noqa: F401 - the fixture
+from tests.support.api import Api, rows
+from tests.support.aws import LambdaContext, run_body, sqs_event
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "layers" / "common" / "kairos"
@@ -275,7 +275,7 @@ def test_nothing_but_secrets_reads_a_variable_named_by_data() -> None:
     """Reading ``os.environ`` with a computed name is how ``env:NAME`` reached any variable."""
     offenders = []
     for path in sorted(PACKAGE.rglob("*.py")):
-        if path.name in ("secrets.py", "settings.py", "dev.py"):
+        if path.name in ("secrets.py", "settings.py", "stack.py"):
             continue  # settings and the local stack read fixed names, and pass whole mappings
         tree = ast.parse(path.read_text(encoding="utf-8"))
         for node in ast.walk(tree):

@@ -25,8 +25,7 @@ from kairos.schedules import hash_token
 from kairos.states import Source
 
 from tests import factories
-from tests.db.test_api_client import Answer, Api, ApiClient, api_fixture, rows  # noqa: F401 - the fixture
-from tests.db.test_webhooks import count, hook
+from tests.support.api import Answer, Api, ApiClient, count, hook, rows
 
 AGENT = {"executor": "echo", "model": "echo"}
 

@@ -4,7 +4,6 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Callable
 from datetime import UTC, datetime
 from typing import Any
 
@@ -26,47 +25,9 @@ from kairos.settings import Settings
 from psycopg.rows import dict_row
 
 from tests import factories
+from tests.support.executors import ScriptedExecutor, raising
 
 SETTINGS = Settings()
-
-
-class ScriptedExecutor:
-    """A stand-in executor: records each prepared request and each send; ``on_send`` scripts the reply."""
-
-    name = "scripted"
-
-    def __init__(self, *, mutation: bool = False,
-                 on_send: Callable[[PreparedCall, float], Reply] | None = None,
-                 on_prepare: Callable[[ExecutionRequest], None] | None = None) -> None:
-        self.mutation = mutation
-        self.on_send = on_send
-        self.on_prepare = on_prepare
-        self.requests: list[ExecutionRequest] = []
-        self.timeouts: list[float] = []
-
-    def prepare(self, request: ExecutionRequest) -> PreparedCall:
-        self.requests.append(request)
-        if self.on_prepare is not None:
-            self.on_prepare(request)
-        body = canonical_json({"prompt": request.prompt, "n": len(request.transcript)})
-        return PreparedCall(kind="http_call" if self.mutation else "model_call", mutation=self.mutation,
-                            method="POST", url="http://target.test/", body=body, digest=digest(body))
-
-    def send(self, prepared: PreparedCall, *, timeout: float) -> Reply:
-        self.timeouts.append(timeout)
-        if self.on_send is not None:
-            return self.on_send(prepared, timeout)
-        return Reply(content="the answer", usage={"prompt_tokens": 3, "completion_tokens": 5})
-
-    def factory(self, name: str, *, settings: Settings) -> ScriptedExecutor:
-        return self
-
-
-def _raise(error: Exception) -> Callable[[PreparedCall, float], Reply]:
-    def send(prepared: PreparedCall, timeout: float) -> Reply:
-        raise error
-
-    return send
 
 
 def _row(url: str, sql: str, *params: Any) -> dict[str, Any] | None:
@@ -242,7 +203,7 @@ def test_fresh_with_an_unusable_snapshot_fails_the_run_with_a_diagnosis(db: Data
 
 def test_a_retry_safe_failure_requeues_the_same_run_and_the_next_attempt_succeeds(db: Database, db_url: str) -> None:
     run = _run(db_url)
-    failing = ScriptedExecutor(on_send=_raise(ExecutorError("connect_failed", "refused", retry_safe=True)))
+    failing = ScriptedExecutor(on_send=raising(ExecutorError("connect_failed", "refused", retry_safe=True)))
 
     first = runs.process(db, run["id"], settings=SETTINGS, executor_factory=failing.factory)
 
@@ -274,7 +235,7 @@ def test_a_retry_safe_failure_requeues_the_same_run_and_the_next_attempt_succeed
 
 def test_retries_stop_at_max_attempts_with_a_retry_eligible_diagnosis(db: Database, db_url: str) -> None:
     run = _run(db_url, max_attempts=2)
-    failing = ScriptedExecutor(on_send=_raise(ExecutorError("rate_limited", "429", retry_safe=True)))
+    failing = ScriptedExecutor(on_send=raising(ExecutorError("rate_limited", "429", retry_safe=True)))
 
     results = [runs.process(db, run["id"], settings=SETTINGS, executor_factory=failing.factory).result
                for _ in range(3)]
@@ -288,7 +249,7 @@ def test_retries_stop_at_max_attempts_with_a_retry_eligible_diagnosis(db: Databa
 
 def test_a_failure_that_is_not_retry_safe_fails_at_once_with_a_closed_diagnosis(db: Database, db_url: str) -> None:
     run = _run(db_url)
-    executor = ScriptedExecutor(on_send=_raise(ExecutorError("peer_error", "HTTP 400")))
+    executor = ScriptedExecutor(on_send=raising(ExecutorError("peer_error", "HTTP 400")))
 
     outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
@@ -303,7 +264,7 @@ def test_a_failure_that_is_not_retry_safe_fails_at_once_with_a_closed_diagnosis(
 
 def test_a_mutation_with_an_unknown_outcome_ends_ambiguous_and_is_never_replayed(db: Database, db_url: str) -> None:
     run = _run(db_url)
-    executor = ScriptedExecutor(mutation=True, on_send=_raise(
+    executor = ScriptedExecutor(mutation=True, on_send=raising(
         ExecutorError("ambiguous_effect", "dropped after sending", outcome_unknown=True)))
 
     outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
@@ -324,7 +285,7 @@ def test_a_mutation_with_an_unknown_outcome_ends_ambiguous_and_is_never_replayed
 
 def test_a_mutation_that_failed_with_a_known_outcome_may_retry(db: Database, db_url: str) -> None:
     run = _run(db_url)
-    executor = ScriptedExecutor(mutation=True, on_send=_raise(ExecutorError("connect_failed", "refused",
+    executor = ScriptedExecutor(mutation=True, on_send=raising(ExecutorError("connect_failed", "refused",
                                                                             retry_safe=True)))
 
     assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "retry"
@@ -333,7 +294,7 @@ def test_a_mutation_that_failed_with_a_known_outcome_may_retry(db: Database, db_
 
 def test_a_non_mutation_with_an_unknown_outcome_fails_without_retry(db: Database, db_url: str) -> None:
     run = _run(db_url)
-    executor = ScriptedExecutor(on_send=_raise(ExecutorError("timeout", "no answer", outcome_unknown=True)))
+    executor = ScriptedExecutor(on_send=raising(ExecutorError("timeout", "no answer", outcome_unknown=True)))
 
     outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
@@ -368,7 +329,7 @@ def test_an_unknown_executor_name_fails_the_run_as_agent_invalid(db: Database, d
 def test_an_internal_error_during_a_mutation_call_fails_the_run_and_leaves_the_effect_ambiguous(
         db: Database, db_url: str) -> None:
     run = _run(db_url)
-    executor = ScriptedExecutor(mutation=True, on_send=_raise(RuntimeError("bug in an executor")))
+    executor = ScriptedExecutor(mutation=True, on_send=raising(RuntimeError("bug in an executor")))
 
     outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
@@ -597,7 +558,7 @@ def test_the_output_projection_follows_the_run(db: Database, db_url: str) -> Non
     running = _run(db_url, state="running")
     failed = _run(db_url)
     runs.process(db, failed["id"], settings=SETTINGS,
-                 executor_factory=ScriptedExecutor(on_send=_raise(ExecutorError("peer_error", "400"))).factory)
+                 executor_factory=ScriptedExecutor(on_send=raising(ExecutorError("peer_error", "400"))).factory)
     long_answer = "x" * (runs.OUTPUT_PREVIEW_CHARS + 10)
     succeeded = _run(db_url)
     runs.process(db, succeeded["id"], settings=SETTINGS,
@@ -637,7 +598,7 @@ def test_diagnose_refuses_unknown_codes_and_covers_every_reason_code() -> None:
 def test_effects_of_a_run_are_listed_oldest_first(db: Database, db_url: str) -> None:
     run = _run(db_url)
     runs.process(db, run["id"], settings=SETTINGS,
-                 executor_factory=ScriptedExecutor(on_send=_raise(ExecutorError("connect_failed", "x",
+                 executor_factory=ScriptedExecutor(on_send=raising(ExecutorError("connect_failed", "x",
                                                                                 retry_safe=True))).factory)
     runs.process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory)
     with db.transaction() as conn:

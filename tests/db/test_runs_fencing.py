@@ -17,7 +17,7 @@ from kairos.tick.repair import Repair
 from psycopg.rows import dict_row
 
 from tests import factories
-from tests.db.test_runs import ScriptedExecutor
+from tests.support.executors import ScriptedExecutor
 
 SETTINGS = Settings()
 WAIT = 30  # seconds: an upper bound for events that happen at once; never a timing assumption

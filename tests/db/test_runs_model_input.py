@@ -16,10 +16,8 @@ from kairos.db import Database
 from psycopg.rows import dict_row
 
 from tests import factories
-from tests.db import test_runs_openai
-from tests.db.test_runs_openai import SETTINGS, FakeOpenAI, _agent
-
-fake_openai = test_runs_openai.fake_openai  # the local OpenAI-compatible server, as a fixture here too
+from tests.support.executors import OPENAI_SETTINGS as SETTINGS
+from tests.support.executors import FakeOpenAI, openai_agent
 
 ENTRY_CHARS = 400
 
@@ -40,7 +38,7 @@ def _events(url: str, run_id: Any, kind: str) -> list[dict[str, Any]]:
 def test_an_append_run_sends_only_the_newest_entries_that_fit(db: Database, db_url: str, fake_openai: FakeOpenAI,
                                                               limit: int | None, entries: int) -> None:
     # Given an append conversation far larger than the agent's input limit (160 KB at the default)
-    agent = _agent(fake_openai) | ({} if limit is None else {"max_input_tokens": limit})
+    agent = openai_agent(fake_openai) | ({} if limit is None else {"max_input_tokens": limit})
     conv = factories.conversation(db_url, agent=agent, entries=_transcript(entries))
     sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=agent, mode="append")
     run = factories.run(db_url, schedule_row=sched)
@@ -73,7 +71,7 @@ def test_an_append_run_sends_only_the_newest_entries_that_fit(db: Database, db_u
 
 def test_the_next_append_run_sees_the_previous_run_as_its_newest_entries(db: Database, db_url: str,
                                                                          fake_openai: FakeOpenAI) -> None:
-    agent = _agent(fake_openai) | {"max_input_tokens": 1_000}
+    agent = openai_agent(fake_openai) | {"max_input_tokens": 1_000}
     conv = factories.conversation(db_url, agent=agent, entries=_transcript(100))
     sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=agent, mode="append")
     earlier = datetime.now(UTC).replace(microsecond=0) - timedelta(minutes=2)
@@ -92,7 +90,7 @@ def test_the_next_append_run_sees_the_previous_run_as_its_newest_entries(db: Dat
 
 def test_a_prompt_that_alone_exceeds_the_limit_fails_input_too_large_without_a_call(
         db: Database, db_url: str, fake_openai: FakeOpenAI) -> None:
-    agent = _agent(fake_openai) | {"max_input_tokens": 100}
+    agent = openai_agent(fake_openai) | {"max_input_tokens": 100}
     sched = factories.schedule(db_url, prompt="p" * 401, agent=agent, mode="append")
     run = factories.run(db_url, schedule_row=sched)
 
@@ -110,8 +108,8 @@ def test_a_prompt_that_alone_exceeds_the_limit_fails_input_too_large_without_a_c
 
 def test_a_transcript_that_fits_is_sent_whole_without_a_marker(db: Database, db_url: str,
                                                                fake_openai: FakeOpenAI) -> None:
-    conv = factories.conversation(db_url, agent=_agent(fake_openai), entries=_transcript(5))
-    sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=_agent(fake_openai),
+    conv = factories.conversation(db_url, agent=openai_agent(fake_openai), entries=_transcript(5))
+    sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=openai_agent(fake_openai),
                                mode="append")
     run = factories.run(db_url, schedule_row=sched)
 

@@ -5,10 +5,6 @@ from __future__ import annotations
 
 import hashlib
 import json
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import psycopg
@@ -19,67 +15,9 @@ from kairos.settings import Settings
 from psycopg.rows import dict_row
 
 from tests import factories
-
-KEY = "sk-e2e-not-a-real-key"
-SETTINGS = Settings(egress_allow=("127.0.0.1",))
-
-
-@dataclass
-class FakeOpenAI:
-    port: int = 0
-    requests: list[dict[str, Any]] = field(default_factory=list)
-    statuses: list[int] = field(default_factory=list)  # answered first, then 200s
-    lock: threading.Lock = field(default_factory=threading.Lock)
-
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
-
-
-@pytest.fixture
-def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
-    monkeypatch.setenv("KAIROS_E2E_OPENAI_KEY", KEY)
-    monkeypatch.setenv("KAIROS_SHARED_SECRETS", "env:KAIROS_E2E_OPENAI_KEY@127.0.0.1")
-    state = FakeOpenAI()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            with state.lock:
-                state.requests.append({"path": self.path, "headers": dict(self.headers.items()), "raw": raw})
-                status = state.statuses.pop(0) if state.statuses else 200
-            if status == 200:
-                body = json.dumps({
-                    "id": "chatcmpl-e2e", "object": "chat.completion",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "Good morning from the fake model."}}],
-                    "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28},
-                }).encode()
-            else:
-                body = json.dumps({"error": {"type": "server_error", "message": "try later"}}).encode()
-            self.send_response(status)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-def _agent(fake: FakeOpenAI) -> dict[str, Any]:
-    return {"executor": "openai", "model": "gpt-e2e", "system": "You are terse.", "base_url": fake.base_url,
-            "api_key_secret": "env:KAIROS_E2E_OPENAI_KEY", "max_tokens": 64}
+from tests.support.executors import OPENAI_KEY as KEY
+from tests.support.executors import OPENAI_SETTINGS as SETTINGS
+from tests.support.executors import FakeOpenAI, openai_agent
 
 
 def _one(url: str, sql: str, *params: Any) -> dict[str, Any]:
@@ -91,9 +29,9 @@ def _one(url: str, sql: str, *params: Any) -> dict[str, Any]:
 
 def test_a_scheduled_run_goes_through_the_openai_executor_once(db: Database, db_url: str,
                                                                fake_openai: FakeOpenAI) -> None:
-    conv = factories.conversation(db_url, agent=_agent(fake_openai),
+    conv = factories.conversation(db_url, agent=openai_agent(fake_openai),
                                   entries=[("user", "Who are you?"), ("assistant", "A test agent.")])
-    sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=_agent(fake_openai))
+    sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=openai_agent(fake_openai))
     run = factories.run(db_url, schedule_row=sched)
 
     outcome = runs.process(db, run["id"], settings=SETTINGS)
@@ -130,7 +68,7 @@ def test_a_scheduled_run_goes_through_the_openai_executor_once(db: Database, db_
 def test_a_503_is_retried_on_the_same_run_with_a_new_attempt(db: Database, db_url: str,
                                                               fake_openai: FakeOpenAI) -> None:
     fake_openai.statuses = [503]
-    sched = factories.schedule(db_url, agent=_agent(fake_openai))
+    sched = factories.schedule(db_url, agent=openai_agent(fake_openai))
     run = factories.run(db_url, schedule_row=sched)
 
     first = runs.process(db, run["id"], settings=SETTINGS)
@@ -148,7 +86,7 @@ def test_a_503_is_retried_on_the_same_run_with_a_new_attempt(db: Database, db_ur
 def test_an_effect_target_keeps_no_query_fragment_or_userinfo(db: Database, db_url: str, fake_openai: FakeOpenAI,
                                                               executor: str) -> None:
     # Given a base_url that carries a key in its query (some gateways take ?api-key=) and a fragment
-    agent = {**_agent(fake_openai), "executor": executor,
+    agent = {**openai_agent(fake_openai), "executor": executor,
              "base_url": f"{fake_openai.base_url}?api-key=QUERY-KEY-123&x=1#frag-SECRET"}
     if executor == "http":
         del agent["model"], agent["system"], agent["max_tokens"]

@@ -21,7 +21,7 @@ from kairos.settings import Settings
 from psycopg.rows import dict_row
 
 from tests import factories
-from tests.db.test_runs import ScriptedExecutor, _raise
+from tests.support.executors import ScriptedExecutor, raising
 
 SETTINGS = Settings()
 
@@ -60,11 +60,11 @@ def test_a_successful_append_run_writes_its_row_once_per_transaction(db: Databas
 def test_failure_and_retry_endings_write_the_row_once(db: Database, db_url: str) -> None:
     _count_updates(db_url)
     retried = factories.run(db_url, mode="append")
-    failing = ScriptedExecutor(on_send=_raise(ExecutorError("connect_failed", "refused", retry_safe=True)))
+    failing = ScriptedExecutor(on_send=raising(ExecutorError("connect_failed", "refused", retry_safe=True)))
     assert runs.process(db, retried["id"], settings=SETTINGS, executor_factory=failing.factory,
                         heartbeat_interval=3600).result == "retry"
     failed = factories.run(db_url, mode="append")
-    broken = ScriptedExecutor(on_send=_raise(ExecutorError("reply_too_large", "too long")))
+    broken = ScriptedExecutor(on_send=raising(ExecutorError("reply_too_large", "too long")))
     assert runs.process(db, failed["id"], settings=SETTINGS, executor_factory=broken.factory,
                         heartbeat_interval=3600).result == "failed"
     assert _updates_per_transaction(db_url, retried["id"]) == [1, 1, 1]

@@ -17,7 +17,7 @@ from kairos.states import ScheduleKind, ScheduleStatus
 from psycopg.rows import dict_row
 
 from tests import factories
-from tests.db.test_conversations import wait_until_blocked
+from tests.support.db import wait_until_blocked
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)  # a Tuesday
 

@@ -19,17 +19,16 @@ from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import boto3
 import psycopg
 import pytest
 from kairos.db import Database
 from kairos.tick import Tick
-from moto import mock_aws
 from psycopg import sql
 from psycopg.rows import dict_row
 
 from tests import factories
-from tests.conftest import PgServer
+from tests.support.aws import SqsQueue
+from tests.support.postgres import PgServer
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
 POINTS = ["after_select", "after_cursor", "after_inserts", "after_commit", "after_send"]
@@ -55,14 +54,6 @@ def reference_url(pg_server: PgServer, template_db: str) -> Iterator[str]:
     finally:
         with pg_server.admin() as conn:
             conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(name)))
-
-
-@pytest.fixture
-def sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with mock_aws():
-        yield boto3.client("sqs", region_name="us-east-1")
 
 
 def build(url: str) -> None:
@@ -129,11 +120,11 @@ def received(client: Any, url: str) -> Counter[uuid.UUID]:
 
 
 @pytest.mark.parametrize("point", POINTS)
-def test_a_tick_dying_at_any_boundary_converges(db: Database, db_url: str, reference_url: str, sqs: Any,
+def test_a_tick_dying_at_any_boundary_converges(db: Database, db_url: str, reference_url: str, sqs_queue: SqsQueue,
                                                 point: str) -> None:
     build(db_url)
     build(reference_url)
-    queue = sqs.create_queue(QueueName="runs")["QueueUrl"]
+    sqs, queue = sqs_queue.client, sqs_queue.url
     reference_queue = sqs.create_queue(QueueName="reference")["QueueUrl"]
     seen: list[dict[uuid.UUID, datetime]] = [cursors(db_url)]
     died_in: list[int] = []
@@ -191,9 +182,9 @@ def test_a_tick_dying_at_any_boundary_converges(db: Database, db_url: str, refer
         assert all(after[k] >= before[k] for k in before)
 
 
-def test_a_death_before_commit_leaves_nothing_behind(db: Database, db_url: str, sqs: Any) -> None:
+def test_a_death_before_commit_leaves_nothing_behind(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     build(db_url)
-    queue = sqs.create_queue(QueueName="runs")["QueueUrl"]
+    sqs, queue = sqs_queue.client, sqs_queue.url
     before = history(db_url)
 
     def die(at: str) -> None:

@@ -8,58 +8,25 @@ from __future__ import annotations
 
 import json
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import boto3
 import psycopg
 import pytest
 from kairos import calendar
 from kairos.db import Database
 from kairos.tick import Tick
 from kairos.tick.decision import COUNT_CAP
-from moto import mock_aws
 from psycopg.rows import dict_row
 
 from tests import factories
+from tests.support.aws import SqsQueue
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)  # a Monday, 07:00 UTC
 
 
-class Queue:
-    def __init__(self, client: Any, url: str) -> None:
-        self.client = client
-        self.url = url
-
-    def drain(self) -> list[str]:
-        """Every message body currently in the queue (each received once, then deleted)."""
-        bodies: list[str] = []
-        while True:
-            got = self.client.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
-            messages = got.get("Messages", [])
-            if not messages:
-                return bodies
-            for m in messages:
-                bodies.append(m["Body"])
-                self.client.delete_message(QueueUrl=self.url, ReceiptHandle=m["ReceiptHandle"])
-
-    def run_ids(self) -> list[uuid.UUID]:
-        return [uuid.UUID(json.loads(b)["run_id"]) for b in self.drain()]
-
-
-@pytest.fixture
-def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[Queue]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    with mock_aws():
-        client = boto3.client("sqs", region_name="us-east-1")
-        yield Queue(client, client.create_queue(QueueName="runs")["QueueUrl"])
-
-
-def tick(db: Database, queue: Queue, **kwargs: Any) -> Tick:
-    return Tick(db, queue.client, queue.url, metrics=None, **kwargs)
+def tick(db: Database, sqs_queue: SqsQueue, **kwargs: Any) -> Tick:
+    return Tick(db, sqs_queue.client, sqs_queue.url, metrics=None, **kwargs)
 
 
 def rows(url: str, query: str, *args: Any) -> list[dict[str, Any]]:
@@ -88,10 +55,11 @@ def schedule_row(url: str, schedule_id: uuid.UUID) -> dict[str, Any]:
 # --- dispatch --------------------------------------------------------------------------------------
 
 
-def test_a_due_fire_becomes_one_occurrence_one_run_and_one_message(db: Database, db_url: str, queue: Queue) -> None:
+def test_a_due_fire_becomes_one_occurrence_one_run_and_one_message(db: Database, db_url: str,
+                                                                   sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T)
 
-    report = tick(db, queue).run(now=T + timedelta(seconds=30))
+    report = tick(db, sqs_queue).run(now=T + timedelta(seconds=30))
 
     assert (report.dispatched, report.skipped, report.schedules) == (1, 0, 1)
     [occ] = occurrences(db_url, sched["id"])
@@ -107,18 +75,18 @@ def test_a_due_fire_becomes_one_occurrence_one_run_and_one_message(db: Database,
     events = rows(db_url, "SELECT * FROM run_events WHERE run_id = %s", run["id"])
     assert [(e["seq"], e["type"], e["attempt"]) for e in events] == [(1, "run.queued", 0)]
     assert run["last_seq"] == 1
-    assert queue.drain() == [json.dumps({"run_id": str(run["id"])})]
+    assert sqs_queue.drain() == [json.dumps({"run_id": str(run["id"])})]
     after = schedule_row(db_url, sched["id"])
     assert after["next_fire_at"] == T + timedelta(minutes=5)
     assert after["last_fire_at"] == T and after["fire_count"] == 1 and after["status"] == "active"
 
 
-def test_ids_are_deterministic(db: Database, db_url: str, queue: Queue) -> None:
+def test_ids_are_deterministic(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     from kairos import identity
     from kairos.states import Source
 
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T)
-    tick(db, queue).run(now=T)
+    tick(db, sqs_queue).run(now=T)
     [run] = runs_of(db_url, sched["id"])
     expected_occurrence = identity.occurrence_id(sched["id"], Source.SCHEDULED, fire_at=T)
     assert run["occurrence_id"] == expected_occurrence
@@ -126,37 +94,37 @@ def test_ids_are_deterministic(db: Database, db_url: str, queue: Queue) -> None:
 
 
 def test_the_schedule_agent_snapshot_wins_over_the_conversation_agent(db: Database, db_url: str,
-                                                                      queue: Queue) -> None:
+                                                                      sqs_queue: SqsQueue) -> None:
     snapshot = {"executor": "echo", "model": "snapshot", "system": "fresh"}
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, agent=snapshot, mode="fresh")
-    tick(db, queue).run(now=T)
+    tick(db, sqs_queue).run(now=T)
     [run] = runs_of(db_url, sched["id"])
     assert run["agent"] == snapshot and run["mode"] == "fresh"
 
 
-def test_a_duplicated_minute_and_an_older_tick_change_nothing(db: Database, db_url: str, queue: Queue) -> None:
+def test_a_duplicated_minute_and_an_older_tick_change_nothing(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T)
-    t = tick(db, queue)
+    t = tick(db, sqs_queue)
     first = t.run(now=T + timedelta(seconds=5))
     again = t.run(now=T + timedelta(seconds=5))  # EventBridge delivered the same minute twice
     older = t.run(now=T - timedelta(minutes=3))  # a tick whose clock is behind
     assert first.dispatched == 1 and again.schedules == 0 and older.schedules == 0
     assert len(occurrences(db_url, sched["id"])) == 1 and len(runs_of(db_url, sched["id"])) == 1
-    assert len(queue.drain()) == 1
+    assert len(sqs_queue.drain()) == 1
     assert schedule_row(db_url, sched["id"])["next_fire_at"] == T + timedelta(minutes=5)
 
 
-def test_a_replayed_fire_converges_on_the_existing_rows(db: Database, db_url: str, queue: Queue) -> None:
+def test_a_replayed_fire_converges_on_the_existing_rows(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     """Someone moves the cursor back to an instant already fired: no second occurrence or run."""
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T)
-    t = tick(db, queue)
+    t = tick(db, sqs_queue)
     t.run(now=T)
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE schedules SET next_fire_at = %s WHERE id = %s", (T, sched["id"]))
     report = t.run(now=T + timedelta(seconds=1))
     assert report.schedules == 1 and report.dispatched == 0 and report.conflicts == 1
     assert len(occurrences(db_url, sched["id"])) == 1 and len(runs_of(db_url, sched["id"])) == 1
-    assert len(queue.drain()) == 1
+    assert len(sqs_queue.drain()) == 1
     assert schedule_row(db_url, sched["id"])["next_fire_at"] == T + timedelta(minutes=5)
 
 
@@ -175,7 +143,8 @@ def test_the_cursor_update_is_guarded_by_the_value_read(db: Database, db_url: st
     assert schedule_row(db_url, sched["id"])["next_fire_at"] == T + timedelta(minutes=5)
 
 
-def test_decisions_follow_the_database_clock_not_the_lambda_clock(db: Database, db_url: str, queue: Queue) -> None:
+def test_decisions_follow_the_database_clock_not_the_lambda_clock(db: Database, db_url: str,
+                                                                  sqs_queue: SqsQueue) -> None:
     """The Lambda clock is 5 minutes off in either direction; only the database's now() decides."""
     db_now = one(db_url, "SELECT now() AS now")["now"]
 
@@ -187,7 +156,7 @@ def test_decisions_follow_the_database_clock_not_the_lambda_clock(db: Database, 
     late = hourly(db_now - timedelta(seconds=170))
 
     for skew in (timedelta(minutes=-5), timedelta(minutes=5)):
-        tick(db, queue, clock=lambda skew=skew: datetime.now(UTC) + skew).run()
+        tick(db, sqs_queue, clock=lambda skew=skew: datetime.now(UTC) + skew).run()
 
     # Lambda at -5 min would think `due` is 4 minutes in the future; the database says it is due.
     assert [o["decision"] for o in occurrences(db_url, due["id"])] == ["dispatched"]
@@ -203,11 +172,11 @@ def test_decisions_follow_the_database_clock_not_the_lambda_clock(db: Database, 
 
 
 def test_a_tick_24_hours_late_dispatches_the_latest_and_records_the_missed_range(db: Database, db_url: str,
-                                                                                queue: Queue) -> None:
+                                                                                sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, kind="interval", interval_seconds=3600, starts_at=T, next_fire_at=T)
     now = T + timedelta(hours=24, seconds=30)
 
-    report = tick(db, queue).run(now=now)
+    report = tick(db, sqs_queue).run(now=now)
 
     skipped, dispatched = occurrences(db_url, sched["id"])
     assert skipped["decision"] == "skipped_late" and skipped["fire_at"] == T + timedelta(hours=23)
@@ -221,14 +190,14 @@ def test_a_tick_24_hours_late_dispatches_the_latest_and_records_the_missed_range
 
 
 def test_without_catch_up_a_fire_past_grace_is_one_skipped_occurrence(db: Database, db_url: str,
-                                                                      queue: Queue) -> None:
+                                                                      sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, kind="interval", interval_seconds=3600, starts_at=T, next_fire_at=T)
-    report = tick(db, queue).run(now=T + timedelta(hours=24, minutes=10))
+    report = tick(db, sqs_queue).run(now=T + timedelta(hours=24, minutes=10))
     [skipped] = occurrences(db_url, sched["id"])
     assert skipped["decision"] == "skipped_late" and skipped["fire_at"] == T + timedelta(hours=24)
     assert (skipped["covers_from"], skipped["covers_until"], skipped["covers_count"]) == (
         T, T + timedelta(hours=24), 25)
-    assert runs_of(db_url, sched["id"]) == [] and queue.drain() == []
+    assert runs_of(db_url, sched["id"]) == [] and sqs_queue.drain() == []
     assert report.skipped == 1 and report.dispatched == 0
     after = schedule_row(db_url, sched["id"])
     assert after["next_fire_at"] == T + timedelta(hours=25) and after["fire_count"] == 0
@@ -237,31 +206,31 @@ def test_without_catch_up_a_fire_past_grace_is_one_skipped_occurrence(db: Databa
 
 @pytest.mark.parametrize(("late", "expected"), [(timedelta(seconds=120), "dispatched"),
                                                 (timedelta(seconds=121), "skipped_late")])
-def test_grace_is_120_seconds_inclusive(db: Database, db_url: str, queue: Queue, late: timedelta,
+def test_grace_is_120_seconds_inclusive(db: Database, db_url: str, sqs_queue: SqsQueue, late: timedelta,
                                         expected: str) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T)
-    tick(db, queue).run(now=T + late)
+    tick(db, sqs_queue).run(now=T + late)
     assert [o["decision"] for o in occurrences(db_url, sched["id"])] == [expected]
 
 
-def test_with_catch_up_missed_fires_collapse_into_one_run(db: Database, db_url: str, queue: Queue) -> None:
+def test_with_catch_up_missed_fires_collapse_into_one_run(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, kind="interval", interval_seconds=3600, starts_at=T, next_fire_at=T,
                                catch_up=True)
     now = T + timedelta(hours=24, minutes=10)
-    report = tick(db, queue).run(now=now)
+    report = tick(db, sqs_queue).run(now=now)
     [occ] = occurrences(db_url, sched["id"])
     assert occ["decision"] == "dispatched" and occ["fire_at"] == T + timedelta(hours=24)
     assert (occ["covers_from"], occ["covers_until"], occ["covers_count"]) == (T, T + timedelta(hours=24), 25)
     [run] = runs_of(db_url, sched["id"])
-    assert run["catch_up"] is True and queue.run_ids() == [run["id"]]
+    assert run["catch_up"] is True and sqs_queue.run_ids() == [run["id"]]
     assert report.fire_lag_max_seconds == 600
 
 
-def test_counting_stops_at_the_cap_but_the_range_is_exact(db: Database, db_url: str, queue: Queue) -> None:
+def test_counting_stops_at_the_cap_but_the_range_is_exact(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     """A 5-minute cron 40 days behind (11,520 instants): covers_count stops at the cap, the range does not."""
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T)
     now = T + timedelta(days=40, seconds=10)
-    tick(db, queue).run(now=now)
+    tick(db, sqs_queue).run(now=now)
     skipped, dispatched = occurrences(db_url, sched["id"])
     assert dispatched["fire_at"] == T + timedelta(days=40)
     assert skipped["fire_at"] == T + timedelta(days=40, minutes=-5)
@@ -270,9 +239,9 @@ def test_counting_stops_at_the_cap_but_the_range_is_exact(db: Database, db_url: 
     assert schedule_row(db_url, sched["id"])["next_fire_at"] == T + timedelta(days=40, minutes=5)
 
 
-def test_a_once_schedule_late_past_grace_expires_and_completes(db: Database, db_url: str, queue: Queue) -> None:
+def test_a_once_schedule_late_past_grace_expires_and_completes(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, kind="once", starts_at=T, next_fire_at=T)
-    tick(db, queue).run(now=T + timedelta(hours=4))
+    tick(db, sqs_queue).run(now=T + timedelta(hours=4))
     [occ] = occurrences(db_url, sched["id"])
     assert occ["decision"] == "expired" and runs_of(db_url, sched["id"]) == []
     after = schedule_row(db_url, sched["id"])
@@ -280,18 +249,18 @@ def test_a_once_schedule_late_past_grace_expires_and_completes(db: Database, db_
     assert after["revision"] == sched["revision"] + 1
 
 
-def test_a_once_schedule_on_time_dispatches_and_completes(db: Database, db_url: str, queue: Queue) -> None:
+def test_a_once_schedule_on_time_dispatches_and_completes(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, kind="once", starts_at=T, next_fire_at=T)
-    report = tick(db, queue).run(now=T + timedelta(seconds=40))
+    report = tick(db, sqs_queue).run(now=T + timedelta(seconds=40))
     assert report.dispatched == 1 and report.completed == 1
     after = schedule_row(db_url, sched["id"])
     assert after["status"] == "completed" and after["next_fire_at"] is None and after["fire_count"] == 1
-    assert tick(db, queue).run(now=T + timedelta(days=1)).schedules == 0
+    assert tick(db, sqs_queue).run(now=T + timedelta(days=1)).schedules == 0
 
 
-def test_max_occurrences_completes_the_schedule(db: Database, db_url: str, queue: Queue) -> None:
+def test_max_occurrences_completes_the_schedule(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, max_occurrences=2)
-    t = tick(db, queue)
+    t = tick(db, sqs_queue)
     t.run(now=T)
     assert schedule_row(db_url, sched["id"])["status"] == "active"
     t.run(now=T + timedelta(minutes=5))
@@ -301,9 +270,9 @@ def test_max_occurrences_completes_the_schedule(db: Database, db_url: str, queue
     assert len(runs_of(db_url, sched["id"])) == 2
 
 
-def test_ends_at_completes_the_schedule_after_its_last_fire(db: Database, db_url: str, queue: Queue) -> None:
+def test_ends_at_completes_the_schedule_after_its_last_fire(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, ends_at=T + timedelta(minutes=5))
-    t = tick(db, queue)
+    t = tick(db, sqs_queue)
     t.run(now=T)
     assert schedule_row(db_url, sched["id"])["next_fire_at"] == T + timedelta(minutes=5)
     t.run(now=T + timedelta(minutes=5))
@@ -312,7 +281,7 @@ def test_ends_at_completes_the_schedule_after_its_last_fire(db: Database, db_url
     assert [o["fire_at"] for o in occurrences(db_url, sched["id"])] == [T, T + timedelta(minutes=5)]
 
 
-def test_a_zoned_fire_records_its_wall_time_offset_and_fold(db: Database, db_url: str, queue: Queue) -> None:
+def test_a_zoned_fire_records_its_wall_time_offset_and_fold(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     """01:30 in New York on 2026-11-01 happens twice; dst_fold=last fires at the second (EST, fold 1)."""
     rule = calendar.Rule(kind=calendar.ScheduleKind.CRON, cron="30 1 * * *", timezone="America/New_York",
                          dst_fold=calendar.DstFold.LAST)
@@ -320,7 +289,7 @@ def test_a_zoned_fire_records_its_wall_time_offset_and_fold(db: Database, db_url
     assert fire is not None and fire.fold == 1
     sched = factories.schedule(db_url, cron="30 1 * * *", timezone="America/New_York", dst_fold="last",
                                next_fire_at=fire.fire_at)
-    tick(db, queue).run(now=fire.fire_at + timedelta(seconds=1))
+    tick(db, sqs_queue).run(now=fire.fire_at + timedelta(seconds=1))
     [occ] = occurrences(db_url, sched["id"])
     assert occ["fire_at"] == datetime(2026, 11, 1, 6, 30, tzinfo=UTC)
     assert occ["local_time"] == datetime(2026, 11, 1, 1, 30) and occ["fold"] == 1
@@ -329,10 +298,10 @@ def test_a_zoned_fire_records_its_wall_time_offset_and_fold(db: Database, db_url
 
 
 def test_a_rule_that_no_longer_evaluates_pauses_the_schedule_with_a_note(db: Database, db_url: str,
-                                                                         queue: Queue) -> None:
+                                                                         sqs_queue: SqsQueue) -> None:
     broken = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, timezone="Mars/Olympus_Mons")
     fine = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T)
-    report = tick(db, queue).run(now=T)
+    report = tick(db, sqs_queue).run(now=T)
     assert report.paused == 1 and report.dispatched == 1
     after = schedule_row(db_url, broken["id"])
     assert after["status"] == "paused" and after["next_fire_at"] == T
@@ -341,17 +310,17 @@ def test_a_rule_that_no_longer_evaluates_pauses_the_schedule_with_a_note(db: Dat
     assert note["kind"] == "schedule_paused" and note["body"]["schedule_id"] == str(broken["id"])
 
 
-def test_batches_continue_until_nothing_is_due(db: Database, db_url: str, queue: Queue) -> None:
+def test_batches_continue_until_nothing_is_due(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     conversation = factories.conversation(db_url)
     ids = [factories.schedule(db_url, conversation_id=conversation["id"], cron="*/5 * * * *",
                               next_fire_at=T - timedelta(seconds=i))["id"] for i in range(23)]
-    report = tick(db, queue, batch_size=5).run(now=T)
+    report = tick(db, sqs_queue, batch_size=5).run(now=T)
     assert report.batches == 5 and report.dispatched == 23
     assert rows(db_url, "SELECT count(*) AS n FROM schedules WHERE next_fire_at <= %s", T)[0]["n"] == 0
-    assert sorted(queue.run_ids()) == sorted(r["id"] for i in ids for r in runs_of(db_url, i))
+    assert sorted(sqs_queue.run_ids()) == sorted(r["id"] for i in ids for r in runs_of(db_url, i))
 
 
-def test_the_loop_stops_when_the_invocation_runs_short(db: Database, db_url: str, queue: Queue) -> None:
+def test_the_loop_stops_when_the_invocation_runs_short(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     conversation = factories.conversation(db_url)
     for i in range(12):
         at = T - timedelta(seconds=i)
@@ -364,7 +333,7 @@ def test_the_loop_stops_when_the_invocation_runs_short(db: Database, db_url: str
             committed.append(point)
 
     # The invocation has a minute left until two batches have committed, then 9 s.
-    t = tick(db, queue, batch_size=5, fault=count, fire_workers=1)
+    t = tick(db, sqs_queue, batch_size=5, fault=count, fire_workers=1)
     report = t.run(lambda: 60_000 if len(committed) < 2 else 9_000, now=T)
     assert report.stopped_for_time and report.batches == 2 and report.dispatched == 10
     assert rows(db_url, "SELECT count(*) AS n FROM schedules WHERE next_fire_at <= %s", T)[0]["n"] == 2
@@ -374,43 +343,43 @@ def test_the_loop_stops_when_the_invocation_runs_short(db: Database, db_url: str
 
 
 @pytest.mark.parametrize("active_state", ["queued", "running"])
-def test_overlap_skip_records_skipped_overlap_and_no_run(db: Database, db_url: str, queue: Queue,
+def test_overlap_skip_records_skipped_overlap_and_no_run(db: Database, db_url: str, sqs_queue: SqsQueue,
                                                          active_state: str) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, overlap="skip")
     factories.run(db_url, schedule_row=sched, state=active_state, fire_at=T - timedelta(minutes=5))
-    tick(db, queue).run(now=T)
+    tick(db, sqs_queue).run(now=T)
     [_, occ] = occurrences(db_url, sched["id"])
     assert occ["decision"] == "skipped_overlap" and len(runs_of(db_url, sched["id"])) == 1
-    assert queue.drain() == []
+    assert sqs_queue.drain() == []
 
 
-def test_overlap_allow_dispatches_beside_an_active_run(db: Database, db_url: str, queue: Queue) -> None:
+def test_overlap_allow_dispatches_beside_an_active_run(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, overlap="allow")
     factories.run(db_url, schedule_row=sched, state="running", fire_at=T - timedelta(minutes=5))
-    tick(db, queue).run(now=T)
+    tick(db, sqs_queue).run(now=T)
     assert [o["decision"] for o in occurrences(db_url, sched["id"])] == ["dispatched", "dispatched"]
-    assert len(queue.drain()) == 1
+    assert len(sqs_queue.drain()) == 1
 
 
-def test_overlap_ignores_ended_runs(db: Database, db_url: str, queue: Queue) -> None:
+def test_overlap_ignores_ended_runs(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, overlap="skip")
     factories.run(db_url, schedule_row=sched, state="succeeded", fire_at=T - timedelta(minutes=5))
-    tick(db, queue).run(now=T)
+    tick(db, sqs_queue).run(now=T)
     assert occurrences(db_url, sched["id"])[-1]["decision"] == "dispatched"
 
 
 def test_queue_one_keeps_one_pending_run_released_when_the_blocker_ends(db: Database, db_url: str,
-                                                                       queue: Queue) -> None:
+                                                                       sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, overlap="queue_one")
     blocker = factories.run(db_url, schedule_row=sched, state="running", fire_at=T - timedelta(minutes=5))
-    t = tick(db, queue)
+    t = tick(db, sqs_queue)
 
     t.run(now=T)  # queued behind the running one, not handed to SQS
     waiting = [r for r in runs_of(db_url, sched["id"]) if r["id"] != blocker["id"]]
     assert [(r["state"], r["blocked_by_run_id"], r["handoff_at"]) for r in waiting] == [
         ("queued", blocker["id"], None)]
     assert occurrences(db_url, sched["id"])[-1]["decision"] == "queued_behind"
-    assert queue.drain() == []
+    assert sqs_queue.drain() == []
 
     t.run(now=T + timedelta(minutes=5))  # one is already waiting: this fire is skipped
     assert occurrences(db_url, sched["id"])[-1]["decision"] == "skipped_overlap"
@@ -425,4 +394,4 @@ def test_queue_one_keeps_one_pending_run_released_when_the_blocker_ends(db: Data
     assert report.released == 1 and report.settled == 1
     released = one(db_url, "SELECT * FROM runs WHERE id = %s", waiting[0]["id"])
     assert released["blocked_by_run_id"] is None and released["handoff_at"] is not None
-    assert queue.run_ids() == [released["id"]]
+    assert sqs_queue.run_ids() == [released["id"]]

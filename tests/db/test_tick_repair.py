@@ -3,40 +3,20 @@
 from __future__ import annotations
 
 import itertools
-import json
 import threading
 import uuid
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import boto3
 import psycopg
 import pytest
 from kairos import handoff, runs
 from kairos.db import Database
 from kairos.tick import Repair, Settle
-from moto import mock_aws
 from psycopg.rows import dict_row
 
 from tests import factories
-
-
-class Queue:
-    def __init__(self, client: Any, url: str) -> None:
-        self.client = client
-        self.url = url
-
-    def run_ids(self) -> list[uuid.UUID]:
-        ids: list[uuid.UUID] = []
-        while True:
-            got = self.client.receive_message(QueueUrl=self.url, MaxNumberOfMessages=10, WaitTimeSeconds=0)
-            if not got.get("Messages"):
-                return ids
-            for m in got["Messages"]:
-                ids.append(uuid.UUID(json.loads(m["Body"])["run_id"]))
-                self.client.delete_message(QueueUrl=self.url, ReceiptHandle=m["ReceiptHandle"])
-
+from tests.support.aws import SqsQueue
 
 _instants = itertools.count()
 
@@ -48,15 +28,6 @@ def make_run(url: str, **columns: Any) -> dict[str, Any]:
 
 
 @pytest.fixture
-def queue(monkeypatch: pytest.MonkeyPatch) -> Iterator[Queue]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with mock_aws():
-        client = boto3.client("sqs", region_name="us-east-1")
-        yield Queue(client, client.create_queue(QueueName="runs")["QueueUrl"])
-
-
-@pytest.fixture
 def now(db_url: str) -> datetime:
     """The database clock at the start of the test (rows made by the factories use it too)."""
     with psycopg.connect(db_url) as conn:
@@ -65,8 +36,8 @@ def now(db_url: str) -> datetime:
     return row[0]
 
 
-def repair(db: Database, queue: Queue) -> Repair:
-    return Repair(db, queue.client, queue.url)
+def repair(db: Database, sqs_queue: SqsQueue) -> Repair:
+    return Repair(db, sqs_queue.client, sqs_queue.url)
 
 
 def run_row(url: str, run_id: uuid.UUID) -> dict[str, Any]:
@@ -105,7 +76,7 @@ def effect_state(url: str, effect_id: uuid.UUID) -> str:
 
 
 def test_unsent_and_stale_handoffs_are_sent_again_fresh_and_blocked_ones_are_not(
-        db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+        db: Database, db_url: str, sqs_queue: SqsQueue, now: datetime) -> None:
     sched = factories.schedule(db_url)
     never_sent = make_run(db_url, schedule_row=sched, created_at=now - timedelta(seconds=31))
     just_created = make_run(db_url, schedule_row=sched, created_at=now - timedelta(seconds=10))
@@ -118,18 +89,18 @@ def test_unsent_and_stale_handoffs_are_sent_again_fresh_and_blocked_ones_are_not
                             blocked_by_run_id=blocker["id"])
     running = make_run(db_url, schedule_row=sched, state="running", created_at=now - timedelta(hours=1))
 
-    report = repair(db, queue).resend_once(now=now)
+    report = repair(db, sqs_queue).resend_once(now=now)
 
     assert report.resent == 2
-    assert sorted(queue.run_ids()) == sorted([never_sent["id"], stale["id"]])
+    assert sorted(sqs_queue.run_ids()) == sorted([never_sent["id"], stale["id"]])
     assert run_row(db_url, never_sent["id"])["handoff_at"] == now
     assert run_row(db_url, stale["id"])["handoff_count"] == 2
     for untouched in (just_created, recent, blocked, running):
         assert run_row(db_url, untouched["id"])["handoff_count"] == untouched["handoff_count"]
-    assert repair(db, queue).resend_once(now=now).resent == 0
+    assert repair(db, sqs_queue).resend_once(now=now).resent == 0
 
 
-def test_only_handoffs_since_the_last_claim_count_toward_undeliverable(db: Database, db_url: str, queue: Queue,
+def test_only_handoffs_since_the_last_claim_count_toward_undeliverable(db: Database, db_url: str, sqs_queue: SqsQueue,
                                                                       now: datetime) -> None:
     """Five handoffs with no claim give a run up; a claim in between starts the count again."""
     sched = factories.schedule(db_url)
@@ -143,10 +114,10 @@ def test_only_handoffs_since_the_last_claim_count_toward_undeliverable(db: Datab
     never_claimed = make_run(db_url, schedule_row=sched, handoff_at=now - timedelta(minutes=16),
                              handoff_count=5, unclaimed_handoffs=5)
 
-    report = repair(db, queue).resend_once(now=now)
+    report = repair(db, sqs_queue).resend_once(now=now)
 
     assert (report.resent, report.undeliverable) == (1, 1)
-    assert queue.run_ids() == [claimed_between["id"]]
+    assert sqs_queue.run_ids() == [claimed_between["id"]]
     again = run_row(db_url, claimed_between["id"])
     assert (again["state"], again["handoff_count"], again["unclaimed_handoffs"]) == ("queued", 6, 2)
     given_up = run_row(db_url, never_claimed["id"])
@@ -156,15 +127,15 @@ def test_only_handoffs_since_the_last_claim_count_toward_undeliverable(db: Datab
         ("run.failed", "undeliverable")]
 
 
-def test_a_failed_resend_stays_unstamped_and_is_retried(db: Database, db_url: str, queue: Queue,
+def test_a_failed_resend_stays_unstamped_and_is_retried(db: Database, db_url: str, sqs_queue: SqsQueue,
                                                         now: datetime) -> None:
     run = make_run(db_url, created_at=now - timedelta(minutes=1))
-    broken = Repair(db, queue.client, queue.url.replace("/runs", "/missing"))
+    broken = Repair(db, sqs_queue.client, sqs_queue.url.replace("/runs", "/missing"))
     report = broken.resend_once(now=now)
     assert report.resent == 0 and report.handoff_failures == 1
     assert run_row(db_url, run["id"])["handoff_at"] is None
-    assert repair(db, queue).resend_once(now=now).resent == 1
-    assert queue.run_ids() == [run["id"]]
+    assert repair(db, sqs_queue).resend_once(now=now).resent == 1
+    assert sqs_queue.run_ids() == [run["id"]]
 
 
 # --- rescue ----------------------------------------------------------------------------------------
@@ -178,10 +149,10 @@ def expired(url: str, *, catch_up: bool = False, source: str = "scheduled", **co
 LATER = timedelta(minutes=3)  # the factories' leases run 120 s
 
 
-def test_a_catch_up_run_of_a_vanished_worker_is_requeued_and_sent(db: Database, db_url: str, queue: Queue,
+def test_a_catch_up_run_of_a_vanished_worker_is_requeued_and_sent(db: Database, db_url: str, sqs_queue: SqsQueue,
                                                                   now: datetime) -> None:
     run = expired(db_url, catch_up=True)
-    report = repair(db, queue).rescue_once(now=now + LATER)
+    report = repair(db, sqs_queue).rescue_once(now=now + LATER)
     assert (report.rescued, report.requeued) == (1, 1)
     after = run_row(db_url, run["id"])
     assert after["state"] == "queued" and after["restarts"] == 1
@@ -189,19 +160,19 @@ def test_a_catch_up_run_of_a_vanished_worker_is_requeued_and_sent(db: Database, 
     assert after["fence"] == run["fence"] and after["handoff_at"] == now + LATER
     [event] = events(db_url, run["id"])
     assert event["type"] == "run.rescued" and event["data"] == {"reason": "lease_expired", "restarts": 1}
-    assert queue.run_ids() == [run["id"]]
+    assert sqs_queue.run_ids() == [run["id"]]
 
 
-def test_a_live_lease_is_left_alone(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+def test_a_live_lease_is_left_alone(db: Database, db_url: str, sqs_queue: SqsQueue, now: datetime) -> None:
     run = expired(db_url, catch_up=True)
-    assert repair(db, queue).rescue_once(now=now + timedelta(seconds=60)).rescued == 0
+    assert repair(db, sqs_queue).rescue_once(now=now + timedelta(seconds=60)).rescued == 0
     assert run_row(db_url, run["id"])["state"] == "running"
 
 
 def test_without_catch_up_a_scheduled_run_is_abandoned_not_delivered_late(db: Database, db_url: str,
-                                                                          queue: Queue, now: datetime) -> None:
+                                                                          sqs_queue: SqsQueue, now: datetime) -> None:
     run = expired(db_url, catch_up=False)
-    report = repair(db, queue).rescue_once(now=now + LATER)
+    report = repair(db, sqs_queue).rescue_once(now=now + LATER)
     assert report.abandoned == 1
     after = run_row(db_url, run["id"])
     assert after["state"] == "abandoned" and after["finished_at"] == now + LATER
@@ -209,71 +180,74 @@ def test_without_catch_up_a_scheduled_run_is_abandoned_not_delivered_late(db: Da
     assert after["diagnosis"]["reason_code"] == "abandoned_late" and after["diagnosis"]["retry_eligible"] is False
     assert set(after["diagnosis"]) == {"summary", "scope", "reason_code", "retry_eligible", "recovery_actions"}
     assert [e["type"] for e in events(db_url, run["id"])] == ["run.abandoned"]
-    assert queue.run_ids() == []
+    assert sqs_queue.run_ids() == []
 
 
-def test_a_webhook_run_restarts_even_without_catch_up(db: Database, db_url: str, queue: Queue,
+def test_a_webhook_run_restarts_even_without_catch_up(db: Database, db_url: str, sqs_queue: SqsQueue,
                                                       now: datetime) -> None:
     run = expired(db_url, catch_up=False, source="webhook")
-    assert repair(db, queue).rescue_once(now=now + LATER).requeued == 1
+    assert repair(db, sqs_queue).rescue_once(now=now + LATER).requeued == 1
     assert run_row(db_url, run["id"])["state"] == "queued"
 
 
-def test_the_restart_limit_fails_the_run(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+def test_the_restart_limit_fails_the_run(db: Database, db_url: str, sqs_queue: SqsQueue, now: datetime) -> None:
     run = expired(db_url, catch_up=True, restarts=2)
-    assert repair(db, queue).rescue_once(now=now + LATER).failed == 1
+    assert repair(db, sqs_queue).rescue_once(now=now + LATER).failed == 1
     after = run_row(db_url, run["id"])
     assert after["state"] == "failed" and after["diagnosis"]["reason_code"] == "restart_limit"
     assert [e["type"] for e in events(db_url, run["id"])] == ["run.failed"]
 
 
 def test_a_reserved_mutation_becomes_ambiguous_and_the_run_fails_unreplayed(db: Database, db_url: str,
-                                                                           queue: Queue, now: datetime) -> None:
+                                                                           sqs_queue: SqsQueue, now: datetime) -> None:
     run = expired(db_url, catch_up=True)
     effect_id = effect(db_url, run, mutation=True)
-    assert repair(db, queue).rescue_once(now=now + LATER).failed == 1
+    assert repair(db, sqs_queue).rescue_once(now=now + LATER).failed == 1
     assert effect_state(db_url, effect_id) == "ambiguous"
     after = run_row(db_url, run["id"])
     assert after["state"] == "failed" and after["diagnosis"]["reason_code"] == "ambiguous_effect"
     assert after["diagnosis"]["retry_eligible"] is False and "retry_run" not in after["diagnosis"]["recovery_actions"]
-    assert queue.run_ids() == []
+    assert sqs_queue.run_ids() == []
 
 
-def test_a_settled_mutation_also_blocks_the_replay(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+def test_a_settled_mutation_also_blocks_the_replay(db: Database, db_url: str, sqs_queue: SqsQueue,
+                                                   now: datetime) -> None:
     run = expired(db_url, catch_up=True)
     effect(db_url, run, mutation=True, state="settled")
-    assert repair(db, queue).rescue_once(now=now + LATER).failed == 1
+    assert repair(db, sqs_queue).rescue_once(now=now + LATER).failed == 1
     assert run_row(db_url, run["id"])["diagnosis"]["reason_code"] == "ambiguous_effect"
 
 
-def test_a_reserved_model_call_is_closed_failed_and_the_run_restarts(db: Database, db_url: str, queue: Queue,
+def test_a_reserved_model_call_is_closed_failed_and_the_run_restarts(db: Database, db_url: str, sqs_queue: SqsQueue,
                                                                     now: datetime) -> None:
     run = expired(db_url, catch_up=True)
     effect_id = effect(db_url, run, mutation=False)
-    assert repair(db, queue).rescue_once(now=now + LATER).requeued == 1
+    assert repair(db, sqs_queue).rescue_once(now=now + LATER).requeued == 1
     assert effect_state(db_url, effect_id) == "failed"
-    assert queue.run_ids() == [run["id"]]
+    assert sqs_queue.run_ids() == [run["id"]]
 
 
-def test_a_pending_cancel_ends_the_run_cancelled(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+def test_a_pending_cancel_ends_the_run_cancelled(db: Database, db_url: str, sqs_queue: SqsQueue, now: datetime) -> None:
     run = expired(db_url, catch_up=True, cancel_requested_at=now)
-    assert repair(db, queue).rescue_once(now=now + LATER).cancelled == 1
+    assert repair(db, sqs_queue).rescue_once(now=now + LATER).cancelled == 1
     after = run_row(db_url, run["id"])
     assert after["state"] == "cancelled" and [e["type"] for e in events(db_url, run["id"])] == ["run.cancelled"]
 
 
-def test_rescue_outcomes_settle_like_any_other_end(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+def test_rescue_outcomes_settle_like_any_other_end(db: Database, db_url: str, sqs_queue: SqsQueue,
+                                                   now: datetime) -> None:
     """An abandoned run changes no failure count; a failed one (restart limit) adds one."""
     abandoned = expired(db_url, catch_up=False)
     failed = expired(db_url, catch_up=True, restarts=2)
-    repair(db, queue).rescue_once(now=now + LATER)
-    Settle(db, queue.client, queue.url).run_once(now=now + LATER)
+    repair(db, sqs_queue).rescue_once(now=now + LATER)
+    Settle(db, sqs_queue.client, sqs_queue.url).run_once(now=now + LATER)
     with psycopg.connect(db_url) as conn:
         counts = dict(conn.execute("SELECT id, consecutive_failures FROM schedules").fetchall())
     assert counts[abandoned["schedule_id"]] == 0 and counts[failed["schedule_id"]] == 1
 
 
-def test_concurrent_rescuers_handle_each_run_once(db: Database, db_url: str, queue: Queue, now: datetime) -> None:
+def test_concurrent_rescuers_handle_each_run_once(db: Database, db_url: str, sqs_queue: SqsQueue,
+                                                  now: datetime) -> None:
     sched = factories.schedule(db_url, catch_up=True)
     runs = [make_run(db_url, schedule_row=sched, state="running") for _ in range(20)]
     barrier = threading.Barrier(6)
@@ -283,8 +257,8 @@ def test_concurrent_rescuers_handle_each_run_once(db: Database, db_url: str, que
     def worker() -> None:
         try:
             barrier.wait()
-            totals.append(Repair(db, queue.client, queue.url, limit=4).rescue_once(now=now + LATER).requeued)
-            totals.append(Repair(db, queue.client, queue.url, limit=4).rescue_once(now=now + LATER).requeued)
+            totals.append(Repair(db, sqs_queue.client, sqs_queue.url, limit=4).rescue_once(now=now + LATER).requeued)
+            totals.append(Repair(db, sqs_queue.client, sqs_queue.url, limit=4).rescue_once(now=now + LATER).requeued)
         except BaseException as exc:
             errors.append(exc)
 
@@ -297,4 +271,4 @@ def test_concurrent_rescuers_handle_each_run_once(db: Database, db_url: str, que
     for run in runs:
         assert [e["type"] for e in events(db_url, run["id"])] == ["run.rescued"]
         assert run_row(db_url, run["id"])["restarts"] == 1
-    assert sorted(queue.run_ids()) == sorted(r["id"] for r in runs)
+    assert sorted(sqs_queue.run_ids()) == sorted(r["id"] for r in runs)

@@ -3,34 +3,22 @@
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
-import boto3
 import psycopg
-import pytest
 from kairos.db import Database
 from kairos.tick import Settle
-from moto import mock_aws
 from psycopg.rows import dict_row
 
 from tests import factories
+from tests.support.aws import SqsQueue
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
 
 
-@pytest.fixture
-def sqs(monkeypatch: pytest.MonkeyPatch) -> Iterator[tuple[Any, str]]:
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    with mock_aws():
-        client = boto3.client("sqs", region_name="us-east-1")
-        yield client, client.create_queue(QueueName="runs")["QueueUrl"]
-
-
-def settle(db: Database, sqs: tuple[Any, str]) -> Settle:
-    return Settle(db, sqs[0], sqs[1])
+def settle(db: Database, queue: SqsQueue) -> Settle:
+    return Settle(db, queue.client, queue.url)
 
 
 def one(url: str, query: str, *args: Any) -> dict[str, Any]:
@@ -52,51 +40,51 @@ def failures(url: str, sched: dict[str, Any]) -> int:
 
 
 def test_failed_adds_one_succeeded_resets_other_ends_change_nothing(db: Database, db_url: str,
-                                                                    sqs: tuple[Any, str]) -> None:
+                                                                    sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url)
     ended(db_url, sched, "failed", 0)
     ended(db_url, sched, "cancelled", 1)
     ended(db_url, sched, "abandoned", 2)
-    report = settle(db, sqs).run_once(now=T + timedelta(hours=1))
+    report = settle(db, sqs_queue).run_once(now=T + timedelta(hours=1))
     assert report.settled == 3 and failures(db_url, sched) == 1
 
     ended(db_url, sched, "succeeded", 3)
-    settle(db, sqs).run_once(now=T + timedelta(hours=1))
+    settle(db, sqs_queue).run_once(now=T + timedelta(hours=1))
     assert failures(db_url, sched) == 0
 
 
-def test_runs_are_counted_in_the_order_they_finished(db: Database, db_url: str, sqs: tuple[Any, str]) -> None:
+def test_runs_are_counted_in_the_order_they_finished(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url)
     # Inserted out of order; finished: failed, failed, succeeded, failed -> 1 in a row.
     ended(db_url, sched, "failed", 9)
     ended(db_url, sched, "succeeded", 5)
     ended(db_url, sched, "failed", 1)
     ended(db_url, sched, "failed", 2)
-    settle(db, sqs).run_once()
+    settle(db, sqs_queue).run_once()
     assert failures(db_url, sched) == 1
 
 
-def test_each_run_is_settled_once(db: Database, db_url: str, sqs: tuple[Any, str]) -> None:
+def test_each_run_is_settled_once(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url)
     run = ended(db_url, sched, "failed", 0)
-    s = settle(db, sqs)
+    s = settle(db, sqs_queue)
     assert s.run_once().settled == 1
     assert s.run_once().settled == 0
     assert failures(db_url, sched) == 1
     assert one(db_url, "SELECT settled_at FROM runs WHERE id = %s", run["id"])["settled_at"] is not None
 
 
-def test_unfinished_runs_are_not_settled(db: Database, db_url: str, sqs: tuple[Any, str]) -> None:
+def test_unfinished_runs_are_not_settled(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url)
     factories.run(db_url, schedule_row=sched, state="running", fire_at=T)
     factories.run(db_url, schedule_row=sched, state="queued", fire_at=T + timedelta(minutes=1))
-    assert settle(db, sqs).run_once().settled == 0
+    assert settle(db, sqs_queue).run_once().settled == 0
 
 
 def test_three_failures_in_a_row_pause_the_schedule_with_one_note(db: Database, db_url: str,
-                                                                  sqs: tuple[Any, str]) -> None:
+                                                                  sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url)
-    s = settle(db, sqs)
+    s = settle(db, sqs_queue)
     ended(db_url, sched, "failed", 0)
     ended(db_url, sched, "failed", 1)
     assert s.run_once().paused == 0
@@ -116,15 +104,15 @@ def test_three_failures_in_a_row_pause_the_schedule_with_one_note(db: Database, 
     assert count["n"] == 1
 
 
-def test_a_success_between_failures_prevents_the_pause(db: Database, db_url: str, sqs: tuple[Any, str]) -> None:
+def test_a_success_between_failures_prevents_the_pause(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     sched = factories.schedule(db_url)
     for minute, state in enumerate(["failed", "failed", "succeeded", "failed", "failed"]):
         ended(db_url, sched, state, minute)
-    report = settle(db, sqs).run_once()
+    report = settle(db, sqs_queue).run_once()
     assert report.paused == 0 and failures(db_url, sched) == 2
 
 
-def test_concurrent_settlers_count_every_run_exactly_once(db: Database, db_url: str, sqs: tuple[Any, str]) -> None:
+def test_concurrent_settlers_count_every_run_exactly_once(db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     """Eight settlers at once over two schedules: the counts equal the runs, never more."""
     scheds = [factories.schedule(db_url), factories.schedule(db_url)]
     for sched in scheds:
@@ -138,7 +126,7 @@ def test_concurrent_settlers_count_every_run_exactly_once(db: Database, db_url: 
         try:
             barrier.wait()
             for _ in range(3):
-                settled.append(settle(db, sqs).run_once().settled)
+                settled.append(settle(db, sqs_queue).run_once().settled)
         except BaseException as exc:
             errors.append(exc)
 

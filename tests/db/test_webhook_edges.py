@@ -18,8 +18,8 @@ import uuid
 import psycopg
 import pytest
 
-from tests.db.test_api_client import Api, api_fixture, rows  # noqa: F401 - the fixture
-from tests.db.test_webhooks import GITHUB_SECRET, STANDARD_SECRET, count, hook, powertools_output, standard_headers
+from tests.support.api import GITHUB_SECRET, STANDARD_SECRET, Api, count, hook, rows, standard_headers
+from tests.support.logs import powertools_output
 
 
 @pytest.fixture

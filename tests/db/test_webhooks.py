@@ -11,39 +11,22 @@ from __future__ import annotations
 import base64
 import hashlib
 import hmac
-import io
 import json
-import logging
 import threading
 import time
 import uuid
-from collections.abc import Iterator
 from concurrent.futures import ThreadPoolExecutor
-from contextlib import contextmanager
 from datetime import UTC, datetime, timedelta
-from typing import Any
 
 import psycopg
 import pytest
 from kairos import identity, webhooks
 from kairos.db import Database
 from kairos.errors import NotFound, RateLimited
-from kairos.observability import logger
 from kairos.states import Source
 
-from tests.db.test_api_client import Answer, Api, api_fixture, rows  # noqa: F401 - the fixture
-
-HOOK = "/v1/hooks/{}"
-
-
-def hook(api: Api, token: str, body: Any = None, *, headers: dict[str, str] | None = None,
-         raw: bytes | None = None) -> Answer:
-    return api.anonymous.post(HOOK.format(token), body, headers=headers, raw=raw)
-
-
-def count(api: Api, table: str) -> int:
-    return int(rows(api.url, f"SELECT count(*) AS n FROM {table}")[0]["n"])
-
+from tests.support.api import GITHUB_SECRET, STANDARD_SECRET, Answer, Api, count, hook, rows, standard_headers
+from tests.support.logs import powertools_output
 
 # ---- 202 --------------------------------------------------------------------------------------
 
@@ -183,19 +166,6 @@ def test_too_large_is_decided_before_any_lookup(api: Api) -> None:
 
 
 # ---- 401: signatures ---------------------------------------------------------------------------
-
-STANDARD_SECRET = "whsec_" + base64.b64encode(b"standard-webhooks-secret-bytes!!").decode()
-GITHUB_SECRET = "github-secret"
-
-
-def standard_headers(body: bytes, *, msg_id: str = "msg_1", at: int | None = None,
-                     secret: str = STANDARD_SECRET) -> dict[str, str]:
-    stamp = str(int(time.time()) if at is None else at)
-    key = base64.b64decode(secret.removeprefix("whsec_"))
-    mac = hmac.new(key, f"{msg_id}.{stamp}.".encode() + body, hashlib.sha256).digest()
-    return {"webhook-id": msg_id, "webhook-timestamp": stamp,
-            "webhook-signature": "v1,Zm9vYmFy v1," + base64.b64encode(mac).decode()}
-
 
 @pytest.fixture
 def signing_env(api: Api) -> dict[str, str]:
@@ -445,20 +415,6 @@ def test_library_lookup_is_scoped_to_active_webhook_schedules(api: Api) -> None:
 
 
 # ---- secrecy ----------------------------------------------------------------------------------
-
-
-@contextmanager
-def powertools_output() -> Iterator[io.StringIO]:
-    """Everything the Powertools logger writes (its handler holds the stdout of import time, which
-    neither capsys nor capfd sees once pytest's global capture is active), as JSON lines."""
-    handler = logger.registered_handler
-    assert isinstance(handler, logging.StreamHandler)
-    buffer = io.StringIO()
-    previous = handler.setStream(buffer)
-    try:
-        yield buffer
-    finally:
-        handler.setStream(previous)
 
 
 def test_the_raw_token_is_in_no_log_line_and_no_table(api: Api, capfd: pytest.CaptureFixture[str],

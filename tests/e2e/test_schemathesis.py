@@ -1,6 +1,6 @@
 """Schemathesis against the served OpenAPI document: no 5xx and no response that breaks the schema.
 
-The real handler is served over HTTP by ``kairos.apigw`` on 127.0.0.1 (port 0) against a real
+The real handler is served over HTTP by ``kairos.local.apigw`` on 127.0.0.1 (port 0) against a real
 PostgreSQL and moto SQS, and schemathesis sends every operation generated requests (positive and
 negative data) with the dev bearer token. The document is loaded with ``from_dict`` from the same
 function that serves ``/v1/openapi.json`` (one test checks the served bytes are that document):
@@ -23,12 +23,13 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from kairos import apigw, db
+from kairos import db
 from kairos.api.app import ROUTES, openapi_document
+from kairos.local import apigw
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
-from tests.db.test_api_client import HANDLER, TOKENS, Api, ApiClient, api_fixture  # noqa: F401 - fixture
+from tests.support.api import HANDLER, TOKENS, Api, ApiClient
 
 MAX_EXAMPLES = 30
 

@@ -17,7 +17,7 @@ from kairos.executors.base import ExecutionRequest, ExecutorError, PreparedCall,
 from kairos.executors.http import HttpExecutor
 from kairos.settings import Settings
 
-from tests.unit.test_executors_transport import Peer, closed_port, drop, hang, partial_then_hang, respond
+from tests.support.peer import Peer, closed_port, drop, hang, partial_then_hang, respond
 
 SETTINGS = Settings(egress_allow=("127.0.0.1",))
 RAW_KEY = b"\x01\x02secret-signing-key\xff"

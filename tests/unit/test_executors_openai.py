@@ -21,7 +21,7 @@ from kairos.executors.base import (
 from kairos.executors.openai import OpenAIExecutor
 from kairos.settings import Settings
 
-from tests.unit.test_executors_transport import (
+from tests.support.peer import (
     Peer,
     closed_port,
     drop,

@@ -14,6 +14,9 @@ import hashlib
 import json
 import os
 import re
+import shutil
+import subprocess
+import sys
 import uuid
 from collections.abc import Iterator
 from functools import cache
@@ -327,6 +330,43 @@ def test_common_layer_is_built_from_the_package() -> None:
     assert re.search(r"^aws-lambda-powertools\[tracer\]==", requirements, re.MULTILINE)
 
 
+def make_layer(target: str, out: Path, *options: str) -> str:
+    """``make <target>`` in the layer's directory, as ``sam build`` runs it, with ``out`` as ARTIFACTS_DIR."""
+    if shutil.which("make") is None:
+        pytest.skip("make is not installed")
+    content = ROOT / template()["Resources"]["CommonLayer"]["Properties"]["ContentUri"]
+    done = subprocess.run(["make", "--no-print-directory", *options, target, f"ARTIFACTS_DIR={out}",
+                           f"PYTHON={sys.executable}"], cwd=content, capture_output=True, text=True, check=False)
+    assert done.returncode == 0, done.stderr
+    return done.stdout
+
+
+def test_the_layer_build_copies_the_package_without_the_local_tooling(tmp_path: Path) -> None:
+    """kairos/local (``kairos dev``, the local API Gateway, embedded PostgreSQL) never reaches Lambda."""
+    # The full build (dry run: it would download wheels) copies the package through the same rule.
+    plan = make_layer("build-CommonLayer", tmp_path, "--dry-run")
+    assert f'rm -rf "{tmp_path}/python/kairos/local"' in plan and "-r requirements.txt" in plan
+    assert plan.index("cp -R kairos") < plan.index(f'rm -rf "{tmp_path}/python/kairos/local"')
+
+    make_layer("package", tmp_path)
+    built = tmp_path / "python" / "kairos"
+    assert (ROOT / "layers" / "common" / "kairos" / "local" / "__init__.py").is_file()
+    assert not (built / "local").exists()
+    assert (built / "cli.py").is_file() and sorted((built / "sql").glob("*.sql"))
+    assert (built / "migrations" / "0001_init.sql").is_file()
+    tag = sys.implementation.cache_tag
+    for source in built.rglob("*.py"):
+        assert (source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc").is_file(), source
+    # What ships must import without it: only the kairos command reaches kairos.local, inside `dev`/`invoke`.
+    for source in built.rglob("*.py"):
+        tree = ast.parse(source.read_text(encoding="utf-8"))
+        for node in ast.walk(tree):
+            names = ([a.name for a in node.names] if isinstance(node, ast.Import)
+                     else [node.module or ""] if isinstance(node, ast.ImportFrom) else [])
+            if any(n == "kairos.local" or n.startswith("kairos.local.") for n in names):
+                assert source.name == "cli.py" and node not in tree.body, f"{source}:{node.lineno}"
+
+
 def test_tick_runs_every_minute_with_a_small_reserved_concurrency() -> None:
     schedules = [e for e in props("TickFunction")["Events"].values() if e["Type"] == "Schedule"]
     assert [e["Properties"]["Schedule"] for e in schedules] == ["rate(1 minute)"]
@@ -558,6 +598,7 @@ def test_built_layer_carries_the_package_data_and_dependencies() -> None:
         pytest.skip(f"no sam build output in {build}")
     assert sorted((layer / "kairos" / "sql").glob("*.sql")), "layer has no named queries"
     assert (layer / "kairos" / "migrations" / "0001_init.sql").is_file()
+    assert not (layer / "kairos" / "local").exists(), "the local tooling ships in the layer"
     for dependency in ("tzdata", "psycopg", "psycopg_binary", "psycopg_pool", "pydantic", "croniter",
                        "aws_lambda_powertools", "aws_xray_sdk"):
         assert (layer / dependency).is_dir(), f"layer lacks {dependency}"

@@ -131,8 +131,8 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
 
 def _cmd_invoke(args: argparse.Namespace) -> int:
     """Calls one handler once with an event file, as `sam local invoke` would without Docker."""
-    from kairos.apigw import LocalContext
-    from kairos.dev import load_handler
+    from kairos.local.apigw import LocalContext
+    from kairos.local.stack import load_handler
 
     event = json.loads(Path(args.event).read_text(encoding="utf-8"))
     handler = load_handler(args.function)
@@ -142,9 +142,9 @@ def _cmd_invoke(args: argparse.Namespace) -> int:
 
 
 def _cmd_dev(args: argparse.Namespace) -> int:
-    from kairos import dev
+    from kairos.local import stack
 
-    return dev.main(args)
+    return stack.main(args)
 
 
 def build_parser() -> argparse.ArgumentParser:

@@ -1,25 +1,29 @@
-"""Support for the API tests: the handler driven in-process with HTTP API v2 events, on a real database.
+"""The API handler driven in-process with HTTP API v2 events, on a real database.
 
 The ``api`` fixture points the runtime at the test's database (``DATABASE_URL`` + ``kairos.runtime.reset()``), dev
-auth with two principals (alice, bob), and moto for SQS (a queue, ``RUN_QUEUE_URL``) and Secrets Manager. ``ApiClient``
-builds events with ``kairos.apigw.build_event`` (the same shape as ``events/*.json``) and calls
-``functions/webhook/app.handler``. No tests here; the other test modules import the fixtures.
+auth with two principals (alice, bob), and moto (the ``sqs_queue`` fixture: the run queue is ``RUN_QUEUE_URL``;
+Secrets Manager). ``ApiClient`` builds events with ``kairos.local.apigw.build_event`` (the same shape as
+``events/*.json``) and calls ``functions/webhook/app.handler``. Also the webhook helpers (``hook``, signing).
 """
 
 from __future__ import annotations
 
+import base64
+import hashlib
+import hmac
 import json
-import uuid
+import time
 from collections.abc import Iterator, Mapping
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
-import boto3
 import pytest
-from kairos import apigw, db, runtime, secrets
-from kairos.dev import load_handler
-from moto import mock_aws
+from kairos import db, runtime, secrets
+from kairos.local import apigw
+from kairos.local.stack import load_handler
+
+from tests.support.aws import LambdaContext, SqsQueue
 
 ROOT = Path(__file__).resolve().parents[2]
 SAME = object()  # "as this client's user"
@@ -62,7 +66,7 @@ class ApiClient:
         event = apigw.build_event(method, target, sent, payload)
         if domain is not None:
             event["requestContext"]["domainName"] = domain
-        response = HANDLER(event, apigw.LocalContext())
+        response = HANDLER(event, LambdaContext(function_name="kairos-api"))
         return Answer(int(response["statusCode"]), dict(response.get("headers") or {}), str(response.get("body", "")))
 
     def get(self, target: str, **kw: Any) -> Answer:
@@ -121,27 +125,20 @@ class Api:
 
 
 @pytest.fixture(name="api")
-def api_fixture(db_url: str, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
+def api_fixture(db_url: str, sqs_queue: SqsQueue, monkeypatch: pytest.MonkeyPatch) -> Iterator[Api]:
     monkeypatch.setenv("DATABASE_URL", db_url)
     monkeypatch.setenv("KAIROS_AUTH", "dev")
     monkeypatch.setenv("KAIROS_DEV_TOKENS", ",".join(f"{t}={who}" for who, t in TOKENS.items()))
     monkeypatch.setenv("KAIROS_PUBLIC_URL", "https://kairos.example.test")
-    monkeypatch.setenv("AWS_ACCESS_KEY_ID", "testing")
-    monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", "testing")
-    monkeypatch.setenv("AWS_DEFAULT_REGION", "us-east-1")
-    monkeypatch.delenv("AWS_ENDPOINT_URL", raising=False)
-    with mock_aws():
-        sqs = boto3.client("sqs", region_name="us-east-1")
-        queue_url = sqs.create_queue(QueueName=f"runs-{uuid.uuid4().hex[:8]}")["QueueUrl"]
-        monkeypatch.setenv("RUN_QUEUE_URL", queue_url)
+    monkeypatch.setenv("RUN_QUEUE_URL", sqs_queue.url)
+    runtime.reset()
+    secrets.clear_cache()
+    try:
+        yield Api(db_url, sqs_queue.url, sqs_queue.client, ApiClient("alice"), ApiClient("bob"), ApiClient(None))
+    finally:
         runtime.reset()
         secrets.clear_cache()
-        try:
-            yield Api(db_url, queue_url, sqs, ApiClient("alice"), ApiClient("bob"), ApiClient(None))
-        finally:
-            runtime.reset()
-            secrets.clear_cache()
-            _close_pool(db_url)
+        _close_pool(db_url)
 
 
 def _close_pool(url: str) -> None:
@@ -158,3 +155,30 @@ def rows(url: str, sql: str, params: Mapping[str, Any] | None = None) -> list[di
 
     with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
         return conn.execute(sql, params or {}).fetchall()  # type: ignore[arg-type]
+
+
+# ---- webhooks ----------------------------------------------------------------------------------
+
+HOOK = "/v1/hooks/{}"
+
+
+def hook(api: Api, token: str, body: Any = None, *, headers: dict[str, str] | None = None,
+         raw: bytes | None = None) -> Answer:
+    return api.anonymous.post(HOOK.format(token), body, headers=headers, raw=raw)
+
+
+def count(api: Api, table: str) -> int:
+    return int(rows(api.url, f"SELECT count(*) AS n FROM {table}")[0]["n"])
+
+
+STANDARD_SECRET = "whsec_" + base64.b64encode(b"standard-webhooks-secret-bytes!!").decode()
+GITHUB_SECRET = "github-secret"
+
+
+def standard_headers(body: bytes, *, msg_id: str = "msg_1", at: int | None = None,
+                     secret: str = STANDARD_SECRET) -> dict[str, str]:
+    stamp = str(int(time.time()) if at is None else at)
+    key = base64.b64decode(secret.removeprefix("whsec_"))
+    mac = hmac.new(key, f"{msg_id}.{stamp}.".encode() + body, hashlib.sha256).digest()
+    return {"webhook-id": msg_id, "webhook-timestamp": stamp,
+            "webhook-signature": "v1,Zm9vYmFy v1," + base64.b64encode(mac).decode()}

@@ -36,13 +36,13 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
-from kairos.apigw import LocalContext
+from kairos.local.apigw import LocalContext
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
 DEV_TOKEN = "dev-token-alice"  # noqa: S105 - a local, printed demo credential
 DEV_PRINCIPAL = "alice"
-REPO_ROOT = Path(__file__).resolve().parents[3]
+REPO_ROOT = Path(__file__).resolve().parents[4]
 
 
 def load_function(name: str) -> ModuleType:
@@ -104,7 +104,7 @@ def database(args: argparse.Namespace) -> Iterator[str]:
         print(f"postgres   DATABASE_URL ({_redact(url)})")
         yield url
         return
-    from kairos.localdb import LocalPostgres
+    from kairos.local.postgres import LocalPostgres
 
     data_dir = Path(args.data_dir).resolve()
     data_dir.mkdir(parents=True, exist_ok=True)
@@ -336,7 +336,7 @@ def main(args: argparse.Namespace) -> int:
         applied = migrations.apply(url)
         print(f"migrations {len(applied)} applied" if applied else "migrations schema is up to date")
         _endpoint, queue_url, queue_arn = stack.enter_context(sqs_server())
-        from kairos import apigw
+        from kairos.local import apigw
 
         # The API binds first so `--port 0` works: the webhook URLs printed below use its real port.
         api = _LazyHandler()
