@@ -24,6 +24,7 @@ from kairos import identity, webhooks
 from kairos.db import Database
 from kairos.errors import NotFound, RateLimited
 from kairos.states import Source
+from kairos.tick.prune import Prune
 
 from tests.support.api import GITHUB_SECRET, STANDARD_SECRET, Answer, Api, count, hook, rows, standard_headers
 from tests.support.logs import powertools_output
@@ -384,15 +385,13 @@ def test_receipts_are_remembered_24_hours_then_pruned(api: Api) -> None:
         assert deliver(t0 + timedelta(hours=23), b'{"v": 1}').replayed
         with pytest.raises(webhooks.IdempotencyMismatch):
             deliver(t0 + timedelta(hours=23), b'{"v": 2}')
-        with database.transaction() as conn:
-            assert webhooks.prune_receipts(conn, now=t0 + timedelta(hours=23)) == 0
+        assert Prune(database).run_once(now=t0 + timedelta(hours=23)).webhook_receipts == 0
         # After 24 h the key is new again (issue 10, item 3): a new run with the new body, whose
         # receipt replaces the expired one and is the one pruned 24 h later.
         late = deliver(t0 + timedelta(hours=25), b'{"v": 2}')
         assert not late.replayed and late.run_id != first.run_id
-        with database.transaction() as conn:
-            assert webhooks.prune_receipts(conn, now=t0 + timedelta(hours=48)) == 0
-            assert webhooks.prune_receipts(conn, now=t0 + timedelta(hours=49)) == 1
+        assert Prune(database).run_once(now=t0 + timedelta(hours=48)).webhook_receipts == 0
+        assert Prune(database).run_once(now=t0 + timedelta(hours=49)).webhook_receipts == 1
         assert count(api, "runs") == 2 and count(api, "webhook_receipts") == 0
     finally:
         database.close()

@@ -46,7 +46,6 @@ import hashlib
 import hmac
 import json
 import os
-import random
 import re
 from dataclasses import dataclass
 from datetime import datetime
@@ -65,9 +64,6 @@ MAX_KEY_LENGTH = 255
 _KEY_TEXT = re.compile(r"[\x20-\x7e]+")
 _PURPOSE = b"kairos/idempotency-receipt/v1"
 _NONCE_BYTES = 12
-# One remembered create in PRUNE_EVERY also deletes up to PRUNE_BATCH expired receipts.
-PRUNE_EVERY = 64
-PRUNE_BATCH = 200
 
 
 def check_key(header: str, value: str | None) -> str | None:
@@ -134,13 +130,6 @@ def remember(conn: psycopg.Connection[db.Row], pending: Pending, *, status: int,
         "key_digest": pending.key_digest, "request_digest": pending.request_digest, "status": status,
         "sealed": sealed, "now": now,
     })
-    if random.randrange(PRUNE_EVERY) == 0:
-        prune(conn, now=now)
-
-
-def prune(conn: psycopg.Connection[db.Row], *, now: datetime | None = None, limit: int = PRUNE_BATCH) -> int:
-    """Deletes up to ``limit`` expired receipts; returns how many."""
-    return db.execute(conn, "idempotency_receipts_prune", {"now": now, "limit": limit})
 
 
 def key_digest(owner: str, key: str) -> str:

@@ -48,7 +48,6 @@ import hashlib
 import hmac
 import json
 import math
-import random
 import re
 import secrets as pysecrets
 from collections.abc import Callable, Mapping
@@ -85,9 +84,6 @@ DEFAULT_TOLERANCE_SECONDS = 300
 MAX_OVERLAP_SECONDS = 604_800
 DEFAULT_OVERLAP_SECONDS = 86_400
 RATE_WINDOW = timedelta(seconds=60)
-# One accepted delivery in PRUNE_EVERY also deletes up to PRUNE_BATCH expired receipts.
-PRUNE_EVERY = 64
-PRUNE_BATCH = 200
 
 HandoffFn = Callable[[db.Database, list[UUID]], object]
 
@@ -134,8 +130,6 @@ def receive(database: db.Database, delivery: Delivery, *, now: datetime | None =
     try:
         with database.transaction() as conn:
             accepted = accept(conn, delivery, now=now)
-            if not accepted.replayed and random.randrange(PRUNE_EVERY) == 0:
-                prune_receipts(conn, now=now)
     except psycopg.Error as error:
         # PostgreSQL's message, detail and context quote the values they refused (the payload):
         # the class and SQLSTATE say what failed; nothing else of the error reaches the log.
@@ -374,12 +368,6 @@ def _check_rate(conn: psycopg.Connection[db.Row], schedule_id: UUID, limit: int,
     retry_after = max(1, math.ceil((free_at - db_now).total_seconds()))
     _rejected("rate_limited", schedule_id)
     raise RateLimited(f"this hook accepts at most {limit} deliveries per minute", retry_after=retry_after)
-
-
-def prune_receipts(conn: psycopg.Connection[db.Row], *, now: datetime | None = None,
-                   limit: int = PRUNE_BATCH) -> int:
-    """Deletes up to ``limit`` receipts older than 24 h; returns how many."""
-    return db.execute(conn, "webhook_receipts_prune", {"now": now, "limit": limit})
 
 
 def rotate_token(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, owner: str,

@@ -11,7 +11,9 @@ Role: what TickFunction runs every minute (DESIGN.md "The tick"). ``Tick.run`` d
 3. fire (``kairos.tick.fire``): due schedules in bounded batches become occurrences and runs,
    committed before their ids are sent to SQS and the handoff stamped;
 4. repeats fire batches (two in flight at once by default) until nothing is due or the invocation's
-   remaining time runs short, then logs and emits the metrics (FiresDispatched, FiresSkipped, HandoffFailures, Rescues,
+   remaining time runs short;
+5. prune (``kairos.tick.prune``): expired idempotency receipts are deleted in bounded batches while
+   time is left, then the tick logs and emits the metrics (FiresDispatched, FiresSkipped, HandoffFailures, Rescues,
    FireLagSeconds, TickDurationMs, RunsSettled, SchedulesPaused).
 
 Guarantees: any number of ticks may run at once, repeat a minute, arrive a day late or die between
@@ -29,7 +31,7 @@ import statistics
 import threading
 import time
 from collections.abc import Callable
-from dataclasses import asdict, dataclass
+from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -40,10 +42,11 @@ from kairos.observability import logger
 from kairos.observability import metrics as default_metrics
 from kairos.tick.decision import GRACE
 from kairos.tick.fire import DEFAULT_BATCH, Fault, Fire, FireReport
+from kairos.tick.prune import Prune, PruneReport
 from kairos.tick.repair import Repair, RepairReport
 from kairos.tick.settle import Settle, SettleReport
 
-__all__ = ["MIN_REMAINING_MS", "Fire", "Repair", "Settle", "Tick", "TickReport"]
+__all__ = ["MIN_REMAINING_MS", "Fire", "Prune", "Repair", "Settle", "Tick", "TickReport"]
 
 MIN_REMAINING_MS = 10_000  # stop starting new batches when less of the invocation is left
 FIRE_WORKERS = 2  # fire batches in flight at once within one tick (each on its own pooled connection)
@@ -77,6 +80,7 @@ class TickReport:
     completed: int = 0
     conflicts: int = 0
     handoff_failures: int = 0
+    pruned: int = 0  # expired webhook and idempotent-create receipts deleted
     fire_lag_p50_seconds: float | None = None
     fire_lag_max_seconds: float | None = None
     fire_db_seconds: float = 0.0  # fire batches: database work, and SQS calls, wall time
@@ -93,6 +97,7 @@ class _Totals:
     settle: list[SettleReport]
     repair: list[RepairReport]
     fire: list[FireReport]
+    prune: list[PruneReport] = field(default_factory=list)
 
     def report(self, duration_ms: float, stopped_for_time: bool) -> TickReport:
         lags = [lag for f in self.fire for lag in f.lags]
@@ -118,6 +123,7 @@ class _Totals:
             handoff_failures=sum(s.handoff_failures for s in self.settle)
             + sum(r.handoff_failures for r in self.repair)
             + sum(f.handoff_failures for f in self.fire),
+            pruned=sum(p.webhook_receipts + p.idempotency_receipts for p in self.prune),
             fire_lag_p50_seconds=statistics.median(lags) if lags else None,
             fire_lag_max_seconds=max(lags) if lags else None,
             fire_db_seconds=sum(f.db_seconds for f in self.fire),
@@ -144,6 +150,7 @@ class Tick:
         self.settle = Settle(database, sqs, queue_url)
         self.repair = Repair(database, sqs, queue_url)
         self.fire = Fire(database, sqs, queue_url, batch_size=batch_size, grace=grace, fault=fault)
+        self.prune = Prune(database)
 
     def run_once(self, now: datetime | None = None) -> TickReport:
         """One pass of each step (one fire batch): what tests drive step by step."""
@@ -173,6 +180,11 @@ class Tick:
             if not (repaired.rescue_full or repaired.resend_full):
                 break
         stopped = self._fire_all(now, time_left, totals.fire)
+        while not stopped and time_left():  # the cleaner last: it never delays a fire
+            pruned = self.prune.run_once(now)
+            totals.prune.append(pruned)
+            if not pruned.full:
+                break
         report = totals.report((time.perf_counter() - started) * 1000, stopped)
         self._emit(report)
         logger.info("tick finished", extra={"action": "tick_finished", **report.as_dict()})
