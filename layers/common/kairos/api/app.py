@@ -54,12 +54,11 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from aws_lambda_powertools.utilities.data_classes.common import BaseProxyEvent
 from pydantic import AwareDatetime, BaseModel, ValidationError
 
-from kairos import conversations, db, runtime, schedules
+from kairos import conversations, db, runtime, schedules, trace
 from kairos.api import auth, models
 from kairos.errors import (
     INVALID,
     MAX_DEPTH,
-    Conflict,
     FieldError,
     KairosError,
     MalformedJson,
@@ -72,15 +71,13 @@ from kairos.errors import (
     from_pydantic,
     http_status,
 )
-from kairos.instants import out_of_range
 from kairos.observability import logger
 
 # Powertools' own debug lines include route arguments (the webhook token): never let them through.
 logging.getLogger("aws_lambda_powertools.event_handler").setLevel(logging.INFO)
 
 JSON = "application/json"
-MAX_EVENTS_PAGE = 200
-MAX_PREVIEW = 100
+SEQ_MAX = 2_147_483_647  # run_events.seq is an integer column
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -376,22 +373,13 @@ def get_schedule(id: str) -> Response[dict[str, Any]]:
         summary="The next fires strictly after `after` (default: now), with local time, offset and fold")
 def preview_schedule(
     id: str,
-    count: Annotated[int, Query(ge=1, le=MAX_PREVIEW)] = 10,
+    count: Annotated[int, Query(ge=1, le=schedules.PREVIEW_MAX)] = 10,
     after: Annotated[AwareDatetime | None, Query(description="RFC 3339 instant with offset")] = None,
 ) -> Response[dict[str, Any]]:
     owner = _principal()
     schedule_id = _parse_id(id, "schedule")
-    if after is not None and (bound := out_of_range(after, "after")) is not None:
-        raise ValidationFailed([bound])  # before any database work; the library checks it again
     with _database().transaction() as conn:
-        schedule = schedules.get(conn, schedule_id, owner=owner)
-        if after is None:
-            clock = db.fetch_one(conn, "schedules_preview_clock", {"now": None})
-            after = clock["now"] if clock else datetime.now(UTC)
-    if schedule.kind == "webhook":
-        fires: list[Any] = []
-    else:
-        fires = schedules.preview(schedule, after=after, count=count)
+        fires = schedules.preview_owned(conn, schedule_id, owner=owner, after=after, count=count)
     return _ok(200, models.FireList, {"fires": [
         {"fire_at": _rfc3339(f.fire_at), "local_time": f.local_time.isoformat(),
          "utc_offset": _offset(f.utc_offset), "fold": f.fold}
@@ -441,14 +429,8 @@ def rotate_token(
     schedule_id = _parse_id(id, "schedule")
     overlap = (body or models.TokenRotate()).overlap_seconds
     with _database().transaction() as conn:
-        schedule = schedules.get(conn, schedule_id, owner=owner)
-        if schedule.kind != "webhook":
-            raise ValidationFailed([FieldError("kind", "webhook_only", "only webhook schedules have a token")])
-        if schedule.status not in ("active", "paused"):
-            raise Conflict(f"a {schedule.status} schedule's token cannot be rotated")
-        token = webhooks.rotate_token(conn, schedule_id, owner=owner, overlap_seconds=overlap)
-        schedule = schedules.get(conn, schedule_id, owner=owner)
-    return _ok(200, models.TokenRotated, {"schedule": schedule.as_json(), "webhook": _webhook(token)})
+        rotated = webhooks.rotate(conn, schedule_id, owner=owner, overlap_seconds=overlap)
+    return _ok(200, models.TokenRotated, {"schedule": rotated.schedule.as_json(), "webhook": _webhook(rotated.token)})
 
 
 # ---- owners' secrets ----------------------------------------------------------------------------
@@ -546,16 +528,16 @@ def get_run(id: str) -> Response[dict[str, Any]]:
         summary="The run's trace after a sequence number (step.progress folded into its step)")
 def get_run_events(
     id: str,
-    after: Annotated[int, Query(ge=0, le=2_147_483_647)] = 0,
-    limit: Annotated[int, Query(ge=1, le=2_147_483_647, description="capped at 200")] = 100,
+    after: Annotated[int, Query(ge=0, le=SEQ_MAX)] = 0,
+    limit: Annotated[int, Query(ge=1, le=SEQ_MAX, description=f"capped at {trace.MAX_PAGE}")] = 100,
 ) -> Response[dict[str, Any]]:
-    from kairos import runs, trace
+    from kairos import runs
 
     owner = _principal()
     run_id = _parse_id(id, "run")
     with _database().transaction() as conn:
         runs.get(conn, run_id, owner=owner)  # ownership first: the trace has no owner column
-        events, next_after = trace.page(conn, run_id, after=after, limit=min(limit, MAX_EVENTS_PAGE))
+        events, next_after = trace.page(conn, run_id, after=after, limit=limit)
     return _ok(200, models.EventPage, {"events": [_jsonable(e) for e in events], "next_after": next_after})
 
 
