@@ -37,6 +37,10 @@ Database failures: any ``psycopg.Error`` while recording a delivery answers 503
 (``ServiceUnavailable``) and logs one line with the error class and SQLSTATE only — PostgreSQL's
 message and context quote the values they refused (the payload), so they never reach a log here.
 
+Rotation (``rotate``): one guarded UPDATE gives an active or paused webhook schedule a new token and
+keeps the previous one valid for the overlap (``schedules.TOKEN_OVERLAP_*``); a refusal says why
+(missing or foreign, not a webhook, cancelled or completed).
+
 Guarantees: the raw token is never stored, logged or put in an error; logs carry ``action`` and ids.
 This module must not decide anything with the Lambda clock: "now" is the database's.
 """
@@ -73,7 +77,7 @@ from kairos.errors import (
     ValidationFailed,
 )
 from kairos.observability import logger, metrics
-from kairos.schedules import (  # the one hashing rule (SHA-256 hex), shared with creation
+from kairos.schedules import (  # hash_token: the one hashing rule (SHA-256 hex), shared with creation
     TOKEN_OVERLAP_DEFAULT_SECONDS,
     TOKEN_OVERLAP_MAX_SECONDS,
     Schedule,

@@ -1,0 +1,63 @@
+"""Conversations: create one with its agent, read it with its transcript, read its inbox notes.
+
+``POST /v1/conversations`` reads its body raw: ``kairos.conversations.create_from_body`` judges it
+whole (undeclared fields, the title and every agent problem in one answer); the OpenAPI document
+describes it from ``kairos.api.models.ConversationCreate``.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Body
+
+from kairos import conversations
+from kairos.api import models
+from kairos.api.resolver import Routes, principal
+from kairos.api.routes import database, idempotent, ok, parse_id
+
+router = Routes()
+
+
+def _conversation_json(conversation: conversations.Conversation,
+                       entries: Sequence[conversations.Entry]) -> dict[str, Any]:
+    return {**conversation.as_json(), "entries": [e.as_json() for e in entries]}
+
+
+@router.endpoint("POST", "/v1/conversations", status=201, model=models.ConversationEnvelope, errors=(400, 415),
+                 summary="Create a conversation with an agent", has_body=True)
+def create_conversation(
+    body: Annotated[dict[str, Any], Body(description="ConversationCreate")],
+) -> Response[dict[str, Any]]:
+    owner = principal()
+
+    def create(conn: Any) -> Response[dict[str, Any]]:
+        conversation = conversations.create_from_body(conn, owner=owner, raw=body)
+        entries = conversations.entries(conn, conversation.id)
+        return ok(201, models.ConversationEnvelope, {"conversation": _conversation_json(conversation, entries)})
+
+    with database().transaction() as conn:
+        return idempotent(conn, owner, router.current_event.raw_event, create)
+
+
+@router.endpoint("GET", "/v1/conversations/<id>", status=200, model=models.ConversationEnvelope, errors=(404,),
+                 summary="A conversation with its transcript")
+def get_conversation(id: str) -> Response[dict[str, Any]]:
+    owner = principal()
+    conversation_id = parse_id(id, "conversation")
+    with database().transaction() as conn:
+        conversation = conversations.get(conn, conversation_id, owner=owner)
+        entries = conversations.entries(conn, conversation.id)
+    return ok(200, models.ConversationEnvelope, {"conversation": _conversation_json(conversation, entries)})
+
+
+@router.endpoint("GET", "/v1/conversations/<id>/inbox", status=200, model=models.Inbox, errors=(404,),
+                 summary="The conversation's inbox notes, newest first")
+def get_inbox(id: str) -> Response[dict[str, Any]]:
+    owner = principal()
+    conversation_id = parse_id(id, "conversation")
+    with database().transaction() as conn:
+        notes = conversations.inbox(conn, conversation_id, owner=owner)
+    return ok(200, models.Inbox, {"notes": [n.as_json() for n in notes]})
