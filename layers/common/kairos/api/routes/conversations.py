@@ -7,7 +7,6 @@ describes it from ``kairos.api.models.ConversationCreate``.
 
 from __future__ import annotations
 
-from collections.abc import Sequence
 from typing import Annotated, Any
 
 from aws_lambda_powertools.event_handler import Response
@@ -21,11 +20,6 @@ from kairos.api.routes import database, idempotent, ok, parse_id
 router = Routes()
 
 
-def _conversation_json(conversation: conversations.Conversation,
-                       entries: Sequence[conversations.Entry]) -> dict[str, Any]:
-    return {**conversation.as_json(), "entries": [e.as_json() for e in entries]}
-
-
 @router.endpoint("POST", "/v1/conversations", status=201, model=models.ConversationEnvelope, errors=(400, 415),
                  summary="Create a conversation with an agent", has_body=True)
 def create_conversation(
@@ -34,9 +28,9 @@ def create_conversation(
     owner = principal()
 
     def create(conn: Any) -> Response[dict[str, Any]]:
-        conversation = conversations.create_from_body(conn, owner=owner, raw=body)
-        entries = conversations.entries(conn, conversation.id)
-        return ok(201, models.ConversationEnvelope, {"conversation": _conversation_json(conversation, entries)})
+        created = conversations.create_from_body(conn, owner=owner, raw=body)
+        transcript = conversations.transcript(conn, created.id, owner=owner)
+        return ok(201, models.ConversationEnvelope, {"conversation": transcript.as_json()})
 
     with database().transaction() as conn:
         return idempotent(conn, owner, router.current_event.raw_event, create)
@@ -48,9 +42,8 @@ def get_conversation(id: str) -> Response[dict[str, Any]]:
     owner = principal()
     conversation_id = parse_id(id, "conversation")
     with database().transaction() as conn:
-        conversation = conversations.get(conn, conversation_id, owner=owner)
-        entries = conversations.entries(conn, conversation.id)
-    return ok(200, models.ConversationEnvelope, {"conversation": _conversation_json(conversation, entries)})
+        transcript = conversations.transcript(conn, conversation_id, owner=owner)
+    return ok(200, models.ConversationEnvelope, {"conversation": transcript.as_json()})
 
 
 @router.endpoint("GET", "/v1/conversations/<id>/inbox", status=200, model=models.Inbox, errors=(404,),
