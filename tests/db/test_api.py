@@ -19,6 +19,7 @@ from typing import Any
 import pytest
 from kairos import runtime, schedules, trace
 from kairos.api import app as api_app
+from kairos.api.resolver import RouteSpec
 from kairos.states import EventType
 
 from tests import factories
@@ -50,7 +51,7 @@ def world(api: Api) -> dict[str, Any]:
     return out
 
 
-def object_for(spec: api_app.RouteSpec, mine: dict[str, Any]) -> str:
+def object_for(spec: RouteSpec, mine: dict[str, Any]) -> str:
     if spec.path.startswith("/v1/conversations"):
         return str(mine["conversation"])
     if spec.path.startswith("/v1/runs"):
@@ -323,7 +324,7 @@ def test_pause_resume_cancel(api: Api, world: dict[str, Any]) -> None:
 
 def test_run_events_page_after_a_sequence_with_a_capped_limit(api: Api, world: dict[str, Any]) -> None:
     run_id = uuid.UUID(world["alice"]["run"])
-    database = api_app.runtime.database()
+    database = runtime.database()
     with database.transaction() as conn:
         for _ in range(259):
             trace.append(conn, run_id, EventType.STEP_FINISHED, data={"n": 1}, step="model")
@@ -376,7 +377,7 @@ def test_cancel_a_queued_run(api: Api, world: dict[str, Any]) -> None:
 # ---- the document and concurrency -----------------------------------------------------------
 
 
-def spec_status(spec: api_app.RouteSpec) -> int:
+def spec_status(spec: RouteSpec) -> int:
     return {"POST /v1/conversations": 201, "POST /v1/schedules": 201, "POST /v1/hooks/{token}": 202,
             "DELETE /v1/secrets/{name}": 204}.get(spec.key, 200)
 

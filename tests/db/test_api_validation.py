@@ -14,6 +14,7 @@ from typing import Any
 import pytest
 from kairos import calendar, conversations, schedules, webhooks
 from kairos.api import app as api_app
+from kairos.api.resolver import RouteSpec
 from kairos.errors import ValidationFailed
 
 from tests.support.api import Answer, Api, rows
@@ -142,7 +143,7 @@ def _schedule_fields(api: Api, schedule_id: str) -> dict[str, Any]:
 @pytest.mark.parametrize("spec", JSON_ROUTES, ids=lambda spec: spec.key)
 @pytest.mark.parametrize("where", ["whole body", "inside a field"])
 def test_json_nested_990_levels_is_a_422_naming_body_and_depth_on_every_json_route(
-        api: Api, spec: api_app.RouteSpec, where: str) -> None:
+        api: Api, spec: RouteSpec, where: str) -> None:
     _, token = api.webhook_schedule()
     target = spec.path.replace("{id}", str(uuid.uuid4())).replace("{name}", "key").replace("{token}", token)
     deep = b"[" * 990 + b"]" * 990

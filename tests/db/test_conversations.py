@@ -42,6 +42,23 @@ def test_create_validates_the_agent_and_get_is_owner_scoped(db: Database) -> Non
     assert created.agent == ECHO and created.parent_id is None and created.fork_seq is None
 
 
+def test_transcript_is_the_owners_conversation_with_its_merged_entries(db_url: str, db: Database) -> None:
+    parent = factories.conversation(db_url, owner="alice", entries=[("user", "p1"), ("assistant", "p2")])
+    with db.transaction() as conn:
+        child = conversations.fork(conn, parent["id"])
+        conversations.append(conn, child.id, role="user", content="c3")
+        transcript = conversations.transcript(conn, child.id, owner="alice")
+        assert transcript.conversation == conversations.get(conn, child.id, owner="alice")
+        assert transcript.entries == conversations.entries(conn, child.id)
+        assert [(e.seq, e.content) for e in transcript.entries] == [(1, "p1"), (2, "p2"), (3, "c3")]
+        assert transcript.as_json() == {**child.as_json(), "entries": [e.as_json() for e in transcript.entries]}
+        with pytest.raises(NotFound) as foreign:
+            conversations.transcript(conn, child.id, owner="bob")
+        with pytest.raises(NotFound) as missing:
+            conversations.transcript(conn, uuid.uuid4(), owner="alice")
+    assert foreign.value.as_body() == missing.value.as_body()
+
+
 def test_append_numbers_entries_and_latest_seq_counts_them(db: Database) -> None:
     with db.transaction() as conn:
         c = conversations.create(conn, owner="alice", agent=ECHO)

@@ -10,7 +10,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import calendar, conversations, schedules
+from kairos import calendar, conversations, schedules, webhooks
 from kairos.db import Database
 from kairos.errors import Conflict, Forbidden, KairosError, LimitExceeded, NotFound, ValidationFailed
 from kairos.states import ScheduleKind, ScheduleStatus
@@ -412,6 +412,76 @@ def test_preview(db: Database, cid: uuid.UUID) -> None:
         with pytest.raises(ValidationFailed) as info:
             schedules.preview(s, after=T0, count=bad)
         assert info.value.fields[0].field == "count"
+
+
+def test_preview_owned_reads_the_owners_schedule_and_starts_at_the_database_clock(
+        db: Database, cid: uuid.UUID) -> None:
+    s = create(db, raw=hourly(cid), now=T0).schedule
+    hook = create(db, raw={"conversation_id": str(cid), "prompt": "p", "kind": "webhook"}).schedule
+    with db.transaction() as conn:
+        # Given no `after`, the preview starts at the database's now (injected here), like the tick.
+        assert schedules.preview_owned(conn, s.id, owner="alice", count=3, now=T0) == \
+            schedules.preview(s, after=T0, count=3)
+        later = T0 + timedelta(days=2)
+        assert schedules.preview_owned(conn, s.id, owner="alice", count=2, after=later) == \
+            schedules.preview(s, after=later, count=2)
+        assert schedules.preview_owned(conn, hook.id, owner="alice", count=5) == []
+        # And the real clock when nothing is injected: the first fire is the next whole hour after it.
+        row = conn.execute("SELECT now() AS now").fetchone()
+        assert row is not None
+        db_now = row["now"]
+        (first,) = schedules.preview_owned(conn, s.id, owner="alice", count=1)
+        assert db_now < first.fire_at <= db_now + timedelta(hours=1)
+        with pytest.raises(NotFound):
+            schedules.preview_owned(conn, s.id, owner="bob", count=3)
+
+
+def test_preview_owned_checks_its_arguments_before_it_reads_the_schedule(db: Database) -> None:
+    missing = uuid.uuid4()
+    with db.transaction() as conn:
+        for count, after, rule in ((0, None, "min"), (3, datetime(1, 1, 2, tzinfo=UTC), "min"),
+                                   (3, datetime(2030, 1, 1), "timezone_aware")):
+            with pytest.raises(ValidationFailed) as info:  # not NotFound: the id is never looked up
+                schedules.preview_owned(conn, missing, owner="alice", count=count, after=after)
+            assert [(f.field, f.rule) for f in info.value.fields] == [("count" if count == 0 else "after", rule)]
+
+
+def test_rotate_answers_a_new_token_and_the_schedule_it_moved(db: Database, db_url: str, cid: uuid.UUID) -> None:
+    hook = create(db, raw={"conversation_id": str(cid), "prompt": "p", "kind": "webhook"}, now=T0).schedule
+    with db.transaction() as conn:
+        rotated = webhooks.rotate(conn, hook.id, owner="alice", overlap_seconds=60, now=T0)
+    assert rotated.schedule.id == hook.id and rotated.schedule.revision == hook.revision + 1
+    assert rotated.schedule.token_hash == schedules.hash_token(rotated.token) != hook.token_hash
+    assert rotated.token not in repr(rotated)
+    stored = raw_row(db_url, hook.id)
+    assert stored["previous_token_hash"] == hook.token_hash
+    assert stored["previous_token_expires_at"] == T0 + timedelta(seconds=60)
+
+
+def test_rotate_says_why_it_refuses_and_changes_nothing(db: Database, db_url: str, cid: uuid.UUID) -> None:
+    cron = create(db, raw=hourly(cid), now=T0).schedule
+    hook = create(db, raw={"conversation_id": str(cid), "prompt": "p", "kind": "webhook"}).schedule
+    done = create(db, raw={"conversation_id": str(cid), "prompt": "p", "kind": "webhook"}).schedule
+    with db.transaction() as conn:
+        schedules.cancel(conn, done.id, owner="alice")
+    before = {s.id: raw_row(db_url, s.id) for s in (cron, hook, done)}
+
+    def refusal(schedule_id: uuid.UUID, owner: str = "alice", overlap: int = 60) -> KairosError:
+        with pytest.raises(KairosError) as info, db.transaction() as conn:
+            webhooks.rotate(conn, schedule_id, owner=owner, overlap_seconds=overlap)
+        return info.value
+
+    foreign, missing = refusal(hook.id, owner="bob"), refusal(uuid.uuid4())
+    assert type(foreign) is type(missing) is NotFound and foreign.message == missing.message
+    not_webhook = refusal(cron.id)
+    assert type(not_webhook) is ValidationFailed
+    assert [(f.field, f.rule) for f in not_webhook.fields] == [("kind", "webhook_only")]
+    cancelled = refusal(done.id)
+    assert type(cancelled) is Conflict and cancelled.message == "a cancelled schedule's token cannot be rotated"
+    for overlap, rule in ((-1, "min"), (schedules.TOKEN_OVERLAP_MAX_SECONDS + 1, "max")):
+        bad = refusal(uuid.uuid4(), overlap=overlap)  # the overlap is judged before any lookup
+        assert type(bad) is ValidationFailed and [(f.field, f.rule) for f in bad.fields] == [("overlap_seconds", rule)]
+    assert {s.id: raw_row(db_url, s.id) for s in (cron, hook, done)} == before
 
 
 def test_next_fire_at_for_a_schedule_and_a_rule(db: Database, cid: uuid.UUID) -> None:

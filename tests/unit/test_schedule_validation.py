@@ -377,7 +377,7 @@ def test_one_table_names_pydantic_errors_for_the_api_and_the_library() -> None:
     """The API's request validation and the library's models translate the same pydantic error to the
     same rule (the API said 'range' and 'timezone_required' where the library said 'min' and
     'timezone_aware')."""
-    from kairos.api import app as api_app
+    from kairos.api import errors as api_errors
     from pydantic import AwareDatetime, BaseModel, Field, ValidationError
 
     class Probe(BaseModel):
@@ -390,7 +390,7 @@ def test_one_table_names_pydantic_errors_for_the_api_and_the_library() -> None:
         Probe.model_validate({"low": 0, "high": 11, "at": "2030-01-01T00:00:00", "word": "long", "x": 1})
     library = [(f.field, f.rule) for f in conversations.field_errors(info.value)]
     as_powertools = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
-    api = [(f.field, f.rule) for f in api_app.translate(as_powertools)]
+    api = [(f.field, f.rule) for f in api_errors.translate(as_powertools)]
     assert api == library
     assert dict(library) == {"low": "min", "high": "max", "at": "timezone_aware", "word": "max_length"}
 

@@ -12,7 +12,7 @@ Guarantees:
 * ``append`` is safe under concurrency: it locks the conversation row (``FOR NO KEY UPDATE``) and
   then reads the last seq in a new statement, so two appenders get distinct consecutive seqs. It
   must run inside the caller's transaction (on an autocommit connection it opens its own).
-* ``get`` and ``inbox`` are scoped to the owner; another owner's conversation raises the same
+* ``get``, ``transcript`` and ``inbox`` are scoped to the owner; another owner's conversation raises the same
   ``NotFound("conversation")`` as a missing one.
 * ``validate_agent`` accepts only declared fields, and only *references* to secrets that the owner
   may send to the agent's ``base_url`` (``kairos.secrets.check``), never a literal key.
@@ -179,6 +179,17 @@ class Entry:
 
 
 @dataclass(frozen=True)
+class Transcript:
+    """A conversation with its merged transcript: what the API answers for one."""
+
+    conversation: Conversation
+    entries: list[Entry]
+
+    def as_json(self) -> dict[str, Any]:
+        return {**self.conversation.as_json(), "entries": [e.as_json() for e in self.entries]}
+
+
+@dataclass(frozen=True)
 class Note:
     id: int
     box: str
@@ -274,6 +285,12 @@ def get(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: 
     if row is None:
         raise NotFound("conversation")
     return Conversation.from_row(row)
+
+
+def transcript(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: str) -> Transcript:
+    """One conversation of ``owner`` with its entries (``entries``); ``NotFound`` as ``get``."""
+    conversation = get(conn, conversation_id, owner=owner)
+    return Transcript(conversation, entries(conn, conversation.id))
 
 
 def lock(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: str | None = None) -> Conversation:

@@ -102,6 +102,9 @@ MAX_DELAY_DEFAULT_SECONDS = 600
 MAX_DELAY_MIN_SECONDS = 60
 MAX_DELAY_MAX_SECONDS = 86_400
 PREVIEW_MAX = 100
+# A webhook token's rotation (``kairos.webhooks.rotate``): how long the previous token keeps working.
+TOKEN_OVERLAP_DEFAULT_SECONDS = 86_400
+TOKEN_OVERLAP_MAX_SECONDS = 604_800
 DAY = 86_400
 
 TIMED_KINDS = frozenset({ScheduleKind.CRON, ScheduleKind.INTERVAL, ScheduleKind.ONCE})
@@ -515,19 +518,43 @@ def next_fire_at(target: Schedule | calendar.Rule, after: datetime) -> datetime 
 def preview(schedule: Schedule, *, after: datetime, count: int) -> list[calendar.Fire]:
     """The next ``count`` (1..100) fires strictly after ``after`` (an instant in ``kairos.instants``'
     range), honouring ``max_occurrences``. A webhook has no timed fires."""
-    problems: list[FieldError] = []
-    if isinstance(count, bool) or not isinstance(count, int):
-        problems.append(FieldError("count", TYPE, f"count must be a whole number from 1 to {PREVIEW_MAX}"))
-    elif not 1 <= count <= PREVIEW_MAX:
-        problems.append(FieldError("count", MIN if count < 1 else MAX, f"count must be between 1 and {PREVIEW_MAX}"))
-    if not isinstance(after, datetime):
-        problems.append(FieldError("after", TYPE, _INSTANT_HINT))
-    elif after.tzinfo is None or after.utcoffset() is None:
-        problems.append(FieldError("after", TIMEZONE_AWARE, _INSTANT_HINT))
-    elif (bound := out_of_range(after, "after")) is not None:
-        problems.append(bound)
+    problems = [*_count_problems(count), *_after_problems(after)]
     if problems:
         raise ValidationFailed(problems)
+    return _fires(schedule, after, count)
+
+
+def preview_owned(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str, count: int,
+                  after: datetime | None = None, now: datetime | None = None) -> list[calendar.Fire]:
+    """``preview`` of ``owner``'s schedule: after ``after``, or after the database clock (``now`` in
+    tests) when it is None. The arguments are checked before the schedule is read, so a bad one is
+    ``ValidationFailed`` whether or not the id names a schedule; a missing or foreign one is
+    ``NotFound("schedule")``."""
+    problems = [*_count_problems(count), *([] if after is None else _after_problems(after))]
+    if problems:
+        raise ValidationFailed(problems)
+    schedule = get(conn, schedule_id, owner=owner)
+    return _fires(schedule, _clock(conn, now) if after is None else after, count)
+
+
+def _count_problems(count: object) -> list[FieldError]:
+    if isinstance(count, bool) or not isinstance(count, int):
+        return [FieldError("count", TYPE, f"count must be a whole number from 1 to {PREVIEW_MAX}")]
+    if not 1 <= count <= PREVIEW_MAX:
+        return [FieldError("count", MIN if count < 1 else MAX, f"count must be between 1 and {PREVIEW_MAX}")]
+    return []
+
+
+def _after_problems(after: object) -> list[FieldError]:
+    if not isinstance(after, datetime):
+        return [FieldError("after", TYPE, _INSTANT_HINT)]
+    if after.tzinfo is None or after.utcoffset() is None:
+        return [FieldError("after", TIMEZONE_AWARE, _INSTANT_HINT)]
+    bound = out_of_range(after, "after")
+    return [] if bound is None else [bound]
+
+
+def _fires(schedule: Schedule, after: datetime, count: int) -> list[calendar.Fire]:
     if schedule.kind not in TIMED_KINDS:
         return []
     if schedule.max_occurrences is not None:

@@ -37,6 +37,10 @@ Database failures: any ``psycopg.Error`` while recording a delivery answers 503
 (``ServiceUnavailable``) and logs one line with the error class and SQLSTATE only — PostgreSQL's
 message and context quote the values they refused (the payload), so they never reach a log here.
 
+Rotation (``rotate``): one guarded UPDATE gives an active or paused webhook schedule a new token and
+keeps the previous one valid for the overlap (``schedules.TOKEN_OVERLAP_*``); a refusal says why
+(missing or foreign, not a webhook, cancelled or completed).
+
 Guarantees: the raw token is never stored, logged or put in an error; logs carry ``action`` and ids.
 This module must not decide anything with the Lambda clock: "now" is the database's.
 """
@@ -51,7 +55,7 @@ import math
 import re
 import secrets as pysecrets
 from collections.abc import Callable, Mapping
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
 from uuid import UUID
@@ -61,6 +65,7 @@ from psycopg.types.json import Jsonb
 
 from kairos import calendar, db, idempotency, identity, trace
 from kairos.errors import (
+    Conflict,
     FieldError,
     IdempotencyMismatch,
     NotFound,
@@ -71,7 +76,13 @@ from kairos.errors import (
     ValidationFailed,
 )
 from kairos.observability import logger, metrics
-from kairos.schedules import hash_token  # the one hashing rule (SHA-256 hex), shared with creation
+from kairos.schedules import (  # hash_token: the one hashing rule (SHA-256 hex), shared with creation
+    TOKEN_OVERLAP_DEFAULT_SECONDS,
+    TOKEN_OVERLAP_MAX_SECONDS,
+    Schedule,
+    hash_token,
+)
+from kairos.schedules import get as get_schedule
 from kairos.states import EventType, Source
 
 MAX_BODY_BYTES = 65_536
@@ -81,8 +92,6 @@ MAX_KEY_LENGTH = idempotency.MAX_KEY_LENGTH
 _TIMESTAMP = re.compile(r"-?[0-9]{1,12}")
 DEFAULT_RATE_LIMIT = 60
 DEFAULT_TOLERANCE_SECONDS = 300
-MAX_OVERLAP_SECONDS = 604_800
-DEFAULT_OVERLAP_SECONDS = 86_400
 RATE_WINDOW = timedelta(seconds=60)
 
 HandoffFn = Callable[[db.Database, list[UUID]], object]
@@ -370,23 +379,45 @@ def _check_rate(conn: psycopg.Connection[db.Row], schedule_id: UUID, limit: int,
     raise RateLimited(f"this hook accepts at most {limit} deliveries per minute", retry_after=retry_after)
 
 
+@dataclass(frozen=True)
+class Rotation:
+    """A rotated token (shown once, never stored) and the schedule as the rotation left it."""
+
+    schedule: Schedule
+    token: str = field(repr=False)
+
+
+def rotate(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, owner: str,
+           overlap_seconds: int = TOKEN_OVERLAP_DEFAULT_SECONDS, now: datetime | None = None) -> Rotation:
+    """``rotate_token``, then the schedule as it now is (its revision moved): the API's answer."""
+    token = rotate_token(conn, schedule_id, owner=owner, overlap_seconds=overlap_seconds, now=now)
+    return Rotation(get_schedule(conn, schedule_id, owner=owner), token)
+
+
 def rotate_token(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, owner: str,
-                 overlap_seconds: int = DEFAULT_OVERLAP_SECONDS, now: datetime | None = None) -> str:
+                 overlap_seconds: int = TOKEN_OVERLAP_DEFAULT_SECONDS, now: datetime | None = None) -> str:
     """Gives a webhook schedule a new token (returned, shown once); the old one works for the overlap.
 
-    Only one previous token is kept: rotating again ends the older one at once. The caller checks
-    ownership and kind first (``schedules.get``) so a foreign id answers the same NotFound.
+    Only one previous token is kept: rotating again ends the older one at once. One guarded UPDATE
+    (owner, kind ``webhook``, status active or paused); when it matches no row the schedule is read to
+    say why: ``NotFound("schedule")`` for a missing or foreign one (the same either way),
+    ``ValidationFailed`` (``kind`` / ``webhook_only``) for a schedule without a token, ``Conflict``
+    for a cancelled or completed one. A bad ``overlap_seconds`` (0..``TOKEN_OVERLAP_MAX_SECONDS``) is
+    refused before any of it.
     """
-    if not 0 <= overlap_seconds <= MAX_OVERLAP_SECONDS:
+    if not 0 <= overlap_seconds <= TOKEN_OVERLAP_MAX_SECONDS:
         rule = "min" if overlap_seconds < 0 else "max"  # kairos.errors.MIN / MAX, as the API body check
-        raise ValidationFailed([FieldError("overlap_seconds", rule, f"between 0 and {MAX_OVERLAP_SECONDS}")])
+        raise ValidationFailed([FieldError("overlap_seconds", rule, f"between 0 and {TOKEN_OVERLAP_MAX_SECONDS}")])
     token = new_token()
     row = db.fetch_one(conn, "schedules_rotate_token", {
         "id": schedule_id, "owner": owner, "token_hash": hash_token(token),
         "overlap_seconds": overlap_seconds, "now": now,
     })
     if row is None:
-        raise NotFound("schedule")
+        schedule = get_schedule(conn, schedule_id, owner=owner)
+        if schedule.kind != "webhook":
+            raise ValidationFailed([FieldError("kind", "webhook_only", "only webhook schedules have a token")])
+        raise Conflict(f"a {schedule.status} schedule's token cannot be rotated")
     logger.info("webhook token rotated", extra={"action": "webhook_token_rotated", "schedule_id": str(schedule_id),
                                                 "overlap_seconds": overlap_seconds})
     return token

@@ -8,7 +8,8 @@ first so the chat-style shorthand can be canonicalized before that strict valida
 Response models name the fields each envelope guarantees; the objects inside (a schedule, a run, an
 event) come from their own modules' ``as_json()`` and may carry more fields (``extra="allow"``), so
 the document never promises less than the body holds. Times are RFC 3339 strings in UTC.
-Nothing here talks to the database.
+Limits are the library's own (``conversations.TITLE_MAX``, ``secrets.VALUE_MAX_BYTES``, the token
+overlap of ``schedules``), never a second copy. Nothing here talks to the database.
 """
 
 from __future__ import annotations
@@ -16,6 +17,8 @@ from __future__ import annotations
 from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
+
+from kairos import conversations, schedules, secrets
 
 
 # defer_build: a model's validator is built at its first use, not at import — a cold start builds only
@@ -35,19 +38,20 @@ class ConversationCreate(_Strict):
     """``POST /v1/conversations``: an agent (validated by ``conversations.validate_agent``) and a title."""
 
     agent: dict[str, Any] = Field(description="executor, model, system, base_url, api_key_secret, max_tokens")
-    title: str | None = Field(default=None, max_length=200)
+    title: str | None = Field(default=None, max_length=conversations.TITLE_MAX)
 
 
 class SecretPut(_Strict):
     """``PUT /v1/secrets/{name}``: the key itself. It is stored in Secrets Manager, never returned."""
 
-    value: str = Field(min_length=1, description="the key; at most 65,536 bytes (UTF-8)")
+    value: str = Field(min_length=1, description=f"the key; at most {secrets.VALUE_MAX_BYTES:,} bytes (UTF-8)")
 
 
 class TokenRotate(_Strict):
     """``POST /v1/schedules/{id}/token``: how long the previous token keeps working."""
 
-    overlap_seconds: int = Field(default=86_400, ge=0, le=604_800)
+    overlap_seconds: int = Field(default=schedules.TOKEN_OVERLAP_DEFAULT_SECONDS, ge=0,
+                                 le=schedules.TOKEN_OVERLAP_MAX_SECONDS)
 
 
 # ---- responses -----------------------------------------------------------------------------------

@@ -1,0 +1,92 @@
+"""The API's routes, one Powertools router per resource, and what every route shares.
+
+``conversations``, ``schedules``, ``secrets``, ``hooks`` and ``runs`` each hold a ``router``
+(``kairos.api.resolver.Routes``) that ``kairos.api.app`` joins with ``include_router``. A route takes
+its caller from ``kairos.api.resolver.principal()``, parses its ids (``parse_id``), calls one library
+function inside one transaction with that principal — every query is scoped to it, so another
+principal's object answers the same ``NotFound``, byte for byte, as a missing one — and shapes the
+answer with ``ok`` (validated against its response model in ``kairos.api.models``). Creates go
+through ``idempotent`` (``Idempotency-Key``, ``kairos.idempotency``).
+
+Library modules only some routes need (``kairos.runs``, ``kairos.webhooks``, ``kairos.handoff``,
+``kairos.idempotency``) are imported inside those routes: a container that serves only listings
+never loads them.
+
+Must not: hold a domain rule, echo an id or a token in an error, or log a path, a header or a body.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Callable, Mapping
+from datetime import datetime, timedelta
+from typing import Any, TypeVar
+from uuid import UUID
+
+from aws_lambda_powertools.event_handler import Response
+from pydantic import BaseModel
+
+from kairos import db, runtime
+from kairos.api.bodies import raw_body
+from kairos.api.resolver import JSON, route_key
+from kairos.errors import NotFound
+from kairos.instants import rfc3339
+
+M = TypeVar("M", bound=BaseModel)
+
+
+def database() -> db.Database:
+    return runtime.database()
+
+
+def ok(status: int, model: type[M], payload: Mapping[str, Any], headers: Mapping[str, str] | None = None,
+       ) -> Response[dict[str, Any]]:
+    """A success response, validated against its model (a mismatch is our bug: 500, logged)."""
+    body = model.model_validate(payload).model_dump(mode="json", exclude_unset=True)
+    return Response(status_code=status, content_type=JSON, body=body, headers=dict(headers or {}))
+
+
+def parse_id(raw: str, kind: str) -> UUID:
+    """Ids are UUIDs; anything else names no object and answers the same NotFound as a missing one."""
+    try:
+        return UUID(raw)
+    except ValueError:
+        raise NotFound(kind) from None
+
+
+def jsonable(value: Any) -> Any:
+    """Library read models as JSON: dataclasses through ``as_json()``, datetimes as RFC 3339 UTC."""
+    if hasattr(value, "as_json"):
+        return value.as_json()
+    if isinstance(value, Mapping):
+        return {str(k): jsonable(v) for k, v in value.items()}
+    if isinstance(value, list | tuple):
+        return [jsonable(v) for v in value]
+    if isinstance(value, datetime):
+        return rfc3339(value) if value.tzinfo else value.isoformat()
+    if isinstance(value, UUID):
+        return str(value)
+    if isinstance(value, timedelta):
+        return value.total_seconds()
+    return value
+
+
+def idempotent(conn: Any, owner: str, event: Mapping[str, Any],
+               create: Callable[[Any], Response[dict[str, Any]]]) -> Response[dict[str, Any]]:
+    """``create(conn)`` at most once per owner and ``Idempotency-Key`` in 24 h (``kairos.idempotency``):
+    a retry with the same body answers the first response again, another body 422. No key: a plain create."""
+    from kairos import idempotency
+
+    headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
+    key = idempotency.check_key("Idempotency-Key", headers.get("idempotency-key"))
+    if key is None:
+        return create(conn)
+    body = raw_body(event)
+    claim = idempotency.begin(conn, owner=owner, key=key, route=route_key(),
+                              body=json.loads(body) if body else None)
+    if isinstance(claim, idempotency.Replay):
+        return Response(status_code=claim.status, content_type=JSON, body=claim.body,
+                        headers={"Idempotent-Replayed": "true"})
+    response = create(conn)
+    idempotency.remember(conn, claim, status=response.status_code, body=response.body)
+    return response

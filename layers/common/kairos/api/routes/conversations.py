@@ -1,0 +1,56 @@
+"""Conversations: create one with its agent, read it with its transcript, read its inbox notes.
+
+``POST /v1/conversations`` reads its body raw: ``kairos.conversations.create_from_body`` judges it
+whole (undeclared fields, the title and every agent problem in one answer); the OpenAPI document
+describes it from ``kairos.api.models.ConversationCreate``.
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Body
+
+from kairos import conversations
+from kairos.api import models
+from kairos.api.resolver import Routes, principal
+from kairos.api.routes import database, idempotent, ok, parse_id
+
+router = Routes()
+
+
+@router.endpoint("POST", "/v1/conversations", status=201, model=models.ConversationEnvelope, errors=(400, 415),
+                 summary="Create a conversation with an agent", has_body=True)
+def create_conversation(
+    body: Annotated[dict[str, Any], Body(description="ConversationCreate")],
+) -> Response[dict[str, Any]]:
+    owner = principal()
+
+    def create(conn: Any) -> Response[dict[str, Any]]:
+        created = conversations.create_from_body(conn, owner=owner, raw=body)
+        transcript = conversations.transcript(conn, created.id, owner=owner)
+        return ok(201, models.ConversationEnvelope, {"conversation": transcript.as_json()})
+
+    with database().transaction() as conn:
+        return idempotent(conn, owner, router.current_event.raw_event, create)
+
+
+@router.endpoint("GET", "/v1/conversations/<id>", status=200, model=models.ConversationEnvelope, errors=(404,),
+                 summary="A conversation with its transcript")
+def get_conversation(id: str) -> Response[dict[str, Any]]:
+    owner = principal()
+    conversation_id = parse_id(id, "conversation")
+    with database().transaction() as conn:
+        transcript = conversations.transcript(conn, conversation_id, owner=owner)
+    return ok(200, models.ConversationEnvelope, {"conversation": transcript.as_json()})
+
+
+@router.endpoint("GET", "/v1/conversations/<id>/inbox", status=200, model=models.Inbox, errors=(404,),
+                 summary="The conversation's inbox notes, newest first")
+def get_inbox(id: str) -> Response[dict[str, Any]]:
+    owner = principal()
+    conversation_id = parse_id(id, "conversation")
+    with database().transaction() as conn:
+        notes = conversations.inbox(conn, conversation_id, owner=owner)
+    return ok(200, models.Inbox, {"notes": [n.as_json() for n in notes]})

@@ -1,0 +1,75 @@
+"""Runs: read one, page through its trace, read its output, cancel it.
+
+``kairos.runs`` (with the executors' types, effects and the trace's writers) is imported by these
+routes when they are first called: a container that serves only schedules, conversations or webhooks
+never loads it. The trace is read only after ``runs.get`` has checked ownership (the trace has no
+owner column).
+"""
+
+from __future__ import annotations
+
+from typing import Annotated, Any
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Query
+
+from kairos import trace
+from kairos.api import models
+from kairos.api.resolver import Routes, principal
+from kairos.api.routes import database, jsonable, ok, parse_id
+
+router = Routes()
+
+SEQ_MAX = 2_147_483_647  # run_events.seq is an integer column
+
+
+@router.endpoint("GET", "/v1/runs/<id>", status=200, model=models.RunEnvelope, errors=(404,), summary="One run")
+def get_run(id: str) -> Response[dict[str, Any]]:
+    from kairos import runs
+
+    owner = principal()
+    run_id = parse_id(id, "run")
+    with database().transaction() as conn:
+        run = runs.get(conn, run_id, owner=owner)
+    return ok(200, models.RunEnvelope, {"run": run.as_json()})
+
+
+@router.endpoint("GET", "/v1/runs/<id>/events", status=200, model=models.EventPage, errors=(404,),
+                 summary="The run's trace after a sequence number (step.progress folded into its step)")
+def get_run_events(
+    id: str,
+    after: Annotated[int, Query(ge=0, le=SEQ_MAX)] = 0,
+    limit: Annotated[int, Query(ge=1, le=SEQ_MAX, description=f"capped at {trace.MAX_PAGE}")] = 100,
+) -> Response[dict[str, Any]]:
+    from kairos import runs
+
+    owner = principal()
+    run_id = parse_id(id, "run")
+    with database().transaction() as conn:
+        runs.get(conn, run_id, owner=owner)  # ownership first: the trace has no owner column
+        events, next_after = trace.page(conn, run_id, after=after, limit=limit)
+    return ok(200, models.EventPage, {"events": [jsonable(e) for e in events], "next_after": next_after})
+
+
+@router.endpoint("GET", "/v1/runs/<id>/output", status=200, model=models.OutputEnvelope, errors=(404,),
+                 summary="The run's output projection: available, empty (with why) or unavailable")
+def get_run_output(id: str) -> Response[dict[str, Any]]:
+    from kairos import runs
+
+    owner = principal()
+    run_id = parse_id(id, "run")
+    with database().transaction() as conn:
+        output = runs.output(conn, run_id, owner=owner)
+    return ok(200, models.OutputEnvelope, {"output": jsonable(output)})
+
+
+@router.endpoint("POST", "/v1/runs/<id>/cancel", status=200, model=models.RunEnvelope, errors=(404, 409),
+                 summary="Cancel a run (queued: at once; running: at its next heartbeat or step)")
+def cancel_run(id: str) -> Response[dict[str, Any]]:
+    from kairos import runs
+
+    owner = principal()
+    run_id = parse_id(id, "run")
+    with database().transaction() as conn:
+        run = runs.cancel(conn, run_id, owner=owner)
+    return ok(200, models.RunEnvelope, {"run": run.as_json()})

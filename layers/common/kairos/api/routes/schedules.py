@@ -1,0 +1,149 @@
+"""Schedules: create (with a webhook's URL and token, shown once), list, read, preview, pause, resume,
+cancel, and rotate a webhook's token.
+
+``POST /v1/schedules`` reads its body raw so ``kairos.schedules`` can canonicalize the chat-style
+shorthand before its strict validation; the OpenAPI document describes the strict
+``schedules.ScheduleRequest``. ``kairos.webhooks`` (with the calendar, the trace and the identities
+it needs) is imported only by the routes that hand out a token: listing or reading schedules never
+loads it.
+"""
+
+from __future__ import annotations
+
+from datetime import timedelta
+from typing import Annotated, Any
+from uuid import UUID
+
+from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
+from pydantic import AwareDatetime
+
+from kairos import runtime, schedules
+from kairos.api import models
+from kairos.api.resolver import Routes, principal
+from kairos.api.routes import database, idempotent, ok, parse_id
+from kairos.instants import rfc3339
+
+router = Routes()
+
+
+def _webhook(token: str) -> dict[str, str]:
+    """The URL to paste into GitHub or Stripe: ``KAIROS_PUBLIC_URL`` when set (a custom domain), else
+    the host this request came to — API Gateway's own domain, which the template cannot pass to its
+    function without a dependency cycle."""
+    from kairos import webhooks
+
+    base = runtime.settings().public_url
+    if base is None:
+        domain = (router.current_event.raw_event.get("requestContext") or {}).get("domainName") or "localhost"
+        base = f"https://{domain}"
+    return {"url": webhooks.webhook_url(base, token), "token": token}
+
+
+def _offset(delta: timedelta) -> str:
+    seconds = int(delta.total_seconds())
+    sign = "-" if seconds < 0 else "+"
+    seconds = abs(seconds)
+    text = f"{sign}{seconds // 3600:02d}:{seconds % 3600 // 60:02d}"
+    return text + (f":{seconds % 60:02d}" if seconds % 60 else "")
+
+
+@router.endpoint("POST", "/v1/schedules", status=201, model=models.ScheduleCreated, errors=(400, 403, 404, 415),
+                 summary="Create a schedule (the webhook URL and token are returned once, for kind: webhook)",
+                 has_body=True)
+def create_schedule(body: Annotated[dict[str, Any], Body(description="ScheduleRequest")]) -> Response[dict[str, Any]]:
+    owner = principal()
+
+    def create(conn: Any) -> Response[dict[str, Any]]:
+        created = schedules.create(conn, owner=owner, raw=body)
+        payload: dict[str, Any] = {"schedule": created.schedule.as_json()}
+        if created.token is not None:
+            payload["webhook"] = _webhook(created.token)
+        return ok(201, models.ScheduleCreated, payload)
+
+    with database().transaction() as conn:
+        return idempotent(conn, owner, router.current_event.raw_event, create)
+
+
+@router.endpoint("GET", "/v1/schedules", status=200, model=models.ScheduleList, errors=(),
+                 summary="The caller's schedules that are not cancelled, oldest first")
+def list_schedules(conversation_id: Annotated[UUID | None, Query()] = None) -> Response[dict[str, Any]]:
+    owner = principal()
+    with database().transaction() as conn:
+        found = schedules.list_for(conn, owner=owner, conversation_id=conversation_id)
+    return ok(200, models.ScheduleList, {"schedules": [s.as_json() for s in found]})
+
+
+@router.endpoint("GET", "/v1/schedules/<id>", status=200, model=models.ScheduleEnvelope, errors=(404,),
+                 summary="One schedule")
+def get_schedule(id: str) -> Response[dict[str, Any]]:
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    with database().transaction() as conn:
+        schedule = schedules.get(conn, schedule_id, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()})
+
+
+@router.endpoint("GET", "/v1/schedules/<id>/preview", status=200, model=models.FireList, errors=(404,),
+                 summary="The next fires strictly after `after` (default: now), with local time, offset and fold")
+def preview_schedule(
+    id: str,
+    count: Annotated[int, Query(ge=1, le=schedules.PREVIEW_MAX)] = 10,
+    after: Annotated[AwareDatetime | None, Query(description="RFC 3339 instant with offset")] = None,
+) -> Response[dict[str, Any]]:
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    with database().transaction() as conn:
+        fires = schedules.preview_owned(conn, schedule_id, owner=owner, after=after, count=count)
+    return ok(200, models.FireList, {"fires": [
+        {"fire_at": rfc3339(f.fire_at), "local_time": f.local_time.isoformat(),
+         "utc_offset": _offset(f.utc_offset), "fold": f.fold}
+        for f in fires
+    ]})
+
+
+@router.endpoint("POST", "/v1/schedules/<id>/pause", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
+                 summary="Pause a schedule")
+def pause_schedule(id: str) -> Response[dict[str, Any]]:
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    with database().transaction() as conn:
+        schedule = schedules.pause(conn, schedule_id, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()})
+
+
+@router.endpoint("POST", "/v1/schedules/<id>/resume", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
+                 summary="Resume a paused schedule (clears failures, computes the next fire)")
+def resume_schedule(id: str) -> Response[dict[str, Any]]:
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    with database().transaction() as conn:
+        schedule = schedules.resume(conn, schedule_id, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()})
+
+
+@router.endpoint("DELETE", "/v1/schedules/<id>", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
+                 summary="Cancel a schedule")
+def cancel_schedule(id: str) -> Response[dict[str, Any]]:
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    with database().transaction() as conn:
+        schedule = schedules.cancel(conn, schedule_id, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()})
+
+
+@router.endpoint("POST", "/v1/schedules/<id>/token", status=200, model=models.TokenRotated,
+                 errors=(400, 404, 409, 415),
+                 summary="Rotate a webhook token; the previous one stays valid for overlap_seconds", has_body=True)
+def rotate_token(
+    id: str,
+    body: Annotated[models.TokenRotate | None, Body()] = None,
+) -> Response[dict[str, Any]]:
+    from kairos import webhooks
+
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    overlap = (body or models.TokenRotate()).overlap_seconds
+    with database().transaction() as conn:
+        rotated = webhooks.rotate(conn, schedule_id, owner=owner, overlap_seconds=overlap)
+    return ok(200, models.TokenRotated, {"schedule": rotated.schedule.as_json(), "webhook": _webhook(rotated.token)})

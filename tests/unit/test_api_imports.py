@@ -1,0 +1,27 @@
+"""What importing the API loads: the routers, and none of the library the listings do not need.
+
+The routes import ``kairos.runs``, ``kairos.webhooks`` (with the calendar), ``kairos.handoff`` and
+``kairos.idempotency`` when first called, so a cold container that serves a listing never pays for
+them (``bench/coldstart.py``). A fresh interpreter shows it: ``sys.modules`` after the import.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parents[2]
+LAZY = {"kairos.runs", "kairos.webhooks", "kairos.calendar", "kairos.handoff", "kairos.idempotency"}
+
+
+def test_importing_the_api_loads_its_routers_and_none_of_the_lazy_library() -> None:
+    code = "import json, sys; import kairos.api.app; print(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "layers" / "common")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    routers = {f"kairos.api.routes.{name}" for name in ("conversations", "schedules", "secrets", "hooks", "runs")}
+    assert routers <= loaded
+    assert not LAZY & loaded, LAZY & loaded
