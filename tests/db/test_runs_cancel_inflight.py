@@ -134,7 +134,7 @@ def test_cancel_aborts_the_call_in_flight_and_the_run_ends_cancelled(
 
 
 def test_a_call_whose_abort_fired_before_it_connected_sends_nothing(holding: HoldingServer) -> None:
-    from kairos import egress
+    from kairos.executors import egress
     from kairos.executors.base import Abort
 
     abort = Abort()

@@ -11,7 +11,7 @@ from dataclasses import dataclass
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
-from kairos import egress
+from kairos.executors import egress
 
 
 @dataclass(frozen=True)

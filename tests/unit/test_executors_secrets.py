@@ -19,7 +19,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 from kairos import secrets
 from kairos.errors import NotFound, ValidationFailed
-from kairos.executors.base import ExecutorError
+from kairos.secrets import SecretUnavailable
 from moto import mock_aws
 
 REGION = "eu-central-1"
@@ -70,7 +70,7 @@ def aws(monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
 def test_the_function_environment_can_never_be_named(name: str) -> None:
     assert refused(f"env:{name}") == "secret_reference"
     assert refused(f"env:{name}", audience=None) == "secret_reference"
-    with pytest.raises(ExecutorError) as info:  # and again at the call, with the variable set
+    with pytest.raises(SecretUnavailable) as info:  # and again at the call, with the variable set
         secrets.resolve(f"env:{name}", owner="alice", audience=MODEL, policy=POLICY, env={name: "the-value"})
     assert info.value.reason_code == "secret_unavailable" and not info.value.retry_safe
     assert "the-value" not in info.value.message
@@ -104,7 +104,7 @@ def test_a_shared_key_goes_to_its_host_only() -> None:
 def test_shared_keys_resolve_from_the_environment_only_when_set() -> None:
     env = {"OPENAI_API_KEY": "sk-shared"}
     assert secrets.resolve("env:OPENAI_API_KEY", owner="bob", audience=MODEL, policy=POLICY, env=env) == "sk-shared"
-    with pytest.raises(ExecutorError) as info:
+    with pytest.raises(SecretUnavailable) as info:
         secrets.resolve("env:OPENAI_API_KEY", owner="bob", audience=MODEL, policy=POLICY, env={})
     assert info.value.reason_code == "secret_unavailable" and not info.value.retry_safe
 
@@ -193,7 +193,7 @@ def test_an_owned_arn_is_read_and_cached_until_it_expires(aws: Any) -> None:
 
 def test_another_owners_existing_secret_is_refused_before_any_read(aws: Any) -> None:
     bobs = aws.create_secret(Name="kairos/bob/openai", SecretString="sk-bob")["ARN"]
-    with pytest.raises(ExecutorError) as info:
+    with pytest.raises(SecretUnavailable) as info:
         secrets.resolve(bobs, owner="alice", audience=MODEL)
     assert info.value.reason_code == "secret_unavailable" and not info.value.retry_safe
     assert "sk-bob" not in info.value.message
@@ -207,7 +207,7 @@ def test_a_json_secret_with_an_api_key_field_yields_that_field(aws: Any) -> None
 
 
 def test_a_missing_secret_is_unavailable_and_not_retry_safe(aws: Any) -> None:
-    with pytest.raises(ExecutorError) as info:
+    with pytest.raises(SecretUnavailable) as info:
         secrets.resolve(arn("kairos/alice/absent-AbCdEf"), owner="alice", audience=MODEL)
     assert info.value.reason_code == "secret_unavailable"
     assert "ResourceNotFoundException" in info.value.message and not info.value.retry_safe
@@ -230,7 +230,7 @@ def test_store_list_and_delete_keep_to_the_owners_namespace(aws: Any) -> None:
     assert secrets.list_owned("alice") == []
     with pytest.raises(NotFound):
         secrets.delete("alice", "openai")
-    with pytest.raises(ExecutorError):  # gone at once, and not served from this process's cache
+    with pytest.raises(SecretUnavailable):  # gone at once, and not served from this process's cache
         secrets.resolve(stored.reference, owner="alice", audience=MODEL)
     assert [s.name for s in secrets.list_owned("bob")] == ["openai"]
 

@@ -1,4 +1,4 @@
-"""The pinned HTTP transport (``kairos.egress.post``) against real local servers (``tests.support.peer``).
+"""The pinned HTTP transport (``kairos.executors.egress.post``) against real local servers (``tests.support.peer``).
 
 Only loopback addresses are ever connected to. Host names such as ``api.example.test`` reach the local
 server through an injected resolver; that they are never resolved again proves the connection goes to
@@ -15,7 +15,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kairos import egress
+from kairos.executors import egress
 from kairos.executors.base import ExecutorError
 
 from tests.support.peer import Peer, closed_port, drop, hang, partial_then_hang, resolver_to, respond

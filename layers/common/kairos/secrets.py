@@ -14,7 +14,8 @@ the owner who wrote it and the audience the secret would reach:
 ``check`` enforces this when a reference is written (the API answers 422 with field and rule
 ``secret_reference`` or ``secret_audience``); ``resolve`` enforces it again right before the call, so a
 reference edited in the database after it was written still cannot reach the environment or another
-owner's keys (``ExecutorError("secret_unavailable")``, not retry-safe). A webhook signing secret has no
+owner's keys (``SecretUnavailable``, not retry-safe; the executors fail the call
+``secret_unavailable``). A webhook signing secret has no
 audience host: only the owner's own ARNs are valid there.
 
 ``store``, ``list_owned`` and ``delete`` keep an owner's keys in Secrets Manager (moto locally) under
@@ -46,7 +47,6 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from kairos.errors import MAX_LENGTH, MIN_LENGTH, PATTERN, FieldError, NotFound, ServiceUnavailable, ValidationFailed
-from kairos.executors.base import ExecutorError
 from kairos.observability import logger
 
 CACHE_SECONDS = 300.0
@@ -78,6 +78,19 @@ def is_reference(value: str) -> bool:
     """True for the two reference forms (``env:NAME``, a Secrets Manager ARN); anything else may be a
     literal secret. Whether the owner may use it is ``check``'s question."""
     return bool(_ENV.fullmatch(value) or _ARN.fullmatch(value))
+
+
+class SecretUnavailable(Exception):
+    """A reference that may not be used here, or whose value cannot be read. ``retry_safe`` only when
+    Secrets Manager itself failed (throttling, unreachable); the message names the reference or the
+    rule, never a value. The executors fail the call with reason ``secret_unavailable``."""
+
+    reason_code = "secret_unavailable"
+
+    def __init__(self, message: str, *, retry_safe: bool = False) -> None:
+        super().__init__(message)
+        self.message = message
+        self.retry_safe = retry_safe
 
 
 class Refused(Exception):
@@ -219,7 +232,7 @@ def resolve(reference: str, *, owner: str, audience: str | None, policy: Policy 
             env: Mapping[str, str] | None = None, clock: Callable[[], float] = time.monotonic) -> str:
     """The secret ``reference`` names, re-checked for ``owner`` and ``audience`` first.
 
-    Every failure is ``ExecutorError("secret_unavailable")``: not retry-safe for a refused or wrong
+    Every failure is ``SecretUnavailable``: not retry-safe for a refused or wrong
     reference, retry-safe when Secrets Manager itself failed (throttling, unreachable).
     """
     policy = Policy.from_env(env) if policy is None else policy
@@ -228,13 +241,13 @@ def resolve(reference: str, *, owner: str, audience: str | None, policy: Policy 
     except Refused as refused:
         logger.warning("secret reference refused at the call",
                        extra={"action": "secret.refused", "rule": refused.rule})
-        raise ExecutorError("secret_unavailable", f"api_key_secret refused ({refused.rule}): "
+        raise SecretUnavailable(f"api_key_secret refused ({refused.rule}): "
                             f"{refused.message}") from None
     env_match = _ENV.fullmatch(reference)
     if env_match is not None:
         value = (os.environ if env is None else env).get(env_match.group(1))
         if not value:
-            raise ExecutorError("secret_unavailable", f"the shared key {reference} is not set on this function")
+            raise SecretUnavailable(f"the shared key {reference} is not set on this function")
         return value
     return _from_secrets_manager(reference, clock)
 
@@ -266,21 +279,21 @@ def _fetch(arn: str) -> str:
     except ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))
         logger.warning("secret unavailable", extra={"action": "secret.unavailable", "secret_arn": arn, "code": code})
-        raise ExecutorError("secret_unavailable", f"secret {arn} could not be read ({code or 'error'})",
+        raise SecretUnavailable(f"secret {arn} could not be read ({code or 'error'})",
                             retry_safe=code not in _PERMANENT) from exc
     except BotoCoreError as exc:
         logger.warning("secret unavailable",
                        extra={"action": "secret.unavailable", "secret_arn": arn, "code": type(exc).__name__})
-        raise ExecutorError("secret_unavailable", f"secret {arn} could not be read ({type(exc).__name__})",
+        raise SecretUnavailable(f"secret {arn} could not be read ({type(exc).__name__})",
                             retry_safe=True) from exc
     text = answer.get("SecretString")
     if text is None and answer.get("SecretBinary") is not None:
         try:
             text = bytes(answer["SecretBinary"]).decode("utf-8")
         except UnicodeDecodeError as exc:
-            raise ExecutorError("secret_unavailable", f"secret {arn} is binary, not text") from exc
+            raise SecretUnavailable(f"secret {arn} is binary, not text") from exc
     if not text:
-        raise ExecutorError("secret_unavailable", f"secret {arn} is empty")
+        raise SecretUnavailable(f"secret {arn} is empty")
     return _api_key(text)
 
 

@@ -357,11 +357,10 @@ def _standard_key(secret: str) -> bytes:
 
 def _resolve_secret(reference: str, owner: str) -> str:
     from kairos import secrets
-    from kairos.executors.base import ExecutorError
 
     try:
         return secrets.resolve(reference, owner=owner, audience=None)
-    except ExecutorError:
+    except secrets.SecretUnavailable:
         # Misconfiguration on our side; the sender only learns the signature could not be verified.
         logger.error("webhook signing secret unavailable", extra={"action": "webhook_secret_unavailable"})
         raise SignatureInvalid("the signature could not be verified") from None

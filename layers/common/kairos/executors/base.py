@@ -24,11 +24,12 @@ import json
 import re
 import socket
 import threading
+from collections.abc import Iterator
+from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any, Literal, Protocol
+from typing import Any, Literal, Protocol
 
-if TYPE_CHECKING:
-    from kairos.egress import ResolvedTarget
+from kairos.secrets import SecretUnavailable
 
 EffectKind = Literal["model_call", "http_call"]
 
@@ -94,6 +95,24 @@ class Abort:
 
 
 @dataclass(frozen=True)
+class ResolvedTarget:
+    """A URL whose host passed the egress check, with the addresses a connection may use."""
+
+    url: str
+    scheme: Literal["http", "https"]
+    host: str  # lower case, no brackets, no trailing dot
+    port: int
+    path: str  # path and query, at least "/"
+    addresses: tuple[str, ...]  # checked IPs, IPv4 first; never empty
+
+    @property
+    def host_header(self) -> str:
+        host = f"[{self.host}]" if ":" in self.host else self.host
+        default = 443 if self.scheme == "https" else 80
+        return host if self.port == default else f"{host}:{self.port}"
+
+
+@dataclass(frozen=True)
 class PreparedCall:
     kind: EffectKind
     mutation: bool
@@ -152,6 +171,16 @@ REASON_CODES: frozenset[str] = frozenset(
         "internal",  # a bug on our side
     }
 )
+
+
+@contextmanager
+def secret_errors() -> Iterator[None]:
+    """Around a ``SecretSource`` call: a secret that may not be used or cannot be read fails the call
+    ``secret_unavailable`` (nothing was sent), retry-safe only when the store itself failed."""
+    try:
+        yield
+    except SecretUnavailable as error:
+        raise ExecutorError("secret_unavailable", error.message, retry_safe=error.retry_safe) from None
 
 
 class SecretSource(Protocol):

@@ -39,7 +39,8 @@ import socket
 import time
 from collections.abc import Callable, Sequence
 
-from kairos import egress, secrets
+from kairos import secrets
+from kairos.executors import egress
 from kairos.executors.base import (
     READ_LIMIT,
     ExecutionRequest,
@@ -52,6 +53,7 @@ from kairos.executors.base import (
     canonical_json,
     digest,
     recorded_target,
+    secret_errors,
 )
 
 
@@ -89,7 +91,8 @@ class HttpExecutor:
         key_ref = agent_text(request.agent, "api_key_secret", required=True)
         assert base_url is not None and key_ref is not None
         target = egress.check(base_url, allow=self._allow, resolve=self._resolve)
-        key = signing_key(self._secret(key_ref, owner=request.owner, audience=base_url))
+        with secret_errors():
+            key = signing_key(self._secret(key_ref, owner=request.owner, audience=base_url))
         body = canonical_json(
             {"run_id": request.run_id, "attempt": request.attempt, "prompt": request.prompt,
              "payload": request.payload}

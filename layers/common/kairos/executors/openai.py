@@ -41,7 +41,8 @@ from collections.abc import Sequence
 from typing import Any
 from urllib.parse import urlsplit, urlunsplit
 
-from kairos import egress, secrets
+from kairos import secrets
+from kairos.executors import egress
 from kairos.executors.base import (
     READ_LIMIT,
     ExecutionRequest,
@@ -55,6 +56,7 @@ from kairos.executors.base import (
     digest,
     max_tokens,
     recorded_target,
+    secret_errors,
     user_content,
 )
 
@@ -92,7 +94,8 @@ class OpenAIExecutor:
         body = canonical_json({"model": model, "messages": messages, "max_tokens": max_tokens(agent)})
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "kairos"}
         if key_ref is not None:
-            headers["Authorization"] = f"Bearer {self._secret(key_ref, owner=request.owner, audience=base_url)}"
+            with secret_errors():
+                headers["Authorization"] = f"Bearer {self._secret(key_ref, owner=request.owner, audience=base_url)}"
         return PreparedCall(kind="model_call", mutation=False, method="POST", url=recorded_target(url), body=body,
                             digest=digest(body), headers=headers, target=target)
 

@@ -37,7 +37,7 @@ import urllib3
 from urllib3.connection import HTTPConnection, HTTPSConnection
 from urllib3.exceptions import HTTPError, ProtocolError, ReadTimeoutError
 
-from kairos.executors.base import Abort, ExecutorError
+from kairos.executors.base import Abort, ExecutorError, ResolvedTarget
 from kairos.observability import logger
 
 IPAddress = ipaddress.IPv4Address | ipaddress.IPv6Address
@@ -58,24 +58,6 @@ ALWAYS_REFUSED: tuple[tuple[IPNetwork, str], ...] = (
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")
-
-
-@dataclass(frozen=True)
-class ResolvedTarget:
-    """A URL whose host passed the egress check, with the addresses a connection may use."""
-
-    url: str
-    scheme: Literal["http", "https"]
-    host: str  # lower case, no brackets, no trailing dot
-    port: int
-    path: str  # path and query, at least "/"
-    addresses: tuple[str, ...]  # checked IPs, IPv4 first; never empty
-
-    @property
-    def host_header(self) -> str:
-        host = f"[{self.host}]" if ":" in self.host else self.host
-        default = 443 if self.scheme == "https" else 80
-        return host if self.port == default else f"{host}:{self.port}"
 
 
 @dataclass(frozen=True)

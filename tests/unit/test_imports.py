@@ -1,0 +1,94 @@
+"""The library's dependencies run one way: no import cycle between kairos modules.
+
+Every import counts — at module level, inside a function (the lazy imports that keep cold starts
+short) and under ``TYPE_CHECKING`` — because a cycle is a design fault whether or not Python happens
+to resolve it at run time. A package's ``__init__`` counts as the package.
+"""
+
+from __future__ import annotations
+
+import ast
+from pathlib import Path
+
+PACKAGE = Path(__file__).resolve().parents[2] / "layers" / "common" / "kairos"
+
+
+def module_name(path: Path) -> str:
+    parts = ["kairos", *path.relative_to(PACKAGE).with_suffix("").parts]
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+def imports_of(source: str, me: str, *, is_package: bool, modules: set[str]) -> set[str]:
+    """The kairos modules ``source`` (module ``me``) imports. ``from kairos.x import y`` names module
+    ``kairos.x.y`` when y is one (the package's ``__init__`` running first is how Python loads a
+    submodule, not a dependency), else ``kairos.x``."""
+    found: set[str] = set()
+    package = me if is_package else me.rpartition(".")[0]
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name for alias in node.names)
+        elif isinstance(node, ast.ImportFrom):
+            base = node.module or ""
+            if node.level:
+                parts = package.split(".")
+                anchor = parts[: len(parts) - node.level + 1]
+                base = ".".join([*anchor, base] if base else anchor)
+            for alias in node.names:
+                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+    return {name for name in found if name in modules and name != me}
+
+
+def graph() -> dict[str, set[str]]:
+    paths = sorted(PACKAGE.rglob("*.py"))
+    modules = {module_name(p) for p in paths}
+    return {module_name(p): imports_of(p.read_text(encoding="utf-8"), module_name(p),
+                                       is_package=p.name == "__init__.py", modules=modules) for p in paths}
+
+
+def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
+    """Strongly connected components with more than one module (Tarjan's algorithm)."""
+    index: dict[str, int] = {}
+    low: dict[str, int] = {}
+    stack: list[str] = []
+    on_stack: set[str] = set()
+    found: list[list[str]] = []
+
+    def visit(node: str) -> None:
+        index[node] = low[node] = len(index)
+        stack.append(node)
+        on_stack.add(node)
+        for nxt in sorted(edges.get(node, ())):
+            if nxt not in index:
+                visit(nxt)
+                low[node] = min(low[node], low[nxt])
+            elif nxt in on_stack:
+                low[node] = min(low[node], index[nxt])
+        if low[node] == index[node]:
+            component = []
+            while True:
+                top = stack.pop()
+                on_stack.discard(top)
+                component.append(top)
+                if top == node:
+                    break
+            if len(component) > 1:
+                found.append(sorted(component))
+
+    for node in sorted(edges):
+        if node not in index:
+            visit(node)
+    return found
+
+
+def test_no_import_cycle_in_the_library() -> None:
+    assert cycles(graph()) == []
+
+
+def test_the_check_sees_lazy_and_relative_imports_and_finds_cycles() -> None:
+    """The check itself: imports inside a function or under TYPE_CHECKING count, and a cycle is found."""
+    modules = {"kairos.a", "kairos.b", "kairos.p", "kairos.p.c"}
+    lazy = "def f():\n    from kairos import b\nif TYPE_CHECKING:\n    from kairos.p import c\n"
+    assert imports_of(lazy, "kairos.a", is_package=False, modules=modules) == {"kairos.b", "kairos.p.c"}
+    assert imports_of("from .. import a\n", "kairos.p.c", is_package=False, modules=modules) == {"kairos.a"}
+    edges = {"kairos.a": {"kairos.b"}, "kairos.b": {"kairos.c"}, "kairos.c": {"kairos.a"}, "kairos.d": set()}
+    assert cycles(edges) == [["kairos.a", "kairos.b", "kairos.c"]]
