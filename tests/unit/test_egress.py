@@ -67,7 +67,7 @@ def test_a_listed_host_name_does_not_unlock_a_metadata_address(caplog: pytest.Lo
     error = refused("http://metadata.google.internal/computeMetadata/v1/", ["metadata.google.internal"],
                     resolver("169.254.169.254"))
     assert (error.reason_code, error.message) == unreachable("metadata.google.internal")
-    (logged,) = [vars(r) for r in caplog.records if getattr(r, "action", None) == "egress.refused"]
+    (logged,) = [vars(r) for r in caplog.records if getattr(r, "action", None) == "egress_refused"]
     assert logged["address"] == "169.254.169.254" and "metadata" in logged["why"]  # the operator sees why
 
 
@@ -112,7 +112,7 @@ def unreachable(host: str) -> tuple[str, str]:
 def test_a_host_name_resolving_to_a_private_address_is_refused(caplog: pytest.LogCaptureFixture) -> None:
     error = refused("https://api.internal/v1", [], resolver("10.0.0.5"))
     assert (error.reason_code, error.message) == unreachable("api.internal")
-    (logged,) = [vars(r) for r in caplog.records if getattr(r, "action", None) == "egress.refused"]
+    (logged,) = [vars(r) for r in caplog.records if getattr(r, "action", None) == "egress_refused"]
     assert logged["address"] == "10.0.0.5" and "private" in logged["why"]
 
 

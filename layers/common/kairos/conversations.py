@@ -274,7 +274,7 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, agent: object, titl
     )
     assert row is not None
     conversation = Conversation.from_row(row)
-    logger.info("conversation created", extra={"action": "conversation.created",
+    logger.info("conversation created", extra={"action": "conversation_created",
                                                  "conversation_id": str(conversation.id)})
     return conversation
 
@@ -387,7 +387,7 @@ def fork(
     if row is None:
         raise NotFound("conversation")
     child = Conversation.from_row(row)
-    logger.info("conversation forked", extra={"action": "conversation.forked", "conversation_id": str(child.id),
+    logger.info("conversation forked", extra={"action": "conversation_forked", "conversation_id": str(child.id),
                                                "parent_id": str(conversation_id), "fork_seq": child.fork_seq})
     return child
 
@@ -413,7 +413,7 @@ def note(
     )
     if row is None or row["id"] is None:
         logger.info("note for a missing conversation ignored",
-                    extra={"action": "inbox.note_ignored", "conversation_id": str(conversation_id)})
+                    extra={"action": "inbox_note_ignored", "conversation_id": str(conversation_id)})
 
 
 def inbox(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: str) -> list[Note]:

@@ -127,7 +127,7 @@ def _policy(shared_list: str, prefix: str, database_secret_arn: str | None) -> P
         if not at or match is None or not _host_ok(host):
             # An operator's typo: say so (the entry names a variable, never a value) and share nothing.
             logger.warning("KAIROS_SHARED_SECRETS entry ignored",
-                           extra={"action": "secret.shared_entry_invalid", "entry": entry[:200]})
+                           extra={"action": "secret_shared_entry_invalid", "entry": entry[:200]})
             continue
         shared.add((match.group(1), host.lower().rstrip(".")))
     return Policy(frozenset(shared), prefix.strip().strip("/") or DEFAULT_PREFIX, database_secret_arn)
@@ -240,7 +240,7 @@ def resolve(reference: str, *, owner: str, audience: str | None, policy: Policy 
         check(reference, owner=owner, audience=audience, policy=policy)
     except Refused as refused:
         logger.warning("secret reference refused at the call",
-                       extra={"action": "secret.refused", "rule": refused.rule})
+                       extra={"action": "secret_refused", "rule": refused.rule})
         raise SecretUnavailable(f"api_key_secret refused ({refused.rule}): "
                             f"{refused.message}") from None
     env_match = _ENV.fullmatch(reference)
@@ -278,12 +278,12 @@ def _fetch(arn: str) -> str:
         answer = _client(arn.split(":")[3]).get_secret_value(SecretId=arn)
     except ClientError as exc:
         code = str(exc.response.get("Error", {}).get("Code", ""))
-        logger.warning("secret unavailable", extra={"action": "secret.unavailable", "secret_arn": arn, "code": code})
+        logger.warning("secret unavailable", extra={"action": "secret_unavailable", "secret_arn": arn, "code": code})
         raise SecretUnavailable(f"secret {arn} could not be read ({code or 'error'})",
                             retry_safe=code not in _PERMANENT) from exc
     except BotoCoreError as exc:
         logger.warning("secret unavailable",
-                       extra={"action": "secret.unavailable", "secret_arn": arn, "code": type(exc).__name__})
+                       extra={"action": "secret_unavailable", "secret_arn": arn, "code": type(exc).__name__})
         raise SecretUnavailable(f"secret {arn} could not be read ({type(exc).__name__})",
                             retry_safe=True) from exc
     text = answer.get("SecretString")
@@ -361,7 +361,7 @@ def store(owner: str, name: str, value: str, *, policy: Policy | None = None) ->
             answer = client.put_secret_value(SecretId=full, SecretString=value)
         described = client.describe_secret(SecretId=answer["ARN"])
     _forget(answer["ARN"])
-    logger.info("secret stored", extra={"action": "secret.stored", "new": created})
+    logger.info("secret stored", extra={"action": "secret_stored", "new": created})
     return StoredSecret(name, answer["ARN"], _changed(described)), created
 
 
@@ -403,7 +403,7 @@ def delete(owner: str, name: str, *, policy: Policy | None = None) -> None:
             raise NotFound("secret")
         client.delete_secret(SecretId=found["ARN"], ForceDeleteWithoutRecovery=True)
     _forget(found["ARN"])
-    logger.info("secret deleted", extra={"action": "secret.deleted"})
+    logger.info("secret deleted", extra={"action": "secret_deleted"})
 
 
 def _changed(described: Mapping[str, Any]) -> datetime:
@@ -426,6 +426,6 @@ def _service(operation: str) -> Iterator[None]:
     except (ClientError, BotoCoreError) as error:
         code = (str(error.response.get("Error", {}).get("Code", "")) if isinstance(error, ClientError)
                 else type(error).__name__)
-        logger.warning("secret store failed", extra={"action": "secret.store_failed", "operation": operation,
+        logger.warning("secret store failed", extra={"action": "secret_store_failed", "operation": operation,
                                                      "code": code})
         raise ServiceUnavailable("the secret store is unavailable; try again") from None

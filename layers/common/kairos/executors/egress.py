@@ -10,7 +10,7 @@ too. A refused literal address is ``ExecutorError("egress_refused")`` naming the
 *name* that does not resolve, or resolves to an address that is refused, is one and the same
 ``connect_failed`` (retry-safe: nothing was sent) with one message: a run's reason must not tell an
 owner what the function's resolver knows (which internal names exist and where they point). The
-difference is logged for the operator only (``egress.unresolved`` / ``egress.refused``).
+difference is logged for the operator only (``egress.unresolved`` / ``egress_refused``).
 
 ``post(target, …)`` sends one POST to an approved address and never resolves the name again, so a
 DNS answer that changes between check and connect (rebinding) cannot redirect it: the TCP connection
@@ -106,7 +106,7 @@ def check(url: str, *, allow: Sequence[str], resolve: Resolver = socket.getaddri
     for address in addresses:
         refusal = _refusal(address, host_allowed=host in allowed_hosts, networks=allowed_networks)
         if refusal is not None:
-            logger.warning("egress refused", extra={"action": "egress.refused", "host": host, "address": str(address),
+            logger.warning("egress refused", extra={"action": "egress_refused", "host": host, "address": str(address),
                                                     "why": refusal})
             if literal is None:
                 raise _unreachable(host)  # the same answer as a name that does not resolve
@@ -265,7 +265,7 @@ def _resolve(host: str, port: int, resolve: Resolver) -> list[IPAddress]:
     try:
         infos = resolve(host, port, type=socket.SOCK_STREAM)
     except (OSError, UnicodeError) as exc:
-        logger.warning("host did not resolve", extra={"action": "egress.unresolved", "host": host,
+        logger.warning("host did not resolve", extra={"action": "egress_unresolved", "host": host,
                                                         "error": type(exc).__name__})
         raise _unreachable(host) from exc
     addresses: list[IPAddress] = []
@@ -273,7 +273,7 @@ def _resolve(host: str, port: int, resolve: Resolver) -> list[IPAddress]:
         raw = str(info[4][0]).split("%", 1)[0]  # drop an IPv6 zone id
         addresses.append(ipaddress.ip_address(raw))
     if not addresses:
-        logger.warning("host did not resolve", extra={"action": "egress.unresolved", "host": host,
+        logger.warning("host did not resolve", extra={"action": "egress_unresolved", "host": host,
                                                         "error": "no_address"})
         raise _unreachable(host)
     return addresses
