@@ -16,10 +16,6 @@ import ast
 import hashlib
 import hmac
 import json
-import threading
-from collections.abc import Iterator
-from dataclasses import dataclass, field
-from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from pathlib import Path
 from typing import Any
 
@@ -28,6 +24,7 @@ from kairos.local.stack import load_function
 
 from tests.support.api import Api, rows
 from tests.support.aws import LambdaContext, run_body, sqs_event
+from tests.support.executors import FakeOpenAI
 
 ROOT = Path(__file__).resolve().parents[2]
 PACKAGE = ROOT / "layers" / "common" / "kairos"
@@ -38,48 +35,19 @@ BOB_KEY = "sk-bob-real-key"
 run_app = load_function("run")
 
 
-@dataclass
-class ModelServer:
-    port: int = 0
-    received: list[dict[str, str]] = field(default_factory=list)
+@pytest.fixture
+def model(fake_openai: FakeOpenAI) -> FakeOpenAI:
+    """The local model server; what it received is ``model.requests``."""
+    return fake_openai
 
-    @property
-    def base_url(self) -> str:
-        return f"http://127.0.0.1:{self.port}/v1"
+
+def received(model: FakeOpenAI) -> list[dict[str, str]]:
+    """The headers of every request the model server received."""
+    return [dict(request["headers"]) for request in model.requests]
 
 
 @pytest.fixture
-def model() -> Iterator[ModelServer]:
-    state = ModelServer()
-
-    class Handler(BaseHTTPRequestHandler):
-        def do_POST(self) -> None:
-            self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            state.received.append(dict(self.headers.items()))
-            body = json.dumps({"choices": [{"message": {"role": "assistant", "content": "ok"},
-                                            "finish_reason": "stop"}]}).encode()
-            self.send_response(200)
-            self.send_header("Content-Type", "application/json")
-            self.send_header("Content-Length", str(len(body)))
-            self.end_headers()
-            self.wfile.write(body)
-
-        def log_message(self, format: str, *args: Any) -> None:
-            pass
-
-    server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-    state.port = server.server_address[1]
-    thread = threading.Thread(target=server.serve_forever, daemon=True)
-    thread.start()
-    try:
-        yield state
-    finally:
-        server.shutdown()
-        server.server_close()
-
-
-@pytest.fixture
-def world(api: Api, model: ModelServer, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
+def world(api: Api, model: FakeOpenAI, monkeypatch: pytest.MonkeyPatch) -> dict[str, Any]:
     """alice's and bob's keys stored through PUT /v1/secrets; the function's environment as on Lambda."""
     monkeypatch.setenv("AWS_SECRET_ACCESS_KEY", AWS_KEY)
     monkeypatch.setenv("KAIROS_EGRESS_ALLOW", "127.0.0.1")
@@ -88,7 +56,7 @@ def world(api: Api, model: ModelServer, monkeypatch: pytest.MonkeyPatch) -> dict
     return {"alice": api.alice.secret("model", ALICE_KEY), "bob": api.bob.secret("model", BOB_KEY)}
 
 
-def agent(model: ModelServer, reference: str, *, executor: str = "openai") -> dict[str, Any]:
+def agent(model: FakeOpenAI, reference: str, *, executor: str = "openai") -> dict[str, Any]:
     out: dict[str, Any] = {"executor": executor, "base_url": model.base_url, "api_key_secret": reference}
     if executor == "openai":
         out["model"] = "m"
@@ -114,7 +82,7 @@ def forbidden_references(world: dict[str, Any]) -> list[str]:
 
 
 def test_conversations_refuse_every_forbidden_reference(api: Api, world: dict[str, Any],
-                                                        model: ModelServer) -> None:
+                                                        model: FakeOpenAI) -> None:
     for reference in forbidden_references(world):
         answer = api.alice.post("/v1/conversations", {"agent": agent(model, reference)})
         assert answer.status == 422, (reference, answer.text)
@@ -130,7 +98,7 @@ def test_conversations_refuse_every_forbidden_reference(api: Api, world: dict[st
 
 
 def test_schedules_refuse_forbidden_agent_snapshots_and_signing_secrets(api: Api, world: dict[str, Any],
-                                                                       model: ModelServer) -> None:
+                                                                       model: FakeOpenAI) -> None:
     conversation = api.conversation()
     for reference in forbidden_references(world):
         fresh = api.alice.post("/v1/schedules", {"conversation_id": conversation["id"], "prompt": "p",
@@ -177,11 +145,11 @@ def run_row(api: Api, run_id: str) -> dict[str, Any]:
 
 @pytest.mark.parametrize("executor", ["openai", "http"])
 def test_an_untampered_reference_sends_the_owners_key_to_the_agents_host(
-        api: Api, world: dict[str, Any], model: ModelServer, executor: str) -> None:
+        api: Api, world: dict[str, Any], model: FakeOpenAI, executor: str) -> None:
     run_id = hook_run(api, agent(model, world["alice"], executor=executor))
     deliver(run_id)
     assert run_row(api, run_id)["state"] == "succeeded"
-    (headers,) = model.received
+    (headers,) = received(model)
     if executor == "openai":
         assert headers["Authorization"] == f"Bearer {ALICE_KEY}"
     else:  # the http executor signs with the key and never sends it
@@ -191,7 +159,7 @@ def test_an_untampered_reference_sends_the_owners_key_to_the_agents_host(
 @pytest.mark.parametrize("table", ["runs", "schedules"])
 @pytest.mark.parametrize("executor", ["openai", "http"])
 def test_a_reference_edited_in_the_database_is_refused_before_the_call(
-        api: Api, world: dict[str, Any], model: ModelServer, executor: str, table: str) -> None:
+        api: Api, world: dict[str, Any], model: FakeOpenAI, executor: str, table: str) -> None:
     for reference in forbidden_references(world):
         run_id = hook_run(api, agent(model, world["alice"], executor=executor))
         edit = json.dumps(reference)
@@ -211,7 +179,7 @@ def test_a_reference_edited_in_the_database_is_refused_before_the_call(
         dumped = json.dumps(rows(api.url, "SELECT * FROM run_events WHERE run_id = %(id)s", {"id": run_id}),
                             default=str) + json.dumps(row, default=str)
         assert AWS_KEY not in dumped and BOB_KEY not in dumped
-    assert model.received == []  # no request at all, so no header to leak in
+    assert received(model) == []  # no request at all, so no header to leak in
 
 
 def test_a_signing_secret_edited_in_the_database_verifies_nothing(api: Api, world: dict[str, Any]) -> None:
