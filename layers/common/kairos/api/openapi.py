@@ -16,6 +16,7 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
 from aws_lambda_powertools.event_handler.openapi.models import HTTPBearer
+from pydantic import BaseModel
 
 import kairos
 from kairos import schedules, webhooks
@@ -64,28 +65,26 @@ def document(app: APIGatewayHttpResolver) -> dict[str, Any]:
 
 
 def _describe_schedule_body(doc: dict[str, Any], components: dict[str, Any]) -> None:
-    operation = doc["paths"]["/v1/schedules"]["post"]
-    body_schema = schedules.ScheduleRequest.model_json_schema(ref_template=REF)
-    for name, definition in body_schema.pop("$defs", {}).items():
-        components.setdefault(name, definition)
-    components["ScheduleRequest"] = body_schema
-    operation["requestBody"] = {
-        "required": True,
-        "description": SHORTHAND,
-        "content": {"application/json": {"schema": {"$ref": REF.format(model="ScheduleRequest")}}},
-    }
+    _describe_body(doc, components, "/v1/schedules", schedules.ScheduleRequest, description=SHORTHAND)
 
 
 def _describe_conversation_body(doc: dict[str, Any], components: dict[str, Any]) -> None:
-    operation = doc["paths"]["/v1/conversations"]["post"]
-    body_schema = models.ConversationCreate.model_json_schema(ref_template=REF)
+    _describe_body(doc, components, "/v1/conversations", models.ConversationCreate)
+
+
+def _describe_body(doc: dict[str, Any], components: dict[str, Any], path: str, model: type[BaseModel], *,
+                   description: str | None = None) -> None:
+    """A POST route that reads its body itself (so the library judges it whole) gets ``model`` as its
+    documented request body, with the model's nested definitions among the components."""
+    body_schema = model.model_json_schema(ref_template=REF)
     for name, definition in body_schema.pop("$defs", {}).items():
         components.setdefault(name, definition)
-    components["ConversationCreate"] = body_schema
-    operation["requestBody"] = {
-        "required": True,
-        "content": {"application/json": {"schema": {"$ref": REF.format(model="ConversationCreate")}}},
-    }
+    components[model.__name__] = body_schema
+    request_body: dict[str, Any] = {"required": True}
+    if description is not None:
+        request_body["description"] = description
+    request_body["content"] = {"application/json": {"schema": {"$ref": REF.format(model=model.__name__)}}}
+    doc["paths"][path]["post"]["requestBody"] = request_body
 
 
 def _describe_hook(doc: dict[str, Any]) -> None:
