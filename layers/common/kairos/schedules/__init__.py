@@ -291,15 +291,22 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
         )
 
     token: str | None = None
-    token_hash: str | None = None
     first: datetime | None = None
     if request.kind is ScheduleKind.WEBHOOK:
         token = new_token()
-        token_hash = hash_token(token)
     else:
         first = next_fire_at(rule_of(request), clock)
         assert first is not None  # parse_request refused rules with no future fire
+    stored = _insert(conn, request, owner=owner, conversation=conversation, first=first,
+                     token_hash=None if token is None else hash_token(token), context_run_id=context_run_id,
+                     clock=clock)
+    return Created(stored, token)
 
+
+def _insert(conn: psycopg.Connection[db.Row], request: ScheduleRequest, *, owner: str,
+            conversation: conversations.Conversation, first: datetime | None, token_hash: str | None,
+            context_run_id: uuid.UUID | None, clock: datetime) -> Schedule:
+    """The one ``schedules_insert`` of a checked request (``create`` has done every check)."""
     stored = db.fetch_one(
         conn,
         "schedules_insert",
@@ -332,7 +339,7 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
         },
     )
     assert stored is not None
-    return Created(Schedule.from_row(stored), token)
+    return Schedule.from_row(stored)
 
 
 def _from_run() -> Forbidden:
