@@ -557,6 +557,42 @@ def test_check_rule_names_field_and_rule(rule: Rule, expected: tuple[str, str]) 
     assert expected in errors_of(rule)
 
 
+@pytest.mark.parametrize(
+    ("rule", "expected"),
+    [
+        (
+            Rule(ScheduleKind.CRON, cron="0 25 * * *", interval_seconds=60, timezone="Mars/Base",  # type: ignore[arg-type]
+                 dst_gap="sideways", dst_fold="twice", starts_at=datetime(2026, 1, 1)),
+            [("timezone", "known_zone"), ("dst_gap", "enum"), ("dst_fold", "enum"), ("starts_at", "timezone_aware"),
+             ("cron", "cron_syntax"), ("interval_seconds", "not_for_kind")],
+        ),
+        (
+            Rule(ScheduleKind.INTERVAL, cron="0 * * * *", interval_seconds=0, timezone="Mars/Base",
+                 ends_at=datetime(2026, 1, 1)),
+            [("timezone", "known_zone"), ("ends_at", "timezone_aware"), ("cron", "not_for_kind"),
+             ("interval_seconds", "min"), ("starts_at", "required")],
+        ),
+        (
+            Rule(ScheduleKind.ONCE, cron="0 * * * *", interval_seconds=60, dst_fold="twice"),  # type: ignore[arg-type]
+            [("dst_fold", "enum"), ("cron", "not_for_kind"), ("interval_seconds", "not_for_kind"),
+             ("starts_at", "required")],
+        ),
+    ],
+    ids=["cron", "interval", "once"],
+)
+def test_check_rule_lists_shared_problems_then_the_kinds_in_field_order(
+    rule: Rule, expected: list[tuple[str, str]]
+) -> None:
+    with pytest.raises(ValidationFailed) as caught:
+        check_rule(rule)
+    assert [(e.field, e.rule) for e in caught.value.fields] == expected
+
+
+def test_check_rule_refuses_a_webhook_before_looking_at_its_fields() -> None:
+    with pytest.raises(ValueError, match="no calendar"):
+        check_rule(Rule(ScheduleKind.WEBHOOK, cron="not cron", timezone="Mars/Base"))
+
+
 def test_check_rule_messages_say_what_is_wrong_and_what_would_be_right() -> None:
     with pytest.raises(ValidationFailed) as caught:
         check_rule(cron("0 25 * * *"))

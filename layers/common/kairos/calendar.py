@@ -44,7 +44,7 @@ import difflib
 import heapq
 import math
 import re
-from collections.abc import Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from functools import cache, lru_cache
@@ -452,26 +452,44 @@ def _resolve(
 ) -> Iterator[Fire]:
     """Resolve ascending naive wall times to fires in (lower, upper], ascending and unique.
 
-    A wall time maps to one instant, or (fold) two, or (gap) none. Instants of the first pass through
-    a fold and of ordinary times ascend with the wall clock; only second-pass instants (fold=1) can
-    come after instants of later wall times, so they wait in a heap until the stream passes them.
-    Gap-shifted matches all land on the transition instant and collapse there.
+    A wall time maps to one instant, or (fold) two, or (gap) none. UTC has neither, so its walls are
+    their instants (``_resolve_utc``); any other zone goes through ``_resolve_zoned``.
+    """
+    if _is_utc(zone):
+        return _resolve_utc(walls, zone.key, lower, upper)
+    return _resolve_zoned(walls, zone, gap, fold, lower, upper)
+
+
+def _resolve_utc(walls: Iterable[datetime], name: str, lower: datetime, upper: datetime | None) -> Iterator[Fire]:
+    version = TZDATA_VERSION
+    utc = UTC
+    for wall in walls:
+        instant = wall.replace(tzinfo=utc)
+        if instant <= lower:
+            continue
+        if upper is not None and instant > upper:
+            return
+        yield Fire(instant, wall, _ZERO, 0, name, version)
+
+
+def _resolve_zoned(
+    walls: Iterable[datetime],
+    zone: ZoneInfo,
+    gap: DstGap,
+    fold: DstFold,
+    lower: datetime,
+    upper: datetime | None,
+) -> Iterator[Fire]:
+    """``_resolve`` in a zone with transitions. Instants of the first pass through a fold and of
+    ordinary times ascend with the wall clock; only second-pass instants (fold=1) can come after
+    instants of later wall times, so they wait in a heap until the stream passes them. Gap-shifted
+    matches all land on the transition instant and collapse there.
     """
     name = zone.key
     version = TZDATA_VERSION
     utc = UTC
     pending: list[tuple[datetime, datetime, timedelta]] = []  # (fire_at, wall, offset) of fold=1 instances
     last: datetime | None = None
-
-    if _is_utc(zone):
-        for wall in walls:
-            instant = wall.replace(tzinfo=utc)
-            if instant <= lower:
-                continue
-            if upper is not None and instant > upper:
-                return
-            yield Fire(instant, wall, _ZERO, 0, name, version)
-        return
 
     for wall in walls:
         first = wall.replace(tzinfo=zone)
@@ -608,11 +626,19 @@ def zone_problems(name: object) -> list[FieldError]:
 def check_rule(rule: Rule) -> None:
     """Raise ``ValidationFailed`` listing every problem of the rule (field + rule + a fix); else return.
 
-    ``kind = webhook`` is not a timed rule: ``ValueError`` (a programming error, not a user error).
+    The problems every kind shares come first (zone, DST policies, window), then the kind's own, from
+    its checker in ``_KIND_CHECKS``. ``kind = webhook`` is not a timed rule: ``ValueError`` (a
+    programming error, not a user error), raised before anything else is looked at.
     """
     kind = ScheduleKind(rule.kind)
-    if kind is ScheduleKind.WEBHOOK:
-        raise ValueError("webhook schedules have no calendar")
+    own = _KIND_CHECKS[kind](rule)
+    errors = [*_shared_problems(rule), *own]
+    if errors:
+        raise ValidationFailed(errors)
+
+
+def _shared_problems(rule: Rule) -> list[FieldError]:
+    """The zone, the two DST policies and the ``starts_at`` / ``ends_at`` window, in that order."""
     errors: list[FieldError] = zone_problems(rule.timezone)
     try:
         DstGap(rule.dst_gap)
@@ -640,42 +666,72 @@ def check_rule(rule: Rule) -> None:
                 f"ends_at ({rule.ends_at.isoformat()}) must be later than starts_at ({rule.starts_at.isoformat()})",
             )
         )
-    if kind is ScheduleKind.CRON:
-        errors.extend(cron_problems(rule.cron))
-    elif rule.cron is not None:
-        errors.append(
-            FieldError("cron", "not_for_kind", f"cron applies only to kind 'cron'; remove it for kind {kind.value!r}")
-        )
-    if kind is ScheduleKind.INTERVAL:
-        seconds = rule.interval_seconds
-        if seconds is None:
-            errors.append(
-                FieldError(
-                    "interval_seconds", "required", "kind 'interval' needs interval_seconds, e.g. 3600 for hourly"
-                )
-            )
-        elif isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
-            # The words the API's request model uses for the same mistakes (kairos.errors).
-            errors.append(
-                FieldError(
-                    "interval_seconds",
-                    MIN if isinstance(seconds, int) and not isinstance(seconds, bool) else TYPE,
-                    f"interval_seconds must be a whole number of seconds greater than 0, got {seconds!r}",
-                )
-            )
-    elif rule.interval_seconds is not None:
-        errors.append(
+    return errors
+
+
+def _check_cron(rule: Rule) -> list[FieldError]:
+    return [*cron_problems(rule.cron), *_not_for_kind(rule, "interval_seconds", ScheduleKind.INTERVAL)]
+
+
+def _check_interval(rule: Rule) -> list[FieldError]:
+    return [
+        *_not_for_kind(rule, "cron", ScheduleKind.CRON),
+        *_interval_problems(rule.interval_seconds),
+        *_needs_starts_at(rule, "the anchor the interval counts from"),
+    ]
+
+
+def _check_once(rule: Rule) -> list[FieldError]:
+    return [
+        *_not_for_kind(rule, "cron", ScheduleKind.CRON),
+        *_not_for_kind(rule, "interval_seconds", ScheduleKind.INTERVAL),
+        *_needs_starts_at(rule, "the instant to fire at"),
+    ]
+
+
+def _check_webhook(rule: Rule) -> list[FieldError]:
+    raise ValueError("webhook schedules have no calendar")
+
+
+# One checker per kind: the problems of the fields the kind needs or must not have, in field order
+# (cron, interval_seconds, starts_at).
+_KIND_CHECKS: dict[ScheduleKind, Callable[[Rule], list[FieldError]]] = {
+    ScheduleKind.CRON: _check_cron,
+    ScheduleKind.INTERVAL: _check_interval,
+    ScheduleKind.ONCE: _check_once,
+    ScheduleKind.WEBHOOK: _check_webhook,
+}
+
+
+def _not_for_kind(rule: Rule, field: str, owner: ScheduleKind) -> list[FieldError]:
+    """``field`` (which only kind ``owner`` takes) set on a rule of another kind."""
+    if getattr(rule, field) is None:
+        return []
+    kind = ScheduleKind(rule.kind)
+    return [FieldError(field, "not_for_kind", f"{field} applies only to kind {owner.value!r}; "
+                                              f"remove it for kind {kind.value!r}")]
+
+
+def _interval_problems(seconds: object) -> list[FieldError]:
+    if seconds is None:
+        return [FieldError("interval_seconds", "required",
+                           "kind 'interval' needs interval_seconds, e.g. 3600 for hourly")]
+    if isinstance(seconds, bool) or not isinstance(seconds, int) or seconds <= 0:
+        # The words the API's request model uses for the same mistakes (kairos.errors).
+        return [
             FieldError(
                 "interval_seconds",
-                "not_for_kind",
-                f"interval_seconds applies only to kind 'interval'; remove it for kind {kind.value!r}",
+                MIN if isinstance(seconds, int) and not isinstance(seconds, bool) else TYPE,
+                f"interval_seconds must be a whole number of seconds greater than 0, got {seconds!r}",
             )
-        )
-    if kind in (ScheduleKind.INTERVAL, ScheduleKind.ONCE) and rule.starts_at is None:
-        what = "the instant to fire at" if kind is ScheduleKind.ONCE else "the anchor the interval counts from"
-        errors.append(FieldError("starts_at", "required", f"kind {kind.value!r} needs starts_at, {what}"))
-    if errors:
-        raise ValidationFailed(errors)
+        ]
+    return []
+
+
+def _needs_starts_at(rule: Rule, what: str) -> list[FieldError]:
+    if rule.starts_at is not None:
+        return []
+    return [FieldError("starts_at", "required", f"kind {ScheduleKind(rule.kind).value!r} needs starts_at, {what}")]
 
 
 def iter_fires(rule: Rule, after: datetime) -> Iterator[Fire]:

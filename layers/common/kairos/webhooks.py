@@ -76,14 +76,10 @@ from kairos.errors import (
     ValidationFailed,
 )
 from kairos.observability import logger, metrics
-from kairos.schedules import (  # hash_token: the one hashing rule (SHA-256 hex), shared with creation
-    TOKEN_OVERLAP_DEFAULT_SECONDS,
-    TOKEN_OVERLAP_MAX_SECONDS,
-    Schedule,
-    hash_token,
-)
+from kairos.schedules import TOKEN_OVERLAP_DEFAULT_SECONDS, TOKEN_OVERLAP_MAX_SECONDS, Schedule
 from kairos.schedules import get as get_schedule
 from kairos.states import EventType, Source
+from kairos.tokens import hash_token, new_token  # the one minter and hashing rule, shared with creation
 
 MAX_BODY_BYTES = 65_536
 MAX_KEY_LENGTH = idempotency.MAX_KEY_LENGTH
@@ -119,11 +115,6 @@ class Accepted:
 
     def as_json(self) -> dict[str, str]:
         return {"run_id": str(self.run_id), "occurrence_id": str(self.occurrence_id)}
-
-
-def new_token() -> str:
-    """32 random bytes, URL-safe: shown once, stored only as ``hash_token(token)``."""
-    return pysecrets.token_urlsafe(32)
 
 
 def webhook_url(public_url: str, token: str) -> str:

@@ -1,0 +1,430 @@
+"""Schedule requests: the ``POST /v1/schedules`` body, its canonical forms, limits and validation.
+
+Role: turn raw JSON into a checked ``ScheduleRequest`` (``parse_request``), or refuse it naming field
+and rule; ``kairos.schedules`` stores what this module accepts. Pure: no database, no clock of its own
+(callers pass ``now``), no logging.
+
+Chat adapts intent; the service stays strict. ``canonicalize`` accepts a small, explicit set of
+shorthand *before* strict validation, and nothing else:
+
+* ``{"every_seconds": N}`` (kind absent or ``interval``, no ``interval_seconds``) -> ``kind:
+  interval``, ``interval_seconds: N``;
+* ``{"starts_at": t}`` with no ``kind``, ``cron``, ``interval_seconds`` or ``every_seconds`` ->
+  ``kind: once`` at ``t``;
+* ``{"cron": …}`` with ``kind`` absent -> ``kind: cron``;
+* a daily cron in UTC (``M H * * *`` with plain numbers, timezone absent or ``UTC``, no
+  ``starts_at``) -> ``kind: interval``, ``interval_seconds: 86400``, ``starts_at`` = H:M on
+  1970-01-01 UTC. The anchor is fixed (a past occurrence), so every "every day at H:M UTC"
+  request converges on one identical representation whenever it is made.
+
+Everything else goes to the strict model (``ScheduleRequest``): unknown fields — including server
+fields such as ``owner``, ``status``, ``revision``, ``fence`` or token hashes — are refused with
+``rule="unknown_field"``, never ignored, and fields that do not apply to the kind are refused with
+``rule="not_for_kind"`` rather than silently dropped. ``parse_request`` collects every problem and
+raises one ``ValidationFailed`` naming field and rule for each, so a model can correct one request.
+
+Limits (the module constants; the API's models take them from here): nothing that fires more often
+than every ``MIN_SPACING`` over its real sequence (``calendar.min_spacing``, so ``0,1 * * * *`` is
+caught as well as ``*/1``); prompt, name, cron, interval, occurrence, delay, preview and token-overlap
+bounds. Credentials: an ``agent`` and a ``signing`` secret must be the owner's own
+(``conversations.validate_agent``, ``validate_signing``).
+
+Must not: re-implement the calendar (``kairos.calendar`` judges rules, imported by the functions that
+evaluate them, not at import), or depend on the schedule record (``rule_of`` takes anything shaped
+like a rule).
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
+from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
+
+from pydantic import (
+    BaseModel,
+    BeforeValidator,
+    ConfigDict,
+    Field,
+    StrictBool,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
+from pydantic_core import PydanticCustomError
+
+from kairos import conversations
+from kairos import secrets as kairos_secrets
+from kairos.conversations import field_errors
+from kairos.errors import (
+    MAX,
+    MIN,
+    TIMEZONE_AWARE,
+    TYPE,
+    FieldError,
+    LimitExceeded,
+    ValidationFailed,
+)
+from kairos.instants import out_of_range, rfc3339
+from kairos.states import DstFold, DstGap, Mode, Overlap, ScheduleKind
+
+if TYPE_CHECKING:
+    from kairos import calendar
+
+MIN_SPACING = timedelta(minutes=5)
+PROMPT_MAX_BYTES = 16 * 1024
+NAME_MAX = 200
+CRON_MAX = 200
+INTERVAL_MAX_SECONDS = 366 * 86_400
+MAX_OCCURRENCES_MAX = 1_000_000
+# How late a scheduled run without catch-up may still start, from its fire instant (DESIGN.md "The run").
+MAX_DELAY_DEFAULT_SECONDS = 600
+MAX_DELAY_MIN_SECONDS = 60
+MAX_DELAY_MAX_SECONDS = 86_400
+PREVIEW_MAX = 100
+# A webhook token's rotation (``kairos.webhooks.rotate``): how long the previous token keeps working.
+TOKEN_OVERLAP_DEFAULT_SECONDS = 86_400
+TOKEN_OVERLAP_MAX_SECONDS = 604_800
+DAY = 86_400
+
+TIMED_KINDS = frozenset({ScheduleKind.CRON, ScheduleKind.INTERVAL, ScheduleKind.ONCE})
+
+
+# --- The request -------------------------------------------------------------------------------
+
+_INSTANT_HINT = "give an RFC 3339 time with an offset, e.g. 2030-01-01T07:00:00Z"
+
+
+def _instant(value: object) -> datetime:
+    """RFC 3339 strings (or aware datetimes from Python callers) only, within ``kairos.instants``'
+    range (rules ``min`` / ``max``); the result is UTC."""
+    if isinstance(value, str):
+        try:
+            value = datetime.fromisoformat(value)
+        except ValueError:
+            raise PydanticCustomError(TYPE, _INSTANT_HINT) from None
+    if not isinstance(value, datetime):
+        raise PydanticCustomError(TYPE, _INSTANT_HINT)
+    if value.tzinfo is None or value.utcoffset() is None:
+        raise PydanticCustomError(TIMEZONE_AWARE, _INSTANT_HINT)
+    # Checked before converting: far instants overflow in UTC. (pydantic names the field by its location.)
+    bound = out_of_range(value, "starts_at")
+    if bound is not None:
+        raise PydanticCustomError(bound.rule, bound.message)
+    return value.astimezone(UTC)
+
+
+Instant = Annotated[datetime, BeforeValidator(_instant)]
+
+
+class ScheduleRequest(BaseModel):
+    """The ``POST /v1/schedules`` body, strict: declared fields only, no type coercion of numbers,
+    booleans or strings, times with an offset."""
+
+    # Built at its first use (defer_build): API cold starts that create no schedule never pay for it.
+    # (A comment, not the docstring: the docstring is the OpenAPI document's description.)
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    conversation_id: uuid.UUID
+    prompt: StrictStr
+    name: StrictStr = Field(default="", max_length=NAME_MAX)
+    kind: ScheduleKind = ScheduleKind.CRON
+    cron: StrictStr | None = Field(default=None, max_length=CRON_MAX)
+    interval_seconds: StrictInt | None = Field(default=None, ge=1, le=INTERVAL_MAX_SECONDS)
+    starts_at: Instant | None = None
+    ends_at: Instant | None = None
+    max_occurrences: StrictInt | None = Field(default=None, ge=1, le=MAX_OCCURRENCES_MAX)
+    timezone: StrictStr = Field(default="UTC", min_length=1, max_length=64)
+    dst_gap: DstGap = DstGap.AUTO
+    dst_fold: DstFold = DstFold.AUTO
+    mode: Mode = Mode.FORK
+    catch_up: StrictBool = False
+    max_delay_seconds: StrictInt = Field(default=MAX_DELAY_DEFAULT_SECONDS, ge=MAX_DELAY_MIN_SECONDS,
+                                         le=MAX_DELAY_MAX_SECONDS)
+    overlap: Overlap = Overlap.ALLOW
+    agent: dict[str, Any] | None = None
+    signing: dict[str, Any] | None = None
+
+    @field_validator("prompt")
+    @classmethod
+    def _bounded_prompt(cls, value: str) -> str:
+        if not value.strip():
+            raise PydanticCustomError("empty", "give the prompt the agent should run")
+        if len(value.encode("utf-8")) > PROMPT_MAX_BYTES:
+            raise PydanticCustomError("max_length", f"at most {PROMPT_MAX_BYTES} bytes (UTF-8)")
+        return value
+
+
+class SigningConfig(BaseModel):
+    """A webhook's signature requirement; the secret is a reference, never the secret itself."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    scheme: Literal["standard", "github"]
+    secret: StrictStr = Field(max_length=2_048)
+    tolerance_seconds: StrictInt = Field(default=300, ge=1, le=3_600)
+
+    @field_validator("secret")
+    @classmethod
+    def _reference(cls, value: str) -> str:
+        if not kairos_secrets.is_reference(value):
+            raise PydanticCustomError("secret_reference", kairos_secrets.HINT)
+        return value
+
+
+def validate_signing(raw: object, *, owner: str) -> dict[str, Any]:
+    """The signing JSON, normalized; ``ValidationFailed`` naming ``signing.<name>``.
+
+    The secret must be one of the owner's own (a signing secret has no model host, so no shared
+    ``env:`` key qualifies): otherwise the hook would verify against, and so reveal, a key that is
+    not theirs.
+    """
+    if not isinstance(raw, Mapping):
+        raise ValidationFailed([FieldError("signing", "type", "give signing as a JSON object")])
+    try:
+        config = SigningConfig.model_validate(dict(raw))
+    except ValidationError as error:
+        raise ValidationFailed(field_errors(error, prefix="signing")) from None
+    try:
+        kairos_secrets.check(config.secret, owner=owner, audience=None)
+    except kairos_secrets.Refused as refused:
+        raise ValidationFailed([kairos_secrets.field_error(refused, "signing.secret")]) from None
+    return config.model_dump()
+
+
+_DAILY = re.compile(r"(\d{1,2})\s+(\d{1,2})\s+\*\s+\*\s+\*")
+_DAILY_ANCHOR_DAY = datetime(1970, 1, 1, tzinfo=UTC)
+
+
+def canonicalize(raw: Mapping[str, Any]) -> dict[str, Any]:
+    """Chat-style shorthand -> the canonical shape (see the module doc). Pure; ``raw`` is not changed.
+
+    Anything this does not recognise is left as it is, for the strict model to refuse.
+    """
+    body = dict(raw)
+    if "every_seconds" in body and "interval_seconds" not in body and body.get("kind", "interval") == "interval":
+        body["interval_seconds"] = body.pop("every_seconds")
+        body["kind"] = ScheduleKind.INTERVAL.value
+    elif "starts_at" in body and not any(k in body for k in ("kind", "cron", "interval_seconds", "every_seconds")):
+        body["kind"] = ScheduleKind.ONCE.value
+    elif "cron" in body and "kind" not in body:
+        body["kind"] = ScheduleKind.CRON.value
+
+    cron = body.get("cron")
+    if (
+        body.get("kind") == ScheduleKind.CRON.value
+        and isinstance(cron, str)
+        and body.get("timezone", "UTC") == "UTC"
+        and "starts_at" not in body
+        and "interval_seconds" not in body
+    ):
+        match = _DAILY.fullmatch(cron.strip())
+        if match and int(match.group(1)) <= 59 and int(match.group(2)) <= 23:
+            minute, hour = int(match.group(1)), int(match.group(2))
+            del body["cron"]
+            body["kind"] = ScheduleKind.INTERVAL.value
+            body["interval_seconds"] = DAY
+            body["starts_at"] = rfc3339(_DAILY_ANCHOR_DAY.replace(hour=hour, minute=minute))
+    return body
+
+
+def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> ScheduleRequest:
+    """Canonicalize, validate strictly, check the kind's rules, the calendar and the frequency.
+
+    Raises ``ValidationFailed`` listing every problem (field + rule), or ``LimitExceeded`` for a
+    rule that would fire more often than ``MIN_SPACING``. ``now`` decides "in the future" and the
+    default interval anchor; it defaults to this process's clock (``create`` passes the database's).
+    The result carries the normalized ``agent`` and ``signing`` and, for an interval, its anchor.
+    """
+    if not isinstance(raw, Mapping):
+        raise ValidationFailed([FieldError("body", "type", "give the schedule as a JSON object")])
+    now = (now or datetime.now(UTC)).astimezone(UTC)
+    body = canonicalize(raw)
+    problems: list[FieldError] = []
+
+    # Nested objects are checked on their own, so their problems are reported with the others.
+    agent: dict[str, Any] | None = None
+    signing: dict[str, Any] | None = None
+    if body.get("agent") is not None:
+        try:
+            agent = conversations.validate_agent(body["agent"], owner=owner)
+        except ValidationFailed as error:
+            problems.extend(error.fields)
+    if body.get("signing") is not None:
+        try:
+            signing = validate_signing(body["signing"], owner=owner)
+        except ValidationFailed as error:
+            problems.extend(error.fields)
+
+    try:
+        request = ScheduleRequest.model_validate(body)
+    except ValidationError as error:
+        problems.extend(field_errors(error))
+        problems.extend(_standalone_problems(body, {p.field for p in problems}))
+        raise ValidationFailed(problems) from None
+
+    if request.kind is ScheduleKind.INTERVAL and request.starts_at is None:
+        request = request.model_copy(update={"starts_at": now})  # DESIGN: the anchor defaults to now
+    problems.extend(_check_semantics(request, now))
+    if problems:
+        raise ValidationFailed(problems)
+
+    request = request.model_copy(update={"agent": agent, "signing": signing})
+    if request.kind in TIMED_KINDS:
+        _check_frequency(request, now)
+    return request
+
+
+def _standalone_problems(body: Mapping[str, Any], reported: set[str]) -> list[FieldError]:
+    """When the body's shape is already refused, the checks that need no other field still run, so one
+    answer names a bad ``mode``, a bad ``cron`` and a bad ``timezone`` together (not one per round trip).
+    The checks that depend on the kind or on several fields wait for a well-shaped body."""
+    from kairos import calendar
+
+    problems: list[FieldError] = []
+    cron = body.get("cron")
+    if "cron" not in reported and isinstance(cron, str) and cron:
+        problems.extend(calendar.cron_problems(cron))
+    zone = body.get("timezone")
+    if "timezone" not in reported and isinstance(zone, str):
+        problems.extend(calendar.zone_problems(zone))
+    return problems
+
+
+def _check_semantics(request: ScheduleRequest, now: datetime) -> list[FieldError]:
+    """Rules beyond the shape. Rule words match the calendar's (``not_for_kind``, ``known_zone``…)."""
+    from kairos import calendar
+
+    problems: list[FieldError] = []
+    kind = request.kind
+
+    def not_for_kind(name: str, applies: str) -> None:
+        problems.append(FieldError(name, "not_for_kind", f"{name} applies only to {applies}; remove it"))
+
+    if kind is ScheduleKind.WEBHOOK:
+        for name in ("cron", "interval_seconds", "starts_at", "ends_at", "max_occurrences"):
+            if getattr(request, name) is not None:
+                not_for_kind(name, "timed kinds (cron, interval, once)")
+        if "max_delay_seconds" in request.model_fields_set:
+            not_for_kind("max_delay_seconds", "timed kinds (cron, interval, once)")
+    if kind is ScheduleKind.ONCE:
+        for name in ("ends_at", "max_occurrences"):
+            if getattr(request, name) is not None:
+                not_for_kind(name, "kinds cron and interval")
+        if request.starts_at is not None and request.starts_at <= now:
+            problems.append(FieldError("starts_at", "not_future", "starts_at must be in the future"))
+    if kind is not ScheduleKind.WEBHOOK and request.signing is not None:
+        not_for_kind("signing", "kind webhook")
+    if request.agent is not None and request.mode is not Mode.FRESH:
+        not_for_kind("agent", "mode fresh (fork and append use the conversation's agent)")
+    if (
+        kind in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
+        and request.ends_at is not None
+        and request.ends_at <= now
+        and (request.starts_at is None or request.ends_at > request.starts_at)  # else the calendar says so
+    ):
+        problems.append(FieldError("ends_at", "not_future", "ends_at must be in the future"))
+
+    if kind is ScheduleKind.WEBHOOK:
+        try:
+            calendar.describe(now, request.timezone)  # the same zone list the calendar uses
+        except ValidationFailed as error:
+            problems.extend(error.fields)
+        return problems
+
+    # The calendar judges what it owns: required rule fields, the expression, the zone, the window.
+    try:
+        calendar.check_rule(rule_of(request))
+    except ValidationFailed as error:
+        problems.extend(error.fields)
+    if not problems and calendar.next_fire(rule_of(request), now) is None:
+        name = "ends_at" if request.ends_at is not None else _rule_field(kind)
+        problems.append(FieldError(name, "no_future_fire", "this rule never fires after now"))
+    return problems
+
+
+def _check_frequency(request: ScheduleRequest, now: datetime) -> None:
+    from kairos import calendar
+
+    spacing = calendar.min_spacing(rule_of(request), now)
+    if spacing is not None and spacing < MIN_SPACING:
+        name = _rule_field(request.kind)
+        raise LimitExceeded(
+            f"{name}: fires every {_human(spacing)}; the minimum is every {_human(MIN_SPACING)}",
+            fields=[FieldError(name, "min_interval", f"fires every {_human(spacing)}; schedules may fire at most "
+                               f"every {_human(MIN_SPACING)}")],
+        )
+
+
+def _rule_field(kind: ScheduleKind) -> str:
+    return {ScheduleKind.CRON: "cron", ScheduleKind.INTERVAL: "interval_seconds"}.get(kind, "starts_at")
+
+
+def _human(span: timedelta) -> str:
+    seconds = int(span.total_seconds())
+    if seconds % 60 == 0:
+        minutes = seconds // 60
+        return f"{minutes} minute{'s' if minutes != 1 else ''}"
+    return f"{seconds} second{'s' if seconds != 1 else ''}"
+
+
+class Timed(Protocol):
+    """What ``rule_of`` reads: a ``ScheduleRequest`` or a stored ``kairos.schedules.Schedule``."""
+
+    @property
+    def kind(self) -> ScheduleKind: ...
+    @property
+    def cron(self) -> str | None: ...
+    @property
+    def interval_seconds(self) -> int | None: ...
+    @property
+    def starts_at(self) -> datetime | None: ...
+    @property
+    def ends_at(self) -> datetime | None: ...
+    @property
+    def timezone(self) -> str: ...
+    @property
+    def dst_gap(self) -> DstGap: ...
+    @property
+    def dst_fold(self) -> DstFold: ...
+
+
+def rule_of(source: Timed) -> calendar.Rule:
+    """The calendar rule of a timed request or schedule (``ValueError`` for a webhook)."""
+    from kairos import calendar
+
+    if source.kind not in TIMED_KINDS:
+        raise ValueError("a webhook schedule has no calendar rule")
+    return calendar.Rule(
+        kind=ScheduleKind(source.kind),
+        cron=source.cron,
+        interval_seconds=source.interval_seconds,
+        starts_at=source.starts_at,
+        ends_at=source.ends_at,
+        timezone=source.timezone,
+        dst_gap=DstGap(source.dst_gap),
+        dst_fold=DstFold(source.dst_fold),
+    )
+
+
+# --- Preview arguments -------------------------------------------------------------------------
+
+
+def count_problems(count: object) -> list[FieldError]:
+    if isinstance(count, bool) or not isinstance(count, int):
+        return [FieldError("count", TYPE, f"count must be a whole number from 1 to {PREVIEW_MAX}")]
+    if not 1 <= count <= PREVIEW_MAX:
+        return [FieldError("count", MIN if count < 1 else MAX, f"count must be between 1 and {PREVIEW_MAX}")]
+    return []
+
+
+def after_problems(after: object) -> list[FieldError]:
+    if not isinstance(after, datetime):
+        return [FieldError("after", TYPE, _INSTANT_HINT)]
+    if after.tzinfo is None or after.utcoffset() is None:
+        return [FieldError("after", TIMEZONE_AWARE, _INSTANT_HINT)]
+    bound = out_of_range(after, "after")
+    return [] if bound is None else [bound]
+
