@@ -262,12 +262,12 @@ def create(
         with _atomic(conn):
             created = _create(conn, owner=owner, raw=raw, now=now, context_run_id=context_run_id)
     except KairosError as error:
-        logger.info("schedule refused", extra={"action": "schedule.refused", "code": error.code,
+        logger.info("schedule refused", extra={"action": "schedule_refused", "code": error.code,
                                                 "rules": [f"{f.field}:{f.rule}" for f in error.fields]})
         raise
     s = created.schedule
     logger.info("schedule created", extra={
-        "action": "schedule.created", "schedule_id": str(s.id), "conversation_id": str(s.conversation_id),
+        "action": "schedule_created", "schedule_id": str(s.id), "conversation_id": str(s.conversation_id),
         "kind": s.kind.value, "next_fire_at": None if s.next_fire_at is None else rfc3339(s.next_fire_at)})
     return created
 
