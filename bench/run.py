@@ -7,9 +7,9 @@ What is measured (all on one PostgreSQL server, one database each, same run):
 2. **Kairos run lifecycle** with 8 worker processes (how Lambda runs it: one container, one
    process, one run at a time), with 8 threads of one process (the local stack), and with 1: N
    queued runs (inserted up front, not timed), each taken through the real library functions, as
-   ``runs.process`` writes them — (1) ``runs.claim``: the guarded claim, ``run.claimed`` and
+   ``runs.worker.process`` writes them — (1) ``runs.moves.claim``: the guarded claim, ``run.claimed`` and
    ``step.started`` in one statement; (2) one heartbeat (``Heartbeat.beat_once``, its own pooled
-   connection); (3) ``runs.succeed``: the fenced terminal update with ``step.finished`` and
+   connection); (3) ``moves.succeed``: the fenced terminal update with ``step.finished`` and
    ``run.succeeded`` in one statement. Three commits, four trace events, one connection per run.
    No executor call, no conversation entries and no SQS: this is the database work of the lifecycle.
 3. **Procrastinate** (``App`` + ``PsycopgConnector``, its schema in a third database) with 8
@@ -42,8 +42,11 @@ from typing import Any
 
 import psycopg
 from baseline import pgbench_tps, recreate, server
-from kairos import migrations, runs, trace
+from kairos import migrations, trace
 from kairos.db import Database
+from kairos.runs import moves
+from kairos.runs.heartbeat import Heartbeat
+from kairos.runs.worker import process
 from kairos.settings import Settings
 from kairos.states import EventType
 
@@ -83,25 +86,25 @@ def seed_runs(url: str, count: int, mode: str = "append") -> list[uuid.UUID]:
 
 
 def lifecycle(database: Database, run_id: uuid.UUID) -> None:
-    """One run as ``runs.process`` writes it, without the executor call and the conversation entries:
+    """One run as ``runs.worker.process`` writes it, without the executor call and the conversation entries:
     the claim (with ``run.claimed`` and ``step.started``), one heartbeat, and the terminal update
     (with ``step.finished`` and ``run.succeeded``). Three statements, each its own transaction."""
     with database.connection() as conn:  # one connection for the run; each statement commits alone
-        row = runs.claim(conn, run_id)
+        row = moves.claim(conn, run_id)
         assert row is not None
         fence = int(row["fence"])
-        assert runs.Heartbeat(database, run_id, fence).beat_once()  # on its own pooled connection
-        done = runs.succeed(conn, run_id, fence, output={"conversation_id": "x", "entry_seq": 1, "attempt": 1},
+        assert Heartbeat(database, run_id, fence).beat_once()  # on its own pooled connection
+        done = moves.succeed(conn, run_id, fence, output={"conversation_id": "x", "entry_seq": 1, "attempt": 1},
                             usage={"calls": 1},
                             events=[trace.Event(EventType.STEP_FINISHED, "model", {"outcome": "succeeded"})])
         assert done
 
 
 def full_process(database: Database, run_id: uuid.UUID) -> None:
-    """One run through ``runs.process`` with the ``echo`` executor: everything the run Lambda does
+    """One run through ``runs.worker.process`` with the ``echo`` executor: everything the run Lambda does
     per run except SQS — claim, prompt entry, transcript read, heartbeat thread, effect reserved and
     settled, answer entry, terminal state."""
-    outcome = runs.process(database, run_id, settings=SETTINGS)
+    outcome = process(database, run_id, settings=SETTINGS)
     assert outcome.result == "succeeded", outcome
 
 
@@ -178,7 +181,7 @@ def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
 
 
 def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False, full: bool = False) -> float:
-    """Lifecycles (or, with ``full``, whole ``runs.process`` calls) per second over ``count`` fresh
+    """Lifecycles (or, with ``full``, whole ``runs.worker.process`` calls) per second over ``count`` fresh
     runs, with ``workers`` threads or processes."""
     # A full run in append mode would read the one shared transcript, growing with every run.
     ids = seed_runs(url, count, "fresh" if full else "append")
@@ -285,7 +288,7 @@ def main() -> None:
     print(f"| Kairos lifecycle, 8 worker threads in one process | {kairos_8_threads:.0f} | "
           f"{ratio(kairos_8_threads, tps)} | {ratio(kairos_8, kairos_8_threads)} |")
     print(f"| Kairos lifecycle, 1 worker | {kairos_1:.0f} | {ratio(kairos_1, tps)} | {ratio(kairos_8, kairos_1)} |")
-    print(f"| Kairos `runs.process` (echo executor: entries, effect ledger, heartbeat thread), 8 threads | "
+    print(f"| Kairos `runs.worker.process` (echo executor: entries, effect ledger, heartbeat thread), 8 threads | "
           f"{kairos_full:.0f} | {ratio(kairos_full, tps)} | {ratio(kairos_8, kairos_full)} |")
     print(f"| Procrastinate defer + fetch + finish, 8 coroutines | {full:.0f} | {ratio(full, tps)} | "
           f"{ratio(kairos_8, full)} |")

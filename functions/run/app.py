@@ -1,6 +1,6 @@
 """RunFunction: SQS delivers batches of run ids; each record is claimed and executed alone.
 
-Thin by design: the per-container pool and settings go to ``kairos.worker.handle_batch``, which
+Thin by design: the per-container pool and settings go to ``kairos.runs.sqs.handle_batch``, which
 reports partial batch failures (``ReportBatchItemFailures`` on the event source mapping) so one bad
 or failing record never sends the good records of its batch back to the queue.
 """
@@ -9,12 +9,13 @@ from __future__ import annotations
 
 from typing import Any
 
-from kairos import runtime, worker
+from kairos import runtime
 from kairos.observability import logger, metrics, tracer
+from kairos.runs import sqs
 
 
 @logger.inject_lambda_context
 @tracer.capture_lambda_handler
 @metrics.log_metrics
 def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
-    return worker.handle_batch(event, context, db=runtime.database(), settings=runtime.settings())
+    return sqs.handle_batch(event, context, db=runtime.database(), settings=runtime.settings())

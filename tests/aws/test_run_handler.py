@@ -14,9 +14,10 @@ from typing import Any
 import psycopg
 import pytest
 from kairos import db as kairos_db
-from kairos import runtime, worker
+from kairos import runtime
 from kairos.db import Database, Row
 from kairos.local.stack import load_function
+from kairos.runs import sqs
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 
@@ -117,12 +118,12 @@ def test_a_transient_database_error_fails_only_its_own_record(stack: Stack, lamb
     event = sqs_event(run_body(first["id"]), "garbage", run_body(second["id"]))
     flaky = FlakyDatabase(stack.db_url)
     try:
-        response = worker.handle_batch(event, lambda_context, db=flaky, settings=Settings.from_env())
+        response = sqs.handle_batch(event, lambda_context, db=flaky, settings=Settings.from_env())
         assert response == {"batchItemFailures": [{"itemIdentifier": event["Records"][0]["messageId"]}]}
         assert state(stack.db_url, first["id"])["state"] == "queued"  # nothing claimed: delivered again
         assert state(stack.db_url, second["id"])["state"] == "succeeded"
 
-        again = worker.handle_batch(sqs_event(run_body(first["id"])), lambda_context, db=flaky,
+        again = sqs.handle_batch(sqs_event(run_body(first["id"])), lambda_context, db=flaky,
                                     settings=Settings.from_env())
         assert again == {"batchItemFailures": []}
         assert state(stack.db_url, first["id"])["state"] == "succeeded"
@@ -152,7 +153,7 @@ def test_without_a_queue_a_retry_is_redelivered_by_sqs(stack: Stack, lambda_cont
     event = sqs_event(run_body(run["id"]))
     database = Database(stack.db_url)
     try:
-        response = worker.handle_batch(event, lambda_context, db=database,
+        response = sqs.handle_batch(event, lambda_context, db=database,
                                        settings=Settings(egress_allow=("127.0.0.1",)))
     finally:
         database.close()
@@ -184,7 +185,7 @@ def test_an_invocation_short_of_time_does_not_claim(stack: Stack) -> None:
     ],
 )
 def test_only_the_exact_body_shape_names_a_run(body: str, expected: uuid.UUID | None) -> None:
-    assert worker.parse_run_id(body) == expected
+    assert sqs.parse_run_id(body) == expected
 
 
 @pytest.mark.parametrize(

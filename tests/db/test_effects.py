@@ -6,8 +6,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import effects, runs
+from kairos import effects
 from kairos.db import Database
+from kairos.runs import moves
 from psycopg.rows import dict_row
 
 from tests import factories
@@ -16,7 +17,7 @@ from tests import factories
 def _claimed(db: Database, db_url: str) -> dict[str, Any]:
     run = factories.run(db_url)
     with db.transaction() as conn:
-        row = runs.claim(conn, run["id"])
+        row = moves.claim(conn, run["id"])
     assert row is not None
     return row
 
@@ -104,7 +105,7 @@ def test_a_new_claim_closes_what_an_earlier_fence_left_reserved(db: Database, db
         conn.execute("UPDATE runs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
                      (run["id"],))
     with db.transaction() as conn:
-        assert runs.claim(conn, run["id"]) is not None
+        assert moves.claim(conn, run["id"]) is not None
         assert effects.close_stale(conn, run["id"], 1) == []  # only the current fence may close them
         closed = effects.close_stale(conn, run["id"], 2)
     assert sorted((e.step, e.state, e.error_code) for e in closed) == [

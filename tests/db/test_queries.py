@@ -19,8 +19,9 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
-from kairos import db, runs, trace
+from kairos import db, trace
 from kairos.db import Database
+from kairos.runs import moves
 
 from tests import factories
 
@@ -172,7 +173,7 @@ def test_named_queries_marked_prepared_run_prepared_and_only_those(db_url: str) 
         try:
             run = factories.run(db_url)
             with database.transaction() as conn:
-                assert runs.claim(conn, run["id"]) is not None
+                assert moves.claim(conn, run["id"]) is not None
                 db.fetch_one(conn, "runs_get", {"run_id": run["id"]})
                 statements = [r["statement"] for r in conn.execute("SELECT statement FROM pg_prepared_statements")]
         finally:

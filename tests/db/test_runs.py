@@ -11,9 +11,9 @@ import psycopg
 import pytest
 from kairos import effects, runs
 from kairos.db import Database
+from kairos.diagnosis import REASON_CODES, RECOVERY_ACTIONS, RUN_REASON_CODES, diagnose
 from kairos.errors import NotFound
 from kairos.executors.base import (
-    REASON_CODES,
     ExecutionRequest,
     ExecutorError,
     PreparedCall,
@@ -21,6 +21,10 @@ from kairos.executors.base import (
     canonical_json,
     digest,
 )
+from kairos.runs import moves
+from kairos.runs.heartbeat import Heartbeat
+from kairos.runs.hooks import Hooks
+from kairos.runs.worker import CALL_TIMEOUT_CAP_SECONDS, LAMBDA_MARGIN_SECONDS, RUNTIME_CAP_SECONDS, process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 
@@ -61,7 +65,7 @@ def test_a_run_succeeds_once_with_an_output_reference_and_a_closed_trace(db: Dat
     run = _run(db_url)
     executor = ScriptedExecutor()
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert outcome.result == "succeeded"
     row = _row(db_url, "SELECT * FROM runs WHERE id = %s", run["id"])
@@ -86,7 +90,7 @@ def test_the_trace_carries_no_prompt_reply_or_payload(db: Database, db_url: str)
     run = _run(db_url, schedule_row=sched, payload={"k": "SECRET-PAYLOAD"})
     executor = ScriptedExecutor(on_send=lambda p, t: Reply(content="SECRET-REPLY-TEXT"))
 
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "succeeded"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "succeeded"
 
     dumped = json.dumps([r["data"] for r in _rows(db_url, "SELECT data FROM run_events WHERE run_id = %s",
                                                    run["id"])])
@@ -103,8 +107,8 @@ def test_a_message_for_an_unknown_or_finished_run_does_nothing(db: Database, db_
     done = _run(db_url, state="succeeded")
     executor = ScriptedExecutor()
 
-    unknown = runs.process(db, uuid.uuid4(), settings=SETTINGS, executor_factory=executor.factory)
-    finished = runs.process(db, done["id"], settings=SETTINGS, executor_factory=executor.factory)
+    unknown = process(db, uuid.uuid4(), settings=SETTINGS, executor_factory=executor.factory)
+    finished = process(db, done["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert unknown.result == "unknown"
     assert finished.result == "skipped" and finished.state == "succeeded"
@@ -117,7 +121,7 @@ def test_a_run_queued_behind_another_is_not_claimed(db: Database, db_url: str) -
     behind = _run(db_url, blocked_by_run_id=first["id"])
     executor = ScriptedExecutor()
 
-    outcome = runs.process(db, behind["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, behind["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert outcome.result == "skipped"
     assert _row(db_url, "SELECT state, attempt FROM runs WHERE id = %s", behind["id"]) == {
@@ -134,7 +138,7 @@ def test_fork_leaves_the_owning_transcript_unchanged(db: Database, db_url: str) 
     run = _run(db_url, schedule_row=sched)
     executor = ScriptedExecutor()
 
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "succeeded"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "succeeded"
 
     row = _row(db_url, "SELECT conversation_id, output FROM runs WHERE id = %s", run["id"])
     assert row is not None
@@ -155,7 +159,7 @@ def test_append_adds_to_the_owning_transcript(db: Database, db_url: str) -> None
     run = _run(db_url, schedule_row=sched)
     executor = ScriptedExecutor()
 
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "succeeded"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "succeeded"
 
     assert _row(db_url, "SELECT conversation_id FROM runs WHERE id = %s", run["id"]) == {"conversation_id": conv["id"]}
     assert _entries(db_url, conv["id"]) == [(1, "user", "earlier"), (2, "user", "say hello"),
@@ -170,7 +174,7 @@ def test_fresh_starts_from_the_agent_snapshot(db: Database, db_url: str) -> None
     run = _run(db_url, schedule_row=sched)
     executor = ScriptedExecutor()
 
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "succeeded"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "succeeded"
 
     target = _row(db_url, "SELECT c.* FROM runs r JOIN conversations c ON c.id = r.conversation_id WHERE r.id = %s",
                   run["id"])
@@ -187,7 +191,7 @@ def test_fresh_with_an_unusable_snapshot_fails_the_run_with_a_diagnosis(db: Data
     run = _run(db_url, schedule_row=sched)
     executor = ScriptedExecutor()
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "agent_invalid")
     row = _row(db_url, "SELECT state, diagnosis, conversation_id FROM runs WHERE id = %s", run["id"])
@@ -205,7 +209,7 @@ def test_a_retry_safe_failure_requeues_the_same_run_and_the_next_attempt_succeed
     run = _run(db_url)
     failing = ScriptedExecutor(on_send=raising(ExecutorError("connect_failed", "refused", retry_safe=True)))
 
-    first = runs.process(db, run["id"], settings=SETTINGS, executor_factory=failing.factory)
+    first = process(db, run["id"], settings=SETTINGS, executor_factory=failing.factory)
 
     assert (first.result, first.reason_code, first.retry_delay_seconds) == ("retry", "connect_failed", 10)
     row = _row(db_url, "SELECT * FROM runs WHERE id = %s", run["id"])
@@ -214,7 +218,7 @@ def test_a_retry_safe_failure_requeues_the_same_run_and_the_next_attempt_succeed
     assert row["handoff_at"] is not None and row["finished_at"] is None
 
     working = ScriptedExecutor()
-    second = runs.process(db, run["id"], settings=SETTINGS, executor_factory=working.factory)
+    second = process(db, run["id"], settings=SETTINGS, executor_factory=working.factory)
 
     assert second.result == "succeeded"
     row = _row(db_url, "SELECT * FROM runs WHERE id = %s", run["id"])
@@ -237,7 +241,7 @@ def test_retries_stop_at_max_attempts_with_a_retry_eligible_diagnosis(db: Databa
     run = _run(db_url, max_attempts=2)
     failing = ScriptedExecutor(on_send=raising(ExecutorError("rate_limited", "429", retry_safe=True)))
 
-    results = [runs.process(db, run["id"], settings=SETTINGS, executor_factory=failing.factory).result
+    results = [process(db, run["id"], settings=SETTINGS, executor_factory=failing.factory).result
                for _ in range(3)]
 
     assert results == ["retry", "failed", "skipped"]
@@ -251,13 +255,13 @@ def test_a_failure_that_is_not_retry_safe_fails_at_once_with_a_closed_diagnosis(
     run = _run(db_url)
     executor = ScriptedExecutor(on_send=raising(ExecutorError("peer_error", "HTTP 400")))
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "peer_error")
     diagnosis = _row(db_url, "SELECT diagnosis FROM runs WHERE id = %s", run["id"])["diagnosis"]
     assert set(diagnosis) == {"summary", "scope", "reason_code", "retry_eligible", "recovery_actions"}
     assert diagnosis["reason_code"] in REASON_CODES and diagnosis["scope"] in ("run", "step", "target")
-    assert set(diagnosis["recovery_actions"]) <= runs.RECOVERY_ACTIONS
+    assert set(diagnosis["recovery_actions"]) <= RECOVERY_ACTIONS
     assert "400" not in diagnosis["summary"]  # provider detail stays out of the diagnosis
     assert _types(db_url, run["id"])[-2:] == ["step.finished", "run.failed"]
 
@@ -267,7 +271,7 @@ def test_a_mutation_with_an_unknown_outcome_ends_ambiguous_and_is_never_replayed
     executor = ScriptedExecutor(mutation=True, on_send=raising(
         ExecutorError("ambiguous_effect", "dropped after sending", outcome_unknown=True)))
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "ambiguous_effect")
     assert _row(db_url, "SELECT state FROM effects WHERE run_id = %s", run["id"]) == {"state": "ambiguous"}
@@ -278,7 +282,7 @@ def test_a_mutation_with_an_unknown_outcome_ends_ambiguous_and_is_never_replayed
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE runs SET state = 'queued', finished_at = NULL, diagnosis = NULL WHERE id = %s",
                      (run["id"],))
-    again = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    again = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
     assert (again.result, again.reason_code) == ("failed", "ambiguous_effect")
     assert len(executor.timeouts) == 1
 
@@ -288,7 +292,7 @@ def test_a_mutation_that_failed_with_a_known_outcome_may_retry(db: Database, db_
     executor = ScriptedExecutor(mutation=True, on_send=raising(ExecutorError("connect_failed", "refused",
                                                                             retry_safe=True)))
 
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "retry"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "retry"
     assert _row(db_url, "SELECT state FROM effects WHERE run_id = %s", run["id"]) == {"state": "failed"}
 
 
@@ -296,7 +300,7 @@ def test_a_non_mutation_with_an_unknown_outcome_fails_without_retry(db: Database
     run = _run(db_url)
     executor = ScriptedExecutor(on_send=raising(ExecutorError("timeout", "no answer", outcome_unknown=True)))
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "timeout")
     assert _row(db_url, "SELECT state, error_code FROM effects WHERE run_id = %s", run["id"]) == {
@@ -310,7 +314,7 @@ def test_a_prepare_error_fails_without_reserving_an_effect(db: Database, db_url:
         raise ExecutorError("egress_refused", "169.254.169.254 is a metadata address")
 
     executor = ScriptedExecutor(on_prepare=refuse)
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "egress_refused")
     assert _rows(db_url, "SELECT * FROM effects WHERE run_id = %s", run["id"]) == []
@@ -321,7 +325,7 @@ def test_an_unknown_executor_name_fails_the_run_as_agent_invalid(db: Database, d
     sched = factories.schedule(db_url, agent={"executor": "nope"})
     run = _run(db_url, schedule_row=sched)
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS)  # the real registry
+    outcome = process(db, run["id"], settings=SETTINGS)  # the real registry
 
     assert (outcome.result, outcome.reason_code) == ("failed", "agent_invalid")
 
@@ -331,7 +335,7 @@ def test_an_internal_error_during_a_mutation_call_fails_the_run_and_leaves_the_e
     run = _run(db_url)
     executor = ScriptedExecutor(mutation=True, on_send=raising(RuntimeError("bug in an executor")))
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "internal")
     assert _row(db_url, "SELECT state FROM effects WHERE run_id = %s", run["id"]) == {"state": "ambiguous"}
@@ -341,7 +345,7 @@ def test_an_internal_error_during_a_mutation_call_fails_the_run_and_leaves_the_e
 def test_the_echo_executor_runs_end_to_end_through_the_registry(db: Database, db_url: str) -> None:
     run = _run(db_url)
 
-    assert runs.process(db, run["id"], settings=SETTINGS).result == "succeeded"
+    assert process(db, run["id"], settings=SETTINGS).result == "succeeded"
 
     with db.transaction() as conn:
         out = runs.output(conn, run["id"], owner="alice")
@@ -363,7 +367,7 @@ def test_the_call_timeout_is_bounded_by_the_runtime_limit(db: Database, db_url: 
     run = _run(db_url, runtime_limit_seconds=7)
     executor = ScriptedExecutor()
 
-    runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=FakeClock())
+    process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=FakeClock())
 
     assert executor.timeouts == [7.0]
 
@@ -372,9 +376,9 @@ def test_a_limit_above_the_server_cap_is_capped(db: Database, db_url: str) -> No
     run = _run(db_url, runtime_limit_seconds=100_000)
     executor = ScriptedExecutor()
 
-    runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=FakeClock())
+    process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=FakeClock())
 
-    assert executor.timeouts == [min(runs.RUNTIME_CAP_SECONDS, runs.CALL_TIMEOUT_CAP_SECONDS)]
+    assert executor.timeouts == [min(RUNTIME_CAP_SECONDS, CALL_TIMEOUT_CAP_SECONDS)]
 
 
 def test_exceeding_the_runtime_limit_fails_with_its_own_reason_code(db: Database, db_url: str) -> None:
@@ -386,7 +390,7 @@ def test_exceeding_the_runtime_limit_fails_with_its_own_reason_code(db: Database
         raise ExecutorError("timeout", "no answer in time", outcome_unknown=True)
 
     executor = ScriptedExecutor(on_send=slow)
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=clock)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=clock)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "runtime_limit")
     assert _row(db_url, "SELECT diagnosis->>'reason_code' AS code FROM runs WHERE id = %s", run["id"]) == {
@@ -396,10 +400,10 @@ def test_exceeding_the_runtime_limit_fails_with_its_own_reason_code(db: Database
 def test_a_run_over_its_limit_before_the_call_fails_without_calling(db: Database, db_url: str) -> None:
     run = _run(db_url, runtime_limit_seconds=30)
     clock = FakeClock()
-    hooks = runs.Hooks().on("after_claim", lambda **_: setattr(clock, "t", clock.t + 31))
+    hooks = Hooks().on("after_claim", lambda **_: setattr(clock, "t", clock.t + 31))
     executor = ScriptedExecutor()
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=clock,
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=clock,
                            hooks=hooks)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "runtime_limit")
@@ -410,16 +414,16 @@ def test_the_invocation_deadline_bounds_the_call_and_a_short_one_defers_the_clai
     run = _run(db_url)
     executor = ScriptedExecutor()
 
-    deferred = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
+    deferred = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
                             clock=FakeClock(), lambda_remaining_ms=lambda: 20_000)
     assert deferred.result == "deferred"
     assert _row(db_url, "SELECT state, attempt FROM runs WHERE id = %s", run["id"]) == {
         "state": "queued", "attempt": 0}
 
-    done = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
+    done = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
                         clock=FakeClock(), lambda_remaining_ms=lambda: 100_000)
     assert done.result == "succeeded"
-    assert executor.timeouts == [100.0 - runs.LAMBDA_MARGIN_SECONDS]
+    assert executor.timeouts == [100.0 - LAMBDA_MARGIN_SECONDS]
 
 
 # --- cancellation --------------------------------------------------------------------------------------
@@ -437,7 +441,7 @@ def test_cancelling_a_queued_run_is_immediate_and_idempotent(db: Database, db_ur
     assert first.finished_at is not None and first.diagnosis is not None
     assert _types(db_url, run["id"]) == ["run.cancelled"]
     executor = ScriptedExecutor()
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "skipped"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "skipped"
     assert executor.requests == []
 
 
@@ -463,7 +467,7 @@ def test_a_cancel_during_the_call_stops_the_run_and_never_publishes_success(db: 
         return Reply(content="a stale answer")
 
     executor = ScriptedExecutor(on_send=cancel_meanwhile)
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert outcome.result == "cancelled"
     row = _row(db_url, "SELECT * FROM runs WHERE id = %s", run["id"])
@@ -478,7 +482,7 @@ def test_a_cancel_during_the_call_stops_the_run_and_never_publishes_success(db: 
 
 def test_a_cancel_seen_by_the_heartbeat_stops_the_run_before_its_call(db: Database, db_url: str) -> None:
     run = _run(db_url)
-    beats: list[runs.Heartbeat] = []
+    beats: list[Heartbeat] = []
 
     def cancel_and_beat(**_: Any) -> None:
         with db.transaction() as conn:
@@ -486,10 +490,10 @@ def test_a_cancel_seen_by_the_heartbeat_stops_the_run_before_its_call(db: Databa
         assert beats[0].beat_once() is True
         assert beats[0].cancel_requested.is_set()
 
-    hooks = (runs.Hooks().on("heartbeat_started", lambda heartbeat, **_: beats.append(heartbeat))
+    hooks = (Hooks().on("heartbeat_started", lambda heartbeat, **_: beats.append(heartbeat))
              .on("after_reserve", cancel_and_beat))
     executor = ScriptedExecutor()
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, hooks=hooks,
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, hooks=hooks,
                            heartbeat_interval=3600)
 
     assert outcome.result == "cancelled"
@@ -507,7 +511,7 @@ def test_a_cancel_before_the_reservation_ends_the_run_without_a_call(db: Databas
             runs.cancel(conn, run["id"], owner="alice")
 
     executor = ScriptedExecutor(on_prepare=cancel_now)
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
                            heartbeat_interval=3600)
 
     assert outcome.result == "cancelled"
@@ -519,7 +523,7 @@ def test_a_cancel_before_the_reservation_ends_the_run_without_a_call(db: Databas
 def test_success_cannot_be_written_once_a_cancel_was_requested(db: Database, db_url: str) -> None:
     run = _run(db_url, state="running", cancel_requested_at=datetime.now(UTC))
     with db.transaction() as conn:
-        assert runs.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
+        assert moves.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
     assert _row(db_url, "SELECT state FROM runs WHERE id = %s", run["id"]) == {"state": "running"}
 
 
@@ -527,7 +531,7 @@ def test_a_requeued_run_with_a_pending_cancel_is_cancelled_instead_of_run(db: Da
     run = _run(db_url, cancel_requested_at=datetime.now(UTC))
     executor = ScriptedExecutor()
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert outcome.result == "cancelled" and executor.requests == []
     assert _row(db_url, "SELECT state FROM runs WHERE id = %s", run["id"]) == {"state": "cancelled"}
@@ -538,7 +542,7 @@ def test_a_requeued_run_with_a_pending_cancel_is_cancelled_instead_of_run(db: Da
 
 def test_get_is_owner_scoped_and_as_json_has_the_api_shape(db: Database, db_url: str) -> None:
     run = _run(db_url)
-    runs.process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory)
+    process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory)
 
     with db.transaction() as conn:
         got = runs.get(conn, run["id"], owner="alice").as_json()
@@ -557,11 +561,11 @@ def test_the_output_projection_follows_the_run(db: Database, db_url: str) -> Non
     queued = _run(db_url)
     running = _run(db_url, state="running")
     failed = _run(db_url)
-    runs.process(db, failed["id"], settings=SETTINGS,
+    process(db, failed["id"], settings=SETTINGS,
                  executor_factory=ScriptedExecutor(on_send=raising(ExecutorError("peer_error", "400"))).factory)
     long_answer = "x" * (runs.OUTPUT_PREVIEW_CHARS + 10)
     succeeded = _run(db_url)
-    runs.process(db, succeeded["id"], settings=SETTINGS,
+    process(db, succeeded["id"], settings=SETTINGS,
                  executor_factory=ScriptedExecutor(on_send=lambda p, t: Reply(content=long_answer)).factory)
     cancelled = _run(db_url, state="cancelled")
 
@@ -589,18 +593,18 @@ def test_the_output_projection_follows_the_run(db: Database, db_url: str) -> Non
 
 
 def test_diagnose_refuses_unknown_codes_and_covers_every_reason_code() -> None:
-    for code in REASON_CODES:
-        assert runs.diagnose(code)["reason_code"] == code
+    for code in REASON_CODES | RUN_REASON_CODES:
+        assert diagnose(code)["reason_code"] == code
     with pytest.raises(ValueError):
-        runs.diagnose("executor_error")
+        diagnose("executor_error")
 
 
 def test_effects_of_a_run_are_listed_oldest_first(db: Database, db_url: str) -> None:
     run = _run(db_url)
-    runs.process(db, run["id"], settings=SETTINGS,
+    process(db, run["id"], settings=SETTINGS,
                  executor_factory=ScriptedExecutor(on_send=raising(ExecutorError("connect_failed", "x",
                                                                                 retry_safe=True))).factory)
-    runs.process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory)
+    process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory)
     with db.transaction() as conn:
         listed = effects.for_run(conn, run["id"])
     assert [(e.fence, e.state) for e in listed] == [(1, "failed"), (2, "settled")]

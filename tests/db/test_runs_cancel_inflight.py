@@ -17,6 +17,8 @@ import psycopg
 import pytest
 from kairos import runs
 from kairos.db import Database
+from kairos.runs.attempt import Outcome
+from kairos.runs.worker import process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 
@@ -98,10 +100,10 @@ def test_cancel_aborts_the_call_in_flight_and_the_run_ends_cancelled(
     # Given a run whose call reached a server that holds its answer
     sched = factories.schedule(db_url, agent=_agent(executor, holding))
     run = factories.run(db_url, schedule_row=sched)
-    result: dict[str, runs.Outcome] = {}
+    result: dict[str, Outcome] = {}
 
     def work() -> None:
-        result["outcome"] = runs.process(db, run["id"], settings=SETTINGS, heartbeat_interval=0.05)
+        result["outcome"] = process(db, run["id"], settings=SETTINGS, heartbeat_interval=0.05)
 
     worker = threading.Thread(target=work, daemon=True)
     worker.start()

@@ -8,9 +8,15 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import effects, runs, trace
+from kairos import effects, trace
 from kairos.db import Database
+from kairos.diagnosis import diagnose
 from kairos.executors.base import PreparedCall, Reply
+from kairos.runs import moves
+from kairos.runs.attempt import Outcome
+from kairos.runs.heartbeat import Heartbeat
+from kairos.runs.hooks import Hooks
+from kairos.runs.worker import process
 from kairos.settings import Settings
 from kairos.states import EventType
 from kairos.tick.repair import Repair
@@ -69,7 +75,7 @@ def test_concurrent_claims_have_exactly_one_winner(db: Database, db_url: str) ->
     def contend() -> None:
         with db.transaction() as conn:
             barrier.wait(WAIT)
-            row = runs.claim(conn, run["id"])
+            row = moves.claim(conn, run["id"])
             if row is not None:
                 won.append(int(row["fence"]))
 
@@ -93,12 +99,12 @@ def test_five_deliveries_two_of_them_concurrent_make_one_execution(db: Database,
     executor = ScriptedExecutor(on_send=held)
     barrier = threading.Barrier(2)
     finished = threading.Semaphore(0)
-    outcomes: list[runs.Outcome] = []
+    outcomes: list[Outcome] = []
 
     def deliver() -> None:
         barrier.wait(WAIT)
         try:
-            outcomes.append(runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory))
+            outcomes.append(process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory))
         finally:
             finished.release()
 
@@ -109,13 +115,13 @@ def test_five_deliveries_two_of_them_concurrent_make_one_execution(db: Database,
     assert in_call.wait(WAIT)
     assert finished.acquire(timeout=WAIT)  # the loser of the claim returns while the winner is in its call
     # Delivery 3 arrives while the run executes.
-    outcomes.append(runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory))
+    outcomes.append(process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory))
     release.set()
     for t in concurrent:
         t.join(WAIT)
     # Deliveries 4 and 5 arrive after the end.
     for _ in range(2):
-        outcomes.append(runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory))
+        outcomes.append(process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory))
 
     assert sorted(o.result for o in outcomes) == ["skipped"] * 4 + ["succeeded"]
     assert len(executor.timeouts) == 1
@@ -135,11 +141,11 @@ def test_a_worker_paused_past_its_lease_affects_nothing_after_another_claims(db:
         assert wake.wait(WAIT)
         return Reply(content="stale answer from A")
 
-    beats: list[runs.Heartbeat] = []
-    hooks_a = runs.Hooks().on("heartbeat_started", lambda heartbeat, **_: beats.append(heartbeat))
+    beats: list[Heartbeat] = []
+    hooks_a = Hooks().on("heartbeat_started", lambda heartbeat, **_: beats.append(heartbeat))
     executor_a = ScriptedExecutor(on_send=frozen)
-    outcome_a: list[runs.Outcome] = []
-    worker_a = threading.Thread(target=lambda: outcome_a.append(runs.process(
+    outcome_a: list[Outcome] = []
+    worker_a = threading.Thread(target=lambda: outcome_a.append(process(
         db, run["id"], settings=SETTINGS, executor_factory=executor_a.factory, hooks=hooks_a,
         heartbeat_interval=3600)))  # frozen: its heartbeat does not run on its own
     worker_a.start()
@@ -148,7 +154,7 @@ def test_a_worker_paused_past_its_lease_affects_nothing_after_another_claims(db:
     # A's lease runs out; the rescuer requeues the run and B claims and finishes it.
     _expire_lease_and_requeue(db_url, run["id"])
     executor_b = ScriptedExecutor(on_send=lambda p, t: Reply(content="answer from B"))
-    outcome_b = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor_b.factory)
+    outcome_b = process(db, run["id"], settings=SETTINGS, executor_factory=executor_b.factory)
     assert outcome_b.result == "succeeded"
     before = _snapshot(db_url, run["id"])
 
@@ -174,31 +180,31 @@ def test_every_fenced_write_with_a_stale_fence_writes_nothing(db: Database, db_u
     run = factories.run(db_url)
     # Attempt 1 claims, reserves, and is then fenced out by a rescue and a second claim.
     with db.transaction() as conn:
-        first = runs.claim(conn, run["id"])
+        first = moves.claim(conn, run["id"])
         assert first is not None
-        assert runs.append_entry(conn, run["id"], 1, run["source_conversation_id"], role="user",
+        assert moves.append_entry(conn, run["id"], 1, run["source_conversation_id"], role="user",
                                  content="x") is None  # not this run's target yet: nothing written
         conn.execute("UPDATE runs SET conversation_id = source_conversation_id WHERE id = %s", (run["id"],))
         old_effect = effects.reserve(conn, run["id"], 1, 1, "model", "http_call", True, "t", "d")
         assert old_effect is not None
     _expire_lease_and_requeue(db_url, run["id"])
     with db.transaction() as conn:
-        assert runs.claim(conn, run["id"]) is not None  # fence 2
+        assert moves.claim(conn, run["id"]) is not None  # fence 2
     before = _snapshot(db_url, run["id"])
 
     with db.transaction() as conn:
-        assert runs.lock(conn, run["id"], 1) is None
+        assert moves.lock(conn, run["id"], 1) is None
         assert trace.append(conn, run["id"], EventType.STEP_STARTED, fence=1, step="model") is None
-        assert runs.append_entry(conn, run["id"], 1, run["source_conversation_id"], role="assistant",
+        assert moves.append_entry(conn, run["id"], 1, run["source_conversation_id"], role="assistant",
                                  content="stale") is None
         assert effects.reserve(conn, run["id"], 1, 1, "other", "model_call", False, "t", "d") is None
         assert effects.settle(conn, old_effect, fence=1) is None
         assert effects.fail(conn, old_effect, fence=1, error_code="timeout") is None
-        assert runs.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
-        assert runs.fail(conn, run["id"], 1, diagnosis=runs.diagnose("internal")) is False
-        assert runs.finish_cancelled(conn, run["id"], 1) is False
-        assert runs.requeue(conn, run["id"], 1, attempt=1, delay_seconds=1) is False
-    assert runs.Heartbeat(db, run["id"], 1).beat_once() is False
+        assert moves.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
+        assert moves.fail(conn, run["id"], 1, diagnosis=diagnose("internal")) is False
+        assert moves.finish_cancelled(conn, run["id"], 1) is False
+        assert moves.requeue(conn, run["id"], 1, attempt=1, delay_seconds=1) is False
+    assert Heartbeat(db, run["id"], 1).beat_once() is False
 
     assert _snapshot(db_url, run["id"]) == before
 
@@ -208,21 +214,21 @@ def test_a_crash_between_reserving_a_mutation_and_settling_it_is_never_replayed(
     executor = ScriptedExecutor(mutation=True)
 
     with pytest.raises(Crash):
-        runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
-                     hooks=runs.Hooks().on("after_reserve", _crash))
+        process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
+                     hooks=Hooks().on("after_reserve", _crash))
     snap = _snapshot(db_url, run["id"])
     assert snap["run"]["state"] == "running"
     assert [e["state"] for e in snap["effects"]] == ["reserved"]
 
     # SQS delivers the id again, before and after the lease ran out: the run is not claimable.
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "skipped"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "skipped"
     _expire_lease(db_url, run["id"])
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "skipped"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "skipped"
 
     # The tick's rescuer finds the reserved mutation: ambiguous, the run fails and is not requeued.
     report = Repair(db, None, "").rescue_once()
     assert (report.rescued, report.failed, report.requeued) == (1, 1, 0)
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "skipped"
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory).result == "skipped"
 
     snap = _snapshot(db_url, run["id"])
     assert snap["run"]["state"] == "failed" and snap["run"]["diagnosis"]["reason_code"] == "ambiguous_effect"
@@ -235,11 +241,11 @@ def test_a_requeued_run_with_a_reserved_mutation_refuses_to_replay_at_claim(db: 
     run = factories.run(db_url)
     executor = ScriptedExecutor(mutation=True)
     with pytest.raises(Crash):
-        runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
-                     hooks=runs.Hooks().on("after_send", _crash))  # the call went out, then the worker died
+        process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
+                     hooks=Hooks().on("after_send", _crash))  # the call went out, then the worker died
     _expire_lease_and_requeue(db_url, run["id"])
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "ambiguous_effect")
     assert len(executor.timeouts) == 1  # sent once, by the crashed attempt only
@@ -255,11 +261,11 @@ def test_a_crash_after_reserving_a_model_call_is_replayed_on_the_next_claim(db: 
     run = factories.run(db_url)
     executor = ScriptedExecutor()
     with pytest.raises(Crash):
-        runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
-                     hooks=runs.Hooks().on("after_send", _crash))
+        process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
+                     hooks=Hooks().on("after_send", _crash))
     _expire_lease_and_requeue(db_url, run["id"])
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
 
     assert outcome.result == "succeeded"
     assert len(executor.timeouts) == 2
@@ -273,8 +279,8 @@ def test_a_crash_before_commit_of_success_publishes_nothing(db: Database, db_url
     run = factories.run(db_url)
     executor = ScriptedExecutor()
     with pytest.raises(Crash):
-        runs.process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
-                     hooks=runs.Hooks().on("before_finish", _crash))
+        process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
+                     hooks=Hooks().on("before_finish", _crash))
 
     snap = _snapshot(db_url, run["id"])
     assert snap["run"]["state"] == "running" and snap["run"]["output"] is None

@@ -9,6 +9,9 @@ from typing import Any
 import psycopg
 from kairos import db, runs, trace
 from kairos.db import Database
+from kairos.runs import moves
+from kairos.runs.heartbeat import Heartbeat
+from kairos.runs.hooks import Hooks
 from kairos.states import EventType
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -30,7 +33,7 @@ class FakeClock:
 def _claimed(db: Database, db_url: str, *, now: datetime | None = T0, **columns: Any) -> dict[str, Any]:
     run = factories.run(db_url, **columns)
     with db.transaction() as conn:
-        row = runs.claim(conn, run["id"], now=now)
+        row = moves.claim(conn, run["id"], now=now)
     assert row is not None
     return row
 
@@ -47,7 +50,7 @@ def test_the_claim_takes_a_120_second_lease_and_a_beat_extends_it(db: Database, 
     row = _claimed(db, db_url)
     assert row["lease_expires_at"] == T0 + timedelta(seconds=120)
 
-    beat = runs.Heartbeat(db, row["id"], row["fence"], now=T0 + timedelta(seconds=20))
+    beat = Heartbeat(db, row["id"], row["fence"], now=T0 + timedelta(seconds=20))
     assert beat.beat_once() is True
 
     lease = _lease(db_url, row["id"])
@@ -61,7 +64,7 @@ def test_a_beat_reports_a_cancel_request(db: Database, db_url: str) -> None:
     with db.transaction() as conn:
         runs.cancel(conn, row["id"], owner="alice")
 
-    beat = runs.Heartbeat(db, row["id"], row["fence"])
+    beat = Heartbeat(db, row["id"], row["fence"])
     assert beat.beat_once() is True  # the lease still holds: the worker ends the run itself
     assert beat.cancel_requested.is_set() and beat.should_stop
 
@@ -72,10 +75,10 @@ def test_a_beat_after_another_claim_reports_the_lease_lost_and_extends_nothing(d
         conn.execute("UPDATE runs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
                      (row["id"],))
     with db.transaction() as conn:
-        assert runs.claim(conn, row["id"], now=T0) is not None
+        assert moves.claim(conn, row["id"], now=T0) is not None
     before = _lease(db_url, row["id"])
 
-    beat = runs.Heartbeat(db, row["id"], 1, now=T0 + timedelta(seconds=60))
+    beat = Heartbeat(db, row["id"], 1, now=T0 + timedelta(seconds=60))
     assert beat.beat_once() is False
     assert beat.lost.is_set()
     assert _lease(db_url, row["id"]) == before
@@ -85,7 +88,7 @@ def test_progress_is_written_at_most_once_per_10_seconds_per_step_and_folded_on_
         db: Database, db_url: str) -> None:
     row = _claimed(db, db_url)
     clock = FakeClock()
-    beat = runs.Heartbeat(db, row["id"], row["fence"], clock=clock)
+    beat = Heartbeat(db, row["id"], row["fence"], clock=clock)
     with db.transaction() as conn:
         started = trace.append(conn, row["id"], EventType.STEP_STARTED, fence=row["fence"], step="model")
     beat.step_started("model")
@@ -119,7 +122,7 @@ def test_the_heartbeat_thread_beats_until_stopped(db: Database, db_url: str) -> 
         if len(seen) >= 3:
             three.set()
 
-    beat = runs.Heartbeat(db, row["id"], row["fence"], interval=0.001, hooks=runs.Hooks().on("heartbeat", count))
+    beat = Heartbeat(db, row["id"], row["fence"], interval=0.001, hooks=Hooks().on("heartbeat", count))
     beat.start()
     try:
         assert three.wait(WAIT)
@@ -135,11 +138,11 @@ def test_the_heartbeat_thread_beats_until_stopped(db: Database, db_url: str) -> 
 def test_the_heartbeat_thread_ends_itself_once_the_lease_is_lost(db: Database, db_url: str) -> None:
     row = _claimed(db, db_url)
     lost = threading.Event()
-    hooks = runs.Hooks().on("heartbeat", lambda alive, **_: None if alive else lost.set())
+    hooks = Hooks().on("heartbeat", lambda alive, **_: None if alive else lost.set())
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE runs SET fence = fence + 1 WHERE id = %s", (row["id"],))
 
-    beat = runs.Heartbeat(db, row["id"], row["fence"], interval=0.001, hooks=hooks).start()
+    beat = Heartbeat(db, row["id"], row["fence"], interval=0.001, hooks=hooks).start()
     assert lost.wait(WAIT)
     assert beat._thread is not None
     beat._thread.join(WAIT)
@@ -157,12 +160,12 @@ def test_a_beat_commits_without_waiting_for_the_flush_and_leaves_its_connection_
     try:
         with database.connection() as conn:
             assert conn.execute("SHOW synchronous_commit").fetchone() == {"synchronous_commit": "on"}
-        assert runs.Heartbeat(database, row["id"], row["fence"]).beat_once() is True
+        assert Heartbeat(database, row["id"], row["fence"]).beat_once() is True
         with database.connection() as conn:
             assert conn.execute("SHOW synchronous_commit").fetchone() == {"synchronous_commit": "on"}
             with conn.transaction():
                 conn.execute(db.q("runs_heartbeat"), {"run_id": row["id"], "fence": row["fence"],
-                                                      "lease_seconds": runs.LEASE_SECONDS, "now": None})
+                                                      "lease_seconds": moves.LEASE_SECONDS, "now": None})
                 inside = conn.execute("SHOW synchronous_commit").fetchone()
             after = conn.execute("SHOW synchronous_commit").fetchone()
     finally:
@@ -173,6 +176,6 @@ def test_a_beat_commits_without_waiting_for_the_flush_and_leaves_its_connection_
 def _claimed_on(db_url: str) -> dict[str, Any]:
     run = factories.run(db_url)
     with psycopg.connect(db_url, row_factory=dict_row, autocommit=True) as conn:
-        row = runs.claim(conn, run["id"])
+        row = moves.claim(conn, run["id"])
     assert row is not None
     return row

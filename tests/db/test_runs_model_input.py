@@ -11,8 +11,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import conversations, runs
+from kairos import conversations
 from kairos.db import Database
+from kairos.runs.worker import process
 from psycopg.rows import dict_row
 
 from tests import factories
@@ -43,7 +44,7 @@ def test_an_append_run_sends_only_the_newest_entries_that_fit(db: Database, db_u
     sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=agent, mode="append")
     run = factories.run(db_url, schedule_row=sched)
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS)
+    outcome = process(db, run["id"], settings=SETTINGS)
 
     # Then the body the model received is bounded by the limit, not by the transcript
     assert outcome.result == "succeeded"
@@ -78,8 +79,8 @@ def test_the_next_append_run_sees_the_previous_run_as_its_newest_entries(db: Dat
     first = factories.run(db_url, schedule_row=sched, fire_at=earlier)
     second = factories.run(db_url, schedule_row=sched)
 
-    assert runs.process(db, first["id"], settings=SETTINGS).result == "succeeded"
-    assert runs.process(db, second["id"], settings=SETTINGS).result == "succeeded"
+    assert process(db, first["id"], settings=SETTINGS).result == "succeeded"
+    assert process(db, second["id"], settings=SETTINGS).result == "succeeded"
 
     messages = json.loads(fake_openai.requests[1]["raw"])["messages"]
     assert messages[-3:] == [{"role": "user", "content": "Brief me."},
@@ -94,7 +95,7 @@ def test_a_prompt_that_alone_exceeds_the_limit_fails_input_too_large_without_a_c
     sched = factories.schedule(db_url, prompt="p" * 401, agent=agent, mode="append")
     run = factories.run(db_url, schedule_row=sched)
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS)
+    outcome = process(db, run["id"], settings=SETTINGS)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "input_too_large")
     assert fake_openai.requests == []
@@ -113,7 +114,7 @@ def test_a_transcript_that_fits_is_sent_whole_without_a_marker(db: Database, db_
                                mode="append")
     run = factories.run(db_url, schedule_row=sched)
 
-    assert runs.process(db, run["id"], settings=SETTINGS).result == "succeeded"
+    assert process(db, run["id"], settings=SETTINGS).result == "succeeded"
 
     messages = json.loads(fake_openai.requests[0]["raw"])["messages"]
     assert [(m["role"], m["content"]) for m in messages[1:-1]] == _transcript(5)

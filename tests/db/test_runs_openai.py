@@ -9,8 +9,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import runs
 from kairos.db import Database
+from kairos.runs.worker import process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 
@@ -34,8 +34,8 @@ def test_a_scheduled_run_goes_through_the_openai_executor_once(db: Database, db_
     sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=openai_agent(fake_openai))
     run = factories.run(db_url, schedule_row=sched)
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS)
-    again = runs.process(db, run["id"], settings=SETTINGS)  # a redelivery
+    outcome = process(db, run["id"], settings=SETTINGS)
+    again = process(db, run["id"], settings=SETTINGS)  # a redelivery
 
     assert outcome.result == "succeeded" and again.result == "skipped"
     (request,) = fake_openai.requests
@@ -71,8 +71,8 @@ def test_a_503_is_retried_on_the_same_run_with_a_new_attempt(db: Database, db_ur
     sched = factories.schedule(db_url, agent=openai_agent(fake_openai))
     run = factories.run(db_url, schedule_row=sched)
 
-    first = runs.process(db, run["id"], settings=SETTINGS)
-    second = runs.process(db, run["id"], settings=SETTINGS)
+    first = process(db, run["id"], settings=SETTINGS)
+    second = process(db, run["id"], settings=SETTINGS)
 
     assert (first.result, first.reason_code) == ("retry", "peer_error")
     assert second.result == "succeeded"
@@ -93,7 +93,7 @@ def test_an_effect_target_keeps_no_query_fragment_or_userinfo(db: Database, db_u
     sched = factories.schedule(db_url, agent=agent)
     run = factories.run(db_url, schedule_row=sched)
 
-    outcome = runs.process(db, run["id"], settings=SETTINGS)
+    outcome = process(db, run["id"], settings=SETTINGS)
 
     # Then the call still carried the query to the peer, but the ledger and the trace keep none of it
     assert outcome.result == "succeeded"
@@ -135,7 +135,7 @@ def test_a_private_name_and_a_name_that_does_not_resolve_fail_alike(db: Database
     for run in runs_:
         seen: list[tuple[str, str | None]] = []
         for _ in range(5):
-            outcome = runs.process(db, run["id"], settings=Settings())
+            outcome = process(db, run["id"], settings=Settings())
             seen.append((outcome.result, outcome.reason_code))
             if outcome.result != "retry":
                 break

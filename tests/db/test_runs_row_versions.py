@@ -13,10 +13,11 @@ from __future__ import annotations
 from typing import Any
 
 import psycopg
-from kairos import runs
 from kairos.db import Database
 from kairos.db import q as db_query
 from kairos.executors.base import ExecutorError
+from kairos.runs import moves
+from kairos.runs.worker import process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 
@@ -49,7 +50,7 @@ def _updates_per_transaction(url: str, run_id: Any) -> list[int]:
 def test_a_successful_append_run_writes_its_row_once_per_transaction(db: Database, db_url: str) -> None:
     _count_updates(db_url)
     run = factories.run(db_url, mode="append")
-    outcome = runs.process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory,
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory,
                            heartbeat_interval=3600)
     assert outcome.result == "succeeded"
     # claim (+ run.claimed, step.started), reserve (+ effect.reserved), publish (settle, answer,
@@ -61,11 +62,11 @@ def test_failure_and_retry_endings_write_the_row_once(db: Database, db_url: str)
     _count_updates(db_url)
     retried = factories.run(db_url, mode="append")
     failing = ScriptedExecutor(on_send=raising(ExecutorError("connect_failed", "refused", retry_safe=True)))
-    assert runs.process(db, retried["id"], settings=SETTINGS, executor_factory=failing.factory,
+    assert process(db, retried["id"], settings=SETTINGS, executor_factory=failing.factory,
                         heartbeat_interval=3600).result == "retry"
     failed = factories.run(db_url, mode="append")
     broken = ScriptedExecutor(on_send=raising(ExecutorError("reply_too_large", "too long")))
-    assert runs.process(db, failed["id"], settings=SETTINGS, executor_factory=broken.factory,
+    assert process(db, failed["id"], settings=SETTINGS, executor_factory=broken.factory,
                         heartbeat_interval=3600).result == "failed"
     assert _updates_per_transaction(db_url, retried["id"]) == [1, 1, 1]
     assert _updates_per_transaction(db_url, failed["id"]) == [1, 1, 1]
@@ -74,7 +75,7 @@ def test_failure_and_retry_endings_write_the_row_once(db: Database, db_url: str)
 def test_a_fork_run_records_its_new_conversation_in_the_claim_transaction(db: Database, db_url: str) -> None:
     _count_updates(db_url)
     run = factories.run(db_url, mode="fork")
-    assert runs.process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory,
+    assert process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory,
                         heartbeat_interval=3600).result == "succeeded"
     # The fork is created after the claim wins, so its id is a second write of the claim
     # transaction; the later transactions stay at one.
@@ -85,11 +86,11 @@ def test_a_heartbeat_updates_the_run_in_place(db: Database, db_url: str) -> None
     """HOT: the heartbeat's columns are in no index, and the table leaves room on each page."""
     run = factories.run(db_url, mode="append")
     with db.transaction() as conn:
-        claimed = runs.claim(conn, run["id"])
+        claimed = moves.claim(conn, run["id"])
     assert claimed is not None
     with psycopg.connect(db_url, autocommit=False) as conn:
         conn.execute(db_query("runs_heartbeat"), {"run_id": run["id"], "fence": claimed["fence"],
-                                                   "lease_seconds": runs.LEASE_SECONDS, "now": None})
+                                                   "lease_seconds": moves.LEASE_SECONDS, "now": None})
         counts = conn.execute("""SELECT pg_stat_get_xact_tuples_updated('runs'::regclass),
                                         pg_stat_get_xact_tuples_hot_updated('runs'::regclass)""").fetchone()
     assert counts == (1, 1)

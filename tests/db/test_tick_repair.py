@@ -10,8 +10,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import handoff, runs
+from kairos import handoff
 from kairos.db import Database
+from kairos.runs import moves
 from kairos.tick import Repair, Settle
 from psycopg.rows import dict_row
 
@@ -107,7 +108,7 @@ def test_only_handoffs_since_the_last_claim_count_toward_undeliverable(db: Datab
     claimed_between = make_run(db_url, schedule_row=sched, handoff_at=now - timedelta(minutes=16),
                                handoff_count=4, unclaimed_handoffs=4)
     with db.transaction() as conn:  # a worker claims it, then SQS is handed it again for a retry
-        assert runs.claim(conn, claimed_between["id"], now=now) is not None
+        assert moves.claim(conn, claimed_between["id"], now=now) is not None
         conn.execute("UPDATE runs SET state = 'queued', lease_token = NULL, lease_expires_at = NULL WHERE id = %s",
                      (claimed_between["id"],))
         handoff.stamp(conn, [claimed_between["id"]], now=now - timedelta(minutes=16))

@@ -8,8 +8,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import runs, trace
+from kairos import trace
 from kairos.db import Database
+from kairos.runs import moves
+from kairos.runs.worker import process
 from kairos.states import EventType
 from psycopg.rows import dict_row
 
@@ -21,7 +23,7 @@ WAIT = 30
 def _claimed(db: Database, db_url: str) -> dict[str, Any]:
     run = factories.run(db_url)
     with db.transaction() as conn:
-        row = runs.claim(conn, run["id"])
+        row = moves.claim(conn, run["id"])
     assert row is not None
     return row
 
@@ -116,7 +118,7 @@ def test_a_full_run_reads_back_as_a_page(db: Database, db_url: str) -> None:
     run = factories.run(db_url)
     from kairos.settings import Settings
 
-    assert runs.process(db, run["id"], settings=Settings()).result == "succeeded"
+    assert process(db, run["id"], settings=Settings()).result == "succeeded"
     with db.transaction() as conn:
         events, next_after = trace.page(conn, run["id"], after=0, limit=2)
         rest, _ = trace.page(conn, run["id"], after=next_after, limit=50)

@@ -25,3 +25,14 @@ def test_importing_the_api_loads_its_routers_and_none_of_the_lazy_library() -> N
     routers = {f"kairos.api.routes.{name}" for name in ("conversations", "schedules", "secrets", "hooks", "runs")}
     assert routers <= loaded
     assert not LAZY & loaded, LAZY & loaded
+
+
+def test_reading_a_run_loads_neither_the_worker_nor_the_executors() -> None:
+    code = "import json, sys; import kairos.runs; print(json.dumps(sorted(sys.modules)))"
+    env = {**os.environ, "PYTHONPATH": str(ROOT / "layers" / "common")}
+    done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
+    loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
+    worker = {"kairos.runs.worker", "kairos.runs.attempt", "kairos.runs.heartbeat", "kairos.runs.sqs",
+              "kairos.executors", "kairos.executors.base", "kairos.effects", "kairos.conversations"}
+    assert "kairos.runs.moves" in loaded
+    assert not worker & loaded, worker & loaded

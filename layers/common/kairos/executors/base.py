@@ -1,4 +1,4 @@
-"""The executor contract between the run worker (``kairos.runs``) and each executor.
+"""The executor contract between the run worker (``kairos.runs.worker``) and each executor.
 
 An executor turns one run's input into one external call, in two phases so the worker can reserve
 the effect in the ledger between them:
@@ -29,6 +29,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
+from kairos.diagnosis import REASON_CODES
 from kairos.secrets import SecretUnavailable
 
 EffectKind = Literal["model_call", "http_call"]
@@ -136,7 +137,7 @@ class Reply:
 
 
 class ExecutorError(Exception):
-    """A failed call, classified. ``reason_code`` is one of ``REASON_CODES``."""
+    """A failed call, classified. ``reason_code`` is one of ``kairos.diagnosis.REASON_CODES``."""
 
     def __init__(self, reason_code: str, message: str, *, retry_safe: bool = False,
                  outcome_unknown: bool = False) -> None:
@@ -147,30 +148,6 @@ class ExecutorError(Exception):
         self.message = message
         self.retry_safe = retry_safe and not outcome_unknown
         self.outcome_unknown = outcome_unknown
-
-
-# The closed list of failure reasons a run diagnosis may carry (the worker and the tick use it).
-REASON_CODES: frozenset[str] = frozenset(
-    {
-        "agent_invalid",  # the agent config cannot be executed
-        "egress_refused",  # the target host is not allowed (metadata, link-local, private)
-        "secret_unavailable",  # api_key_secret could not be resolved
-        "connect_failed",  # nothing was sent
-        "timeout",  # sent, no answer in time: outcome unknown
-        "peer_error",  # the peer answered with an error status
-        "rate_limited",  # the peer answered 429
-        "malformed_reply",  # the peer answered something we cannot read
-        "reply_too_large",  # the peer's answer exceeded the bound
-        "input_too_large",  # the system prompt and the run's prompt alone exceed max_input_tokens
-        "ambiguous_effect",  # a mutation whose outcome cannot be proven
-        "runtime_limit",  # the run exceeded its runtime limit
-        "lease_lost",  # another worker holds the run now
-        "restart_limit",  # rescued too often
-        "abandoned_late",  # catch-up off: not delivered late
-        "cancelled",  # cancellation requested
-        "internal",  # a bug on our side
-    }
-)
 
 
 @contextmanager

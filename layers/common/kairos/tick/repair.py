@@ -36,7 +36,7 @@ import psycopg
 from aws_lambda_powertools.metrics import MetricUnit
 from psycopg.types.json import Jsonb
 
-from kairos import db, handoff, trace
+from kairos import db, diagnosis, handoff, trace
 from kairos.observability import logger, metrics
 from kairos.states import EventType, RunState, Source, terminal_event
 
@@ -119,15 +119,13 @@ class Repair:
 
     def _fail_undeliverable(self, conn: psycopg.Connection[db.Row], rows: list[db.Row], now: datetime | None) -> int:
         """Ends each locked run that SQS took ``undeliverable_after`` times without a claim ``failed``."""
-        from kairos import runs  # only when a run is given up: keeps the run machinery off the tick's cold start
-
-        diagnosis = Jsonb(runs.diagnose("undeliverable"))
+        ended = Jsonb(diagnosis.diagnose("undeliverable"))
         failed = 0
         for row in rows:
             # One statement per run: trace.change writes one run's state and its event together.
             done = trace.change(
                 conn, "runs_fail_undeliverable",
-                {"id": row["id"], "handoffs": self.undeliverable_after, "diagnosis": diagnosis},
+                {"id": row["id"], "handoffs": self.undeliverable_after, "diagnosis": ended},
                 [trace.Event(EventType.RUN_FAILED, data={"reason_code": "undeliverable", "retry_eligible": True,
                                                          "handoffs": int(row["unclaimed_handoffs"])})],
                 now=now)
@@ -195,11 +193,9 @@ class Repair:
             logger.info("run rescued after its lease expired", extra={"action": "run_rescued", **log})
             return True
         assert outcome.reason_code is not None
-        from kairos import runs  # only when a rescue ends a run: keeps the run machinery off the tick's cold start
-
-        diagnosis = runs.diagnose(outcome.reason_code, summary=_SUMMARIES.get(outcome.reason_code))
+        ended = diagnosis.rescued(outcome.reason_code, restart_limit=RESTART_LIMIT)
         moved = db.fetch_one(conn, "runs_end_rescued", {**ids, "state": outcome.state.value,
-                                                        "diagnosis": Jsonb(diagnosis)})
+                                                        "diagnosis": Jsonb(ended)})
         if moved is None:
             return False
         trace.append(conn, row["id"], terminal_event(outcome.state),
@@ -209,13 +205,3 @@ class Repair:
                               "reason_code": outcome.reason_code, **log})
         return True
 
-
-_SUMMARIES: dict[str, str] = {
-    "ambiguous_effect": "The worker stopped after an external call that may change something outside had begun; "
-                        "whether it took effect is unknown, so the run is not replayed.",
-    "restart_limit": f"The run's worker stopped before finishing and the run was already restarted {RESTART_LIMIT} "
-                     "times; it is not restarted again.",
-    "abandoned_late": "The worker running this scheduled run stopped before finishing. Catch-up is off, so the run "
-                      "is not restarted late; the schedule's next fire runs as usual.",
-    "cancelled": "The run was cancelled; its worker stopped before confirming.",
-}

@@ -1,9 +1,9 @@
 """Runs: read one, page through its trace, read its output, cancel it.
 
-``kairos.runs`` (with the executors' types, effects and the trace's writers) is imported by these
-routes when they are first called: a container that serves only schedules, conversations or webhooks
-never loads it. The trace is read only after ``runs.get`` has checked ownership (the trace has no
-owner column).
+``kairos.runs`` (the run record, its reads and cancel; never the worker, which the API does not load)
+is imported by these routes when they are first called: a container that serves only schedules,
+conversations or webhooks never loads it. The trace is read only after ``runs.get`` has checked
+ownership (the trace has no owner column).
 """
 
 from __future__ import annotations

@@ -1,6 +1,6 @@
 """SQS batches for the run function: each record is one run id, handled alone (partial batch failures).
 
-Role: parse each record, hand the run id to ``kairos.runs.process``, and tell SQS which records to
+Role: parse each record, hand the run id to ``kairos.runs.worker.process``, and tell SQS which records to
 deliver again. Built on Powertools' ``BatchProcessor`` + ``process_partial_response``, one record
 at a time, so one bad or failing record never takes the good records of its batch with it.
 
@@ -13,7 +13,7 @@ Per record:
 * An unknown run (deleted, or a message meant for another deployment's database) is acknowledged.
 * A run that is not claimable (someone else has it, it ended) is acknowledged.
 * A run that must not run (its schedule paused or cancelled, a newer fire already started, past its
-  expiry) is ended by the claim itself (``runs.process`` answers ``refused``) and acknowledged.
+  expiry) is ended by the claim itself (``process`` answers ``refused``) and acknowledged.
 * A retry-safe failure puts the run back to ``queued`` (in ``process``); this module then sends a
   **new message with ``DelaySeconds``** (10 s, 20 s, 40 s … ≤ 60 s) and acknowledges the current one,
   so retries follow our backoff rather than the queue's visibility timeout and do not count towards
@@ -41,9 +41,11 @@ from uuid import UUID
 from aws_lambda_powertools.utilities.batch import BatchProcessor, EventType, process_partial_response
 from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
-from kairos import handoff, runs, runtime
+from kairos import handoff, runtime
 from kairos.db import Database
 from kairos.observability import logger
+from kairos.runs.attempt import Outcome
+from kairos.runs.worker import ExecutorFactory, process
 from kairos.settings import Settings
 
 RetrySender = Callable[[UUID, int], None]
@@ -94,15 +96,15 @@ def handle_record(
     settings: Settings,
     send_retry: RetrySender | None,
     lambda_remaining_ms: Callable[[], int] | None = None,
-    executor_factory: runs.ExecutorFactory | None = None,
-) -> runs.Outcome | None:
+    executor_factory: ExecutorFactory | None = None,
+) -> Outcome | None:
     """One record; returns the run's outcome (None for a bad record). Raises to have it redelivered."""
     run_id = parse_run_id(record.body)
     if run_id is None:
         logger.warning("bad record acknowledged", extra={"action": "bad_record", "message_id": record.message_id})
         return None
-    outcome = runs.process(database, run_id, settings=settings, executor_factory=executor_factory,
-                           lambda_remaining_ms=lambda_remaining_ms)
+    outcome = process(database, run_id, settings=settings, executor_factory=executor_factory,
+                      lambda_remaining_ms=lambda_remaining_ms)
     if outcome.result == "deferred":
         raise RedeliverRecord("too little time left in this invocation")
     if outcome.result == "retry":
@@ -151,7 +153,7 @@ def handle_batch(
     db: Database,
     settings: Settings,
     send_retry: RetrySender | None = None,
-    executor_factory: runs.ExecutorFactory | None = None,
+    executor_factory: ExecutorFactory | None = None,
 ) -> dict[str, Any]:
     """Processes one SQS batch; returns ``{"batchItemFailures": [{"itemIdentifier": …}, …]}``."""
     records = _well_formed(event)

@@ -1,0 +1,141 @@
+"""Diagnoses: the closed lists of reason codes and recovery actions, and what an ended run says about why.
+
+Role: the one home of the rules a failed, cancelled or refused run is explained by — ``REASON_CODES``
+(what an executor's failure or the worker's own ending may be called), ``RUN_REASON_CODES`` (the run
+machinery's endings: the claim's refusals and the tick's give-up), ``RECOVERY_ACTIONS``, the fixed
+scope, retry eligibility, actions and plain-language summary per code (``diagnose``), and the
+summaries the tick's rescuer gives a run whose worker stopped (``rescued``).
+
+Guarantees: a diagnosis only ever carries a known reason code and actions from the closed list;
+``retry_run`` is offered only when the run is retry-eligible. Summaries are written for the owner
+and carry no provider text, prompt or secret.
+
+Must not: import anything above the foundation (the executors, the worker and the tick import it,
+so it stays free of the run machinery and cheap for the tick's cold start); touch the database.
+"""
+
+from __future__ import annotations
+
+from typing import Any, Literal
+
+# The closed list of failure reasons an executor's error (``ExecutorError``), the worker and the tick's
+# rescuer may give; ``diagnose`` accepts these and ``RUN_REASON_CODES``.
+REASON_CODES: frozenset[str] = frozenset(
+    {
+        "agent_invalid",  # the agent config cannot be executed
+        "egress_refused",  # the target host is not allowed (metadata, link-local, private)
+        "secret_unavailable",  # api_key_secret could not be resolved
+        "connect_failed",  # nothing was sent
+        "timeout",  # sent, no answer in time: outcome unknown
+        "peer_error",  # the peer answered with an error status
+        "rate_limited",  # the peer answered 429
+        "malformed_reply",  # the peer answered something we cannot read
+        "reply_too_large",  # the peer's answer exceeded the bound
+        "input_too_large",  # the system prompt and the run's prompt alone exceed max_input_tokens
+        "ambiguous_effect",  # a mutation whose outcome cannot be proven
+        "runtime_limit",  # the run exceeded its runtime limit
+        "lease_lost",  # another worker holds the run now
+        "restart_limit",  # rescued too often
+        "abandoned_late",  # catch-up off: not delivered late
+        "cancelled",  # cancellation requested
+        "internal",  # a bug on our side
+    }
+)
+
+
+# The closed list of recovery actions a diagnosis may offer (the tick uses resume_schedule).
+RECOVERY_ACTIONS: frozenset[str] = frozenset(
+    {
+        "retry_run",
+        "resume_schedule",
+        "check_agent_config",
+        "check_secret",
+        "check_egress_allow",
+        "check_target",
+        "raise_runtime_limit",
+        "report_issue",
+    }
+)
+Scope = Literal["run", "step", "target"]
+
+# reason_code -> (scope, retry eligible, recovery actions, plain-language summary). Summaries are
+# written for the owner and carry no provider text, prompt or secret.
+_DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
+    "agent_invalid": ("target", False, ("check_agent_config",), "The agent configuration cannot be executed."),
+    "egress_refused": ("target", False, ("check_agent_config", "check_egress_allow"),
+                       "The agent's endpoint is not an allowed destination."),
+    # Not retry-eligible (DESIGN.md "Credentials"): the reference is refused or names nothing until the
+    # owner fixes it; a Secrets Manager outage is retried on the same run without this entry's say.
+    "secret_unavailable": ("target", False, ("check_secret",),
+                           "The agent's API key could not be read, or the agent may not use it."),
+    "connect_failed": ("target", True, ("retry_run", "check_target"),
+                       "The agent's endpoint could not be reached; nothing was sent."),
+    "timeout": ("step", True, ("retry_run", "check_target"), "The agent's endpoint did not answer in time."),
+    "peer_error": ("target", True, ("retry_run", "check_target"), "The agent's endpoint answered with an error."),
+    "rate_limited": ("target", True, ("retry_run",), "The agent's endpoint is rate limiting requests."),
+    "malformed_reply": ("step", True, ("retry_run", "check_agent_config"),
+                        "The agent's endpoint answered something that is not a usable reply."),
+    "reply_too_large": ("step", False, ("check_agent_config",), "The agent's reply exceeded the size limit."),
+    "input_too_large": ("step", False, ("check_agent_config",),
+                        "The run's prompt and the agent's system prompt alone exceed the agent's input limit."),
+    "ambiguous_effect": ("step", False, ("check_target",),
+                         "An external call may or may not have taken effect, so the run is not replayed."),
+    "runtime_limit": ("run", False, ("raise_runtime_limit", "check_target"), "The run exceeded its runtime limit."),
+    "lease_lost": ("run", True, ("retry_run",), "The worker lost its lease on the run."),
+    "restart_limit": ("run", True, ("retry_run",), "The run was interrupted and restarted too often."),
+    "abandoned_late": ("run", False, (), "The run was interrupted and is not delivered late (catch-up is off)."),
+    "cancelled": ("run", False, (), "The run was cancelled."),
+    "internal": ("run", True, ("retry_run", "report_issue"), "The run failed because of an internal error."),
+    # The run machinery's own endings (RUN_REASON_CODES): the claim's refusals and the tick's give-up.
+    "schedule_paused": ("run", False, ("resume_schedule",),
+                        "The run was not started: its schedule is paused."),
+    "schedule_cancelled": ("run", False, (), "The run was not started: its schedule was cancelled."),
+    "superseded": ("run", False, (), "The run was not started: a newer fire of its schedule had already started."),
+    "expired": ("run", False, (), "The run was not started in time: it waited past its expiry (catch-up is off), "
+                                  "so it is not delivered late."),
+    "undeliverable": ("run", True, ("retry_run", "report_issue"),
+                      "The run was handed to the queue five times and no worker claimed it."),
+}
+
+# Reasons only the run machinery gives (the claim's refusals, the tick's repair), beside the
+# executors' REASON_CODES; ``diagnose`` accepts both.
+RUN_REASON_CODES: frozenset[str] = frozenset(
+    {"schedule_paused", "schedule_cancelled", "superseded", "expired", "undeliverable"}
+)
+def diagnose(
+    reason_code: str,
+    *,
+    summary: str | None = None,
+    retry_eligible: bool | None = None,
+    scope: Scope | None = None,
+) -> dict[str, Any]:
+    """The closed diagnosis of an ended run for one reason code of ``REASON_CODES`` or
+    ``RUN_REASON_CODES``."""
+    if reason_code not in REASON_CODES and reason_code not in RUN_REASON_CODES:
+        raise ValueError(f"unknown reason code {reason_code}")
+    default_scope, default_eligible, actions, default_summary = _DIAGNOSES[reason_code]
+    eligible = default_eligible if retry_eligible is None else retry_eligible
+    return {
+        "summary": summary or default_summary,
+        "scope": scope or default_scope,
+        "reason_code": reason_code,
+        "retry_eligible": eligible,
+        "recovery_actions": [a for a in actions if eligible or a != "retry_run"],
+    }
+
+
+# What the tick's rescuer says of a run whose worker stopped (its lease expired) and that it ends
+# instead of requeueing; the reason codes without an entry keep their default summary.
+def rescued(reason_code: str, *, restart_limit: int) -> dict[str, Any]:
+    """The diagnosis of a run the rescuer ends after its lease expired (``restart_limit``: the
+    rescuer's limit, named in the summary)."""
+    summaries = {
+        "ambiguous_effect": "The worker stopped after an external call that may change something outside had "
+                            "begun; whether it took effect is unknown, so the run is not replayed.",
+        "restart_limit": f"The run's worker stopped before finishing and the run was already restarted "
+                         f"{restart_limit} times; it is not restarted again.",
+        "abandoned_late": "The worker running this scheduled run stopped before finishing. Catch-up is off, so "
+                          "the run is not restarted late; the schedule's next fire runs as usual.",
+        "cancelled": "The run was cancelled; its worker stopped before confirming.",
+    }
+    return diagnose(reason_code, summary=summaries.get(reason_code))

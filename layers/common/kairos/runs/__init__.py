@@ -1,0 +1,178 @@
+"""Runs: one execution of a prompt, as its owner reads it — the record, its output, and cancel.
+
+Role: what the API (and the operator's CLI) needs of a run without loading the worker: ``Run`` (the
+API shape; prompt, payload and agent are deliberately not part of it), ``get`` and ``output``
+(owner-scoped reads: a missing and a foreign run are the same ``NotFound``) and ``cancel``.
+
+The package's other modules are the worker's, loaded only by the run function:
+
+* ``moves`` — the fenced statements: every state move of a run is one guarded statement;
+* ``attempt`` — the claim and what an attempt starts from (``Claimed``), or why it does not (``Outcome``);
+* ``heartbeat`` — the lease thread that reads the cancel flag and aborts a call in flight;
+* ``hooks`` — named points where tests observe the worker or simulate a crash;
+* ``worker`` — ``process``: claim, execute, end, the execution between;
+* ``sqs`` — the SQS batch adapter the run function calls.
+
+Guarantees: ``cancel`` is durable first and idempotent — a waiting run ends ``cancelled`` at once,
+a running one is marked and its worker stops at its next heartbeat or step; a cancelled run can
+never publish success. ``output`` never returns more than ``OUTPUT_PREVIEW_CHARS`` of the answer.
+
+Must not: import the worker, the executors or the heartbeat (the API reads a row without them).
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from kairos import db, trace
+from kairos.diagnosis import diagnose
+from kairos.errors import NotFound
+from kairos.observability import logger
+from kairos.runs import moves
+from kairos.states import RunState
+
+OUTPUT_PREVIEW_CHARS = 2000
+
+
+@dataclass(frozen=True)
+class Run:
+    """A run as the API shows it. Prompt, payload and agent are deliberately not part of it."""
+
+    id: UUID
+    occurrence_id: UUID
+    schedule_id: UUID
+    owner: str
+    source: str
+    mode: str
+    state: RunState
+    attempt: int
+    max_attempts: int
+    fence: int
+    conversation_id: UUID | None
+    source_conversation_id: UUID
+    cancel_requested_at: datetime | None
+    output: dict[str, Any] | None
+    usage: dict[str, Any] | None
+    diagnosis: dict[str, Any] | None
+    created_at: datetime
+    started_at: datetime | None
+    finished_at: datetime | None
+
+    @classmethod
+    def from_row(cls, row: Mapping[str, Any]) -> Run:
+        return cls(
+            id=row["id"],
+            occurrence_id=row["occurrence_id"],
+            schedule_id=row["schedule_id"],
+            owner=row["owner"],
+            source=row["source"],
+            mode=row["mode"],
+            state=RunState(row["state"]),
+            attempt=int(row["attempt"]),
+            max_attempts=int(row["max_attempts"]),
+            fence=int(row["fence"]),
+            conversation_id=row["conversation_id"],
+            source_conversation_id=row["source_conversation_id"],
+            cancel_requested_at=row["cancel_requested_at"],
+            output=row["output"],
+            usage=row["usage"],
+            diagnosis=row["diagnosis"],
+            created_at=row["created_at"],
+            started_at=row["started_at"],
+            finished_at=row["finished_at"],
+        )
+
+    def as_json(self) -> dict[str, Any]:
+        """The API shape: ids, state, attempt, target conversation, times (RFC 3339 UTC), usage,
+        diagnosis and the output reference (``{"conversation_id", "entry_seq", "attempt"}``)."""
+        return {
+            "id": str(self.id),
+            "schedule_id": str(self.schedule_id),
+            "occurrence_id": str(self.occurrence_id),
+            "source": self.source,
+            "mode": self.mode,
+            "state": self.state.value,
+            "attempt": self.attempt,
+            "max_attempts": self.max_attempts,
+            "conversation_id": None if self.conversation_id is None else str(self.conversation_id),
+            "cancel_requested": self.cancel_requested_at is not None,
+            "created_at": trace.rfc3339(self.created_at),
+            "started_at": trace.rfc3339(self.started_at),
+            "finished_at": trace.rfc3339(self.finished_at),
+            "usage": self.usage,
+            "diagnosis": self.diagnosis,
+            "output": self.output,
+        }
+
+
+def get(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> Run:
+    """One run of ``owner``; ``NotFound("run")`` for a missing or foreign one alike."""
+    row = db.fetch_one(conn, "runs_get_owned", {"run_id": run_id, "owner": owner})
+    if row is None:
+        raise NotFound("run")
+    return Run.from_row(row)
+
+
+def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: datetime | None = None) -> Run:
+    """Cancels a run, durably first. ``queued`` (or awaiting approval) becomes ``cancelled`` at once;
+    ``running`` gets ``cancel_requested`` and its worker stops at the next heartbeat or step; a run
+    already cancelling or terminal is returned unchanged (idempotent)."""
+    row = db.fetch_one(conn, "runs_lock_owned", {"run_id": run_id, "owner": owner})
+    if row is None:
+        raise NotFound("run")
+    state = RunState(row["state"])
+    if state in (RunState.QUEUED, RunState.AWAITING_APPROVAL):
+        done = moves.cancel_waiting(conn, run_id, owner=owner, by="owner", now=now,
+                                    diagnosis=diagnose("cancelled", summary="The run was cancelled before it ran."))
+        if done is not None:
+            moves.count("RunCancelled")
+            logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(run_id)})
+            return Run.from_row(done)
+    elif state is RunState.RUNNING and row["cancel_requested_at"] is None:
+        marked = moves.request_cancel(conn, run_id, owner=owner, now=now)
+        if marked is not None:
+            logger.info("run cancel requested", extra={"action": "run_cancel_requested", "run_id": str(run_id)})
+            return Run.from_row(marked)
+    return Run.from_row(row)
+
+
+def output(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> dict[str, Any]:
+    """The output projection: ``available`` (bounded preview and the producer's correlations),
+    ``empty`` (why: queued, running, failed — with its diagnosis — or no_output) or ``unavailable``
+    (the answer's source is no longer readable)."""
+    run = get(conn, run_id, owner=owner)
+    if run.state is RunState.QUEUED:
+        return {"state": "empty", "reason": "queued"}
+    if run.state in (RunState.RUNNING, RunState.AWAITING_APPROVAL):
+        return {"state": "empty", "reason": "running"}
+    if run.state is not RunState.SUCCEEDED or not run.output:
+        failed = run.state in (RunState.FAILED, RunState.ABANDONED)
+        projection: dict[str, Any] = {"state": "empty", "reason": "failed" if failed else "no_output"}
+        if run.diagnosis is not None:
+            projection["diagnosis"] = run.diagnosis
+        return projection
+    reference = run.output
+    entry = None
+    try:
+        entry = db.fetch_one(conn, "conversation_entries_get_output",
+                             {"conversation_id": UUID(str(reference["conversation_id"])),
+                              "entry_seq": int(reference["entry_seq"]), "owner": owner})
+    except (KeyError, ValueError, TypeError):
+        entry = None
+    if entry is None:
+        return {"state": "unavailable", "reason": "source_gone"}
+    text: str = entry["content"]
+    return {
+        "state": "available",
+        "text": text[:OUTPUT_PREVIEW_CHARS],
+        "truncated": len(text) > OUTPUT_PREVIEW_CHARS,
+        "conversation_id": str(reference["conversation_id"]),
+        "entry_seq": int(reference["entry_seq"]),
+        "attempt": reference.get("attempt", run.attempt),
+    }

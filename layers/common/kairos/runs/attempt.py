@@ -1,0 +1,262 @@
+"""The start of an attempt: the claim, and what the execution starts from — or why there is none.
+
+Role: ``claim`` turns a run id into either a ``Claimed`` attempt (the claimed row, its fence and
+attempt, its target conversation with the run's prompt entry in it, and the bounded model input)
+or an ``Outcome`` that says why nothing will be executed: not claimable, unknown, refused by the
+claim, cancelled while queued, or failed before any call (a refused target, an earlier attempt's
+possibly-applied mutation). The execution (``kairos.runs.worker``) is built from a ``Claimed`` only.
+
+Guarantees:
+* The claim, the target conversation (fork / append / fresh) and the run's prompt entry commit
+  together, in one transaction; a retry finds the prompt entry of an earlier attempt and does not
+  write it again. A refused target (``KairosError``) rolls back to a savepoint and fails the run
+  ``agent_invalid``; the claim itself stands.
+* Effects an earlier fence left ``reserved`` are closed; a run with a mutation that may have
+  reached the outside is never replayed: it fails ``ambiguous_effect`` without any call.
+* Model input is bounded (openai, bedrock): the system prompt, the run's user turn and as many of
+  the newest transcript entries as fit the agent's ``max_input_tokens`` (characters / 4), older ones
+  left out behind one marker. The window is chosen in SQL (``conversations.window``).
+
+Must not: call anything outside the database; write a claimed run without its fence.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any, Literal
+from uuid import UUID
+
+import psycopg
+
+from kairos import conversations, db, effects, trace
+from kairos.diagnosis import diagnose
+from kairos.errors import KairosError
+from kairos.executors.base import (
+    CHARS_PER_TOKEN,
+    DEFAULT_MAX_INPUT_TOKENS,
+    ENTRY_OVERHEAD_CHARS,
+    ExecutorError,
+    Message,
+    elision_marker,
+    max_input_tokens,
+    user_content,
+)
+from kairos.observability import logger
+from kairos.runs import moves
+from kairos.runs.hooks import Hooks
+from kairos.states import EventType, Mode, RunState
+
+# What the elision marker may cost at most (its longest text and its framing).
+_MARKER_CHARS = len(elision_marker(10**9)) + ENTRY_OVERHEAD_CHARS
+_REFUSAL_METRICS: dict[RunState, str] = {
+    RunState.CANCELLED: "RunCancelled",
+    RunState.ABANDONED: "RunAbandoned",
+    RunState.EXPIRED: "RunExpired",
+}
+
+
+OutcomeResult = Literal[
+    "succeeded",  # this call ran the run to success
+    "failed",  # this call ended the run failed
+    "cancelled",  # this call ended the run cancelled (seen at a boundary, or queued with a cancel request)
+    "retry",  # back to queued for another attempt: re-send the id after retry_delay_seconds
+    "skipped",  # not claimed: another worker holds the run, it ended, or it waits behind another run
+    "refused",  # the claim ended the run without any call (state and reason_code say how and why)
+    "unknown",  # no such run in this database
+    "lease_lost",  # claimed, then fenced out by a newer claim: nothing more was written
+    "deferred",  # not claimed because the invocation has too little time left: deliver again
+]
+
+
+@dataclass(frozen=True)
+class Outcome:
+    """What ``process`` made of one delivery of a run id (``result``), and the run's state after it."""
+
+    run_id: UUID
+    result: OutcomeResult
+    state: RunState | None = None
+    reason_code: str | None = None
+    retry_delay_seconds: int | None = None
+
+
+@dataclass(frozen=True)
+class ModelInput:
+    """The bounded model input of one attempt: the window chosen, and what the trace records of it."""
+
+    transcript: tuple[Message, ...]  # the elision marker (when entries were left out), then the newest entries
+    limit: int | None  # the agent's max_input_tokens (capped); None when the agent's value is invalid
+    too_large: bool  # the system prompt and the user turn alone exceed the limit
+    record: dict[str, int]  # counts for effect.reserved: limit, estimate, entries sent and left out
+
+
+@dataclass(frozen=True)
+class Claimed:
+    """A claimed attempt, ready to execute: everything the execution reads is set."""
+
+    row: db.Row
+    fence: int
+    attempt: int
+    conversation_id: UUID
+    model_input: ModelInput
+
+    @property
+    def step(self) -> str:
+        """The first step: the claim wrote its ``step.started``."""
+        return str(self.row["first_step"])
+
+    @property
+    def transcript(self) -> tuple[Message, ...]:
+        return self.model_input.transcript
+
+
+def claim(database: db.Database, run_id: UUID, *, now: datetime | None, hooks: Hooks) -> Claimed | Outcome:
+    """Claims the run and prepares its attempt, in one transaction (see the module doc)."""
+    with database.transaction() as conn:
+        row = moves.claim(conn, run_id, now=now)
+        if row is None:
+            return _not_claimed(conn, run_id, now)
+        if row["refusal"] is not None:
+            return _refused(run_id, row)
+        moves.count("Claims")
+        claimed = _prepare(conn, run_id, row, now)
+    if isinstance(claimed, Claimed):
+        hooks.fire("after_claim", run_id=run_id, fence=claimed.fence)
+    return claimed
+
+
+def _prepare(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, now: datetime | None) -> Claimed | Outcome:
+    """The claimed run's target conversation, prompt entry and model input; or its failure."""
+    fence, attempt = int(row["fence"]), int(row["attempt"])
+    log = {"run_id": str(run_id), "schedule_id": str(row["schedule_id"]),
+           "occurrence_id": str(row["occurrence_id"]), "fence": fence, "attempt": attempt}
+    logger.info("run claimed", extra={"action": "run_claimed", **log})
+    blockers: list[effects.Effect] = []
+    if attempt > 1:  # effects and a prompt entry can only come from an earlier attempt
+        # Effects an earlier fence left reserved can no longer be settled by anyone: close them.
+        effects.close_stale(conn, run_id, fence, now=now)
+        blockers = effects.replay_blockers(conn, run_id)
+    conversation_id: UUID | None = None
+    try:
+        with conn.transaction():  # a savepoint: a refused target leaves the claim standing
+            conversation_id = _resolve_conversation(conn, run_id, row, fence, now)
+    except KairosError:
+        logger.warning("run target refused", extra={"action": "run_target_refused", **log})
+    if conversation_id is None:
+        return _fail(conn, run_id, row, "agent_invalid", now,
+                     summary="The run's target conversation could not be prepared from its agent.")
+    if blockers:
+        # A mutation of an earlier attempt may have reached the outside: never replay it.
+        logger.warning("run not replayed", extra={"action": "run_not_replayed", **log,
+                                                  "effects": [str(e.id) for e in blockers]})
+        return _fail(conn, run_id, row, "ambiguous_effect", now)
+    found = attempt > 1 and db.fetch_one(
+        conn, "conversation_entries_find_for_run",
+        {"conversation_id": conversation_id, "run_id": run_id, "role": "user"}) is not None
+    if not found:
+        seq = moves.append_entry(conn, run_id, fence, conversation_id, role="user",
+                                 content=_prompt_entry(run_id, row), now=now)
+        if seq is None:
+            raise RuntimeError("fence changed while the run row was locked")
+    return Claimed(row, fence, attempt, conversation_id, _model_input(conn, run_id, row, conversation_id))
+
+
+def _fail(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, reason: str, now: datetime | None, *,
+          summary: str | None = None) -> Outcome:
+    """Fails the just-claimed run before any call, closing the step the claim started."""
+    step_failed = trace.Event(EventType.STEP_FINISHED, str(row["first_step"]),
+                              {"outcome": "failed", "reason_code": reason})
+    failed = moves.fail(conn, run_id, int(row["fence"]), diagnosis=diagnose(reason, summary=summary),
+                        events=[step_failed], now=now)
+    return Outcome(run_id, "failed", RunState.FAILED if failed else None, reason)
+
+
+def _model_input(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, conversation_id: UUID) -> ModelInput:
+    """The system prompt, the run's user turn and as many of the newest transcript entries as fit
+    ``max_input_tokens`` (characters / 4); older entries are left out behind one marker. The
+    window is chosen in SQL (``conversations.window``): the rest of the transcript is never read."""
+    agent: dict[str, Any] = dict(row["agent"] or {})
+    try:
+        limit: int | None = max_input_tokens(agent)
+    except ExecutorError:
+        limit = None  # execute() fails the run agent_invalid before any call
+    budget = (limit or DEFAULT_MAX_INPUT_TOKENS) * CHARS_PER_TOKEN
+    system = agent.get("system")
+    fixed = (len(system) if isinstance(system, str) else 0) + len(user_content(str(row["prompt"]), row["payload"]))
+    window = conversations.window(conn, conversation_id, budget_chars=budget - fixed - _MARKER_CHARS,
+                                  entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
+    transcript = [Message(e.role, e.content) for e in window.entries]
+    used = fixed + sum(len(e.content) + ENTRY_OVERHEAD_CHARS for e in window.entries)
+    if window.elided:
+        marker = elision_marker(window.elided)
+        if used + len(marker) + ENTRY_OVERHEAD_CHARS <= budget:
+            transcript.insert(0, Message("system", marker))
+            used += len(marker) + ENTRY_OVERHEAD_CHARS
+    record = {"max_input_tokens": limit or DEFAULT_MAX_INPUT_TOKENS,
+              "estimated_tokens": math.ceil(used / CHARS_PER_TOKEN),
+              "entries": len(window.entries), "elided": window.elided}
+    return ModelInput(tuple(transcript), limit, fixed > budget, record)
+
+
+def _resolve_conversation(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, fence: int,
+                          now: datetime | None) -> UUID:
+    """The target: the one the claim set (append, or kept from an earlier attempt), else a new
+    fork of the source or a fresh conversation from the agent snapshot, recorded under the fence."""
+    current: UUID | None = row["conversation_id"]
+    if current is not None:
+        return current
+    if Mode(row["mode"]) is Mode.FORK:
+        current = conversations.fork(conn, row["source_conversation_id"], origin_run_id=run_id,
+                                     now=now).id
+    else:
+        current = conversations.create(conn, owner=row["owner"], agent=row["agent"],
+                                       origin_run_id=run_id, now=now).id
+    done = db.fetch_one(conn, "runs_set_conversation",
+                        {"run_id": run_id, "fence": fence, "conversation_id": current, "now": now})
+    if done is None:
+        raise RuntimeError("fence changed while the run row was locked")
+    return current
+
+
+def _refused(run_id: UUID, row: db.Row) -> Outcome:
+    """The claim ended the run instead (its statement wrote the state and the terminal event)."""
+    state = RunState(row["state"])
+    reason = str(row["refusal"])
+    moves.count(_REFUSAL_METRICS[state])
+    logger.info("run refused at claim", extra={
+        "action": "run_refused", "run_id": str(run_id), "schedule_id": str(row["schedule_id"]),
+        "occurrence_id": str(row["occurrence_id"]), "state": state.value, "reason_code": reason})
+    return Outcome(run_id, "refused", state, reason)
+
+
+def _not_claimed(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime | None) -> Outcome:
+    row = db.fetch_one(conn, "runs_get", {"run_id": run_id})
+    if row is None:
+        logger.warning("unknown run", extra={"action": "run_unknown", "run_id": str(run_id)})
+        return Outcome(run_id, "unknown")
+    state = RunState(row["state"])
+    log = {"run_id": str(run_id), "state": state.value, "schedule_id": str(row["schedule_id"])}
+    if state is RunState.QUEUED and row["cancel_requested_at"] is not None:
+        # Requeued (rescued) while its cancel was pending: finish the cancel instead of running.
+        done = moves.cancel_waiting(conn, run_id, owner=None, diagnosis=diagnose("cancelled"), by="worker",
+                                    now=now)
+        if done is not None:
+            moves.count("RunCancelled")
+            logger.info("run cancelled", extra={"action": "run_cancelled", **log})
+            return Outcome(run_id, "cancelled", RunState.CANCELLED, "cancelled")
+    if state is RunState.QUEUED and row["blocked_by_run_id"] is not None:
+        logger.info("run waits behind another", extra={"action": "run_blocked", **log})
+        return Outcome(run_id, "skipped", state)
+    moves.count("ClaimConflicts")
+    logger.info("run not claimable", extra={"action": "claim_conflict", **log})
+    return Outcome(run_id, "skipped", state)
+
+
+def _prompt_entry(run_id: UUID, row: Mapping[str, Any]) -> str:
+    """The run's user entry: its prompt, and a reference to the webhook payload kept with the run."""
+    prompt = str(row["prompt"])
+    if row.get("payload") is None:
+        return prompt
+    return f"{prompt}\n\n[webhook payload: kept with run {run_id}]"

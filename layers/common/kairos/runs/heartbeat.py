@@ -1,0 +1,144 @@
+"""The heartbeat: keeps a claimed run's lease alive, reads its cancel flag, aborts its call in flight.
+
+Role: while the worker is in an external call, a daemon thread extends the run's lease every
+``HEARTBEAT_SECONDS`` under the fence (``runs_heartbeat``, each beat on its own pooled connection)
+and reads ``cancel_requested_at``. It writes ``step.progress`` (no content) for the step in flight
+at most once per ``PROGRESS_MIN_SECONDS``.
+
+Guarantees: a cancel request or a lost lease sets ``cancel_requested`` / ``lost`` and fires
+``abort`` (``kairos.executors.base.Abort``): the worker hands that ``Abort`` to the executor, whose
+HTTP call in flight stops at once (its socket is shut down) instead of waiting up to the call
+timeout. A beat that fails (database unreachable) is logged and retried next interval; the fence
+keeps a lease that expired meanwhile safe. The lease extension commits without waiting for the WAL
+flush (see ``runs_heartbeat``).
+
+Must not: share a connection with the worker; write anything but the lease and progress events.
+"""
+
+from __future__ import annotations
+
+import threading
+import time
+from collections.abc import Callable
+from datetime import datetime
+from uuid import UUID
+
+from kairos import db, trace
+from kairos.executors.base import Abort
+from kairos.observability import logger
+from kairos.runs.hooks import NO_HOOKS, Hooks
+from kairos.runs.moves import LEASE_SECONDS
+from kairos.states import EventType
+
+HEARTBEAT_SECONDS = 20.0
+PROGRESS_MIN_SECONDS = 10.0
+
+
+class Heartbeat:
+    """Keeps one claimed run's lease alive and watches for a lost lease or a cancel request.
+
+    ``beat_once`` is one beat (tests call it directly); ``start`` runs it every ``interval`` seconds
+    on a daemon thread until ``stop``. Each beat borrows a pooled connection, so it never shares one
+    with the worker. A beat also writes ``step.progress`` for the step in flight when at least
+    ``PROGRESS_MIN_SECONDS`` passed since that step started or last reported.
+    """
+
+    def __init__(
+        self,
+        database: db.Database,
+        run_id: UUID,
+        fence: int,
+        *,
+        interval: float = HEARTBEAT_SECONDS,
+        now: datetime | None = None,
+        clock: Callable[[], float] = time.monotonic,
+        hooks: Hooks = NO_HOOKS,
+    ) -> None:
+        self.database = database
+        self.run_id = run_id
+        self.fence = fence
+        self.interval = interval
+        self.lost = threading.Event()
+        self.cancel_requested = threading.Event()
+        # Fired with either event: stops the run's call in flight (kairos.executors.base.Abort).
+        self.abort = Abort()
+        self._now = now
+        self._clock = clock
+        self._hooks = hooks
+        self._stopped = threading.Event()
+        self._lock = threading.Lock()
+        self._step: str | None = None
+        self._step_mark = 0.0  # clock of the step's start or its last progress event
+        self._step_started = 0.0
+        self._thread: threading.Thread | None = None
+
+    @property
+    def should_stop(self) -> bool:
+        return self.lost.is_set() or self.cancel_requested.is_set()
+
+    def step_started(self, step: str) -> None:
+        with self._lock:
+            self._step = step
+            self._step_started = self._step_mark = self._clock()
+
+    def step_finished(self) -> None:
+        with self._lock:
+            self._step = None
+
+    def beat_once(self) -> bool:
+        """Extends the lease under the fence; False once the lease is lost (another fence holds)."""
+        with self._lock:
+            step = self._step
+            due = step is not None and self._clock() - self._step_mark >= PROGRESS_MIN_SECONDS
+            elapsed_ms = int((self._clock() - self._step_started) * 1000)
+        # Autocommit: the lease extension and the progress event are each one fenced statement,
+        # atomic on its own, so a beat costs one round trip (two when progress is due).
+        with self.database.connection() as conn:
+            row = db.fetch_one(
+                conn,
+                "runs_heartbeat",
+                {"run_id": self.run_id, "fence": self.fence, "lease_seconds": LEASE_SECONDS, "now": self._now},
+            )
+            if row is None:
+                self.lost.set()
+            else:
+                if row["cancel_requested_at"] is not None:
+                    self.cancel_requested.set()
+                if due and step is not None:
+                    seq = trace.append(conn, self.run_id, EventType.STEP_PROGRESS, data={"elapsed_ms": elapsed_ms},
+                                       fence=self.fence, step=step, now=self._now)
+                    if seq is not None:
+                        with self._lock:
+                            self._step_mark = self._clock()
+        if self.lost.is_set():
+            logger.warning("lease lost", extra={"action": "lease_lost", "run_id": str(self.run_id),
+                                                 "fence": self.fence, "by": "heartbeat"})
+        if self.should_stop and not self.abort.fired:
+            self.abort.fire()
+            logger.info("call in flight aborted", extra={"action": "call_aborted", "run_id": str(self.run_id),
+                                                         "fence": self.fence,
+                                                         "by": "lease_lost" if self.lost.is_set() else "cancel"})
+        self._hooks.fire("heartbeat", run_id=self.run_id, fence=self.fence, alive=not self.lost.is_set(),
+                         cancel_requested=self.cancel_requested.is_set())
+        return not self.lost.is_set()
+
+    def start(self) -> Heartbeat:
+        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{self.run_id}", daemon=True)
+        self._thread.start()
+        return self
+
+    def stop(self) -> None:
+        self._stopped.set()
+        if self._thread is not None and self._thread is not threading.current_thread():
+            self._thread.join()
+
+    def _loop(self) -> None:
+        while not self._stopped.wait(self.interval):
+            try:
+                if not self.beat_once():
+                    return
+            except Exception:  # noqa: BLE001 - logged; the thread must outlive one bad beat
+                # A failed beat (database unreachable) is retried next interval; the fence keeps a
+                # lease that expired meanwhile safe.
+                logger.exception("heartbeat failed", extra={"action": "heartbeat_failed",
+                                                             "run_id": str(self.run_id), "fence": self.fence})

@@ -1,0 +1,226 @@
+"""The run's fenced statements: each state move of a run is one guarded statement, and says so.
+
+Role: the data-access layer of the run worker — the claim (``queued -> running``, or the refusal
+that ends a run that must not run), the step boundary's lock, the fenced conversation append, the
+terminal moves (``succeeded``, ``failed``, ``cancelled`` by the worker), the retry's requeue, and
+the cancel of a waiting run (owner or worker). ``kairos.runs.attempt`` and ``kairos.runs.worker``
+decide which to call; ``kairos.runs.cancel`` uses the cancel statements.
+
+Guarantees:
+* Every statement is guarded: by the run's fence (a worker that lost its lease writes nothing and
+  learns so from ``None`` / ``False``), and by the state the move leaves from (``kairos.states``).
+* A state change and the trace events that go with it are one statement (``kairos.trace.change``):
+  a move writes the run row once. Of the worker's transactions only the claim's may write the row
+  more than once: the claim of a fork or fresh run records its new target (``runs_set_conversation``)
+  in a second write, and a claim whose target or replay is refused then fails the run (``fail``).
+* Each terminal move counts its metric (``RunSucceeded``, ``RunFailed``, ``RunCancelled``).
+
+Must not: decide which move applies (the worker and the API do); call anything outside the database.
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Mapping, Sequence
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+from aws_lambda_powertools.metrics import MetricUnit
+from psycopg.types.json import Jsonb
+
+from kairos import db, trace
+from kairos.diagnosis import diagnose
+from kairos.observability import metrics
+from kairos.states import EventType, RunState
+
+LEASE_SECONDS = 120
+RETRY_BASE_SECONDS = 10
+RETRY_MAX_SECONDS = 60
+
+# reason code -> the state the claim ends a refused run in (runs_claim decides which applies).
+CLAIM_REFUSALS: dict[str, RunState] = {
+    "schedule_paused": RunState.CANCELLED,
+    "schedule_cancelled": RunState.CANCELLED,
+    "superseded": RunState.ABANDONED,
+    "expired": RunState.EXPIRED,
+}
+
+# The diagnoses of the claim's refusals as one JSON document, serialized once and sent with every
+# claim: runs_claim picks the one its verdict names.
+_REFUSALS_JSON = json.dumps({code: diagnose(code) for code in CLAIM_REFUSALS}, separators=(",", ":"))
+
+
+def count(name: str) -> None:
+    """One unit of the run metric ``name``."""
+    metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
+
+
+def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None) -> db.Row | None:
+    """``queued -> running`` for exactly one caller, with ``run.claimed`` and the first step's
+    ``step.started`` (the row's ``first_step``); the claimed row, or None (not claimable).
+
+    The same statement refuses a run that must not run (its schedule paused or cancelled, a newer
+    fire already started, past ``expires_at``): it ends the run ``cancelled`` / ``abandoned`` /
+    ``expired`` with its diagnosis and terminal event, and the row comes back in that state with
+    ``refusal`` set to the reason code (``refusal`` is None on a claim)."""
+    return db.fetch_one(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now,
+                                             "refusals": _REFUSALS_JSON})
+
+
+def lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> db.Row | None:
+    """The step boundary: locks the run while ``fence`` holds; the row tells of a cancel request."""
+    return db.fetch_one(conn, "runs_lock_fenced", {"run_id": run_id, "fence": fence})
+
+
+def append_entry(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    conversation_id: UUID,
+    *,
+    role: str,
+    content: str,
+    now: datetime | None = None,
+) -> int | None:
+    """Appends one entry to the run's target conversation under the fence; its seq, or None."""
+    # Two statements on purpose: the insert's fresh snapshot (READ COMMITTED) sees entries that an
+    # earlier holder of the conversation lock committed while this one waited.
+    locked = db.fetch_one(conn, "conversations_lock_fenced",
+                          {"run_id": run_id, "fence": fence, "conversation_id": conversation_id})
+    if locked is None:
+        return None
+    row = db.fetch_one(
+        conn,
+        "conversation_entries_append_fenced",
+        {"run_id": run_id, "fence": fence, "conversation_id": conversation_id, "role": role, "content": content,
+         "now": now},
+    )
+    return None if row is None else int(row["seq"])
+
+
+def _end(
+    conn: psycopg.Connection[db.Row],
+    query: str,
+    run_id: UUID,
+    fence: int,
+    values: Mapping[str, Any],
+    usage: Mapping[str, Any] | None,
+    events: Sequence[trace.Event],
+    ending: trace.Event,
+    metric: str,
+    now: datetime | None,
+) -> bool:
+    """One terminal update of the fence holder with ``events`` and then its ``run.<state>`` event,
+    in one statement; False (nothing written) when fenced out or refused by the query's guard."""
+    row = trace.change(conn, query,
+                       {"run_id": run_id, "fence": fence, **values,
+                        "usage": None if usage is None else Jsonb(dict(usage))},
+                       [*events, ending], now=now)
+    if row is None:
+        return False
+    count(metric)
+    return True
+
+
+def succeed(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    *,
+    output: Mapping[str, Any],
+    usage: Mapping[str, Any] | None,
+    events: Sequence[trace.Event] = (),
+    now: datetime | None = None,
+) -> bool:
+    """``running -> succeeded`` unless fenced out or a cancel was requested; ``events`` and then
+    ``run.succeeded`` are written by the same statement."""
+    return _end(conn, "runs_succeed", run_id, fence, {"output": Jsonb(dict(output))}, usage, events,
+                trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")}), "RunSucceeded",
+                now)
+
+
+def fail(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    *,
+    diagnosis: Mapping[str, Any],
+    usage: Mapping[str, Any] | None = None,
+    events: Sequence[trace.Event] = (),
+    now: datetime | None = None,
+) -> bool:
+    """``running -> failed`` with a closed diagnosis, unless fenced out; ``events`` and then
+    ``run.failed`` are written by the same statement."""
+    ending = trace.Event(EventType.RUN_FAILED, data={"reason_code": diagnosis["reason_code"],
+                                                     "retry_eligible": diagnosis["retry_eligible"]})
+    return _end(conn, "runs_fail", run_id, fence, {"diagnosis": Jsonb(dict(diagnosis))}, usage, events, ending,
+                "RunFailed", now)
+
+
+def finish_cancelled(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    *,
+    usage: Mapping[str, Any] | None = None,
+    events: Sequence[trace.Event] = (),
+    now: datetime | None = None,
+) -> bool:
+    """``running -> cancelled`` by the fence holder after a cancel request; ``events`` and then
+    ``run.cancelled`` are written by the same statement."""
+    return _end(conn, "runs_finish_cancelled", run_id, fence, {"diagnosis": Jsonb(diagnose("cancelled"))}, usage,
+                events, trace.Event(EventType.RUN_CANCELLED, data={"by": "worker"}), "RunCancelled", now)
+
+
+def requeue(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    *,
+    attempt: int,
+    delay_seconds: int,
+    events: Sequence[trace.Event] = (),
+    now: datetime | None = None,
+) -> bool:
+    """``running -> queued`` for another attempt, only while attempts remain and no mutation may
+    have happened. ``handoff_at`` is set to now: the caller re-sends the id with a delay, and the
+    tick's repair re-sends it once that handoff is stale if the caller could not. ``events`` (the
+    open step's ``step.finished`` among them) and then ``run.queued`` are written by the same
+    statement."""
+    queued = trace.Event(EventType.RUN_QUEUED, data={"reason": "retry", "next_attempt": attempt + 1,
+                                                     "delay_seconds": delay_seconds})
+    return trace.change(conn, "runs_requeue_retry", {"run_id": run_id, "fence": fence}, [*events, queued],
+                        now=now) is not None
+
+
+def retry_delay(attempt: int) -> int:
+    """Seconds before attempt ``attempt + 1``: 10, 20, 40, … capped at 60."""
+    return int(min(RETRY_MAX_SECONDS, RETRY_BASE_SECONDS * 2 ** max(0, attempt - 1)))
+
+
+def cancel_waiting(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    *,
+    owner: str | None,
+    diagnosis: Mapping[str, Any],
+    by: str,
+    now: datetime | None = None,
+) -> db.Row | None:
+    """``queued`` / ``awaiting_approval -> cancelled`` with ``run.cancelled``: by its owner (``owner``
+    given), or by a worker that finds a queued run whose cancel is pending (``owner`` None: only a run
+    with ``cancel_requested_at`` set moves). The row, or None when it had already moved on."""
+    return trace.change(conn, "runs_cancel_waiting",
+                        {"run_id": run_id, "owner": owner, "requested_only": owner is None,
+                         "diagnosis": Jsonb(dict(diagnosis))},
+                        [trace.Event(EventType.RUN_CANCELLED, data={"by": by})], now=now)
+
+
+def request_cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str,
+                   now: datetime | None = None) -> db.Row | None:
+    """Marks ``owner``'s running run ``cancel_requested`` with ``run.cancel_requested``; its worker
+    stops at the next heartbeat or step. The row, or None when it is no longer running."""
+    return trace.change(conn, "runs_request_cancel", {"run_id": run_id, "owner": owner},
+                        [trace.Event(EventType.RUN_CANCEL_REQUESTED, data={"by": "owner"})], now=now)

@@ -1,0 +1,392 @@
+"""The run worker: ``process`` turns one run id into at most one execution of the run's prompt.
+
+Role: however often a run id is delivered, ``process`` claims the run (``kairos.runs.attempt``),
+and only a claimed attempt is executed: an ``Execution`` is built from the ``Claimed`` attempt, its
+heartbeat and its deadline, prepares the executor's call, reserves its effect, makes the call, and
+ends the run — published, failed, requeued for a retry, or cancelled. The SQS adapter
+(``kairos.runs.sqs``) calls it once per record.
+
+Guarantees:
+* Every write of the running run — events, conversation entries, effects, output, terminal state —
+  is guarded by its fence and locks the run row first (``kairos.runs.moves``), so a worker that
+  lost its lease (a new claim after a rescue) writes nothing; it learns so from an empty result and
+  stops (``lease_lost``).
+* No transaction is open during an external call. Before the call an ``effects`` row is reserved
+  (committed), after it the row is closed. A mutation whose outcome is unknown ends ``ambiguous``;
+  a run with a possibly-applied mutation is never replayed, by a retry or by a re-claim.
+* Automatic retries stay on the same run with a new attempt, only for retry-safe failures with no
+  external mutation, within ``max_attempts``: the run goes back to ``queued`` under the fence and the
+  caller (``kairos.runs.sqs``) re-sends its id with a delay.
+* The heartbeat (``kairos.runs.heartbeat``) extends the lease during the call and aborts the call
+  in flight on a cancel request or a lost lease.
+* A run whose cancel was requested can never publish success (the success statement requires
+  ``cancel_requested_at IS NULL``); its worker ends it ``cancelled`` at the next boundary.
+* A model input over the agent's limit fails ``input_too_large`` before any call.
+* A run's runtime is bounded by ``runtime_limit_seconds`` (server-capped below the Lambda timeout,
+  and by the invocation's remaining time); exceeding it fails the run with ``runtime_limit``.
+* Failures end in a closed diagnosis (``kairos.diagnosis``).
+
+Must not: log or trace prompts, completions, payloads, headers or secrets; hold a transaction across
+a call; write a running run without its fence; decide anything from SQS or a local clock (the
+database owns state and time; the local monotonic clock only bounds this process's own waiting).
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import time
+from collections.abc import Callable, Sequence
+from dataclasses import dataclass, field
+from datetime import datetime
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from kairos import db, effects, trace
+from kairos.diagnosis import diagnose
+from kairos.executors.base import ExecutionRequest, Executor, ExecutorError, Reply
+from kairos.observability import logger
+from kairos.runs import moves
+from kairos.runs.attempt import Claimed, Outcome, claim
+from kairos.runs.heartbeat import HEARTBEAT_SECONDS, Heartbeat
+from kairos.runs.hooks import NO_HOOKS, Hooks
+from kairos.settings import Settings
+from kairos.states import EventType, RunState
+
+# Lambda's hard maximum is 900 s; a run stops well before so it can still write its failure.
+RUNTIME_CAP_SECONDS = 840
+# Time kept back from the invocation's remaining time to fail the run cleanly and answer SQS.
+LAMBDA_MARGIN_SECONDS = 15.0
+# A record with less invocation time than this left is not claimed: SQS delivers it again.
+MIN_CLAIM_BUDGET_SECONDS = 30.0
+CALL_TIMEOUT_CAP_SECONDS = 300.0
+
+ExecutorFactory = Callable[..., Executor]
+
+# The executors that send the transcript to a model: their input is bounded by max_input_tokens.
+MODEL_EXECUTORS: frozenset[str] = frozenset({"openai", "bedrock"})
+
+
+class _LeaseLost(Exception):
+    """A fenced write matched nothing: another claim holds the run now."""
+
+
+class _Cancelled(Exception):
+    """The run's cancel was requested (seen at a boundary or by the heartbeat)."""
+
+
+class _Failure(Exception):
+    """The run fails (or retries) with a reason code; raised inside the execution steps."""
+
+    def __init__(self, reason_code: str, *, retry_safe: bool = False, summary: str | None = None) -> None:
+        super().__init__(reason_code)
+        self.reason_code = reason_code
+        self.retry_safe = retry_safe
+        self.summary = summary
+
+
+@dataclass
+class Execution:
+    """One claimed attempt being executed. Everything it starts from is set when it is built; only
+    the effect in flight, whether its call started, and the usage change as it runs."""
+
+    database: db.Database
+    run_id: UUID
+    settings: Settings
+    executor_factory: ExecutorFactory
+    now: datetime | None
+    clock: Callable[[], float]
+    hooks: Hooks
+    claimed: Claimed
+    heartbeat: Heartbeat
+    deadline: float
+    open_effect: effects.Effect | None = None  # reserved and not yet closed
+    call_started: bool = False
+    usage: dict[str, Any] = field(default_factory=dict)
+
+    def execute(self) -> Outcome:
+        claimed = self.claimed
+        row = claimed.row
+        agent: dict[str, Any] = dict(row["agent"] or {})
+        step = claimed.step  # the claim wrote its step.started
+        self._check_stop()
+        model_call = str(agent.get("executor", "")) in MODEL_EXECUTORS
+        if model_call and claimed.model_input.limit is None:
+            raise _Failure("agent_invalid", summary="The agent's max_input_tokens is not a positive integer.")
+        if model_call and claimed.model_input.too_large:
+            raise _Failure("input_too_large")
+        request = ExecutionRequest(run_id=str(self.run_id), attempt=claimed.attempt, owner=str(row["owner"]),
+                                   agent=agent, transcript=claimed.transcript, prompt=row["prompt"],
+                                   payload=row["payload"])
+        try:
+            executor = self.executor_factory(str(agent.get("executor", "")), settings=self.settings)
+            prepared = executor.prepare(request)
+        except ExecutorError as error:
+            raise _Failure(error.reason_code, retry_safe=error.retry_safe) from error
+        remaining = self._remaining()
+        if remaining <= 0:
+            raise _Failure("runtime_limit")
+        with self.database.connection() as conn:  # one statement: its own transaction
+            effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
+                                     prepared.mutation, prepared.url, prepared.digest, now=self.now,
+                                     data={"input": claimed.model_input.record} if model_call else None)
+            if effect is None:  # the fence moved on, or a cancel was requested: which one decides the end
+                current = db.fetch_one(conn, "runs_get", {"run_id": self.run_id})
+                if (current is not None and current["state"] == RunState.RUNNING
+                        and int(current["fence"]) == claimed.fence and current["cancel_requested_at"] is not None):
+                    raise _Cancelled()
+                raise _LeaseLost()
+        self.open_effect = effect
+        self.hooks.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
+        self._check_stop()
+        # The heartbeat aborts the call when it reads a cancel request or finds the lease lost.
+        prepared = dataclasses.replace(prepared, abort=self.heartbeat.abort)
+        self.heartbeat.step_started(step)
+        started = time.monotonic()
+        self.call_started = True
+        try:
+            reply = executor.send(prepared, timeout=max(0.001, min(remaining, CALL_TIMEOUT_CAP_SECONDS)))
+        except ExecutorError as error:
+            self.heartbeat.step_finished()
+            self.usage = {"calls": 1, "duration_ms": int((time.monotonic() - started) * 1000)}
+            return self._call_failed(step, effect, prepared.mutation, error)
+        self.heartbeat.step_finished()
+        self.usage = _usage(reply, time.monotonic() - started)
+        self.hooks.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
+        return self._publish(step, effect, reply)
+
+    def _publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
+        claimed = self.claimed
+        fence = claimed.fence
+        # One update of the run row: the effect's settlement, the answer and the terminal state are
+        # traced by the terminal statement itself (kairos.trace.change).
+        events: list[trace.Event] = []
+        with self.database.transaction() as conn:
+            locked = self._lock(conn)
+            if effects.settle(conn, effect, fence=fence, usage=self.usage, trace_into=events, now=self.now) is None:
+                raise _LeaseLost()
+            self.open_effect = None
+            if locked["cancel_requested_at"] is not None:
+                return self._end_cancelled(conn, events)
+            seq = moves.append_entry(conn, self.run_id, fence, claimed.conversation_id, role="assistant",
+                                     content=reply.content, now=self.now)
+            if seq is None:
+                raise _LeaseLost()
+            events.append(trace.Event(EventType.OUTPUT_PUBLISHED, step, {
+                "conversation_id": str(claimed.conversation_id), "entry_seq": seq, "truncated": reply.truncated}))
+            events.append(trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"}))
+            self.hooks.fire("before_finish", run_id=self.run_id, fence=fence)
+            done = moves.succeed(conn, self.run_id, fence, now=self.now, usage=self.usage, events=events,
+                                 output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
+                                         "attempt": claimed.attempt})
+            if not done:  # cannot happen while the row is locked; never publish without it
+                raise _LeaseLost()
+        logger.info("run succeeded", extra={"action": "run_succeeded", "run_id": str(self.run_id),
+                                            "attempt": claimed.attempt, "entry_seq": seq})
+        return Outcome(self.run_id, "succeeded", RunState.SUCCEEDED)
+
+    def _call_failed(self, step: str, effect: effects.Effect, mutation: bool, error: ExecutorError) -> Outcome:
+        claimed = self.claimed
+        fence = claimed.fence
+        over_time = self._remaining() <= 0
+        reason = "runtime_limit" if over_time and error.reason_code in ("timeout", "ambiguous_effect") else (
+            error.reason_code)
+        events: list[trace.Event] = []
+        with self.database.transaction() as conn:
+            locked = self._lock(conn)
+            if error.outcome_unknown and mutation:
+                closed = effects.mark_ambiguous(conn, effect, fence=fence, error_code=error.reason_code,
+                                                trace_into=events, now=self.now)
+                if reason != "runtime_limit":
+                    reason = "ambiguous_effect"
+            else:
+                closed = effects.fail(conn, effect, fence=fence, error_code=error.reason_code, trace_into=events,
+                                      now=self.now)
+            if closed is None:
+                raise _LeaseLost()
+            self.open_effect = None
+            if locked["cancel_requested_at"] is not None:
+                return self._end_cancelled(conn, events)
+            retry_safe = error.retry_safe and not error.outcome_unknown and not over_time
+            return self._end_failed(conn, reason, events, retry_safe=retry_safe)
+
+    # -- endings -----------------------------------------------------------------------------------
+
+    def fail_or_retry(self, failure: _Failure) -> Outcome:
+        events: list[trace.Event] = []
+        with self.database.transaction() as conn:
+            locked = self._lock(conn)
+            if self.open_effect is not None:
+                self._close_open_effect(conn, self.open_effect, failure.reason_code, events)
+            if locked["cancel_requested_at"] is not None:
+                return self._end_cancelled(conn, events)
+            return self._end_failed(conn, failure.reason_code, events, retry_safe=failure.retry_safe,
+                                    summary=failure.summary)
+
+    def cancelled(self) -> Outcome:
+        events: list[trace.Event] = []
+        with self.database.transaction() as conn:
+            self._lock(conn)
+            if self.open_effect is not None:
+                self._close_open_effect(conn, self.open_effect, "cancelled", events)
+            return self._end_cancelled(conn, events)
+
+    def _close_open_effect(self, conn: psycopg.Connection[db.Row], effect: effects.Effect, reason_code: str,
+                           events: list[trace.Event]) -> None:
+        claimed = self.claimed
+        if self.call_started and effect.mutation:
+            effects.mark_ambiguous(conn, effect, fence=claimed.fence, error_code=reason_code, trace_into=events,
+                                   now=self.now)
+        else:
+            effects.fail(conn, effect, fence=claimed.fence, error_code=reason_code, trace_into=events, now=self.now)
+        self.open_effect = None
+
+    def _end_failed(self, conn: psycopg.Connection[db.Row], reason: str, events: list[trace.Event], *,
+                    retry_safe: bool, summary: str | None = None) -> Outcome:
+        """Requeues for another attempt when allowed, else fails the run; ``events`` (already
+        collected in this transaction) are written by that one statement."""
+        claimed = self.claimed
+        fence = claimed.fence
+        events = [*events, *self._step_failed(reason)]
+        if retry_safe:
+            delay = moves.retry_delay(claimed.attempt)
+            again = moves.requeue(conn, self.run_id, fence, attempt=claimed.attempt, delay_seconds=delay,
+                                  events=events, now=self.now)
+            if again:
+                logger.info("run will retry", extra={"action": "run_retry", "run_id": str(self.run_id),
+                                                     "attempt": claimed.attempt, "reason_code": reason,
+                                                     "delay_seconds": delay})
+                return Outcome(self.run_id, "retry", RunState.QUEUED, reason, delay)
+        self.hooks.fire("before_finish", run_id=self.run_id, fence=fence)
+        # Retry-safe but out of attempts: a manual retry may still help.
+        diagnosis = diagnose(reason, summary=summary, retry_eligible=True if retry_safe else None)
+        done = moves.fail(conn, self.run_id, fence, diagnosis=diagnosis, usage=self.usage or None,
+                          events=events, now=self.now)
+        if not done:
+            raise _LeaseLost()
+        logger.info("run failed", extra={"action": "run_failed", "run_id": str(self.run_id),
+                                         "attempt": claimed.attempt, "reason_code": reason})
+        return Outcome(self.run_id, "failed", RunState.FAILED, reason)
+
+    def _end_cancelled(self, conn: psycopg.Connection[db.Row], events: Sequence[trace.Event] = ()) -> Outcome:
+        claimed = self.claimed
+        events = [*events, trace.Event(EventType.STEP_FINISHED, claimed.step,
+                                       {"outcome": "cancelled", "reason_code": "cancelled"})]
+        self.hooks.fire("before_finish", run_id=self.run_id, fence=claimed.fence)
+        done = moves.finish_cancelled(conn, self.run_id, claimed.fence, usage=self.usage or None,
+                                      events=events, now=self.now)
+        if not done:
+            raise _LeaseLost()
+        logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(self.run_id),
+                                            "attempt": claimed.attempt})
+        return Outcome(self.run_id, "cancelled", RunState.CANCELLED, "cancelled")
+
+    # -- boundaries --------------------------------------------------------------------------------
+
+    def _lock(self, conn: psycopg.Connection[db.Row]) -> db.Row:
+        locked = moves.lock(conn, self.run_id, self.claimed.fence)
+        if locked is None:
+            raise _LeaseLost()
+        return locked
+
+    def _step_failed(self, reason: str) -> list[trace.Event]:
+        """``step.finished`` (failed) for the step in flight."""
+        return [trace.Event(EventType.STEP_FINISHED, self.claimed.step, {"outcome": "failed", "reason_code": reason})]
+
+    def _check_stop(self) -> None:
+        if self.heartbeat.lost.is_set():
+            raise _LeaseLost()
+        if self.heartbeat.cancel_requested.is_set():
+            raise _Cancelled()
+
+    def _remaining(self) -> float:
+        return self.deadline - self.clock()
+
+
+
+
+def process(
+    database: db.Database,
+    run_id: UUID,
+    *,
+    settings: Settings,
+    executor_factory: ExecutorFactory | None = None,
+    now: datetime | None = None,
+    clock: Callable[[], float] = time.monotonic,
+    lambda_remaining_ms: Callable[[], int] | None = None,
+    hooks: Hooks | None = None,
+    heartbeat_interval: float = HEARTBEAT_SECONDS,
+) -> Outcome:
+    """Claims and executes one run (see the module doc); never raises for the run's own failures.
+
+    Raises only when the database fails (the caller reports the SQS record as failed, and the claim
+    guard makes the redelivery safe) or when a hook raises (tests simulating a crash).
+    """
+    if executor_factory is None:
+        from kairos import executors
+
+        executor_factory = executors.get
+    hooks = hooks or NO_HOOKS
+    started = clock()
+    lambda_deadline: float | None = None
+    if lambda_remaining_ms is not None:
+        budget = lambda_remaining_ms() / 1000.0 - LAMBDA_MARGIN_SECONDS
+        if budget < MIN_CLAIM_BUDGET_SECONDS:
+            logger.info("run deferred", extra={"action": "run_deferred", "run_id": str(run_id)})
+            return Outcome(run_id, "deferred")
+        lambda_deadline = started + budget
+    claimed = claim(database, run_id, now=now, hooks=hooks)
+    if isinstance(claimed, Outcome):
+        return claimed
+    limit = min(int(claimed.row["runtime_limit_seconds"]), RUNTIME_CAP_SECONDS)
+    deadline = started + limit if lambda_deadline is None else min(started + limit, lambda_deadline)
+    heartbeat = Heartbeat(database, run_id, claimed.fence, interval=heartbeat_interval, now=now, hooks=hooks)
+    run = Execution(database, run_id, settings, executor_factory, now, clock, hooks, claimed, heartbeat.start(),
+                    deadline)
+    hooks.fire("heartbeat_started", run_id=run_id, fence=claimed.fence, heartbeat=heartbeat)
+    try:
+        return _run(run)
+    finally:
+        heartbeat.stop()
+
+
+def _run(run: Execution) -> Outcome:
+    """Executes the claimed run and ends it; a lost lease writes nothing more, a database error
+    raises (the run stays running until its lease expires), any other error fails it ``internal``."""
+    run_id, fence = run.run_id, run.claimed.fence
+    try:
+        try:
+            return run.execute()
+        except _Failure as failure:
+            return run.fail_or_retry(failure)
+        except _Cancelled:
+            return run.cancelled()
+    except _LeaseLost:
+        moves.count("LeasesLost")
+        logger.warning("lease lost; nothing more is written", extra={
+            "action": "lease_lost", "run_id": str(run_id), "fence": fence, "attempt": run.claimed.attempt})
+        return Outcome(run_id, "lease_lost")
+    except psycopg.Error:
+        # The database is unreachable or refused: leave the run running; its lease expires and the
+        # tick's rescuer decides (the effects ledger tells it whether a restart is safe).
+        logger.exception("run interrupted by a database error", extra={
+            "action": "run_db_error", "run_id": str(run_id), "fence": fence})
+        raise
+    except Exception:  # noqa: BLE001 - logged, and the run ends failed with reason "internal"
+        logger.exception("run failed by an internal error", extra={
+            "action": "run_internal_error", "run_id": str(run_id), "fence": fence})
+        try:
+            return run.fail_or_retry(_Failure("internal"))
+        except _LeaseLost:
+            moves.count("LeasesLost")
+            return Outcome(run_id, "lease_lost")
+
+
+def _usage(reply: Reply, seconds: float) -> dict[str, Any]:
+    usage: dict[str, Any] = {
+        k: v for k, v in reply.usage.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+    }
+    usage["calls"] = 1
+    usage["duration_ms"] = int(seconds * 1000)
+    return usage
