@@ -165,32 +165,15 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
     schedule_id: UUID = hook["id"]
     db_now: datetime = hook["now"]
     if hook["signing"]:
-        try:
-            verify_signature(hook["signing"], body=delivery.body, headers=delivery.headers, now=db_now,
-                             owner=hook["owner"])
-        except SignatureInvalid:
-            _rejected("signature", schedule_id)
-            raise
+        _verify(hook, delivery, db_now)
     key, deduplicated = idempotency_key(delivery, scheme=(hook["signing"] or {}).get("scheme"))
     digest = hashlib.sha256(delivery.body).hexdigest()
     generation = 0
     if deduplicated:
-        receipt = db.fetch_one(conn, "webhook_receipts_find",
-                               {"schedule_id": schedule_id, "idempotency_key": key, "now": now})
-        if receipt is not None:
-            if not hmac.compare_digest(receipt["request_digest"], digest):
-                _rejected("idempotency_mismatch", schedule_id)
-                raise IdempotencyMismatch(
-                    "this Idempotency-Key was already used with a different body; use a new key for a new request",
-                    fields=[FieldError("Idempotency-Key", "idempotency_key_reused",
-                                       "the key was used with another body in the last 24 hours")],
-                )
-            return Accepted(schedule_id, receipt["occurrence_id"], receipt["run_id"], replayed=True)
-        # No live receipt: the key is new (again). Its generation keeps the new rows apart from the
-        # ones an expired use of the key made.
-        row = db.fetch_one(conn, "occurrences_hook_key_generation",
-                           {"schedule_id": schedule_id, "idempotency_key": key})
-        generation = int(row["generation"]) if row is not None else 0
+        known = _replay_or_generation(conn, schedule_id, key, digest, now)
+        if isinstance(known, Accepted):
+            return known
+        generation = known
     occurrence_id = identity.occurrence_id(schedule_id, Source.WEBHOOK, key=key, generation=generation)
     run_id = identity.run_id(occurrence_id)
     _check_rate(conn, schedule_id, hook["rate_limit_per_minute"] or DEFAULT_RATE_LIMIT, db_now, now)
@@ -219,6 +202,34 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
             "occurrence_id": occurrence_id, "run_id": run_id, "generation": generation, "now": now,
         })
     return Accepted(schedule_id, occurrence_id, run_id, replayed=False)
+
+
+def _verify(hook: Mapping[str, Any], delivery: Delivery, db_now: datetime) -> None:
+    try:
+        verify_signature(hook["signing"], body=delivery.body, headers=delivery.headers, now=db_now,
+                         owner=hook["owner"])
+    except SignatureInvalid:
+        _rejected("signature", hook["id"])
+        raise
+
+
+def _replay_or_generation(conn: psycopg.Connection[db.Row], schedule_id: UUID, key: str, digest: str,
+                          now: datetime | None) -> Accepted | int:
+    """A live receipt's first answer again (422 for another body); else the key is new (again), and
+    its generation keeps the new rows apart from the ones an expired use of the key made."""
+    receipt = db.fetch_one(conn, "webhook_receipts_find",
+                           {"schedule_id": schedule_id, "idempotency_key": key, "now": now})
+    if receipt is not None:
+        if not hmac.compare_digest(receipt["request_digest"], digest):
+            _rejected("idempotency_mismatch", schedule_id)
+            raise IdempotencyMismatch(
+                "this Idempotency-Key was already used with a different body; use a new key for a new request",
+                fields=[FieldError("Idempotency-Key", "idempotency_key_reused",
+                                   "the key was used with another body in the last 24 hours")],
+            )
+        return Accepted(schedule_id, receipt["occurrence_id"], receipt["run_id"], replayed=True)
+    row = db.fetch_one(conn, "occurrences_hook_key_generation", {"schedule_id": schedule_id, "idempotency_key": key})
+    return int(row["generation"]) if row is not None else 0
 
 
 def find(conn: psycopg.Connection[db.Row], token: str, *, now: datetime | None = None) -> db.Row | None:

@@ -108,19 +108,18 @@ def build_event(method: str, target: str, headers: Mapping[str, str], body: byte
     if claims is not None:
         event["requestContext"]["authorizer"] = {"jwt": {"claims": dict(claims), "scopes": None}}
     if body:
-        content_type = lowered.get("content-type", "application/json").lower()
-        text: str | None = None
-        if content_type.startswith(_TEXT_TYPES):
-            try:
-                text = body.decode("utf-8")
-            except UnicodeDecodeError:
-                text = None
-        if text is None:
-            event["body"] = base64.b64encode(body).decode("ascii")
-            event["isBase64Encoded"] = True
-        else:
-            event["body"] = text
+        event["body"], event["isBase64Encoded"] = _body(body, lowered.get("content-type", "application/json"))
     return event
+
+
+def _body(body: bytes, content_type: str) -> tuple[str, bool]:
+    """As API Gateway passes a body: text types that decode as UTF-8 as text, anything else base64."""
+    if content_type.lower().startswith(_TEXT_TYPES):
+        try:
+            return body.decode("utf-8"), False
+        except UnicodeDecodeError:
+            pass
+    return base64.b64encode(body).decode("ascii"), True
 
 
 class _RequestHandler(BaseHTTPRequestHandler):

@@ -317,6 +317,20 @@ class _LazyHandler:
         return self.target(event, context)
 
 
+def _function_environment(url: str, queue_url: str, public_url: str) -> dict[str, str]:
+    """What the template gives the functions on AWS, pointed at the local stack."""
+    return {
+        "DATABASE_URL": url,
+        "RUN_QUEUE_URL": queue_url,
+        "KAIROS_AUTH": "dev",
+        "KAIROS_DEV_TOKENS": f"{DEV_TOKEN}={DEV_PRINCIPAL}",
+        "KAIROS_PUBLIC_URL": public_url,
+        "POWERTOOLS_METRICS_NAMESPACE": "Kairos",
+        # EMF lines are CloudWatch's input; locally they would only bury the run lines.
+        "POWERTOOLS_METRICS_DISABLED": "true",
+    }
+
+
 def main(args: argparse.Namespace) -> int:
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access lines
     from kairos import migrations, runtime
@@ -343,18 +357,7 @@ def main(args: argparse.Namespace) -> int:
         server = apigw.ApiGatewayServer(api, host="127.0.0.1", port=args.port)
         stack.callback(server.stop)
         public_url = server.url
-        os.environ.update(
-            {
-                "DATABASE_URL": url,
-                "RUN_QUEUE_URL": queue_url,
-                "KAIROS_AUTH": "dev",
-                "KAIROS_DEV_TOKENS": f"{DEV_TOKEN}={DEV_PRINCIPAL}",
-                "KAIROS_PUBLIC_URL": public_url,
-                "POWERTOOLS_METRICS_NAMESPACE": "Kairos",
-                # EMF lines are CloudWatch's input; locally they would only bury the run lines.
-                "POWERTOOLS_METRICS_DISABLED": "true",
-            }
-        )
+        os.environ.update(_function_environment(url, queue_url, public_url))
         runtime.reset()
         api.target = load_handler("webhook")
         server.start()
