@@ -45,8 +45,7 @@ import hashlib
 import re
 import secrets
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime, timedelta
 from enum import Enum
@@ -566,12 +565,6 @@ def _fires(schedule: Schedule, after: datetime, count: int) -> list[calendar.Fir
     return calendar.fires(rule_of(schedule), after, count)
 
 
-@contextmanager
-def _atomic(conn: psycopg.Connection[db.Row]) -> Iterator[None]:
-    """The caller's transaction, or one of our own on an autocommit connection (locks must last)."""
-    with conn.transaction() if conn.autocommit else nullcontext():
-        yield
-
 
 def _clock(conn: psycopg.Connection[db.Row], now: datetime | None) -> datetime:
     row = db.fetch_one(conn, "schedules_clock", {"now": now})
@@ -598,7 +591,7 @@ def create(
     the previous lock holder committed.
     """
     try:
-        with _atomic(conn):
+        with db.atomic(conn):
             created = _create(conn, owner=owner, raw=raw, now=now, context_run_id=context_run_id)
     except KairosError as error:
         logger.info("schedule refused", extra={"action": "schedule.refused", "code": error.code,
@@ -715,7 +708,7 @@ def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
     revision read, so a concurrent edit makes this call answer ``Conflict`` rather than apply a
     cursor computed from a stale definition.
     """
-    with _atomic(conn):
+    with db.atomic(conn):
         clock = _clock(conn, now)
         current = get(conn, schedule_id, owner=owner)
         if current.status is not ScheduleStatus.PAUSED:

@@ -79,7 +79,3 @@ RETURNING e.*;
 SELECT * FROM effects
  WHERE run_id = %(run_id)s AND mutation AND state <> 'failed'
  ORDER BY created_at, id;
-
--- name: effects_list_for_run
--- Every effect of one run, oldest first.
-SELECT * FROM effects WHERE run_id = %(run_id)s ORDER BY created_at, fence, step;
