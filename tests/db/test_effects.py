@@ -22,6 +22,13 @@ def _claimed(db: Database, db_url: str) -> dict[str, Any]:
     return row
 
 
+def _ledger(conn: psycopg.Connection[Any], run_id: Any) -> list[effects.Effect]:
+    """Every effect of one run, oldest first (a test's read: no library code needs the whole ledger)."""
+    rows = conn.execute("SELECT * FROM effects WHERE run_id = %(run_id)s ORDER BY created_at, fence, step",
+                        {"run_id": run_id}).fetchall()
+    return [effects.Effect.from_row(r) for r in rows]
+
+
 def _events(db_url: str, run_id: Any) -> list[tuple[str, str | None, dict[str, Any]]]:
     with psycopg.connect(db_url, row_factory=dict_row, autocommit=True) as conn:
         rows = conn.execute("SELECT type, step, data FROM run_events WHERE run_id = %s ORDER BY seq",
@@ -57,7 +64,7 @@ def test_an_effect_closes_once(db: Database, db_url: str) -> None:
         assert effects.settle(conn, effect, fence=1) is None
         assert effects.fail(conn, effect, fence=1, error_code="timeout") is None
     with db.transaction() as conn:
-        (only,) = effects.for_run(conn, run["id"])
+        (only,) = _ledger(conn, run["id"])
     assert only.state == "ambiguous" and only.error_code == "timeout"
 
 
@@ -77,7 +84,7 @@ def test_reserve_needs_the_current_fence_attempt_and_a_running_run(db: Database,
         assert effects.reserve(conn, run["id"], 2, 1, "model", "model_call", False, "t", "d") is None
         assert effects.reserve(conn, run["id"], 1, 2, "model", "model_call", False, "t", "d") is None
         assert effects.reserve(conn, queued["id"], 0, 0, "model", "model_call", False, "t", "d") is None
-        assert effects.for_run(conn, run["id"]) == []
+        assert _ledger(conn, run["id"]) == []
     assert [e[0] for e in _events(db_url, run["id"])] == ["run.claimed", "step.started"]  # the claim's own
 
 
@@ -119,5 +126,5 @@ def test_no_effect_is_reserved_once_a_cancel_was_requested(db: Database, db_url:
         conn.execute("UPDATE runs SET cancel_requested_at = now() WHERE id = %s", (run["id"],))
     with db.transaction() as conn:
         assert effects.reserve(conn, run["id"], 1, 1, "model", "model_call", False, "t", "d") is None
-        assert effects.for_run(conn, run["id"]) == []
+        assert _ledger(conn, run["id"]) == []
     assert [e[0] for e in _events(db_url, run["id"])] == ["run.claimed", "step.started"]

@@ -1,6 +1,6 @@
 """Every named query is used, every use names a query, and every query compiles against the schema.
 
-Works for any ``sql/*.sql`` file and any module: engineers add queries concurrently, so nothing here
+Works for any ``sql/<table>.sql`` file and any module: engineers add queries concurrently, so nothing here
 lists names by hand. References are found with ``ast`` (string constants compared exactly), not by
 searching text, so a name in a comment does not count as a use.
 
@@ -113,6 +113,25 @@ def test_query_names_start_with_a_table(db_url: str) -> None:
             "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
     wrong = sorted(n for n in db.QUERIES if not any(n.startswith(t + "_") for t in tables))
     assert wrong == [], f"query names must start with the main table they touch: {wrong}"
+
+
+def test_each_query_lives_in_the_file_of_its_table(db_url: str) -> None:
+    """One file per table (River): ``sql/<table>.sql`` holds exactly the queries named ``<table>_…``,
+    so a table's statements are read in one place and a new query has one obvious home."""
+    with psycopg.connect(db_url) as conn:
+        tables = {r[0] for r in conn.execute(
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
+    files = sorted((PACKAGE / "sql").glob("*.sql"))
+    assert files, "no sql/*.sql file found"
+    misplaced: list[str] = []
+    for path in files:
+        table = path.stem
+        if table not in tables:
+            misplaced.append(f"{path.name}: not named after a table")
+        for name in db._HEADER.findall(path.read_text(encoding="utf-8")):
+            if not name[0].startswith(table + "_"):
+                misplaced.append(f"{name[0]} in {path.name}")
+    assert misplaced == [], f"queries outside the file of their table: {misplaced}"
 
 
 def _statements() -> dict[str, str]:

@@ -9,7 +9,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import effects, runs
+from kairos import runs
 from kairos.db import Database
 from kairos.diagnosis import REASON_CODES, RECOVERY_ACTIONS, RUN_REASON_CODES, diagnose
 from kairos.errors import NotFound
@@ -606,5 +606,6 @@ def test_effects_of_a_run_are_listed_oldest_first(db: Database, db_url: str) -> 
                                                                                 retry_safe=True))).factory)
     process(db, run["id"], settings=SETTINGS, executor_factory=ScriptedExecutor().factory)
     with db.transaction() as conn:
-        listed = effects.for_run(conn, run["id"])
-    assert [(e.fence, e.state) for e in listed] == [(1, "failed"), (2, "settled")]
+        listed = conn.execute("SELECT fence, state FROM effects WHERE run_id = %(id)s ORDER BY created_at, fence, step",
+                              {"id": run["id"]}).fetchall()
+    assert [(e["fence"], e["state"]) for e in listed] == [(1, "failed"), (2, "settled")]

@@ -54,12 +54,6 @@ def test_check_constraints_match_the_enums(db_url: str, table: str, column: str,
     assert _check_values(db_url, table, column) == {e.value for e in enum}
 
 
-def test_every_state_has_a_row_in_the_move_table() -> None:
-    assert set(states.RUN_MOVES) == set(states.RunState)
-    for state in states.TERMINAL_RUN_STATES:
-        assert states.RUN_MOVES[state] == frozenset()
-
-
 def test_running_requires_lease_and_only_running_has_one(db_url: str) -> None:
     run = factories.run(db_url, state="queued")
     with psycopg.connect(db_url, autocommit=True) as conn:

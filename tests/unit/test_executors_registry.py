@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import typing
 
 import pytest
 from kairos import executors
@@ -21,6 +22,15 @@ from kairos.settings import Settings
 def test_every_registered_name_builds_an_executor_of_that_name() -> None:
     for name in executors.NAMES:
         assert executors.get(name, settings=Settings()).name == name
+
+
+def test_the_agent_model_and_its_validation_know_exactly_the_registered_executors() -> None:
+    """``executors.NAMES`` is the one list; the agent model's type and the per-executor needs follow it."""
+    from kairos import conversations
+    from kairos.agent_config import AgentConfig
+
+    assert set(typing.get_args(AgentConfig.model_fields["executor"].annotation)) == set(executors.NAMES)
+    assert set(conversations._EXECUTOR_NEEDS) == set(executors.NAMES)
 
 
 def test_an_unknown_executor_is_agent_invalid() -> None:

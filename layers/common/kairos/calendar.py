@@ -84,7 +84,6 @@ __all__ = [
 TZDATA_VERSION: str = tzdata.IANA_VERSION
 
 _ZERO = timedelta(0)
-_SECOND = timedelta(seconds=1)
 _MICRO = timedelta(microseconds=1)
 _DAY = timedelta(days=1)
 _MINUTE = timedelta(minutes=1)

@@ -25,8 +25,7 @@ Must not: log or return secrets; log prompts or entry contents; rewrite or delet
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import TYPE_CHECKING, Any
@@ -54,7 +53,6 @@ if TYPE_CHECKING:
 NOTES_KEPT = 50
 TITLE_MAX = 200
 ROLES = ("system", "user", "assistant", "tool")
-EXECUTORS = ("openai", "bedrock", "http", "echo")
 
 # --- Pydantic errors in the house shape -------------------------------------------------------
 
@@ -71,7 +69,7 @@ def field_errors(error: ValidationError, *, prefix: str = "") -> list[FieldError
 # --- Agent config ------------------------------------------------------------------------------
 
 # What each executor cannot work without (checked after the shape, so a model learns it at once
-# instead of at the first fire).
+# instead of at the first fire). Its keys are kairos.executors.NAMES; a test holds them equal.
 _EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
     "openai": ("model", "base_url"),
     "bedrock": ("model",),
@@ -208,16 +206,6 @@ class Note:
 
 # --- Operations --------------------------------------------------------------------------------
 
-
-@contextmanager
-def _atomic(conn: psycopg.Connection[db.Row]) -> Iterator[None]:
-    """The caller's transaction when there is one; a transaction of our own on autocommit.
-
-    A row lock only serializes writers while its transaction lasts: on an autocommit connection
-    each statement would commit (and unlock) on its own, so we open a transaction for the block.
-    """
-    with conn.transaction() if conn.autocommit else nullcontext():
-        yield
 
 
 def create(
@@ -360,7 +348,7 @@ def append(
     """
     if role not in ROLES:
         raise ValidationFailed([FieldError("role", "enum", f"role must be one of {', '.join(ROLES)}")])
-    with _atomic(conn):
+    with db.atomic(conn):
         lock(conn, conversation_id)
         row = db.fetch_one(
             conn,

@@ -2,7 +2,12 @@
 
 Runtime SQL lives in ``kairos/sql/<table>.sql`` as named queries (Procrastinate-style): each block
 starts with ``-- name: <table>_<verb>`` and a one-line purpose, and is loaded once into ``QUERIES``.
-Only code that talks to the database reads them; nothing builds SQL from strings.
+One file per table: ``runs.sql`` holds every ``runs_…`` statement, whichever component runs it
+(tests/db/test_queries.py holds each query to the file of its table). Only code that talks to the
+database reads them. No SQL is built from input; the one statement assembled at run time is
+``trace.change``'s, by design: it splices a shipped guarded ``UPDATE runs`` (a named query) into the
+shipped ``run_events_with_change`` template so a state change and its trace events are one statement.
+Tests prepare every such combination against the schema.
 
 Prepared statements: a query headed ``-- name: <name> (prepared)`` is run as a server-side prepared
 statement (no parse and plan per execution: the run worker's claim, heartbeat, trace appends and
@@ -25,8 +30,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager
-from datetime import datetime
+from contextlib import contextmanager, nullcontext
 from importlib import resources
 from typing import Any, LiteralString, cast
 
@@ -74,10 +78,16 @@ def q(name: str) -> LiteralString:
     return QUERIES[name]
 
 
-def with_now(params: Params | None, now: datetime | None) -> dict[str, Any]:
-    out = dict(params or {})
-    out.setdefault("now", now)
-    return out
+@contextmanager
+def atomic(conn: psycopg.Connection[Row]) -> Iterator[None]:
+    """The caller's transaction when there is one; a transaction of our own on autocommit.
+
+    A row lock only serializes writers while its transaction lasts: on an autocommit connection
+    each statement would commit (and unlock) on its own, so the block gets a transaction. Inside a
+    caller's transaction the block simply joins it (no savepoint: an error aborts the whole).
+    """
+    with conn.transaction() if conn.autocommit else nullcontext():
+        yield
 
 
 # A connection returned to the pool less than this long ago is handed out without a check: it was

@@ -216,8 +216,3 @@ def close_stale(
 def replay_blockers(conn: psycopg.Connection[db.Row], run_id: UUID) -> list[Effect]:
     """Mutations of this run that may have reached the outside (reserved, settled or ambiguous)."""
     return [Effect.from_row(r) for r in db.fetch_all(conn, "effects_replay_blockers", {"run_id": run_id})]
-
-
-def for_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> list[Effect]:
-    """Every effect of one run, oldest first."""
-    return [Effect.from_row(r) for r in db.fetch_all(conn, "effects_list_for_run", {"run_id": run_id})]

@@ -10,7 +10,7 @@ hashes or tokens. Nothing matches on message text. Field errors name their rule 
 from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from typing import Any
 
 # ---- the rule vocabulary ------------------------------------------------------------------------
@@ -212,12 +212,6 @@ class ServiceUnavailable(KairosError):
     """A service Kairos depends on (Secrets Manager) failed; nothing was changed, the caller may retry."""
 
     code = "service_unavailable"
-
-
-@dataclass(frozen=True)
-class HttpError:
-    status: int
-    headers: dict[str, str] = field(default_factory=dict)
 
 
 # The one mapping from domain errors to HTTP. Order matters only for subclasses (none overlap).

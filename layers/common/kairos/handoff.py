@@ -25,7 +25,7 @@ import json
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -44,9 +44,7 @@ MAX_PARALLEL_CALLS = 4  # a large fire batch (hundreds of runs) is sent over a f
 class HandoffResult:
     sent: tuple[UUID, ...] = ()
     failed: tuple[UUID, ...] = ()
-    calls: int = 0
     seconds: float = 0.0  # wall time spent in SQS calls (benchmarks split DB and SQS time)
-    errors: tuple[str, ...] = field(default=(), repr=False)  # error codes only, for logs
 
 
 def body(run_id: UUID) -> str:
@@ -105,7 +103,7 @@ def send_batch(sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
                    "run_ids": [str(r) for r in failed[:20]]},
         )
         metrics.add_metric(name="HandoffFailures", unit=MetricUnit.Count, value=len(failed))
-    return HandoffResult(sent=tuple(sent), failed=tuple(failed), calls=len(chunks), seconds=elapsed, errors=errors)
+    return HandoffResult(sent=tuple(sent), failed=tuple(failed), seconds=elapsed)
 
 
 def stamp(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID], *, now: datetime | None = None) -> int:

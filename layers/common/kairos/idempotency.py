@@ -54,7 +54,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 
 from kairos import db
-from kairos.errors import FieldError, IdempotencyMismatch, ValidationFailed
+from kairos.errors import INVALID_CHARACTER, FieldError, IdempotencyMismatch, ValidationFailed
 from kairos.observability import logger
 
 if TYPE_CHECKING:
@@ -77,7 +77,7 @@ def check_key(header: str, value: str | None) -> str | None:
     if len(value) > MAX_KEY_LENGTH:
         raise ValidationFailed([FieldError(header, "max_length", f"at most {MAX_KEY_LENGTH} characters")])
     if not _KEY_TEXT.fullmatch(value):
-        raise ValidationFailed([FieldError(header, "invalid_character",
+        raise ValidationFailed([FieldError(header, INVALID_CHARACTER,
                                            "use printable ASCII only (a UUID is a good key)")])
     return value
 

@@ -3,7 +3,15 @@
 Each state set is a StrEnum whose values are exactly those of the schema's check constraints (a
 test reads them back from PostgreSQL). Each state's comment says which component moves a row out of
 it. Moves are applied by single guarded ``UPDATE … WHERE state = …`` statements in the SQL files;
-``RUN_MOVES`` is the table those statements follow, and tests hold every statement to it.
+``RUN_MOVES`` and ``SCHEDULE_MOVES`` are the tables those statements follow.
+
+tests/unit/test_state_moves.py scans every named query and every Python string of the package that
+updates ``runs`` or ``schedules``; for each one assigning ``runs.state`` / ``schedules.status`` it
+reads the states written (a literal, each branch of a ``CASE``, or for a parameter the states its
+callers pass, declared in that test) and the states moved from (the top-level ``WHERE`` guard, which
+must exist), and fails on any pair these tables do not declare. It checks what statements may write,
+not that every declared move has a statement: ``awaiting_approval`` is reserved, and no statement
+moves a run into it yet (only the cancel already moves one out of it).
 """
 
 from __future__ import annotations
@@ -12,7 +20,7 @@ from enum import StrEnum
 
 
 class ScheduleStatus(StrEnum):
-    ACTIVE = "active"  # out by: tick (completed), settle (paused), API (paused, cancelled)
+    ACTIVE = "active"  # out by: tick fire (completed; paused when its rule no longer evaluates), settle (paused), API
     PAUSED = "paused"  # out by: API resume (active) or cancel
     CANCELLED = "cancelled"  # final
     COMPLETED = "completed"  # final: a once-schedule fired, or ends_at / max_occurrences reached
@@ -66,7 +74,9 @@ class DstFold(StrEnum):
 
 
 class RunState(StrEnum):
-    QUEUED = "queued"  # out by: run claim (running), cancel (cancelled), rescue/expiry (abandoned)
+    # out by: run claim (running; or abandoned, expired, cancelled when it refuses), cancel (cancelled),
+    # repair (failed: SQS accepted it too often with no worker claiming it)
+    QUEUED = "queued"
     RUNNING = "running"  # out by: its fenced worker (terminal, queued for a retry), tick rescue
     AWAITING_APPROVAL = "awaiting_approval"  # reserved for approval waits (not built yet)
     SUCCEEDED = "succeeded"
@@ -91,13 +101,16 @@ TERMINAL_RUN_STATES: frozenset[RunState] = frozenset(
         RunState.POLICY_BLOCKED,
     }
 )
-ACTIVE_RUN_STATES: frozenset[RunState] = frozenset(
-    {RunState.QUEUED, RunState.RUNNING, RunState.AWAITING_APPROVAL}
-)
 
 RUN_MOVES: dict[RunState, frozenset[RunState]] = {
     RunState.QUEUED: frozenset(
-        {RunState.RUNNING, RunState.CANCELLED, RunState.ABANDONED, RunState.EXPIRED}
+        {
+            RunState.RUNNING,
+            RunState.CANCELLED,
+            RunState.ABANDONED,
+            RunState.EXPIRED,
+            RunState.FAILED,  # repair: undeliverable (runs_fail_undeliverable)
+        }
     ),
     RunState.RUNNING: frozenset(
         {

@@ -20,7 +20,14 @@ from collections.abc import Mapping
 from typing import Any
 
 from kairos.api.resolver import JSON
-from kairos.errors import MAX_DEPTH, FieldError, MalformedJson, UnsupportedMediaType, ValidationFailed
+from kairos.errors import (
+    INVALID_CHARACTER,
+    MAX_DEPTH,
+    FieldError,
+    MalformedJson,
+    UnsupportedMediaType,
+    ValidationFailed,
+)
 
 # Deeper JSON is refused before it is parsed: every reader after the parser (this screen, pydantic,
 # psycopg's JSON dump) recurses, and ~1,000 levels exhaust Python's stack (a RecursionError was a 500).
@@ -48,7 +55,7 @@ def screen(event: Mapping[str, Any]) -> None:
         raise MalformedJson("the body is not valid JSON") from None
     bad = _unstorable(value, "")
     if bad is not None:
-        raise ValidationFailed([FieldError(bad or "body", "invalid_character",
+        raise ValidationFailed([FieldError(bad or "body", INVALID_CHARACTER,
                                            "text must not contain NUL characters or unpaired surrogates")])
 
 

@@ -27,8 +27,7 @@ functions that evaluate rules, not at import: reading and listing schedules neve
 from __future__ import annotations
 
 import uuid
-from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from collections.abc import Mapping
 from dataclasses import dataclass, field, fields
 from datetime import UTC, datetime
 from enum import Enum
@@ -227,13 +226,6 @@ def _fires(schedule: Schedule, after: datetime, count: int) -> list[calendar.Fir
     return calendar.fires(rule_of(schedule), after, count)
 
 
-@contextmanager
-def _atomic(conn: psycopg.Connection[db.Row]) -> Iterator[None]:
-    """The caller's transaction, or one of our own on an autocommit connection (locks must last)."""
-    with conn.transaction() if conn.autocommit else nullcontext():
-        yield
-
-
 def _clock(conn: psycopg.Connection[db.Row], now: datetime | None) -> datetime:
     row = db.fetch_one(conn, "schedules_clock", {"now": now})
     assert row is not None
@@ -259,7 +251,7 @@ def create(
     the previous lock holder committed.
     """
     try:
-        with _atomic(conn):
+        with db.atomic(conn):
             created = _create(conn, owner=owner, raw=raw, now=now, context_run_id=context_run_id)
     except KairosError as error:
         logger.info("schedule refused", extra={"action": "schedule_refused", "code": error.code,
@@ -383,7 +375,7 @@ def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
     revision read, so a concurrent edit makes this call answer ``Conflict`` rather than apply a
     cursor computed from a stale definition.
     """
-    with _atomic(conn):
+    with db.atomic(conn):
         clock = _clock(conn, now)
         current = get(conn, schedule_id, owner=owner)
         if current.status is not ScheduleStatus.PAUSED:

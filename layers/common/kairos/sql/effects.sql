@@ -1,6 +1,22 @@
 -- The effects ledger (kairos.effects): one row per external call, reserved under the run's fence
--- before the call and closed after it. Every statement here checks and locks the run row first
--- (the `authority` CTE), so a worker that lost its lease reserves and settles nothing.
+-- before the call and closed after it. Every statement the worker runs here checks and locks the run
+-- row first (the `authority` CTE), so a worker that lost its lease reserves and settles nothing; the
+-- tick's rescue closes the effects of runs whose lease expired (it holds those runs locked).
+
+-- name: effects_close_vanished
+-- Closes effects a vanished worker left reserved: mutations become ambiguous, others failed.
+UPDATE effects
+   SET state = CASE WHEN mutation THEN 'ambiguous' ELSE 'failed' END,
+       error_code = 'lease_lost',
+       settled_at = coalesce(%(now)s::timestamptz, now())
+ WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'reserved'
+RETURNING run_id, state;
+
+-- name: effects_unreplayable_runs
+-- The runs among these with a mutation that may have reached the outside world (never replayed).
+SELECT DISTINCT run_id
+  FROM effects
+ WHERE run_id = ANY(%(run_ids)s::uuid[]) AND mutation AND state <> 'failed';
 
 -- name: effects_reserve (prepared)
 -- Reserves one external effect for the current fence holder, unless a cancel was requested, and
@@ -63,7 +79,3 @@ RETURNING e.*;
 SELECT * FROM effects
  WHERE run_id = %(run_id)s AND mutation AND state <> 'failed'
  ORDER BY created_at, id;
-
--- name: effects_list_for_run
--- Every effect of one run, oldest first.
-SELECT * FROM effects WHERE run_id = %(run_id)s ORDER BY created_at, fence, step;

@@ -1,3 +1,5 @@
+-- run_events: each run's gap-free trace (seq from runs.last_seq, bumped in the same statement).
+
 -- name: run_events_append (prepared)
 -- Appends one trace event with the next gap-free seq. With a fence, only the current holder of a
 -- running run may write (zero rows otherwise); without one (tick, API), any run may be written.

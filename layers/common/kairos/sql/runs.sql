@@ -1,7 +1,12 @@
--- Run worker and run reads (kairos.runs). Every write of a running run carries its fence: the
--- statement matches zero rows once another claim (or the tick's rescue) has moved the run on, and
--- the caller learns that from the empty result. Fenced statements lock the run row (FOR NO KEY
--- UPDATE, the strength of an ordinary UPDATE), so the fence they checked holds until commit.
+-- runs: one row per execution of a prompt, with its state, fence, lease and handoff columns.
+-- Writers: the tick (fire inserts queued runs through occurrences_insert_scheduled; settle marks ended
+-- runs settled; repair releases blocked runs, fails undeliverable ones and rescues expired leases),
+-- the webhook intake (runs_insert_hook), the handoff stamp, the run worker and the API's cancel.
+-- Every write of a running run carries its fence: the statement matches zero rows once another claim
+-- (or the tick's rescue) has moved the run on, and the caller learns that from the empty result.
+-- Fenced statements lock the run row (FOR NO KEY UPDATE, the strength of an ordinary UPDATE), so the
+-- fence they checked holds until commit. Row locks taken to split work between ticks use SKIP LOCKED.
+-- The runs_ops_* reads serve operators (kairos.operations). State moves: kairos.states.RUN_MOVES.
 
 -- name: runs_claim (prepared)
 -- Moves one queued run to running for exactly one caller: fence + 1, attempt + 1, a fresh lease,
@@ -208,38 +213,149 @@ UPDATE runs
  WHERE id = %(run_id)s AND owner = %(owner)s AND state = 'running' AND cancel_requested_at IS NULL
 RETURNING *;
 
--- name: conversations_lock_fenced (prepared)
--- Locks the run (fence held) and then its target conversation, so the next entry seq is stable.
-SELECT c.id, c.fork_seq
-  FROM runs r
-  JOIN conversations c ON c.id = r.conversation_id
- WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running' AND c.id = %(conversation_id)s
+-- name: runs_stamp_handoff
+-- Records that SQS accepted these run ids (any state: a fast worker may have claimed one already).
+-- unclaimed_handoffs counts the sends since the last claim (the claim resets it); a send a fast
+-- worker claimed before this stamp does not count.
+UPDATE runs
+   SET handoff_at = coalesce(%(now)s::timestamptz, now()),
+       handoff_count = handoff_count + 1,
+       unclaimed_handoffs = unclaimed_handoffs + CASE WHEN state = 'queued' THEN 1 ELSE 0 END
+ WHERE id = ANY(%(ids)s::uuid[]);
+
+-- name: runs_lock_unsettled
+-- The ended, unsettled runs of schedules the caller holds locked, in finished order per schedule.
+SELECT id, schedule_id, state, finished_at
+  FROM runs
+ WHERE schedule_id = ANY(%(schedule_ids)s::uuid[])
+   AND finished_at IS NOT NULL AND settled_at IS NULL
+ ORDER BY schedule_id, finished_at, id
    FOR NO KEY UPDATE;
 
--- name: conversation_entries_append_fenced (prepared)
--- Appends one entry written by a running run, numbered after the (fork-aware) last seq.
-INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
-SELECT c.id,
-       coalesce((SELECT max(e.seq) FROM conversation_entries e WHERE e.conversation_id = c.id), c.fork_seq, 0) + 1,
-       %(role)s, %(content)s, %(run_id)s, coalesce(%(now)s::timestamptz, now())
-  FROM conversations c
- WHERE c.id = %(conversation_id)s
-   AND EXISTS (SELECT 1 FROM runs r
-                WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
-                  AND r.conversation_id = c.id)
-RETURNING conversation_id, seq;
+-- name: runs_mark_settled
+-- Marks ended runs as accounted for; each run is settled once.
+UPDATE runs
+   SET settled_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL AND settled_at IS NULL
+RETURNING id;
 
--- name: conversation_entries_find_for_run
--- The first entry of one role a run wrote into a conversation (the prompt on a later attempt).
-SELECT seq FROM conversation_entries
- WHERE conversation_id = %(conversation_id)s AND run_id = %(run_id)s AND role = %(role)s
- ORDER BY seq
- LIMIT 1;
+-- name: runs_release_blocked
+-- queue_one: unblocks queued runs whose blocker has ended, so they can be handed to SQS. A scheduled
+-- run without catch-up becomes claimable here, so its expiry is set here: fire_at + max_delay_seconds
+-- (a run that waited behind a long blocker is not delivered late either).
+UPDATE runs AS r
+   SET blocked_by_run_id = NULL,
+       expires_at = CASE WHEN r.source = 'scheduled' AND NOT r.catch_up
+                         THEN o.fire_at + make_interval(secs => s.max_delay_seconds) END,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+  FROM occurrences o, schedules s
+ WHERE r.id IN (SELECT w.id
+                  FROM runs w
+                  JOIN runs b ON b.id = w.blocked_by_run_id
+                 WHERE w.state = 'queued' AND w.blocked_by_run_id IS NOT NULL AND b.finished_at IS NOT NULL
+                 LIMIT %(limit)s
+                   FOR NO KEY UPDATE OF w SKIP LOCKED)
+   AND r.state = 'queued'
+   AND o.id = r.occurrence_id
+   AND s.id = r.schedule_id
+RETURNING r.id;
 
--- name: conversation_entries_get_output
--- The answer entry a run's output references, read through the owner's conversation.
-SELECT e.content, e.created_at
-  FROM conversation_entries e
-  JOIN conversations c ON c.id = e.conversation_id
- WHERE e.conversation_id = %(conversation_id)s AND e.seq = %(entry_seq)s AND e.role = 'assistant'
-   AND c.owner = %(owner)s;
+-- name: runs_lock_unsent
+-- Locks queued, unblocked runs whose handoff never happened (and are not fresh) or is stale.
+SELECT id, unclaimed_handoffs
+  FROM runs
+ WHERE state = 'queued'
+   AND blocked_by_run_id IS NULL
+   AND ((handoff_at IS NULL
+         AND created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s))
+        OR handoff_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_seconds)s))
+ ORDER BY handoff_at NULLS FIRST, created_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: runs_fail_undeliverable
+-- queued -> failed (undeliverable): a run the caller holds locked that SQS accepted that many times
+-- since its last claim with no worker claiming it; a failure like any other for the settle step.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'failed',
+       diagnosis = %(diagnosis)s,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(id)s AND state = 'queued' AND unclaimed_handoffs >= %(handoffs)s
+RETURNING id, last_seq, attempt, fence, schedule_id, unclaimed_handoffs;
+
+-- name: runs_lock_expired
+-- Locks running runs whose lease expired (their worker is presumed gone) for the rescue.
+SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_requested_at
+  FROM runs
+ WHERE state = 'running'
+   AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+ ORDER BY lease_expires_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE SKIP LOCKED;
+
+-- name: runs_requeue_rescued
+-- running -> queued after an expired lease: restarts + 1, lease cleared, handoff to be redone.
+UPDATE runs
+   SET state = 'queued',
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       restarts = restarts + 1,
+       handoff_at = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(id)s AND state = 'running' AND fence = %(fence)s
+   AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+RETURNING id, restarts;
+
+-- name: runs_end_rescued
+-- running -> abandoned, failed or cancelled after an expired lease, with its diagnosis.
+UPDATE runs
+   SET state = %(state)s,
+       diagnosis = %(diagnosis)s,
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(id)s AND state = 'running' AND fence = %(fence)s
+   AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
+RETURNING id;
+
+-- name: runs_insert_hook
+-- The queued run of a webhook occurrence, carrying the delivery's payload and the schedule's agent snapshot.
+INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt, payload,
+                  agent, catch_up, created_at, updated_at)
+VALUES (%(id)s, %(occurrence_id)s, %(schedule_id)s, %(owner)s, 'webhook', %(conversation_id)s, %(mode)s,
+        %(prompt)s, %(payload)s, %(agent)s, %(catch_up)s,
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT DO NOTHING
+RETURNING id;
+
+-- name: runs_ops_list
+-- Operators: the newest runs, optionally of one schedule or in one state.
+SELECT * FROM runs
+ WHERE (%(schedule_id)s::uuid IS NULL OR schedule_id = %(schedule_id)s)
+   AND (%(state)s::text IS NULL OR state = %(state)s)
+ ORDER BY created_at DESC, id
+ LIMIT %(limit)s;
+
+-- name: runs_ops_get
+-- Operators: one run whoever owns it.
+SELECT * FROM runs WHERE id = %(id)s;
+
+-- name: runs_ops_events
+-- Operators: a run's whole trace in order (progress included).
+SELECT seq, type, at, attempt, fence, step, data FROM run_events WHERE run_id = %(id)s ORDER BY seq;
+
+-- name: runs_ops_status
+-- Operators: queued and running counts, the oldest queued run, runs whose lease expired, and queued
+-- runs whose handoff never happened or is stale (the tick's repair picks both up).
+SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       min(created_at) FILTER (WHERE state = 'queued') AS oldest_queued_at,
+       count(*) FILTER (WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now()))
+           AS lease_expired,
+       count(*) FILTER (WHERE state = 'queued' AND blocked_by_run_id IS NULL AND (handoff_at IS NULL
+           OR handoff_at < coalesce(%(now)s::timestamptz, now()) - interval '15 minutes')) AS handoff_pending
+  FROM runs
+ WHERE state IN ('queued', 'running');

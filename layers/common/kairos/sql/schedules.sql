@@ -1,6 +1,136 @@
--- Schedule definitions (kairos.schedules): create, read, and the API's state moves. Every edit is
--- one guarded UPDATE that bumps revision and updated_at; zero rows tells the caller the schedule is
--- missing, foreign, or in a state that does not allow the move.
+-- schedules: definitions and their guarded state moves (API, tick, webhook token rotation). Every
+-- edit by the API is one guarded UPDATE that bumps revision and updated_at; zero rows tells the
+-- caller the schedule is missing, foreign, or in a state that does not allow the move. The tick's
+-- and the webhook intake's locks are FOR NO KEY UPDATE (what an UPDATE of non-key columns takes), so
+-- foreign-key checks of concurrent inserts (FOR KEY SHARE) never wait on them; every webhook of one
+-- schedule takes the schedule row lock first, so the rate window and the receipt check see every
+-- earlier delivery. "Now" is always coalesce(%(now)s, now()): the database clock decides, tests
+-- inject it. The schedules_ops_* reads serve operators. State moves: kairos.states.SCHEDULE_MOVES.
+
+-- name: schedules_due_backlog
+-- The database clock and the number of active schedules due, for the tick's opening log line.
+SELECT coalesce(%(now)s::timestamptz, now()) AS now,
+       count(*) AS due
+  FROM schedules
+ WHERE status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());
+
+-- name: schedules_lock_due
+-- Locks a batch of due schedules (oldest cursor first, skipping held ones) with their newest active run.
+SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timezone, s.dst_gap, s.dst_fold,
+       s.catch_up, s.overlap, s.revision, s.next_fire_at, s.fire_count, s.max_occurrences, s.conversation_id,
+       coalesce(%(now)s::timestamptz, now()) AS db_now,
+       CASE WHEN s.overlap <> 'allow' THEN (
+           SELECT r.id FROM runs r
+            WHERE r.schedule_id = s.id AND r.state IN ('queued', 'running', 'awaiting_approval')
+            ORDER BY r.created_at DESC, r.id DESC
+            LIMIT 1) END AS active_run_id,
+       CASE WHEN s.overlap = 'queue_one' THEN (
+           SELECT r.id FROM runs r
+            WHERE r.schedule_id = s.id AND r.state = 'queued' AND r.blocked_by_run_id IS NOT NULL
+            LIMIT 1) END AS waiting_run_id
+  FROM schedules s
+ WHERE s.status = 'active'
+   AND s.next_fire_at <= coalesce(%(now)s::timestamptz, now())
+ ORDER BY s.next_fire_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE OF s SKIP LOCKED;
+
+-- name: schedules_advance_cursor
+-- Moves each cursor past now, guarded by the value read; completes schedules with no next fire.
+UPDATE schedules AS s
+   SET next_fire_at = u.next_fire_at,
+       last_fire_at = coalesce(u.last_fire_at, s.last_fire_at),
+       fire_count = s.fire_count + u.runs_created,
+       status = CASE WHEN u.completed THEN 'completed' ELSE s.status END,
+       revision = s.revision + CASE WHEN u.completed THEN 1 ELSE 0 END,
+       updated_at = CASE WHEN u.completed THEN coalesce(%(now)s::timestamptz, now()) ELSE s.updated_at END
+  FROM jsonb_to_recordset(%(moves)s::jsonb)
+       AS u(id uuid, read_next_fire_at timestamptz, next_fire_at timestamptz, last_fire_at timestamptz,
+            runs_created integer, completed boolean)
+ WHERE s.id = u.id
+   AND s.status = 'active'
+   AND s.next_fire_at = u.read_next_fire_at
+RETURNING s.id;
+
+-- name: schedules_pause_by_tick
+-- active -> paused for schedules the tick stops (3 failures in a row, a rule that no longer evaluates).
+UPDATE schedules
+   SET status = 'paused',
+       revision = revision + 1,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = ANY(%(ids)s::uuid[]) AND status = 'active'
+RETURNING id, conversation_id, consecutive_failures;
+
+-- name: schedules_lock_unsettled
+-- Locks (skipping held ones) the schedules that have ended runs not yet accounted for.
+SELECT s.id, s.status, s.consecutive_failures, s.conversation_id
+  FROM schedules s
+ WHERE s.id IN (SELECT r.schedule_id
+                  FROM runs r
+                 WHERE r.finished_at IS NOT NULL AND r.settled_at IS NULL
+                 ORDER BY r.finished_at
+                 LIMIT %(limit)s)
+ ORDER BY s.id
+   FOR NO KEY UPDATE OF s SKIP LOCKED;
+
+-- name: schedules_set_failures
+-- Writes the consecutive failure counts computed by the settle step for schedules it holds locked.
+UPDATE schedules AS s
+   SET consecutive_failures = u.failures
+  FROM unnest(%(ids)s::uuid[], %(failures)s::integer[]) AS u(id, failures)
+ WHERE s.id = u.id AND s.consecutive_failures IS DISTINCT FROM u.failures;
+
+-- name: schedules_find_hook
+-- The active webhook schedule presenting this token hash (current, or previous before it expires), locked, with the database time.
+SELECT s.id, s.owner, s.conversation_id, s.prompt, s.mode, s.catch_up, s.timezone, s.revision, s.signing,
+       s.rate_limit_per_minute, s.token_hash, s.previous_token_hash,
+       coalesce(s.agent, c.agent) AS agent,
+       coalesce(%(now)s::timestamptz, now()) AS now
+  FROM schedules s
+  JOIN conversations c ON c.id = s.conversation_id
+ WHERE s.kind = 'webhook'
+   AND s.status = 'active'
+   AND (s.token_hash = %(token_hash)s
+        OR (s.previous_token_hash = %(token_hash)s
+            AND s.previous_token_expires_at > coalesce(%(now)s::timestamptz, now())))
+   FOR NO KEY UPDATE OF s;
+
+-- name: schedules_rotate_token
+-- Replaces a webhook schedule's token hash; the old hash stays valid for the overlap (none when 0 s).
+UPDATE schedules
+   SET previous_token_hash = CASE WHEN %(overlap_seconds)s::integer > 0 THEN token_hash END,
+       previous_token_expires_at = CASE WHEN %(overlap_seconds)s::integer > 0
+                                        THEN coalesce(%(now)s::timestamptz, now())
+                                             + make_interval(secs => %(overlap_seconds)s::integer)
+                                   END,
+       token_hash = %(token_hash)s,
+       revision = revision + 1,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(id)s
+   AND owner = %(owner)s
+   AND kind = 'webhook'
+   AND status IN ('active', 'paused')
+RETURNING id, revision, previous_token_expires_at;
+
+-- name: schedules_ops_list
+-- Operators: schedules of every owner (or one), not cancelled unless asked, oldest first.
+SELECT * FROM schedules
+ WHERE (%(owner)s::text IS NULL OR owner = %(owner)s)
+   AND (%(all)s OR status <> 'cancelled')
+ ORDER BY created_at, id
+ LIMIT %(limit)s;
+
+-- name: schedules_ops_get
+-- Operators: one schedule whoever owns it.
+SELECT * FROM schedules WHERE id = %(id)s;
+
+-- name: schedules_ops_status
+-- Operators: the due backlog (active timed schedules whose next fire has passed) and its oldest fire.
+SELECT count(*) AS due,
+       min(next_fire_at) AS oldest_due_at,
+       coalesce(%(now)s::timestamptz, now()) AS now
+  FROM schedules
+ WHERE status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());
 
 -- name: schedules_clock
 -- The instant schedule decisions use: the injected now, else the database clock.

@@ -121,7 +121,6 @@ class Plan:
     last_fire_at: datetime | None
     runs_created: int
     completed: bool
-    due_count: int  # instants due (capped at COUNT_CAP)
 
 
 @dataclass(frozen=True, slots=True)
@@ -249,5 +248,4 @@ def decide(due: Due, now: datetime, *, grace: timedelta = GRACE) -> Plan:
         last_fire_at=window.latest.fire_at if window is not None else None,
         runs_created=runs_created,
         completed=completed,
-        due_count=0 if window is None else window.count,
     )

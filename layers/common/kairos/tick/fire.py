@@ -69,7 +69,6 @@ class FireReport:
     lags: tuple[float, ...] = field(default=(), repr=False)  # now - fire_at of dispatched fires, seconds
     db_seconds: float = 0.0
     sqs_seconds: float = 0.0
-    now: datetime | None = None
 
 
 class Fire:
@@ -226,7 +225,6 @@ class Fire:
             lags=tuple(lags),
             db_seconds=db_seconds,
             sqs_seconds=result.seconds,
-            now=db_now,
         )
         logger.info(
             "fire batch committed",

@@ -1,0 +1,98 @@
+-- conversation_entries: a conversation's own entries; a fork's transcript merges its ancestors' up
+-- to each fork point (no entry is copied).
+
+-- name: conversation_entries_append_fenced (prepared)
+-- Appends one entry written by a running run, numbered after the (fork-aware) last seq.
+INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
+SELECT c.id,
+       coalesce((SELECT max(e.seq) FROM conversation_entries e WHERE e.conversation_id = c.id), c.fork_seq, 0) + 1,
+       %(role)s, %(content)s, %(run_id)s, coalesce(%(now)s::timestamptz, now())
+  FROM conversations c
+ WHERE c.id = %(conversation_id)s
+   AND EXISTS (SELECT 1 FROM runs r
+                WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
+                  AND r.conversation_id = c.id)
+RETURNING conversation_id, seq;
+
+-- name: conversation_entries_find_for_run
+-- The first entry of one role a run wrote into a conversation (the prompt on a later attempt).
+SELECT seq FROM conversation_entries
+ WHERE conversation_id = %(conversation_id)s AND run_id = %(run_id)s AND role = %(role)s
+ ORDER BY seq
+ LIMIT 1;
+
+-- name: conversation_entries_get_output
+-- The answer entry a run's output references, read through the owner's conversation.
+SELECT e.content, e.created_at
+  FROM conversation_entries e
+  JOIN conversations c ON c.id = e.conversation_id
+ WHERE e.conversation_id = %(conversation_id)s AND e.seq = %(entry_seq)s AND e.role = 'assistant'
+   AND c.owner = %(owner)s;
+
+-- name: conversation_entries_list
+-- The merged transcript: each ancestor's entries up to the fork point below it, then its own.
+-- upto is the smallest fork point met on the way up; least() ignores the NULL of the starting row.
+WITH RECURSIVE lineage (id, parent_id, fork_seq, upto, depth) AS (
+    SELECT id, parent_id, fork_seq, NULL::integer, 0 FROM conversations WHERE id = %(conversation_id)s
+    UNION ALL
+    SELECT p.id, p.parent_id, p.fork_seq, least(l.upto, l.fork_seq), l.depth + 1
+      FROM lineage l
+      JOIN conversations p ON p.id = l.parent_id
+     WHERE l.depth < 10000
+)
+SELECT e.seq, e.role, e.content, e.run_id, e.created_at
+  FROM lineage l
+  JOIN conversation_entries e ON e.conversation_id = l.id
+ WHERE l.upto IS NULL OR e.seq <= l.upto
+ ORDER BY e.seq, l.depth;
+
+-- name: conversation_entries_window
+-- The newest entries of the merged transcript that fit a budget of characters, oldest first, without
+-- the given run's own entries (bounded model input, DESIGN.md "The run"). An entry costs its length
+-- plus a fixed overhead (its framing), so at most budget / overhead + 1 of the newest entries are
+-- measured, and only the ones that fit are returned: the transcript is never read whole. The kept
+-- entries are a contiguous newest run (the running sum only grows), never a gap-filled selection.
+-- Every row carries the number of entries left out; when none fits, one row with a NULL seq.
+WITH RECURSIVE lineage (id, parent_id, fork_seq, upto, depth) AS (
+    SELECT id, parent_id, fork_seq, NULL::integer, 0 FROM conversations WHERE id = %(conversation_id)s
+    UNION ALL
+    SELECT p.id, p.parent_id, p.fork_seq, least(l.upto, l.fork_seq), l.depth + 1
+      FROM lineage l
+      JOIN conversations p ON p.id = l.parent_id
+     WHERE l.depth < 10000
+), newest AS (
+    SELECT n.seq, n.role, n.content, n.run_id, n.created_at,
+           sum(length(n.content) + %(overhead)s::integer) OVER (ORDER BY n.seq DESC) AS used
+      FROM (SELECT e.seq, e.role, e.content, e.run_id, e.created_at
+              FROM lineage l
+              JOIN conversation_entries e ON e.conversation_id = l.id
+             WHERE (l.upto IS NULL OR e.seq <= l.upto)
+               AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid)
+             ORDER BY e.seq DESC
+             LIMIT greatest(%(budget)s::integer, 0) / %(overhead)s::integer + 1) n
+), kept AS (
+    SELECT seq, role, content, run_id, created_at FROM newest WHERE used <= %(budget)s::integer
+), total AS (
+    SELECT count(*) AS entries
+      FROM lineage l
+      JOIN conversation_entries e ON e.conversation_id = l.id
+     WHERE (l.upto IS NULL OR e.seq <= l.upto)
+       AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid)
+)
+SELECT t.entries - (SELECT count(*) FROM kept) AS elided, k.seq, k.role, k.content, k.run_id, k.created_at
+  FROM total t
+  LEFT JOIN kept k ON true
+ ORDER BY k.seq;
+
+-- name: conversation_entries_append
+-- Appends one entry at the next seq of the merged transcript; the caller holds conversations_lock.
+INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
+SELECT c.id,
+       coalesce((SELECT max(e.seq) FROM conversation_entries e WHERE e.conversation_id = c.id), c.fork_seq, 0) + 1,
+       %(role)s,
+       %(content)s,
+       %(run_id)s::uuid,
+       coalesce(%(now)s::timestamptz, now())
+  FROM conversations c
+ WHERE c.id = %(conversation_id)s
+RETURNING seq, role, content, run_id, created_at;

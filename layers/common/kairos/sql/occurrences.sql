@@ -1,0 +1,79 @@
+-- occurrences: the immutable record of each fire (scheduled by the tick, or one accepted webhook
+-- delivery), inserted idempotently with the queued run it produced.
+
+-- name: occurrences_insert_scheduled
+-- Records scheduled occurrences, their queued runs and each run's run.queued event (seq 1), idempotently.
+-- A run claimable at once without catch-up expires at fire_at + the schedule's max_delay_seconds; a
+-- queued-behind run gets its expiry when it is released (runs_release_blocked).
+WITH planned AS (
+    SELECT *
+      FROM jsonb_to_recordset(%(occurrences)s::jsonb)
+           AS p(occurrence_id uuid, schedule_id uuid, fire_at timestamptz, local_time timestamp,
+                utc_offset_seconds integer, fold smallint, timezone text, tzdata_version text, revision integer,
+                decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
+                run_id uuid, blocked_by uuid)
+), occ AS (
+    INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
+                             tzdata_version, schedule_revision, decision, covers_from, covers_until,
+                             covers_count, created_at)
+    SELECT occurrence_id, schedule_id, 'scheduled', fire_at, local_time, make_interval(secs => utc_offset_seconds),
+           fold, timezone,
+           tzdata_version, revision, decision, covers_from, covers_until, covers_count,
+           coalesce(%(now)s::timestamptz, now())
+      FROM planned
+        ON CONFLICT DO NOTHING
+    RETURNING id, schedule_id, decision
+), new_runs AS (
+    INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
+                      agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at, updated_at)
+    SELECT p.run_id, occ.id, s.id, s.owner, 'scheduled', s.conversation_id, s.mode, s.prompt,
+           coalesce(s.agent, c.agent), s.catch_up, 'queued', p.blocked_by,
+           CASE WHEN NOT s.catch_up AND p.blocked_by IS NULL
+                THEN p.fire_at + make_interval(secs => s.max_delay_seconds) END,
+           1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+      FROM occ
+      JOIN planned p ON p.occurrence_id = occ.id
+      JOIN schedules s ON s.id = occ.schedule_id
+      JOIN conversations c ON c.id = s.conversation_id
+     WHERE p.run_id IS NOT NULL
+        ON CONFLICT DO NOTHING
+    RETURNING id, occurrence_id, blocked_by_run_id, attempt, fence
+), queued_events AS (
+    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, data)
+    SELECT id, 1, 'run.queued', coalesce(%(now)s::timestamptz, now()), attempt, fence,
+           jsonb_strip_nulls(jsonb_build_object('source', 'scheduled', 'occurrence_id', occurrence_id,
+                                                'blocked_by_run_id', blocked_by_run_id))
+      FROM new_runs
+)
+SELECT occ.id AS occurrence_id, occ.schedule_id, occ.decision, r.id AS run_id, r.blocked_by_run_id
+  FROM occ
+  LEFT JOIN new_runs r ON r.occurrence_id = occ.id;
+
+-- name: occurrences_hook_window
+-- The fire time of the n-th newest webhook occurrence of a schedule in the last 60 s (no row: under the limit).
+SELECT fire_at
+  FROM occurrences
+ WHERE schedule_id = %(schedule_id)s
+   AND source = 'webhook'
+   AND fire_at > coalesce(%(now)s::timestamptz, now()) - interval '60 seconds'
+ ORDER BY fire_at DESC
+OFFSET %(offset)s
+ LIMIT 1;
+
+-- name: occurrences_hook_key_generation
+-- The generation the next use of a webhook key makes: one past the newest occurrence it made, else 0.
+SELECT coalesce(max(key_generation) + 1, 0) AS generation
+  FROM occurrences
+ WHERE schedule_id = %(schedule_id)s
+   AND source = 'webhook'
+   AND idempotency_key = %(idempotency_key)s;
+
+-- name: occurrences_insert_hook
+-- The immutable occurrence of one accepted webhook delivery (zero rows: its key was seen before).
+INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
+                         tzdata_version, schedule_revision, decision, idempotency_key, key_generation, created_at)
+VALUES (%(id)s, %(schedule_id)s, 'webhook', %(fire_at)s, %(local_time)s, %(utc_offset)s, %(fold)s, %(timezone)s,
+        %(tzdata_version)s, %(schedule_revision)s, 'dispatched', %(idempotency_key)s, %(key_generation)s,
+        coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT DO NOTHING
+RETURNING id;
