@@ -39,11 +39,12 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import conversations, db, handoff
+from kairos import db, handoff
 from kairos.errors import KairosError
 from kairos.observability import logger
 from kairos.states import Decision
 from kairos.tick.decision import GRACE, Due, Plan, decide
+from kairos.tick.pause import pause_with_note
 
 Fault = Callable[[str], None]
 DEFAULT_BATCH = 500
@@ -173,20 +174,8 @@ class Fire:
         return db.fetch_all(conn, "occurrences_insert_scheduled", {"occurrences": json.dumps(occurrences), "now": now})
 
     def _pause_broken(self, conn: psycopg.Connection[db.Row], broken: list[db.Row], now: datetime | None) -> int:
-        if not broken:
-            return 0
-        rows = db.fetch_all(conn, "schedules_pause_by_tick", {"ids": [r["id"] for r in broken], "now": now})
-        for row in rows:
-            conversations.note(
-                conn,
-                row["conversation_id"],
-                kind="schedule_paused",
-                body={"schedule_id": str(row["id"]), "reason": "the schedule's rule can no longer be evaluated"},
-                now=now,
-            )
-            logger.warning("schedule paused: rule cannot be evaluated",
-                           extra={"action": "schedule_paused", "schedule_id": str(row["id"]), "reason": "rule_error"})
-        return len(rows)
+        return len(pause_with_note(conn, [r["id"] for r in broken], reason_code="rule_error", now=now,
+                                   reason="the schedule's rule can no longer be evaluated"))
 
     def _report(self, rows: list[db.Row], plans: list[Plan], inserted: list[db.Row], db_now: datetime,
                 conflicts: int, paused: int, result: handoff.HandoffResult, db_seconds: float) -> FireReport:

@@ -22,9 +22,10 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from kairos import conversations, db, handoff
+from kairos import db, handoff
 from kairos.observability import logger
 from kairos.states import RunState
+from kairos.tick.pause import pause_with_note
 
 PAUSE_AFTER = 3
 DEFAULT_LIMIT = 500
@@ -84,17 +85,7 @@ class Settle:
                 to_pause.append(schedule["id"])
         db.execute(conn, "schedules_set_failures", {"ids": ids, "failures": failures})
         settled = db.fetch_all(conn, "runs_mark_settled", {"ids": [r["id"] for r in runs], "now": now})
-        paused = db.fetch_all(conn, "schedules_pause_by_tick", {"ids": to_pause, "now": now}) if to_pause else []
-        for row in paused:
-            conversations.note(
-                conn,
-                row["conversation_id"],
-                kind="schedule_paused",
-                body={"schedule_id": str(row["id"]), "reason": f"{self.pause_after} consecutive failures",
-                      "failures": int(row["consecutive_failures"])},
-                now=now,
-            )
-            logger.warning("schedule paused after consecutive failures",
-                           extra={"action": "schedule_paused", "schedule_id": str(row["id"]),
-                                  "failures": int(row["consecutive_failures"]), "reason": "consecutive_failures"})
+        paused = pause_with_note(conn, to_pause, reason=f"{self.pause_after} consecutive failures",
+                                 reason_code="consecutive_failures", now=now,
+                                 details=lambda row: {"failures": int(row["consecutive_failures"])})
         return len(settled), len(paused)
