@@ -12,7 +12,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from kairos import calendar, conversations, schedules, webhooks
+from kairos import agents, calendar, schedules, webhooks
 from kairos.api import app as api_app
 from kairos.api.resolver import RouteSpec
 from kairos.errors import ValidationFailed
@@ -126,7 +126,7 @@ def test_the_same_error_has_the_same_rule_through_the_api_and_the_library(api: A
     in_schedule = api.alice.post("/v1/schedules", {"conversation_id": conversation, "prompt": "p", "mode": "fresh",
                                                    "cron": "0 * * * *", "agent": bad_agent})
     with pytest.raises(ValidationFailed) as info:
-        conversations.validate_agent(bad_agent, owner="alice")
+        agents.validate(bad_agent, owner="alice")
     expected = ("agent.max_tokens", "min")
     assert expected in fields_of(in_conversation) and expected in fields_of(in_schedule)
     assert expected in [(f.field, f.rule) for f in info.value.fields]

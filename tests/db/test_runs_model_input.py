@@ -11,7 +11,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import conversations
+from kairos import agents, conversations
 from kairos.db import Database
 from kairos.runs.worker import process
 from psycopg.rows import dict_row
@@ -145,9 +145,9 @@ def test_an_agent_may_set_max_input_tokens_up_to_the_cap() -> None:
     from kairos.errors import ValidationFailed
 
     agent = {"executor": "openai", "model": "m", "base_url": "https://api.example/v1"}
-    accepted = conversations.validate_agent({**agent, "max_input_tokens": 100_000}, owner=None)
+    accepted = agents.validate({**agent, "max_input_tokens": 100_000}, owner=None)
     assert accepted["max_input_tokens"] == 100_000
     for value, rule in [(100_001, "max"), (0, "min"), ("16000", "type")]:
         with pytest.raises(ValidationFailed) as info:
-            conversations.validate_agent({**agent, "max_input_tokens": value}, owner=None)
+            agents.validate({**agent, "max_input_tokens": value}, owner=None)
         assert [(f.field, f.rule) for f in info.value.fields] == [("agent.max_input_tokens", rule)]

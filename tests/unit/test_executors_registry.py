@@ -26,11 +26,11 @@ def test_every_registered_name_builds_an_executor_of_that_name() -> None:
 
 def test_the_agent_model_and_its_validation_know_exactly_the_registered_executors() -> None:
     """``executors.NAMES`` is the one list; the agent model's type and the per-executor needs follow it."""
-    from kairos import conversations
-    from kairos.agent_config import AgentConfig
+    from kairos import agents
+    from kairos.agents import AgentConfig
 
     assert set(typing.get_args(AgentConfig.model_fields["executor"].annotation)) == set(executors.NAMES)
-    assert set(conversations._EXECUTOR_NEEDS) == set(executors.NAMES)
+    assert set(agents.EXECUTOR_NEEDS) == set(executors.NAMES)
 
 
 def test_an_unknown_executor_is_agent_invalid() -> None:

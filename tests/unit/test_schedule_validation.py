@@ -10,7 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
-from kairos import calendar, conversations, schedules
+from kairos import agents, calendar, errors, schedules
 from kairos.errors import KairosError, LimitExceeded, ValidationFailed
 from kairos.states import Mode, ScheduleKind
 
@@ -303,7 +303,7 @@ def test_limit_is_reported_only_for_an_otherwise_valid_request() -> None:
      "arn:aws-us-gov:secretsmanager:us-gov-west-1:123456789012:secret:kairos/alice/x"],
 )
 def test_secret_references_accepted(reference: str) -> None:
-    agent = conversations.validate_agent({**OPENAI, "api_key_secret": reference}, owner=OWNER)
+    agent = agents.validate({**OPENAI, "api_key_secret": reference}, owner=OWNER)
     assert agent["api_key_secret"] == reference
 
 
@@ -313,13 +313,13 @@ def test_secret_references_accepted(reference: str) -> None:
 )
 def test_secret_literals_refused(literal: str) -> None:
     with pytest.raises(ValidationFailed) as info:
-        conversations.validate_agent({**OPENAI, "api_key_secret": literal}, owner=OWNER)
+        agents.validate({**OPENAI, "api_key_secret": literal}, owner=OWNER)
     assert pairs(info.value) == {("agent.api_key_secret", "secret_reference")}
 
 
 def test_validate_agent_drops_unset_fields() -> None:
-    assert conversations.validate_agent({"executor": "echo", "model": None}, owner=OWNER) == {"executor": "echo"}
-    assert conversations.validate_agent(OPENAI, owner=OWNER) == OPENAI
+    assert agents.validate({"executor": "echo", "model": None}, owner=OWNER) == {"executor": "echo"}
+    assert agents.validate(OPENAI, owner=OWNER) == OPENAI
 
 
 def test_mode_default_is_fork() -> None:
@@ -388,7 +388,7 @@ def test_one_table_names_pydantic_errors_for_the_api_and_the_library() -> None:
 
     with pytest.raises(ValidationError) as info:
         Probe.model_validate({"low": 0, "high": 11, "at": "2030-01-01T00:00:00", "word": "long", "x": 1})
-    library = [(f.field, f.rule) for f in conversations.field_errors(info.value)]
+    library = [(f.field, f.rule) for f in errors.from_validation_error(info.value)]
     as_powertools = [{**e, "loc": ("body", *e["loc"])} for e in info.value.errors()]
     api = [(f.field, f.rule) for f in api_errors.translate(as_powertools)]
     assert api == library

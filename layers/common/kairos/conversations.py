@@ -1,7 +1,7 @@
 """Conversations: the minimal transcript store that runs read and write, and the agent config.
 
-A conversation has an owner, an agent (JSON, validated by ``kairos.agent_config.AgentConfig``,
-imported only when an agent is validated, so the tick and the run function never import pydantic)
+A conversation has an owner, an agent (JSON, validated by ``kairos.agents``, imported only when an
+agent is validated, so the tick and the run function never import pydantic)
 and entries numbered ``seq`` = 1, 2, 3… A fork is its parent plus a fork point (``fork_seq``):
 nothing is copied, the fork reads its ancestors' entries up to each fork point and then its own,
 and its own entries continue the parent's numbering after the fork point, so a seq names one entry
@@ -14,8 +14,8 @@ Guarantees:
   must run inside the caller's transaction (on an autocommit connection it opens its own).
 * ``get``, ``transcript`` and ``inbox`` are scoped to the owner; another owner's conversation raises the same
   ``NotFound("conversation")`` as a missing one.
-* ``validate_agent`` accepts only declared fields, and only *references* to secrets that the owner
-  may send to the agent's ``base_url`` (``kairos.secrets.check``), never a literal key.
+* An agent is accepted only as ``kairos.agents.validate`` accepts it: declared fields, and only
+  *references* to secrets that the owner may send to the agent's ``base_url``, never a literal key.
 
 Must not: log or return secrets; log prompts or entry contents; rewrite or delete entries.
 ``entries``, ``window``, ``latest_seq``, ``append``, ``fork``, ``note`` and ``lineage_has_run`` are internal
@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 import psycopg
 from psycopg.types.json import Jsonb
@@ -42,78 +42,13 @@ from kairos.errors import (
     FieldError,
     NotFound,
     ValidationFailed,
-    from_pydantic,
 )
 from kairos.instants import rfc3339
 from kairos.observability import logger
 
-if TYPE_CHECKING:
-    from pydantic import ValidationError
-
 NOTES_KEPT = 50
 TITLE_MAX = 200
 ROLES = ("system", "user", "assistant", "tool")
-
-# --- Pydantic errors in the house shape -------------------------------------------------------
-
-
-def field_errors(error: ValidationError, *, prefix: str = "") -> list[FieldError]:
-    """Translates a pydantic ``ValidationError`` into FieldErrors (dotted field path, and the rule from
-    ``kairos.errors``' one vocabulary, which the API's request validation uses too).
-
-    Messages never repeat the input value (it may be a secret the caller should not have sent).
-    """
-    return from_pydantic(error.errors(include_url=False, include_input=False), prefix=prefix)
-
-
-# --- Agent config ------------------------------------------------------------------------------
-
-# What each executor cannot work without (checked after the shape, so a model learns it at once
-# instead of at the first fire). Its keys are kairos.executors.NAMES; a test holds them equal.
-_EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
-    "openai": ("model", "base_url"),
-    "bedrock": ("model",),
-    "http": ("base_url",),
-    "echo": (),
-}
-
-
-def validate_agent(raw: object, *, owner: str | None, field: str = "agent") -> dict[str, Any]:
-    """The agent JSON, normalized (unset fields dropped); ``ValidationFailed`` naming ``agent.<name>``.
-
-    With an ``owner``, its ``api_key_secret`` must also be one that owner may send to the agent's
-    ``base_url`` (rules ``secret_reference`` / ``secret_audience``). ``owner=None`` checks the shape
-    only: for a run's own thread, whose agent was checked when written and is checked again by the
-    executor before every call.
-    """
-    if not isinstance(raw, Mapping):
-        raise ValidationFailed([FieldError(field, "type", "give the agent as a JSON object")])
-    from pydantic import ValidationError  # pydantic only on the paths that validate an agent
-
-    from kairos.agent_config import AgentConfig
-
-    problems: list[FieldError] = []
-    config: AgentConfig | None = None
-    try:
-        config = AgentConfig.model_validate(dict(raw))
-    except ValidationError as error:
-        problems.extend(field_errors(error, prefix=field))
-    executor = raw.get("executor")
-    if isinstance(executor, str):
-        for name in _EXECUTOR_NEEDS.get(executor, ()):
-            if raw.get(name) is None:
-                problems.append(FieldError(f"{field}.{name}", "required", f"the {executor} executor needs {name}"))
-    if config is not None and owner is not None and config.api_key_secret is not None:
-        from kairos import secrets
-
-        try:
-            secrets.check(config.api_key_secret, owner=owner, audience=config.base_url)
-        except secrets.Refused as refused:
-            problems.append(secrets.field_error(refused, f"{field}.api_key_secret"))
-    if problems or config is None:
-        raise ValidationFailed(problems)
-    return config.model_dump(exclude_none=True)
-
 
 # --- Records -----------------------------------------------------------------------------------
 
@@ -240,12 +175,14 @@ def create_from_body(conn: psycopg.Connection[db.Row], *, owner: str, raw: objec
 
 def _create(conn: psycopg.Connection[db.Row], *, owner: str, agent: object, title: object,
             origin_run_id: uuid.UUID | None, now: datetime | None, problems: list[FieldError]) -> Conversation:
+    from kairos import agents  # pydantic only on the paths that validate an agent
+
     config: dict[str, Any] = {}
     if agent is not None or not problems:  # a missing agent is already named (``required``)
         try:
             # A run's own thread (origin_run_id) copies an agent checked when it was written; the executor
             # checks its secret reference again before every call.
-            config = validate_agent(agent, owner=None if origin_run_id is not None else owner)
+            config = agents.validate(agent, owner=None if origin_run_id is not None else owner)
         except ValidationFailed as error:
             problems.extend(error.fields)
     if title is not None and not isinstance(title, str):

@@ -11,7 +11,10 @@ from __future__ import annotations
 
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
-from typing import Any
+from typing import TYPE_CHECKING, Any
+
+if TYPE_CHECKING:
+    from pydantic import ValidationError
 
 # ---- the rule vocabulary ------------------------------------------------------------------------
 #
@@ -84,6 +87,11 @@ def from_pydantic(details: Iterable[Mapping[str, Any]], *, prefix: str = "") -> 
         message = _MESSAGES.get(rule) or str(detail.get("msg") or rule.replace("_", " "))
         out.append(FieldError(name, rule, message))
     return out
+
+
+def from_validation_error(error: ValidationError, *, prefix: str = "") -> list[FieldError]:
+    """A pydantic ``ValidationError`` as FieldErrors (``from_pydantic``), its input values left out."""
+    return from_pydantic(error.errors(include_url=False, include_input=False), prefix=prefix)
 
 
 @dataclass(frozen=True)

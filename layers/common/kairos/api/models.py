@@ -35,7 +35,7 @@ class _Open(BaseModel):
 
 
 class ConversationCreate(_Strict):
-    """``POST /v1/conversations``: an agent (validated by ``conversations.validate_agent``) and a title."""
+    """``POST /v1/conversations``: an agent (validated by ``agents.validate``) and a title."""
 
     agent: dict[str, Any] = Field(description="executor, model, system, base_url, api_key_secret, max_tokens")
     title: str | None = Field(default=None, max_length=conversations.TITLE_MAX)

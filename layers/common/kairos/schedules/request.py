@@ -27,7 +27,7 @@ Limits (the module constants; the API's models take them from here): nothing tha
 than every ``MIN_SPACING`` over its real sequence (``calendar.min_spacing``, so ``0,1 * * * *`` is
 caught as well as ``*/1``); prompt, name, cron, interval, occurrence, delay, preview and token-overlap
 bounds. Credentials: an ``agent`` and a ``signing`` secret must be the owner's own
-(``conversations.validate_agent``, ``validate_signing``).
+(``agents.validate``, ``validate_signing``).
 
 Must not: re-implement the calendar (``kairos.calendar`` judges rules, imported by the functions that
 evaluate them, not at import), or depend on the schedule record (``rule_of`` takes anything shaped
@@ -55,9 +55,8 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kairos import conversations
+from kairos import agents
 from kairos import secrets as kairos_secrets
-from kairos.conversations import field_errors
 from kairos.errors import (
     MAX,
     MIN,
@@ -66,6 +65,7 @@ from kairos.errors import (
     FieldError,
     LimitExceeded,
     ValidationFailed,
+    from_validation_error,
 )
 from kairos.instants import out_of_range, rfc3339
 from kairos.states import DstFold, DstGap, Mode, Overlap, ScheduleKind
@@ -186,7 +186,7 @@ def validate_signing(raw: object, *, owner: str) -> dict[str, Any]:
     try:
         config = SigningConfig.model_validate(dict(raw))
     except ValidationError as error:
-        raise ValidationFailed(field_errors(error, prefix="signing")) from None
+        raise ValidationFailed(from_validation_error(error, prefix="signing")) from None
     try:
         kairos_secrets.check(config.secret, owner=owner, audience=None)
     except kairos_secrets.Refused as refused:
@@ -249,7 +249,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     signing: dict[str, Any] | None = None
     if body.get("agent") is not None:
         try:
-            agent = conversations.validate_agent(body["agent"], owner=owner)
+            agent = agents.validate(body["agent"], owner=owner)
         except ValidationFailed as error:
             problems.extend(error.fields)
     if body.get("signing") is not None:
@@ -261,7 +261,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     try:
         request = ScheduleRequest.model_validate(body)
     except ValidationError as error:
-        problems.extend(field_errors(error))
+        problems.extend(from_validation_error(error))
         problems.extend(_standalone_problems(body, {p.field for p in problems}))
         raise ValidationFailed(problems) from None
 

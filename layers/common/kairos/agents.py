@@ -1,0 +1,100 @@
+"""Agents: the agent JSON's strict model and its validation (DESIGN.md "The run"), one home.
+
+Role: ``AgentConfig`` is the one pydantic model of an agent config: declared fields only, secrets only
+as references (``env:NAME`` or a Secrets Manager ARN), ``base_url`` an http(s) URL without
+credentials. ``validate`` adds what the shape cannot say: what each executor needs
+(``EXECUTOR_NEEDS``) and whether the owner may send the referenced secret to ``base_url``
+(``kairos.secrets.check``), and reports every problem at once.
+
+Imported only where an agent is validated (the API, a schedule request, a run creating its own
+thread): importing ``kairos.conversations``, which the tick and the run function do on every cold
+start, must not import pydantic.
+
+Must not: log or return a secret; accept a literal key.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Mapping
+from typing import Any, Literal
+from urllib.parse import urlsplit
+
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+from kairos import secrets
+from kairos.errors import REQUIRED, TYPE, FieldError, ValidationFailed, from_validation_error
+
+# What each executor cannot work without (checked after the shape, so a model learns it at once
+# instead of at the first fire). Its keys are kairos.executors.NAMES; a test holds them equal.
+EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
+    "openai": ("model", "base_url"),
+    "bedrock": ("model",),
+    "http": ("base_url",),
+    "echo": (),
+}
+
+
+class AgentConfig(BaseModel):
+    """The agent JSON of DESIGN.md "The run"; extra fields are refused."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    executor: Literal["openai", "bedrock", "http", "echo"]
+    model: StrictStr | None = Field(default=None, min_length=1, max_length=200)
+    system: StrictStr | None = Field(default=None, max_length=32_768)
+    base_url: StrictStr | None = Field(default=None, max_length=2_048)
+    api_key_secret: StrictStr | None = Field(default=None, max_length=2_048)
+    max_tokens: StrictInt | None = Field(default=None, ge=1, le=8_192)
+    # Bounded model input (DESIGN.md "The run"): default 16,000 when unset (kairos.executors.base).
+    max_input_tokens: StrictInt | None = Field(default=None, ge=1, le=100_000)
+
+    @field_validator("base_url")
+    @classmethod
+    def _http_url(cls, value: str | None) -> str | None:
+        if value is None:
+            return None
+        parts = urlsplit(value)
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise PydanticCustomError("url", "give an http(s) URL such as https://host/v1")
+        if "@" in parts.netloc:
+            raise PydanticCustomError("url", "credentials must not be part of the URL; use api_key_secret")
+        return value
+
+    @field_validator("api_key_secret")
+    @classmethod
+    def _reference(cls, value: str | None) -> str | None:
+        if value is not None and not secrets.is_reference(value):
+            raise PydanticCustomError("secret_reference", secrets.HINT)
+        return value
+
+
+def validate(raw: object, *, owner: str | None, field: str = "agent") -> dict[str, Any]:
+    """The agent JSON, normalized (unset fields dropped); ``ValidationFailed`` naming ``agent.<name>``.
+
+    With an ``owner``, its ``api_key_secret`` must also be one that owner may send to the agent's
+    ``base_url`` (rules ``secret_reference`` / ``secret_audience``). ``owner=None`` checks the shape
+    only: for a run's own thread, whose agent was checked when written and is checked again by the
+    executor before every call.
+    """
+    if not isinstance(raw, Mapping):
+        raise ValidationFailed([FieldError(field, TYPE, "give the agent as a JSON object")])
+    problems: list[FieldError] = []
+    config: AgentConfig | None = None
+    try:
+        config = AgentConfig.model_validate(dict(raw))
+    except ValidationError as error:
+        problems.extend(from_validation_error(error, prefix=field))
+    executor = raw.get("executor")
+    if isinstance(executor, str):
+        for name in EXECUTOR_NEEDS.get(executor, ()):
+            if raw.get(name) is None:
+                problems.append(FieldError(f"{field}.{name}", REQUIRED, f"the {executor} executor needs {name}"))
+    if config is not None and owner is not None and config.api_key_secret is not None:
+        try:
+            secrets.check(config.api_key_secret, owner=owner, audience=config.base_url)
+        except secrets.Refused as refused:
+            problems.append(secrets.field_error(refused, f"{field}.api_key_secret"))
+    if problems or config is None:
+        raise ValidationFailed(problems)
+    return config.model_dump(exclude_none=True)
