@@ -17,7 +17,6 @@ Must not: hold a domain rule, echo an id or a token in an error, or log a path, 
 
 from __future__ import annotations
 
-import json
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
 from typing import Any, TypeVar
@@ -27,7 +26,6 @@ from aws_lambda_powertools.event_handler import Response
 from pydantic import BaseModel
 
 from kairos import db, runtime
-from kairos.api.bodies import raw_body
 from kairos.api.resolver import JSON, route_key
 from kairos.errors import NotFound
 from kairos.instants import rfc3339
@@ -71,19 +69,18 @@ def jsonable(value: Any) -> Any:
     return value
 
 
-def idempotent(conn: Any, owner: str, event: Mapping[str, Any],
+def idempotent(conn: Any, owner: str, event: Mapping[str, Any], body: Any,
                create: Callable[[Any], Response[dict[str, Any]]]) -> Response[dict[str, Any]]:
     """``create(conn)`` at most once per owner and ``Idempotency-Key`` in 24 h (``kairos.idempotency``):
-    a retry with the same body answers the first response again, another body 422. No key: a plain create."""
+    a retry with the same body (the route's parsed body) answers the first response again, another
+    body 422. No key: a plain create."""
     from kairos import idempotency
 
     headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
     key = idempotency.check_key("Idempotency-Key", headers.get("idempotency-key"))
     if key is None:
         return create(conn)
-    body = raw_body(event)
-    claim = idempotency.begin(conn, owner=owner, key=key, route=route_key(),
-                              body=json.loads(body) if body else None)
+    claim = idempotency.begin(conn, owner=owner, key=key, route=route_key(), body=body)
     if isinstance(claim, idempotency.Replay):
         return Response(status_code=claim.status, content_type=JSON, body=claim.body,
                         headers={"Idempotent-Replayed": "true"})

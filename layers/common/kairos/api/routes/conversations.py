@@ -33,7 +33,7 @@ def create_conversation(
         return ok(201, models.ConversationEnvelope, {"conversation": transcript.as_json()})
 
     with database().transaction() as conn:
-        return idempotent(conn, owner, router.current_event.raw_event, create)
+        return idempotent(conn, owner, router.current_event.raw_event, body, create)
 
 
 @router.endpoint("GET", "/v1/conversations/<id>", status=200, model=models.ConversationEnvelope, errors=(404,),

@@ -62,7 +62,7 @@ def create_schedule(body: Annotated[dict[str, Any], Body(description="ScheduleRe
         return ok(201, models.ScheduleCreated, payload)
 
     with database().transaction() as conn:
-        return idempotent(conn, owner, router.current_event.raw_event, create)
+        return idempotent(conn, owner, router.current_event.raw_event, body, create)
 
 
 @router.endpoint("GET", "/v1/schedules", status=200, model=models.ScheduleList, errors=(),
