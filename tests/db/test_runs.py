@@ -21,9 +21,9 @@ from kairos.executors.base import (
     canonical_json,
     digest,
 )
+from kairos.probes import Probes
 from kairos.runs import moves
 from kairos.runs.heartbeat import Heartbeat
-from kairos.runs.hooks import Hooks
 from kairos.runs.worker import CALL_TIMEOUT_CAP_SECONDS, LAMBDA_MARGIN_SECONDS, RUNTIME_CAP_SECONDS, process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
@@ -400,11 +400,11 @@ def test_exceeding_the_runtime_limit_fails_with_its_own_reason_code(db: Database
 def test_a_run_over_its_limit_before_the_call_fails_without_calling(db: Database, db_url: str) -> None:
     run = _run(db_url, runtime_limit_seconds=30)
     clock = FakeClock()
-    hooks = Hooks().on("after_claim", lambda **_: setattr(clock, "t", clock.t + 31))
+    probes = Probes().on("after_claim", lambda **_: setattr(clock, "t", clock.t + 31))
     executor = ScriptedExecutor()
 
     outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, clock=clock,
-                           hooks=hooks)
+                           probes=probes)
 
     assert (outcome.result, outcome.reason_code) == ("failed", "runtime_limit")
     assert executor.timeouts == []
@@ -490,10 +490,10 @@ def test_a_cancel_seen_by_the_heartbeat_stops_the_run_before_its_call(db: Databa
         assert beats[0].beat_once() is True
         assert beats[0].cancel_requested.is_set()
 
-    hooks = (Hooks().on("heartbeat_started", lambda heartbeat, **_: beats.append(heartbeat))
+    probes = (Probes().on("heartbeat_started", lambda heartbeat, **_: beats.append(heartbeat))
              .on("after_reserve", cancel_and_beat))
     executor = ScriptedExecutor()
-    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, hooks=hooks,
+    outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory, probes=probes,
                            heartbeat_interval=3600)
 
     assert outcome.result == "cancelled"

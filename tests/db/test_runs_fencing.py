@@ -12,10 +12,10 @@ from kairos import effects, trace
 from kairos.db import Database
 from kairos.diagnosis import diagnose
 from kairos.executors.base import PreparedCall, Reply
+from kairos.probes import Probes
 from kairos.runs import moves
 from kairos.runs.attempt import Outcome
 from kairos.runs.heartbeat import Heartbeat
-from kairos.runs.hooks import Hooks
 from kairos.runs.worker import process
 from kairos.settings import Settings
 from kairos.states import EventType
@@ -142,11 +142,11 @@ def test_a_worker_paused_past_its_lease_affects_nothing_after_another_claims(db:
         return Reply(content="stale answer from A")
 
     beats: list[Heartbeat] = []
-    hooks_a = Hooks().on("heartbeat_started", lambda heartbeat, **_: beats.append(heartbeat))
+    probes_a = Probes().on("heartbeat_started", lambda heartbeat, **_: beats.append(heartbeat))
     executor_a = ScriptedExecutor(on_send=frozen)
     outcome_a: list[Outcome] = []
     worker_a = threading.Thread(target=lambda: outcome_a.append(process(
-        db, run["id"], settings=SETTINGS, executor_factory=executor_a.factory, hooks=hooks_a,
+        db, run["id"], settings=SETTINGS, executor_factory=executor_a.factory, probes=probes_a,
         heartbeat_interval=3600)))  # frozen: its heartbeat does not run on its own
     worker_a.start()
     assert paused.wait(WAIT)
@@ -215,7 +215,7 @@ def test_a_crash_between_reserving_a_mutation_and_settling_it_is_never_replayed(
 
     with pytest.raises(Crash):
         process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
-                     hooks=Hooks().on("after_reserve", _crash))
+                     probes=Probes().on("after_reserve", _crash))
     snap = _snapshot(db_url, run["id"])
     assert snap["run"]["state"] == "running"
     assert [e["state"] for e in snap["effects"]] == ["reserved"]
@@ -242,7 +242,7 @@ def test_a_requeued_run_with_a_reserved_mutation_refuses_to_replay_at_claim(db: 
     executor = ScriptedExecutor(mutation=True)
     with pytest.raises(Crash):
         process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
-                     hooks=Hooks().on("after_send", _crash))  # the call went out, then the worker died
+                     probes=Probes().on("after_send", _crash))  # the call went out, then the worker died
     _expire_lease_and_requeue(db_url, run["id"])
 
     outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
@@ -262,7 +262,7 @@ def test_a_crash_after_reserving_a_model_call_is_replayed_on_the_next_claim(db: 
     executor = ScriptedExecutor()
     with pytest.raises(Crash):
         process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
-                     hooks=Hooks().on("after_send", _crash))
+                     probes=Probes().on("after_send", _crash))
     _expire_lease_and_requeue(db_url, run["id"])
 
     outcome = process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory)
@@ -280,7 +280,7 @@ def test_a_crash_before_commit_of_success_publishes_nothing(db: Database, db_url
     executor = ScriptedExecutor()
     with pytest.raises(Crash):
         process(db, run["id"], settings=SETTINGS, executor_factory=executor.factory,
-                     hooks=Hooks().on("before_finish", _crash))
+                     probes=Probes().on("before_finish", _crash))
 
     snap = _snapshot(db_url, run["id"])
     assert snap["run"]["state"] == "running" and snap["run"]["output"] is None

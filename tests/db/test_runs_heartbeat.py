@@ -9,9 +9,9 @@ from typing import Any
 import psycopg
 from kairos import db, runs, trace
 from kairos.db import Database
+from kairos.probes import Probes
 from kairos.runs import moves
 from kairos.runs.heartbeat import Heartbeat
-from kairos.runs.hooks import Hooks
 from kairos.states import EventType
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -122,7 +122,7 @@ def test_the_heartbeat_thread_beats_until_stopped(db: Database, db_url: str) -> 
         if len(seen) >= 3:
             three.set()
 
-    beat = Heartbeat(db, row["id"], row["fence"], interval=0.001, hooks=Hooks().on("heartbeat", count))
+    beat = Heartbeat(db, row["id"], row["fence"], interval=0.001, probes=Probes().on("heartbeat", count))
     beat.start()
     try:
         assert three.wait(WAIT)
@@ -138,11 +138,11 @@ def test_the_heartbeat_thread_beats_until_stopped(db: Database, db_url: str) -> 
 def test_the_heartbeat_thread_ends_itself_once_the_lease_is_lost(db: Database, db_url: str) -> None:
     row = _claimed(db, db_url)
     lost = threading.Event()
-    hooks = Hooks().on("heartbeat", lambda alive, **_: None if alive else lost.set())
+    probes = Probes().on("heartbeat", lambda alive, **_: None if alive else lost.set())
     with psycopg.connect(db_url, autocommit=True) as conn:
         conn.execute("UPDATE runs SET fence = fence + 1 WHERE id = %s", (row["id"],))
 
-    beat = Heartbeat(db, row["id"], row["fence"], interval=0.001, hooks=hooks).start()
+    beat = Heartbeat(db, row["id"], row["fence"], interval=0.001, probes=probes).start()
     assert lost.wait(WAIT)
     assert beat._thread is not None
     beat._thread.join(WAIT)

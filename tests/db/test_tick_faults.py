@@ -10,18 +10,20 @@ run must have reached SQS and be stamped, and no cursor ever moves back.
 
 from __future__ import annotations
 
+import functools
 import itertools
 import json
 import os
 import uuid
 from collections import Counter
-from collections.abc import Iterator
+from collections.abc import Callable, Iterator
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
 import pytest
 from kairos.db import Database
+from kairos.probes import Point, Probes
 from kairos.tick import Tick
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -31,7 +33,7 @@ from tests.support.aws import SqsQueue
 from tests.support.postgres import PgServer
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
-POINTS = ["after_select", "after_cursor", "after_inserts", "after_commit", "after_send"]
+POINTS: list[Point] = ["after_select", "after_cursor", "after_inserts", "after_commit", "after_send"]
 NS = uuid.UUID("0b9f6f0e-3c1d-4c57-9a55-1f3f4a6f0001")
 
 
@@ -41,6 +43,14 @@ def fixed(name: str) -> uuid.UUID:
 
 class Died(Exception):
     """The simulated end of a Lambda invocation."""
+
+
+def at_every_point(handler: Callable[[str], None]) -> Probes:
+    """Probes calling ``handler(point)`` at each of the fire step's points."""
+    probes = Probes()
+    for point in POINTS:
+        probes.on(point, functools.partial(handler, point))
+    return probes
 
 
 @pytest.fixture
@@ -144,7 +154,8 @@ def test_a_tick_dying_at_any_boundary_converges(db: Database, db_url: str, refer
             die(at)
 
     with pytest.raises(Died):
-        Tick(db, sqs, queue, metrics=None, batch_size=5, fault=second_batch, fire_workers=1).run(now=T)
+        Tick(db, sqs, queue, metrics=None, batch_size=5, probes=at_every_point(second_batch),
+             fire_workers=1).run(now=T)
     seen.append(cursors(db_url))
     # ... when the same minute is ticked again, and the next minute too ...
     Tick(db, sqs, queue, metrics=None, batch_size=5).run(now=T)
@@ -187,11 +198,10 @@ def test_a_death_before_commit_leaves_nothing_behind(db: Database, db_url: str, 
     sqs, queue = sqs_queue.client, sqs_queue.url
     before = history(db_url)
 
-    def die(at: str) -> None:
-        if at == "after_inserts":
-            raise Died(at)
+    def die() -> None:
+        raise Died("after_inserts")
 
     with pytest.raises(Died):
-        Tick(db, sqs, queue, metrics=None, batch_size=100, fault=die).run(now=T)
+        Tick(db, sqs, queue, metrics=None, batch_size=100, probes=Probes().on("after_inserts", die)).run(now=T)
     assert history(db_url) == before
     assert received(sqs, queue) == Counter()

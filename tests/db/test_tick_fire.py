@@ -15,6 +15,7 @@ import psycopg
 import pytest
 from kairos import calendar
 from kairos.db import Database
+from kairos.probes import Probes
 from kairos.tick import Tick
 from kairos.tick.decision import COUNT_CAP
 from psycopg.rows import dict_row
@@ -328,12 +329,9 @@ def test_the_loop_stops_when_the_invocation_runs_short(db: Database, db_url: str
                            starts_at=at, next_fire_at=at)
     committed: list[str] = []
 
-    def count(point: str) -> None:
-        if point == "after_commit":
-            committed.append(point)
-
     # The invocation has a minute left until two batches have committed, then 9 s.
-    t = tick(db, sqs_queue, batch_size=5, fault=count, fire_workers=1)
+    t = tick(db, sqs_queue, batch_size=5, probes=Probes().on("after_commit", lambda: committed.append("commit")),
+             fire_workers=1)
     report = t.run(lambda: 60_000 if len(committed) < 2 else 9_000, now=T)
     assert report.stopped_for_time and report.batches == 2 and report.dispatched == 10
     assert rows(db_url, "SELECT count(*) AS n FROM schedules WHERE next_fire_at <= %s", T)[0]["n"] == 2

@@ -61,9 +61,8 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from kairos import calendar, db, idempotency, identity, trace
+from kairos import calendar, db, idempotency, identity, occurrences
 from kairos.errors import (
     Conflict,
     FieldError,
@@ -78,7 +77,7 @@ from kairos.errors import (
 from kairos.observability import logger, metrics
 from kairos.schedules import TOKEN_OVERLAP_DEFAULT_SECONDS, TOKEN_OVERLAP_MAX_SECONDS, Schedule
 from kairos.schedules import get as get_schedule
-from kairos.states import EventType, Source
+from kairos.states import Decision, Source
 from kairos.tokens import hash_token, new_token  # the one minter and hashing rule, shared with creation
 
 MAX_BODY_BYTES = 65_536
@@ -178,24 +177,14 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
     run_id = identity.run_id(occurrence_id)
     _check_rate(conn, schedule_id, hook["rate_limit_per_minute"] or DEFAULT_RATE_LIMIT, db_now, now)
     fire = calendar.describe(db_now, hook["timezone"])
-    inserted = db.fetch_one(conn, "occurrences_insert_hook", {
-        "id": occurrence_id, "schedule_id": schedule_id, "fire_at": fire.fire_at, "local_time": fire.local_time,
-        "utc_offset": fire.utc_offset, "fold": fire.fold, "timezone": fire.timezone,
-        "tzdata_version": fire.tzdata_version, "schedule_revision": hook["revision"],
-        "idempotency_key": key, "key_generation": generation, "now": now,
-    })
-    if inserted is None:
+    inserted = occurrences.record(conn, [occurrences.planned(
+        occurrence_id=occurrence_id, schedule_id=schedule_id, source=Source.WEBHOOK, fire=fire,
+        revision=hook["revision"], decision=Decision.DISPATCHED, run_id=run_id, idempotency_key=key,
+        key_generation=generation, payload=payload_of(delivery.body))], now=now)
+    if not inserted:
         # Unreachable while deliveries of a schedule serialize on its row lock (the generation is read
         # under it); converging on the existing rows is the safe answer if that ever changes.
         return Accepted(schedule_id, occurrence_id, run_id, replayed=True)
-    db.fetch_one(conn, "runs_insert_hook", {
-        "id": run_id, "occurrence_id": occurrence_id, "schedule_id": schedule_id, "owner": hook["owner"],
-        "conversation_id": hook["conversation_id"], "mode": hook["mode"], "prompt": hook["prompt"],
-        "payload": Jsonb(payload_of(delivery.body)), "agent": Jsonb(hook["agent"]), "catch_up": hook["catch_up"],
-        "now": now,
-    })
-    trace.append(conn, run_id, EventType.RUN_QUEUED,
-                 data={"source": Source.WEBHOOK.value, "occurrence_id": str(occurrence_id)}, now=now)
     if deduplicated:
         db.fetch_one(conn, "webhook_receipts_insert", {
             "schedule_id": schedule_id, "idempotency_key": key, "request_digest": digest,

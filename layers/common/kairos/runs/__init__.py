@@ -9,7 +9,6 @@ The package's other modules are the worker's, loaded only by the run function:
 * ``moves`` — the fenced statements: every state move of a run is one guarded statement;
 * ``attempt`` — the claim and what an attempt starts from (``Claimed``), or why it does not (``Outcome``);
 * ``heartbeat`` — the lease thread that reads the cancel flag and aborts a call in flight;
-* ``hooks`` — named points where tests observe the worker or simulate a crash;
 * ``worker`` — ``process``: claim, execute, end, the execution between;
 * ``sqs`` — the SQS batch adapter the run function calls.
 

@@ -45,8 +45,8 @@ from kairos.executors.base import (
     user_content,
 )
 from kairos.observability import logger
+from kairos.probes import Probes
 from kairos.runs import moves
-from kairos.runs.hooks import Hooks
 from kairos.states import EventType, Mode, RunState
 
 # What the elision marker may cost at most (its longest text and its framing).
@@ -112,7 +112,7 @@ class Claimed:
         return self.model_input.transcript
 
 
-def claim(database: db.Database, run_id: UUID, *, now: datetime | None, hooks: Hooks) -> Claimed | Outcome:
+def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: Probes) -> Claimed | Outcome:
     """Claims the run and prepares its attempt, in one transaction (see the module doc)."""
     with database.transaction() as conn:
         row = moves.claim(conn, run_id, now=now)
@@ -123,7 +123,7 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, hooks: H
         moves.count("Claims")
         claimed = _prepare(conn, run_id, row, now)
     if isinstance(claimed, Claimed):
-        hooks.fire("after_claim", run_id=run_id, fence=claimed.fence)
+        probes.fire("after_claim", run_id=run_id, fence=claimed.fence)
     return claimed
 
 

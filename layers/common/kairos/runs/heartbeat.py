@@ -26,7 +26,7 @@ from uuid import UUID
 from kairos import db, trace
 from kairos.executors.base import Abort
 from kairos.observability import logger
-from kairos.runs.hooks import NO_HOOKS, Hooks
+from kairos.probes import NO_PROBES, Probes
 from kairos.runs.moves import LEASE_SECONDS
 from kairos.states import EventType
 
@@ -52,7 +52,7 @@ class Heartbeat:
         interval: float = HEARTBEAT_SECONDS,
         now: datetime | None = None,
         clock: Callable[[], float] = time.monotonic,
-        hooks: Hooks = NO_HOOKS,
+        probes: Probes = NO_PROBES,
     ) -> None:
         self.database = database
         self.run_id = run_id
@@ -64,7 +64,7 @@ class Heartbeat:
         self.abort = Abort()
         self._now = now
         self._clock = clock
-        self._hooks = hooks
+        self._probes = probes
         self._stopped = threading.Event()
         self._lock = threading.Lock()
         self._step: str | None = None
@@ -118,7 +118,7 @@ class Heartbeat:
             logger.info("call in flight aborted", extra={"action": "call_aborted", "run_id": str(self.run_id),
                                                          "fence": self.fence,
                                                          "by": "lease_lost" if self.lost.is_set() else "cancel"})
-        self._hooks.fire("heartbeat", run_id=self.run_id, fence=self.fence, alive=not self.lost.is_set(),
+        self._probes.fire("heartbeat", run_id=self.run_id, fence=self.fence, alive=not self.lost.is_set(),
                          cancel_requested=self.cancel_requested.is_set())
         return not self.lost.is_set()
 

@@ -47,10 +47,10 @@ from kairos import db, effects, trace
 from kairos.diagnosis import diagnose
 from kairos.executors.base import ExecutionRequest, Executor, ExecutorError, Reply
 from kairos.observability import logger
+from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
 from kairos.runs.attempt import Claimed, Outcome, claim
 from kairos.runs.heartbeat import HEARTBEAT_SECONDS, Heartbeat
-from kairos.runs.hooks import NO_HOOKS, Hooks
 from kairos.settings import Settings
 from kairos.states import EventType, RunState
 
@@ -97,7 +97,7 @@ class Execution:
     executor_factory: ExecutorFactory
     now: datetime | None
     clock: Callable[[], float]
-    hooks: Hooks
+    probes: Probes
     claimed: Claimed
     heartbeat: Heartbeat
     deadline: float
@@ -138,7 +138,7 @@ class Execution:
                     raise _Cancelled()
                 raise _LeaseLost()
         self.open_effect = effect
-        self.hooks.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
+        self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
         self._check_stop()
         # The heartbeat aborts the call when it reads a cancel request or finds the lease lost.
         prepared = dataclasses.replace(prepared, abort=self.heartbeat.abort)
@@ -153,7 +153,7 @@ class Execution:
             return self._call_failed(step, effect, prepared.mutation, error)
         self.heartbeat.step_finished()
         self.usage = _usage(reply, time.monotonic() - started)
-        self.hooks.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
+        self.probes.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
         return self._publish(step, effect, reply)
 
     def _publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
@@ -176,7 +176,7 @@ class Execution:
             events.append(trace.Event(EventType.OUTPUT_PUBLISHED, step, {
                 "conversation_id": str(claimed.conversation_id), "entry_seq": seq, "truncated": reply.truncated}))
             events.append(trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"}))
-            self.hooks.fire("before_finish", run_id=self.run_id, fence=fence)
+            self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
             done = moves.succeed(conn, self.run_id, fence, now=self.now, usage=self.usage, events=events,
                                  output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
                                          "attempt": claimed.attempt})
@@ -258,7 +258,7 @@ class Execution:
                                                      "attempt": claimed.attempt, "reason_code": reason,
                                                      "delay_seconds": delay})
                 return Outcome(self.run_id, "retry", RunState.QUEUED, reason, delay)
-        self.hooks.fire("before_finish", run_id=self.run_id, fence=fence)
+        self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
         # Retry-safe but out of attempts: a manual retry may still help.
         diagnosis = diagnose(reason, summary=summary, retry_eligible=True if retry_safe else None)
         done = moves.fail(conn, self.run_id, fence, diagnosis=diagnosis, usage=self.usage or None,
@@ -273,7 +273,7 @@ class Execution:
         claimed = self.claimed
         events = [*events, trace.Event(EventType.STEP_FINISHED, claimed.step,
                                        {"outcome": "cancelled", "reason_code": "cancelled"})]
-        self.hooks.fire("before_finish", run_id=self.run_id, fence=claimed.fence)
+        self.probes.fire("before_finish", run_id=self.run_id, fence=claimed.fence)
         done = moves.finish_cancelled(conn, self.run_id, claimed.fence, usage=self.usage or None,
                                       events=events, now=self.now)
         if not done:
@@ -315,19 +315,19 @@ def process(
     now: datetime | None = None,
     clock: Callable[[], float] = time.monotonic,
     lambda_remaining_ms: Callable[[], int] | None = None,
-    hooks: Hooks | None = None,
+    probes: Probes | None = None,
     heartbeat_interval: float = HEARTBEAT_SECONDS,
 ) -> Outcome:
     """Claims and executes one run (see the module doc); never raises for the run's own failures.
 
     Raises only when the database fails (the caller reports the SQS record as failed, and the claim
-    guard makes the redelivery safe) or when a hook raises (tests simulating a crash).
+    guard makes the redelivery safe) or when a probe raises (tests simulating a crash; ``kairos.probes``).
     """
     if executor_factory is None:
         from kairos import executors
 
         executor_factory = executors.get
-    hooks = hooks or NO_HOOKS
+    probes = probes or NO_PROBES
     started = clock()
     lambda_deadline: float | None = None
     if lambda_remaining_ms is not None:
@@ -336,15 +336,15 @@ def process(
             logger.info("run deferred", extra={"action": "run_deferred", "run_id": str(run_id)})
             return Outcome(run_id, "deferred")
         lambda_deadline = started + budget
-    claimed = claim(database, run_id, now=now, hooks=hooks)
+    claimed = claim(database, run_id, now=now, probes=probes)
     if isinstance(claimed, Outcome):
         return claimed
     limit = min(int(claimed.row["runtime_limit_seconds"]), RUNTIME_CAP_SECONDS)
     deadline = started + limit if lambda_deadline is None else min(started + limit, lambda_deadline)
-    heartbeat = Heartbeat(database, run_id, claimed.fence, interval=heartbeat_interval, now=now, hooks=hooks)
-    run = Execution(database, run_id, settings, executor_factory, now, clock, hooks, claimed, heartbeat.start(),
+    heartbeat = Heartbeat(database, run_id, claimed.fence, interval=heartbeat_interval, now=now, probes=probes)
+    run = Execution(database, run_id, settings, executor_factory, now, clock, probes, claimed, heartbeat.start(),
                     deadline)
-    hooks.fire("heartbeat_started", run_id=run_id, fence=claimed.fence, heartbeat=heartbeat)
+    probes.fire("heartbeat_started", run_id=run_id, fence=claimed.fence, heartbeat=heartbeat)
     try:
         return _run(run)
     finally:

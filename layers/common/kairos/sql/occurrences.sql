@@ -1,34 +1,37 @@
 -- occurrences: the immutable record of each fire (scheduled by the tick, or one accepted webhook
 -- delivery), inserted idempotently with the queued run it produced.
 
--- name: occurrences_insert_scheduled
--- Records scheduled occurrences, their queued runs and each run's run.queued event (seq 1), idempotently.
--- A run claimable at once without catch-up expires at fire_at + the schedule's max_delay_seconds; a
--- queued-behind run gets its expiry when it is released (runs_release_blocked).
+-- name: occurrences_insert
+-- The one way a fire is recorded: its immutable occurrence, the queued run it produced (when it
+-- produced one) and that run's run.queued event (seq 1), idempotently, for a tick's batch of scheduled
+-- fires and for one accepted webhook delivery alike. The run snapshots the schedule's prompt, mode,
+-- conversation and agent (the schedule's, else its conversation's). A scheduled run claimable at once
+-- without catch-up expires at fire_at + the schedule's max_delay_seconds; a queued-behind run gets its
+-- expiry when it is released (runs_release_blocked); a webhook run does not expire.
 WITH planned AS (
     SELECT *
       FROM jsonb_to_recordset(%(occurrences)s::jsonb)
-           AS p(occurrence_id uuid, schedule_id uuid, fire_at timestamptz, local_time timestamp,
+           AS p(occurrence_id uuid, schedule_id uuid, source text, fire_at timestamptz, local_time timestamp,
                 utc_offset_seconds integer, fold smallint, timezone text, tzdata_version text, revision integer,
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
-                run_id uuid, blocked_by uuid)
+                idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb)
 ), occ AS (
     INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
                              tzdata_version, schedule_revision, decision, covers_from, covers_until,
-                             covers_count, created_at)
-    SELECT occurrence_id, schedule_id, 'scheduled', fire_at, local_time, make_interval(secs => utc_offset_seconds),
-           fold, timezone,
-           tzdata_version, revision, decision, covers_from, covers_until, covers_count,
-           coalesce(%(now)s::timestamptz, now())
+                             covers_count, idempotency_key, key_generation, created_at)
+    SELECT occurrence_id, schedule_id, source, fire_at, local_time, make_interval(secs => utc_offset_seconds),
+           fold, timezone, tzdata_version, revision, decision, covers_from, covers_until, covers_count,
+           idempotency_key, coalesce(key_generation, 0), coalesce(%(now)s::timestamptz, now())
       FROM planned
         ON CONFLICT DO NOTHING
     RETURNING id, schedule_id, decision
 ), new_runs AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
-                      agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at, updated_at)
-    SELECT p.run_id, occ.id, s.id, s.owner, 'scheduled', s.conversation_id, s.mode, s.prompt,
+                      payload, agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at,
+                      updated_at)
+    SELECT p.run_id, occ.id, s.id, s.owner, p.source, s.conversation_id, s.mode, s.prompt, p.payload,
            coalesce(s.agent, c.agent), s.catch_up, 'queued', p.blocked_by,
-           CASE WHEN NOT s.catch_up AND p.blocked_by IS NULL
+           CASE WHEN p.source = 'scheduled' AND NOT s.catch_up AND p.blocked_by IS NULL
                 THEN p.fire_at + make_interval(secs => s.max_delay_seconds) END,
            1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
       FROM occ
@@ -37,11 +40,11 @@ WITH planned AS (
       JOIN conversations c ON c.id = s.conversation_id
      WHERE p.run_id IS NOT NULL
         ON CONFLICT DO NOTHING
-    RETURNING id, occurrence_id, blocked_by_run_id, attempt, fence
+    RETURNING id, occurrence_id, source, blocked_by_run_id, attempt, fence
 ), queued_events AS (
     INSERT INTO run_events (run_id, seq, type, at, attempt, fence, data)
     SELECT id, 1, 'run.queued', coalesce(%(now)s::timestamptz, now()), attempt, fence,
-           jsonb_strip_nulls(jsonb_build_object('source', 'scheduled', 'occurrence_id', occurrence_id,
+           jsonb_strip_nulls(jsonb_build_object('source', source, 'occurrence_id', occurrence_id,
                                                 'blocked_by_run_id', blocked_by_run_id))
       FROM new_runs
 )
@@ -67,13 +70,3 @@ SELECT coalesce(max(key_generation) + 1, 0) AS generation
  WHERE schedule_id = %(schedule_id)s
    AND source = 'webhook'
    AND idempotency_key = %(idempotency_key)s;
-
--- name: occurrences_insert_hook
--- The immutable occurrence of one accepted webhook delivery (zero rows: its key was seen before).
-INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
-                         tzdata_version, schedule_revision, decision, idempotency_key, key_generation, created_at)
-VALUES (%(id)s, %(schedule_id)s, 'webhook', %(fire_at)s, %(local_time)s, %(utc_offset)s, %(fold)s, %(timezone)s,
-        %(tzdata_version)s, %(schedule_revision)s, 'dispatched', %(idempotency_key)s, %(key_generation)s,
-        coalesce(%(now)s::timestamptz, now()))
-ON CONFLICT DO NOTHING
-RETURNING id;

@@ -1,7 +1,7 @@
 -- runs: one row per execution of a prompt, with its state, fence, lease and handoff columns.
--- Writers: the tick (fire inserts queued runs through occurrences_insert_scheduled; settle marks ended
+-- Writers: the tick (fire inserts queued runs through occurrences_insert; settle marks ended
 -- runs settled; repair releases blocked runs, fails undeliverable ones and rescues expired leases),
--- the webhook intake (runs_insert_hook), the handoff stamp, the run worker and the API's cancel.
+-- the webhook intake (occurrences_insert too), the handoff stamp, the run worker and the API's cancel.
 -- Every write of a running run carries its fence: the statement matches zero rows once another claim
 -- (or the tick's rescue) has moved the run on, and the caller learns that from the empty result.
 -- Fenced statements lock the run row (FOR NO KEY UPDATE, the strength of an ordinary UPDATE), so the
@@ -319,16 +319,6 @@ UPDATE runs
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(id)s AND state = 'running' AND fence = %(fence)s
    AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
-RETURNING id;
-
--- name: runs_insert_hook
--- The queued run of a webhook occurrence, carrying the delivery's payload and the schedule's agent snapshot.
-INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt, payload,
-                  agent, catch_up, created_at, updated_at)
-VALUES (%(id)s, %(occurrence_id)s, %(schedule_id)s, %(owner)s, 'webhook', %(conversation_id)s, %(mode)s,
-        %(prompt)s, %(payload)s, %(agent)s, %(catch_up)s,
-        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
-ON CONFLICT DO NOTHING
 RETURNING id;
 
 -- name: runs_ops_list

@@ -40,8 +40,9 @@ from aws_lambda_powertools.metrics import MetricUnit
 from kairos import db
 from kairos.observability import logger
 from kairos.observability import metrics as default_metrics
+from kairos.probes import NO_PROBES, Probes
 from kairos.tick.decision import GRACE
-from kairos.tick.fire import DEFAULT_BATCH, Fault, Fire, FireReport
+from kairos.tick.fire import DEFAULT_BATCH, Fire, FireReport
 from kairos.tick.prune import Prune, PruneReport
 from kairos.tick.repair import Repair, RepairReport
 from kairos.tick.settle import Settle, SettleReport
@@ -137,7 +138,7 @@ class Tick:
     """One tick over a database and a queue. Cheap to build; holds no connection of its own."""
 
     def __init__(self, database: db.Database, sqs: Any, queue_url: str, clock: Clock | None = None, *,
-                 batch_size: int = DEFAULT_BATCH, grace: timedelta = GRACE, fault: Fault | None = None,
+                 batch_size: int = DEFAULT_BATCH, grace: timedelta = GRACE, probes: Probes = NO_PROBES,
                  metrics: Any = default_metrics, min_remaining_ms: int = MIN_REMAINING_MS,
                  fire_workers: int = FIRE_WORKERS) -> None:
         if not queue_url:
@@ -149,7 +150,7 @@ class Tick:
         self.fire_workers = max(1, fire_workers)
         self.settle = Settle(database, sqs, queue_url)
         self.repair = Repair(database, sqs, queue_url)
-        self.fire = Fire(database, sqs, queue_url, batch_size=batch_size, grace=grace, fault=fault)
+        self.fire = Fire(database, sqs, queue_url, batch_size=batch_size, grace=grace, probes=probes)
         self.prune = Prune(database)
 
     def run_once(self, now: datetime | None = None) -> TickReport:

@@ -21,9 +21,9 @@ Guarantees:
 Must not: use any clock but the database's (``now`` comes back from the lock query), send before
 commit, or hold row locks while talking to SQS.
 
-Fault injection: ``fault(point)`` is called at each boundary — ``after_select``, ``after_cursor``,
-``after_inserts`` (inside the transaction), ``after_commit`` (before the send) and ``after_send``
-(before the stamp). Tests make it raise to simulate a tick dying there.
+Probes (``kairos.probes``, the run worker's mechanism too) fire at each boundary — ``after_select``,
+``after_cursor``, ``after_inserts`` (inside the transaction), ``after_commit`` (before the send) and
+``after_send`` (before the stamp). Tests make one raise to simulate a tick dying there.
 """
 
 from __future__ import annotations
@@ -31,7 +31,6 @@ from __future__ import annotations
 import json
 import statistics
 import time
-from collections.abc import Callable
 from dataclasses import dataclass, field
 from datetime import datetime, timedelta
 from typing import Any
@@ -39,19 +38,15 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import db, handoff
+from kairos import db, handoff, occurrences
 from kairos.errors import KairosError
 from kairos.observability import logger
-from kairos.states import Decision
+from kairos.probes import NO_PROBES, Probes
+from kairos.states import Decision, Source
 from kairos.tick.decision import GRACE, Due, Plan, decide
 from kairos.tick.pause import pause_with_note
 
-Fault = Callable[[str], None]
 DEFAULT_BATCH = 500
-
-
-def _no_fault(point: str) -> None:
-    return None
 
 
 @dataclass(frozen=True)
@@ -76,13 +71,13 @@ class Fire:
     """Fires due schedules in bounded batches (see the module docstring)."""
 
     def __init__(self, database: db.Database, sqs: Any, queue_url: str, *, batch_size: int = DEFAULT_BATCH,
-                 grace: timedelta = GRACE, fault: Fault | None = None) -> None:
+                 grace: timedelta = GRACE, probes: Probes = NO_PROBES) -> None:
         self.db = database
         self.sqs = sqs
         self.queue_url = queue_url
         self.batch_size = batch_size
         self.grace = grace
-        self.fault: Fault = fault or _no_fault
+        self.probes = probes
 
     def run_once(self, now: datetime | None = None) -> FireReport:
         started = time.perf_counter()
@@ -91,21 +86,21 @@ class Fire:
             if not rows:
                 return FireReport()
             db_now: datetime = rows[0]["db_now"]
-            self.fault("after_select")
+            self.probes.fire("after_select")
             plans, broken = self._decide(rows, db_now)
             moved = self._advance(conn, plans, now)
             conflicts = len(plans) - len(moved)
             plans = [p for p in plans if p.schedule_id in moved]
-            self.fault("after_cursor")
+            self.probes.fire("after_cursor")
             inserted = self._record(conn, plans, now)
-            self.fault("after_inserts")
+            self.probes.fire("after_inserts")
             paused = self._pause_broken(conn, broken, now)
         db_seconds = time.perf_counter() - started
         # Committed: the runs exist. Only now may their ids reach SQS.
-        self.fault("after_commit")
+        self.probes.fire("after_commit")
         to_send = [row["run_id"] for row in inserted if row["run_id"] is not None and row["blocked_by_run_id"] is None]
         result = handoff.send_batch(self.sqs, self.queue_url, to_send)
-        self.fault("after_send")
+        self.probes.fire("after_send")
         if result.sent:
             stamp_started = time.perf_counter()
             with self.db.transaction() as conn:
@@ -146,32 +141,14 @@ class Fire:
         return moved
 
     def _record(self, conn: psycopg.Connection[db.Row], plans: list[Plan], now: datetime | None) -> list[db.Row]:
-        # One statement for the whole batch; the rows travel as one JSON document (json.dumps is C,
-        # psycopg's array adaptation is not, and this is the hot path of a large tick).
-        occurrences = [
-            {
-                "occurrence_id": str(o.id),
-                "schedule_id": str(plan.schedule_id),
-                "fire_at": o.fire.fire_at.isoformat(),
-                "local_time": o.fire.local_time.isoformat(),
-                "utc_offset_seconds": int(o.fire.utc_offset.total_seconds()),
-                "fold": o.fire.fold,
-                "timezone": o.fire.timezone,
-                "tzdata_version": o.fire.tzdata_version,
-                "revision": plan.revision,
-                "decision": o.decision.value,
-                "covers_from": _iso(o.covers_from),
-                "covers_until": _iso(o.covers_until),
-                "covers_count": o.covers_count,
-                "run_id": None if o.run_id is None else str(o.run_id),
-                "blocked_by": None if o.blocked_by_run_id is None else str(o.blocked_by_run_id),
-            }
+        return occurrences.record(conn, [
+            occurrences.planned(
+                occurrence_id=o.id, schedule_id=plan.schedule_id, source=Source.SCHEDULED, fire=o.fire,
+                revision=plan.revision, decision=o.decision, run_id=o.run_id, blocked_by=o.blocked_by_run_id,
+                covers_from=o.covers_from, covers_until=o.covers_until, covers_count=o.covers_count)
             for plan in plans
             for o in plan.occurrences
-        ]
-        if not occurrences:
-            return []
-        return db.fetch_all(conn, "occurrences_insert_scheduled", {"occurrences": json.dumps(occurrences), "now": now})
+        ], now=now)
 
     def _pause_broken(self, conn: psycopg.Connection[db.Row], broken: list[db.Row], now: datetime | None) -> int:
         return len(pause_with_note(conn, [r["id"] for r in broken], reason_code="rule_error", now=now,
