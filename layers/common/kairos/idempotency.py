@@ -109,12 +109,7 @@ def begin(conn: psycopg.Connection[db.Row], *, owner: str, key: str, route: str,
     row = db.fetch_one(conn, "idempotency_receipts_find", {"key_digest": digest, "now": now})
     if row is None:
         return Pending(owner, key, digest, request)
-    if not hmac.compare_digest(row["request_digest"], request):
-        raise IdempotencyMismatch(
-            "this Idempotency-Key was already used with another request; use a new key for a new request",
-            fields=[FieldError("Idempotency-Key", "idempotency_key_reused",
-                               "the key was used with another request in the last 24 hours")],
-        )
+    require_same(row["request_digest"], request)
     plain = _open(bytes(row["sealed"]), owner=owner, key=key, aad=_aad(digest, request))
     logger.info("idempotent replay", extra={"action": "idempotency_replayed", "route": route})
     return Replay(int(row["status"]), json.loads(plain))
@@ -130,6 +125,16 @@ def remember(conn: psycopg.Connection[db.Row], pending: Pending, *, status: int,
         "key_digest": pending.key_digest, "request_digest": pending.request_digest, "status": status,
         "sealed": sealed, "now": now,
     })
+
+
+def require_same(stored_digest: str, presented_digest: str) -> None:
+    """The one refusal of a live key reused for another request (here and for webhook deliveries)."""
+    if not hmac.compare_digest(stored_digest, presented_digest):
+        raise IdempotencyMismatch(
+            "this Idempotency-Key was already used with another request; use a new key for a new request",
+            fields=[FieldError("Idempotency-Key", "idempotency_key_reused",
+                               "the key was used with another request in the last 24 hours")],
+        )
 
 
 def key_digest(owner: str, key: str) -> str:

@@ -209,13 +209,11 @@ def _replay_or_generation(conn: psycopg.Connection[db.Row], schedule_id: UUID, k
     receipt = db.fetch_one(conn, "webhook_receipts_find",
                            {"schedule_id": schedule_id, "idempotency_key": key, "now": now})
     if receipt is not None:
-        if not hmac.compare_digest(receipt["request_digest"], digest):
+        try:
+            idempotency.require_same(receipt["request_digest"], digest)
+        except IdempotencyMismatch:
             _rejected("idempotency_mismatch", schedule_id)
-            raise IdempotencyMismatch(
-                "this Idempotency-Key was already used with a different body; use a new key for a new request",
-                fields=[FieldError("Idempotency-Key", "idempotency_key_reused",
-                                   "the key was used with another body in the last 24 hours")],
-            )
+            raise
         return Accepted(schedule_id, receipt["occurrence_id"], receipt["run_id"], replayed=True)
     row = db.fetch_one(conn, "occurrences_hook_key_generation", {"schedule_id": schedule_id, "idempotency_key": key})
     return int(row["generation"]) if row is not None else 0

@@ -38,7 +38,7 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
 
@@ -293,56 +293,66 @@ def _standalone_problems(body: Mapping[str, Any], reported: set[str]) -> list[Fi
     return problems
 
 
+# The fields only some kinds take, by the kind that refuses them (and how the refusal names the others).
+_NOT_FOR_KIND: dict[ScheduleKind, tuple[tuple[str, ...], str]] = {
+    ScheduleKind.WEBHOOK: (("cron", "interval_seconds", "starts_at", "ends_at", "max_occurrences", "max_delay_seconds"),
+                           "timed kinds (cron, interval, once)"),
+    ScheduleKind.ONCE: (("ends_at", "max_occurrences"), "kinds cron and interval"),
+}
+
+
 def _check_semantics(request: ScheduleRequest, now: datetime) -> list[FieldError]:
     """Rules beyond the shape. Rule words match the calendar's (``not_for_kind``, ``known_zone``…)."""
     from kairos import calendar
 
-    problems: list[FieldError] = []
-    kind = request.kind
-
-    def not_for_kind(name: str, applies: str) -> None:
-        problems.append(FieldError(name, "not_for_kind", f"{name} applies only to {applies}; remove it"))
-
-    if kind is ScheduleKind.WEBHOOK:
-        for name in ("cron", "interval_seconds", "starts_at", "ends_at", "max_occurrences"):
-            if getattr(request, name) is not None:
-                not_for_kind(name, "timed kinds (cron, interval, once)")
-        if "max_delay_seconds" in request.model_fields_set:
-            not_for_kind("max_delay_seconds", "timed kinds (cron, interval, once)")
-    if kind is ScheduleKind.ONCE:
-        for name in ("ends_at", "max_occurrences"):
-            if getattr(request, name) is not None:
-                not_for_kind(name, "kinds cron and interval")
-        if request.starts_at is not None and request.starts_at <= now:
-            problems.append(FieldError("starts_at", "not_future", "starts_at must be in the future"))
-    if kind is not ScheduleKind.WEBHOOK and request.signing is not None:
-        not_for_kind("signing", "kind webhook")
-    if request.agent is not None and request.mode is not Mode.FRESH:
-        not_for_kind("agent", "mode fresh (fork and append use the conversation's agent)")
-    if (
-        kind in (ScheduleKind.CRON, ScheduleKind.INTERVAL)
-        and request.ends_at is not None
-        and request.ends_at <= now
-        and (request.starts_at is None or request.ends_at > request.starts_at)  # else the calendar says so
-    ):
-        problems.append(FieldError("ends_at", "not_future", "ends_at must be in the future"))
-
-    if kind is ScheduleKind.WEBHOOK:
-        try:
-            calendar.describe(now, request.timezone)  # the same zone list the calendar uses
-        except ValidationFailed as error:
-            problems.extend(error.fields)
-        return problems
-
+    problems = _fields_not_for_kind(request) + _times_not_future(request, now)
+    if request.kind is ScheduleKind.WEBHOOK:  # the same zone list the calendar uses
+        return problems + _calendar_errors(lambda: calendar.describe(now, request.timezone))
     # The calendar judges what it owns: required rule fields, the expression, the zone, the window.
-    try:
-        calendar.check_rule(rule_of(request))
-    except ValidationFailed as error:
-        problems.extend(error.fields)
+    problems += _calendar_errors(lambda: calendar.check_rule(rule_of(request)))
     if not problems and calendar.next_fire(rule_of(request), now) is None:
-        name = "ends_at" if request.ends_at is not None else _rule_field(kind)
+        name = "ends_at" if request.ends_at is not None else _rule_field(request.kind)
         problems.append(FieldError(name, "no_future_fire", "this rule never fires after now"))
     return problems
+
+
+def _fields_not_for_kind(request: ScheduleRequest) -> list[FieldError]:
+    def refused(name: str, applies: str) -> FieldError:
+        return FieldError(name, "not_for_kind", f"{name} applies only to {applies}; remove it")
+
+    names, applies = _NOT_FOR_KIND.get(request.kind, ((), ""))
+    problems = [refused(name, applies) for name in names if _given(request, name)]
+    if request.kind is not ScheduleKind.WEBHOOK and request.signing is not None:
+        problems.append(refused("signing", "kind webhook"))
+    if request.agent is not None and request.mode is not Mode.FRESH:
+        problems.append(refused("agent", "mode fresh (fork and append use the conversation's agent)"))
+    return problems
+
+
+def _given(request: ScheduleRequest, name: str) -> bool:
+    """The caller gave the field: a value other than its default, or its default written out."""
+    value = getattr(request, name)
+    default = ScheduleRequest.model_fields[name].default
+    return value is not None and (value != default or name in request.model_fields_set)
+
+
+def _times_not_future(request: ScheduleRequest, now: datetime) -> list[FieldError]:
+    starts_at, ends_at = request.starts_at, request.ends_at
+    if request.kind is ScheduleKind.ONCE and starts_at is not None and starts_at <= now:
+        return [FieldError("starts_at", "not_future", "starts_at must be in the future")]
+    if (request.kind in (ScheduleKind.CRON, ScheduleKind.INTERVAL) and ends_at is not None and ends_at <= now
+            and (starts_at is None or ends_at > starts_at)):  # else the calendar says the window is empty
+        return [FieldError("ends_at", "not_future", "ends_at must be in the future")]
+    return []
+
+
+def _calendar_errors(check: Callable[[], object]) -> list[FieldError]:
+    """What a calendar check refuses, as field errors (the same zone list and rule words)."""
+    try:
+        check()
+    except ValidationFailed as error:
+        return list(error.fields)
+    return []
 
 
 def _check_frequency(request: ScheduleRequest, now: datetime) -> None:
