@@ -176,6 +176,12 @@ class Forbidden(KairosError):
     code = "forbidden"
 
 
+class PreconditionFailed(KairosError):
+    """``If-Match`` named a revision that is no longer the current one: re-read, then edit again."""
+
+    code = "precondition_failed"
+
+
 class Unauthorized(KairosError):
     code = "unauthorized"
 
@@ -227,6 +233,7 @@ HTTP_STATUS: dict[type[KairosError], int] = {
     ValidationFailed: 422,
     NotFound: 404,
     Conflict: 409,
+    PreconditionFailed: 412,
     LimitExceeded: 422,
     Forbidden: 403,
     Unauthorized: 401,

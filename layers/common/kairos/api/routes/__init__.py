@@ -69,6 +69,15 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def header(event: Mapping[str, Any], name: str) -> str | None:
+    """One request header of a v2 event (names are case-insensitive), or None."""
+    wanted = name.lower()
+    for key, value in (event.get("headers") or {}).items():
+        if str(key).lower() == wanted:
+            return str(value)
+    return None
+
+
 def idempotent(conn: Any, owner: str, event: Mapping[str, Any], body: Any,
                create: Callable[[Any], Response[dict[str, Any]]]) -> Response[dict[str, Any]]:
     """``create(conn)`` at most once per owner and ``Idempotency-Key`` in 24 h (``kairos.idempotency``):
@@ -76,8 +85,7 @@ def idempotent(conn: Any, owner: str, event: Mapping[str, Any], body: Any,
     body 422. No key: a plain create."""
     from kairos import idempotency
 
-    headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
-    key = idempotency.check_key("Idempotency-Key", headers.get("idempotency-key"))
+    key = idempotency.check_key("Idempotency-Key", header(event, "Idempotency-Key"))
     if key is None:
         return create(conn)
     claim = idempotency.begin(conn, owner=owner, key=key, route=route_key(), body=body)
