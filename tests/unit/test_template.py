@@ -40,6 +40,7 @@ ROUTES = {
     "GET /v1/schedules",
     "GET /v1/schedules/{id}",
     "GET /v1/schedules/{id}/preview",
+    "PATCH /v1/schedules/{id}",
     "POST /v1/schedules/{id}/pause",
     "POST /v1/schedules/{id}/resume",
     "POST /v1/schedules/{id}/token",
