@@ -176,6 +176,18 @@ class Forbidden(KairosError):
     code = "forbidden"
 
 
+class OverlapConflict(Conflict):
+    """A run now would overlap a run of the same schedule its overlap policy does not allow."""
+
+    code = "overlap"
+
+
+class NotRetryable(Conflict):
+    """The run cannot be retried: its state, or an external change it may have made."""
+
+    code = "not_retryable"
+
+
 class PreconditionFailed(KairosError):
     """``If-Match`` named a revision that is no longer the current one: re-read, then edit again."""
 

@@ -75,3 +75,21 @@ SELECT coalesce(max(key_generation) + 1, 0) AS generation
  WHERE schedule_id = %(schedule_id)s
    AND source = 'webhook'
    AND idempotency_key = %(idempotency_key)s;
+
+-- name: occurrences_of_run
+-- The occurrence a run came from, with whether its revision is on record (a retry re-executes it).
+SELECT o.*, EXISTS (SELECT 1 FROM schedule_revisions rv
+                     WHERE rv.schedule_id = o.schedule_id AND rv.revision = o.schedule_revision) AS revision_kept
+  FROM occurrences o JOIN runs r ON r.occurrence_id = o.id
+ WHERE r.id = %(run_id)s;
+
+-- name: occurrences_in_window
+-- A schedule's timed occurrences (scheduled and backfill) with fire_at in [from, until), oldest first,
+-- with the run each made: what a backfill leaves alone or converges on.
+SELECT o.id, o.source, o.fire_at, o.local_time, o.utc_offset, o.fold, o.schedule_revision, o.decision,
+       r.id AS run_id
+  FROM occurrences o
+  LEFT JOIN runs r ON r.occurrence_id = o.id
+ WHERE o.schedule_id = %(schedule_id)s AND o.source IN ('scheduled', 'backfill')
+   AND o.fire_at >= %(from)s AND o.fire_at < %(until)s
+ ORDER BY o.fire_at, o.source;

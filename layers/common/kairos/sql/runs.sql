@@ -349,3 +349,37 @@ SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
            OR handoff_at < coalesce(%(now)s::timestamptz, now()) - interval '15 minutes')) AS handoff_pending
   FROM runs
  WHERE state IN ('queued', 'running');
+
+-- name: runs_overlap_of_schedule
+-- What overlap sees of a schedule outside the tick (trigger, retry): its newest active run and a
+-- queued-behind run already waiting.
+SELECT (SELECT r.id FROM runs r
+         WHERE r.schedule_id = %(schedule_id)s AND r.state IN ('queued', 'running', 'awaiting_approval')
+         ORDER BY r.created_at DESC, r.id DESC LIMIT 1) AS active_run_id,
+       (SELECT r.id FROM runs r
+         WHERE r.schedule_id = %(schedule_id)s AND r.state = 'queued' AND r.blocked_by_run_id IS NOT NULL
+         LIMIT 1) AS waiting_run_id;
+
+-- name: runs_lock_any
+-- One run whoever owns it, locked: cancel_replace holds the run it replaces while it decides, so the
+-- run's worker cannot reserve an effect in between (effects_reserve updates this row).
+SELECT * FROM runs WHERE id = %(run_id)s FOR NO KEY UPDATE;
+
+-- name: runs_block_not_replace_safe
+-- queued -> policy_blocked at once: the new run of a cancel_replace fire whose predecessor had
+-- already reserved an external change (not replace-safe).
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'policy_blocked',
+       diagnosis = %(diagnosis)s,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'queued'
+RETURNING *;
+
+-- name: runs_last_backfill
+-- The newest backfill run of a schedule that has not ended: the next backfill run waits for it.
+SELECT id FROM runs
+ WHERE schedule_id = %(schedule_id)s AND source = 'backfill' AND finished_at IS NULL
+ ORDER BY created_at DESC, id DESC
+ LIMIT 1;
