@@ -468,6 +468,13 @@ def test_functions_get_the_contract_environment() -> None:
     assert "DATABASE_URL" not in variables  # deployed code reads the secret
 
 
+def test_retention_is_a_bounded_parameter_every_function_reads() -> None:
+    parameter = template()["Parameters"]["RetentionDays"]
+    assert (number(parameter["Default"]), number(parameter["MinValue"]), number(parameter["MaxValue"])) == (30, 1, 3650)
+    variables = template()["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["KAIROS_RETENTION_DAYS"] == {"Ref": "RetentionDays"}
+
+
 def test_parameters_for_an_existing_database_and_optional_features() -> None:
     parameters = template()["Parameters"]
     assert {"DatabaseSecretArn", "JwtIssuer", "JwtAudience"} <= {k for k, v in parameters.items() if "Default" not in v}

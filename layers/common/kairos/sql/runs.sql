@@ -239,6 +239,35 @@ UPDATE runs
  WHERE id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL AND settled_at IS NULL
 RETURNING id;
 
+-- name: runs_lock_past_retention
+-- Locks (skipping held ones) up to `limit` settled runs that ended more than `retention_days` ago and
+-- are not pruned yet, oldest end first, each with its own thread: the fork or fresh conversation the
+-- run created (NULL for an append run, or before the run made one).
+SELECT r.id, c.id AS thread_id
+  FROM runs r
+  LEFT JOIN conversations c
+    ON c.id = r.conversation_id AND c.origin_run_id = r.id AND r.mode IN ('fork', 'fresh')
+ WHERE r.pruned_at IS NULL AND r.finished_at IS NOT NULL AND r.settled_at IS NOT NULL
+   AND r.finished_at <= coalesce(%(now)s::timestamptz, now()) - make_interval(days => %(retention_days)s::integer)
+ ORDER BY r.finished_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE OF r SKIP LOCKED;
+
+-- name: runs_mark_pruned
+-- Records that retention passed over runs the caller holds locked and clears their webhook payload;
+-- says of each whether it carried one. State, output reference, usage and diagnosis stay.
+WITH old AS (
+    SELECT id, payload IS NOT NULL AS had_payload
+      FROM runs
+     WHERE id = ANY(%(ids)s::uuid[]) AND pruned_at IS NULL AND finished_at IS NOT NULL
+)
+UPDATE runs r
+   SET payload = NULL,
+       pruned_at = coalesce(%(now)s::timestamptz, now())
+  FROM old
+ WHERE r.id = old.id
+RETURNING r.id, old.had_payload;
+
 -- name: runs_release_blocked
 -- queue_one: unblocks queued runs whose blocker has ended, so they can be handed to SQS. A scheduled
 -- run without catch-up becomes claimable here, so its expiry is set here: fire_at + max_delay_seconds
