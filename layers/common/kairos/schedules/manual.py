@@ -10,9 +10,9 @@ answers ``OverlapConflict`` (409 ``overlap``) naming the run in the way, and rec
 Rules:
 * only an active schedule runs (a run of a paused or cancelled one would be refused at its claim):
   ``Conflict`` otherwise;
-* a retry refuses (``not_retryable``, 409) a run in any other state, and a run that reserved an
-  external change not known to have failed (a mutation reserved, settled or ambiguous): repeating it
-  could repeat the change;
+* a retry refuses (``not_retryable``, 409) a run in any other state, a run that reserved an
+  external change not known to have failed (a mutation reserved, settled or ambiguous: repeating it
+  could repeat the change), and a run whose inputs retention already forgot;
 * a retry is idempotent per run: its occurrence key is ``retry:<run id>``, so retrying the same run
   again answers the run the first retry made. A trigger has a fresh key each time; the API's
   ``Idempotency-Key`` makes a retried request answer its first response.
@@ -71,6 +71,9 @@ def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, no
             raise NotRetryable(f"a {state.value} run cannot be retried",
                                fields=[FieldError("state", "retryable", "only failed, abandoned, expired and "
                                                   "cancelled runs can be retried")])
+        if run.get("pruned_at") is not None:
+            raise NotRetryable("this run's thread and payload were forgotten (retention); trigger the schedule "
+                               "instead", fields=[FieldError("run", "not_pruned", "the run's inputs are gone")])
         kept = db.fetch_one(conn, "effects_mutation_kept", {"run_id": run_id})
         if kept is not None and kept["kept"]:
             raise NotRetryable("this run reserved an external change that may have happened; retrying could "
