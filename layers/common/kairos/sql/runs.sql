@@ -407,8 +407,9 @@ UPDATE runs
 RETURNING *;
 
 -- name: runs_last_backfill
--- The newest backfill run of a schedule that has not ended: the next backfill run waits for it.
-SELECT id FROM runs
- WHERE schedule_id = %(schedule_id)s AND source = 'backfill' AND finished_at IS NULL
- ORDER BY created_at DESC, id DESC
+-- The last link of a schedule's unfinished backfill chain (the latest request's newest instant): the
+-- next backfill run waits for it.
+SELECT r.id FROM runs r JOIN occurrences o ON o.id = r.occurrence_id
+ WHERE r.schedule_id = %(schedule_id)s AND r.source = 'backfill' AND r.finished_at IS NULL
+ ORDER BY r.created_at DESC, o.fire_at DESC
  LIMIT 1;
