@@ -157,6 +157,21 @@ class RunEnvelope(_Strict):
     run: RunOut
 
 
+class ApprovalOut(_Open):
+    id: str
+    run_id: str
+    state: str
+    tool: str
+
+
+class ApprovalEnvelope(_Strict):
+    approval: ApprovalOut
+
+
+class ApprovalList(_Strict):
+    approvals: list[ApprovalOut]
+
+
 class EventOut(_Open):
     seq: int
     type: str

@@ -130,6 +130,8 @@ def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: d
         done = moves.cancel_waiting(conn, run_id, owner=owner, by="owner", now=now,
                                     diagnosis=diagnose("cancelled", summary="The run was cancelled before it ran."))
         if done is not None:
+            # Its open approval requests are retired: nobody can approve a cancelled run's tool call.
+            db.fetch_all(conn, "approvals_retire_for_run", {"run_id": run_id, "now": now})
             moves.count("RunCancelled")
             logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(run_id)})
             return Run.from_row(done)

@@ -431,3 +431,45 @@ SELECT id FROM runs
  WHERE source_conversation_id = %(conversation_id)s AND source = 'chat' AND finished_at IS NULL
  ORDER BY created_at DESC, id DESC
  LIMIT 1;
+
+-- name: runs_step_events
+-- Appends a tool loop's step events for the fence holder (the step's effect is settled and the step
+-- recorded in the same transaction).
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_await_approval
+-- running -> awaiting_approval for the fence holder: the lease is cleared (no worker holds the run,
+-- the owner's slot is free) until a person decides.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'awaiting_approval',
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_requeue_approved
+-- awaiting_approval -> queued once its request is approved: a new attempt applies the approved call.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'queued',
+       handoff_at = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'awaiting_approval'
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_block_approval
+-- awaiting_approval -> policy_blocked: its request was denied or expired.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'policy_blocked',
+       diagnosis = %(diagnosis)s,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'awaiting_approval'
+RETURNING id, last_seq, attempt, fence;
