@@ -85,7 +85,7 @@ def test_another_principals_object_answers_exactly_like_a_missing_one_on_every_i
         assert foreign.headers == absent.headers, spec.key
         assert alices not in foreign.text and missing not in absent.text
         covered.add(spec.key)
-    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 12
+    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 13
     after = {t: rows(api.url, f"SELECT t::text AS row FROM {t} t ORDER BY 1") for t in ("schedules", "runs")}
     assert after == before, "bob's attempts changed nothing of alice's"
 
