@@ -1,0 +1,206 @@
+"""Finding work that already exists (DESIGN.md "Steering runs", Find), through the API handler on real PostgreSQL.
+
+``GET /v1/runs`` (filters, keyset pages), ``last_run`` on every schedule, ``GET /v1/schedules/{id}/occurrences``
+and ``GET /v1/conversations``. The paging tests are built to defeat the two usual mistakes: runs are
+inserted between page fetches (OFFSET pages would repeat rows) and many rows share one instant across
+page boundaries (a cursor of the instant alone would skip or repeat them). Rows get their instants from
+the library's own ``now`` injection (``occurrences.record``: the tick's and the webhook's insert path).
+"""
+
+from __future__ import annotations
+
+import base64
+import itertools
+import uuid
+from datetime import UTC, datetime, timedelta
+from typing import Any
+from urllib.parse import quote
+
+import pytest
+from kairos import occurrences, pages
+from kairos.calendar import Fire
+from kairos.db import Database
+from kairos.runs.worker import process
+from kairos.settings import Settings
+from kairos.states import Decision, Source
+
+from tests import factories
+from tests.support.api import Api, ApiClient, rows
+from tests.support.executors import ScriptedExecutor
+
+T = datetime(2026, 3, 1, 12, 0, tzinfo=UTC)
+_fires = itertools.count()
+
+
+def _schedule(api: Api, who: str = "alice", conversation_id: str | None = None, **fields: Any) -> dict[str, Any]:
+    client = ApiClient(who)
+    conversation_id = conversation_id or api.conversation(who)["id"]
+    answer = client.post("/v1/schedules", {"conversation_id": conversation_id, "prompt": "brief me",
+                                           "cron": "0 7 * * *", **fields})
+    assert answer.status == 201, answer.text
+    return dict(answer.json["schedule"])
+
+
+def _record(db: Database, schedule_id: str, *, now: datetime, fire_at: datetime | None = None,
+            source: Source = Source.SCHEDULED, decision: Decision = Decision.DISPATCHED,
+            run: bool = True, covers: tuple[datetime, datetime, int] | None = None) -> dict[str, Any]:
+    """One fire recorded the way the tick and the webhook record theirs, its rows stamped ``now``."""
+    fire_at = fire_at or T - timedelta(days=1, minutes=next(_fires))
+    fire = Fire(fire_at, (fire_at + timedelta(hours=1)).replace(tzinfo=None), timedelta(hours=1), 0,
+                "Europe/Berlin", "test")
+    key = str(uuid.uuid4()) if source in (Source.MANUAL, Source.WEBHOOK) else None
+    planned = occurrences.planned(
+        occurrence_id=uuid.uuid4(), schedule_id=uuid.UUID(schedule_id), source=source, fire=fire, revision=1,
+        decision=decision, run_id=uuid.uuid4() if run else None, idempotency_key=key,
+        covers_from=covers[0] if covers else None, covers_until=covers[1] if covers else None,
+        covers_count=covers[2] if covers else 1)
+    with db.transaction() as conn:
+        recorded = occurrences.record(conn, [planned], now=now)
+    assert len(recorded) == 1
+    return {"occurrence_id": str(recorded[0]["occurrence_id"]),
+            "run_id": None if recorded[0]["run_id"] is None else str(recorded[0]["run_id"])}
+
+
+def _walk(client: ApiClient, target: str, plural: str, limit: int,
+          between: Any = None) -> tuple[list[dict[str, Any]], list[list[str]]]:
+    """Every row of a list, page by page (``between()`` runs after each page); the rows and each page's ids."""
+    seen: list[dict[str, Any]] = []
+    page_ids: list[list[str]] = []
+    before: str | None = None
+    sep = "&" if "?" in target else "?"
+    while True:
+        answer = client.get(f"{target}{sep}limit={limit}" + ("" if before is None else f"&before={quote(before)}"))
+        assert answer.status == 200, answer.text
+        assert set(answer.json) == {plural, "next_before"}
+        batch = answer.json[plural]
+        assert len(batch) <= limit
+        seen.extend(batch)
+        page_ids.append([r["id"] for r in batch])
+        before = answer.json["next_before"]
+        if before is None:
+            return seen, page_ids
+        assert len(batch) == limit, "a page that is not the last is full"
+        if between is not None:
+            between()
+
+
+# ---- GET /v1/runs: keyset pages ----------------------------------------------------------------
+
+
+def test_paging_through_runs_while_runs_are_created_never_skips_or_repeats_one(api: Api, db: Database) -> None:
+    # Given 21 runs: 12 created at one instant (one tick's batch), 5 a second earlier, 4 an hour before.
+    schedule = _schedule(api)
+    stamps = [T] * 12 + [T - timedelta(seconds=1)] * 5 + [T - timedelta(hours=1)] * 4
+    initial = {_record(db, schedule["id"], now=at)["run_id"]: at for at in stamps}
+    later = itertools.count(1)
+
+    def new_runs() -> None:  # what a tick does meanwhile: new runs, at later instants
+        for _ in range(2):
+            _record(db, schedule["id"], now=T + timedelta(seconds=next(later)))
+
+    # When alice pages through with 5 a page, two new runs landing before every next page
+    for target in ("/v1/runs", f"/v1/runs?schedule_id={schedule['id']}"):
+        existing = {str(r["id"]): r["created_at"] for r in rows(api.url, "SELECT id, created_at FROM runs")}
+        expected = sorted(existing, key=lambda rid: (existing[rid], uuid.UUID(rid)), reverse=True)
+        seen, page_ids = _walk(api.alice, target, "runs", 5, between=new_runs)
+        # Then she sees exactly the runs that existed when she started, newest first, each once
+        assert [r["id"] for r in seen] == expected, target
+        assert [len(p) for p in page_ids] == [5, 5, 5, 5, 1] if target == "/v1/runs" else [5] * 5 + [4]
+    # The scenario is the hard one: instants are shared across page boundaries (a cursor of the
+    # instant alone would skip or repeat), and new rows arrived between pages (OFFSET would repeat).
+    first = sorted(initial, key=lambda rid: (initial[rid], uuid.UUID(rid)), reverse=True)
+    assert initial[first[4]] == initial[first[5]] == T
+    assert initial[first[14]] == initial[first[15]]
+    assert len(rows(api.url, "SELECT id FROM runs")) == 21 + 2 * 4 + 2 * 5
+    fresh = api.alice.get("/v1/runs?limit=12").json["runs"]
+    assert all(r["id"] not in initial for r in fresh), "new runs show on a first page"
+
+
+def test_runs_filter_by_schedule_conversation_state_and_source_and_hold_only_the_callers(api: Api) -> None:
+    home = factories.conversation(api.url, owner="alice")
+    other = factories.conversation(api.url, owner="alice")
+    thread = factories.conversation(api.url, owner="alice")
+    forked = factories.schedule(api.url, conversation_id=home["id"], mode="fork")
+    hooked = factories.schedule(api.url, conversation_id=home["id"], kind="webhook")
+    elsewhere = factories.schedule(api.url, conversation_id=other["id"])
+    bobs = factories.schedule(api.url, owner="bob")
+    made = {
+        "fork_done": factories.run(api.url, schedule_row=forked, state="succeeded", conversation_id=thread["id"],
+                                   fire_at=T),
+        "fork_queued": factories.run(api.url, schedule_row=forked, fire_at=T + timedelta(hours=1)),
+        "hook_failed": factories.run(api.url, schedule_row=hooked, state="failed", source="webhook"),
+        "elsewhere": factories.run(api.url, schedule_row=elsewhere, state="running"),
+    }
+    factories.run(api.url, schedule_row=bobs)
+    ids = {name: str(row["id"]) for name, row in made.items()}
+
+    def listed(query: str, who: ApiClient = api.alice) -> set[str]:
+        answer = who.get(f"/v1/runs{query}")
+        assert answer.status == 200, answer.text
+        return {r["id"] for r in answer.json["runs"]}
+
+    assert listed("") == set(ids.values())
+    assert listed(f"?schedule_id={forked['id']}") == {ids["fork_done"], ids["fork_queued"]}
+    # conversation_id: runs scheduled from the conversation, and the run whose thread it is
+    assert listed(f"?conversation_id={home['id']}") == {ids["fork_done"], ids["fork_queued"], ids["hook_failed"]}
+    assert listed(f"?conversation_id={thread['id']}") == {ids["fork_done"]}
+    assert listed("?state=failed") == {ids["hook_failed"]}
+    assert listed("?source=webhook") == {ids["hook_failed"]}
+    assert listed("?state=running&source=scheduled") == {ids["elsewhere"]}
+    assert listed(f"?schedule_id={forked['id']}&state=queued") == {ids["fork_queued"]}
+    # another owner's schedule or conversation as a filter: nothing of theirs, no error
+    assert listed(f"?schedule_id={bobs['id']}") == set()
+    assert listed(f"?conversation_id={home['id']}", api.bob) == set()
+    assert listed("", api.bob) == {str(r["id"]) for r in rows(api.url, "SELECT id FROM runs WHERE owner = 'bob'")}
+    one = api.alice.get(f"/v1/runs?conversation_id={thread['id']}").json["runs"][0]
+    assert one["conversation_id"] == str(thread["id"]) and one["source_conversation_id"] == str(home["id"])
+    assert {"prompt", "payload", "agent", "owner"}.isdisjoint(one)
+
+
+def _cursor(kind: str) -> str:
+    return pages.encode(kind, pages.Key(T, uuid.uuid4()))
+
+
+@pytest.mark.parametrize(("query", "field", "rule"), [
+    ("schedule_id=nope", "schedule_id", "type"),
+    ("conversation_id=1234", "conversation_id", "type"),
+    ("state=done", "state", "enum"),
+    ("source=cron", "source", "enum"),
+    ("limit=0", "limit", "min"),
+    ("limit=101", "limit", "max"),
+    ("limit=ten", "limit", "type"),
+    ("before=not-a-cursor", "before", "cursor"),
+    ("before=", "before", "cursor"),
+    ("before=" + "A" * 400, "before", "cursor"),
+    ("before=" + base64.urlsafe_b64encode(b"runs:99999999999999999:" + b"0" * 32).decode(), "before", "cursor"),
+    ("before=" + _cursor("occurrences"), "before", "cursor"),
+])
+def test_runs_query_parameters_are_validated(api: Api, query: str, field: str, rule: str) -> None:
+    answer = api.alice.get(f"/v1/runs?{query}")
+    assert answer.status == 422, answer.text
+    assert [(f["field"], f["rule"]) for f in answer.error["fields"]] == [(field, rule)]
+    assert answer.error["code"] == "validation_failed"
+
+
+def test_list_cursors_are_validated_on_every_list(api: Api) -> None:
+    schedule = _schedule(api)
+    for target, kind in ((f"/v1/schedules/{schedule['id']}/occurrences", "runs"), ("/v1/conversations", "runs"),
+                         ("/v1/runs", "conversations")):
+        for query, field, rule in ((f"before={_cursor(kind)}", "before", "cursor"), ("before=%25%25", "before", "cursor"),
+                                   ("limit=0", "limit", "min"), ("limit=101", "limit", "max")):
+            answer = api.alice.get(f"{target}?{query}")
+            assert answer.status == 422, (target, query, answer.text)
+            assert [(f["field"], f["rule"]) for f in answer.error["fields"]] == [(field, rule)], (target, query)
+
+
+def test_a_first_page_defaults_to_50_and_an_empty_list_has_no_cursor(api: Api, db: Database) -> None:
+    assert api.alice.get("/v1/runs").json == {"runs": [], "next_before": None}
+    schedule = _schedule(api)
+    for _ in range(51):
+        _record(db, schedule["id"], now=T)
+    first = api.alice.get("/v1/runs").json
+    assert len(first["runs"]) == 50 and first["next_before"] is not None
+    rest = api.alice.get(f"/v1/runs?before={first['next_before']}").json
+    assert len(rest["runs"]) == 1 and rest["next_before"] is None
+    exactly = api.alice.get("/v1/runs?limit=51").json
+    assert len(exactly["runs"]) == 51 and exactly["next_before"] is None, "no cursor to an empty page"
