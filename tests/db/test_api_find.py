@@ -41,7 +41,7 @@ def _schedule(api: Api, who: str = "alice", conversation_id: str | None = None, 
     return dict(answer.json["schedule"])
 
 
-def _record(db: Database, schedule_id: str, *, now: datetime, fire_at: datetime | None = None,
+def _record(db: Database, schedule_id: str, *, now: datetime | None, fire_at: datetime | None = None,
             source: Source = Source.SCHEDULED, decision: Decision = Decision.DISPATCHED,
             run: bool = True, covers: tuple[datetime, datetime, int] | None = None) -> dict[str, Any]:
     """One fire recorded the way the tick and the webhook record theirs, its rows stamped ``now``."""
@@ -68,7 +68,7 @@ def _walk(client: ApiClient, target: str, plural: str, limit: int,
     page_ids: list[list[str]] = []
     before: str | None = None
     sep = "&" if "?" in target else "?"
-    while True:
+    for _ in range(50):  # a cursor that does not move on would page forever
         answer = client.get(f"{target}{sep}limit={limit}" + ("" if before is None else f"&before={quote(before)}"))
         assert answer.status == 200, answer.text
         assert set(answer.json) == {plural, "next_before"}
@@ -82,6 +82,7 @@ def _walk(client: ApiClient, target: str, plural: str, limit: int,
         assert len(batch) == limit, "a page that is not the last is full"
         if between is not None:
             between()
+    raise AssertionError("the list did not end within 50 pages")
 
 
 # ---- GET /v1/runs: keyset pages ----------------------------------------------------------------
@@ -204,3 +205,149 @@ def test_a_first_page_defaults_to_50_and_an_empty_list_has_no_cursor(api: Api, d
     assert len(rest["runs"]) == 1 and rest["next_before"] is None
     exactly = api.alice.get("/v1/runs?limit=51").json
     assert len(exactly["runs"]) == 51 and exactly["next_before"] is None, "no cursor to an empty page"
+
+
+# ---- last_run on every schedule ----------------------------------------------------------------
+
+
+def test_every_schedule_answer_carries_its_newest_run_as_last_run(api: Api, db: Database) -> None:
+    created = _schedule(api)
+    sid = created["id"]
+    assert created["last_run"] is None, "a new schedule has run nothing"
+    assert api.alice.get(f"/v1/schedules/{sid}").json["schedule"]["last_run"] is None
+
+    # Given runs created at two instants, three of them at the newer one (ties broken by id)
+    _record(db, sid, now=T - timedelta(minutes=5))
+    newest = [_record(db, sid, now=T)["run_id"] for _ in range(3)]
+    newest_id = max(newest, key=uuid.UUID)
+    head = api.alice.get(f"/v1/runs?schedule_id={sid}&limit=1").json["runs"][0]
+    expected = {"id": newest_id, "state": "queued", "source": "scheduled", "created_at": "2026-03-01T12:00:00Z",
+                "finished_at": None}
+    assert head["id"] == newest_id, "last_run is the first run GET /v1/runs lists"
+
+    listed = {s["id"]: s for s in api.alice.get("/v1/schedules").json["schedules"]}
+    assert listed[sid]["last_run"] == expected
+    assert api.alice.get(f"/v1/schedules/{sid}").json["schedule"]["last_run"] == expected
+
+    # When that run is cancelled, every answer shows its end
+    assert api.alice.post(f"/v1/runs/{newest_id}/cancel").status == 200
+    ended = api.alice.get(f"/v1/schedules/{sid}").json["schedule"]["last_run"]
+    assert ended["state"] == "cancelled" and ended["finished_at"] is not None
+    for verb, call in (("pause", api.alice.post), ("resume", api.alice.post), ("", api.alice.delete)):
+        answer = call(f"/v1/schedules/{sid}" + (f"/{verb}" if verb else ""))
+        assert answer.status == 200, (verb, answer.text)
+        assert answer.json["schedule"]["last_run"] == ended, verb
+    # A schedule with no runs next to one with runs: each its own
+    quiet = _schedule(api)
+    both = {s["id"]: s["last_run"] for s in api.alice.get("/v1/schedules").json["schedules"]}
+    assert both[quiet["id"]] is None and sid not in both, "the cancelled one is no longer listed"
+
+
+def test_a_webhook_schedules_token_rotation_answers_its_last_run(api: Api) -> None:
+    schedule, token = api.webhook_schedule()
+    assert schedule["last_run"] is None
+    fired = api.anonymous.post(f"/v1/hooks/{token}", {"n": 1})
+    assert fired.status == 202, fired.text
+    rotated = api.alice.post(f"/v1/schedules/{schedule['id']}/token", {"overlap_seconds": 0})
+    assert rotated.status == 200, rotated.text
+    assert rotated.json["schedule"]["last_run"]["id"] == fired.json["run_id"]
+    assert rotated.json["schedule"]["last_run"]["source"] == "webhook"
+
+
+# ---- GET /v1/schedules/{id}/occurrences --------------------------------------------------------
+
+
+def test_occurrences_page_newest_first_with_decisions_and_ties_split_exactly_once(api: Api, db: Database) -> None:
+    schedule = _schedule(api)
+    sid = schedule["id"]
+    # Given four occurrences of one instant (every source), a skipped range with no run, and older fires
+    tied = {source: _record(db, sid, now=T, fire_at=T, source=source)
+            for source in (Source.SCHEDULED, Source.BACKFILL, Source.MANUAL, Source.WEBHOOK)}
+    skipped = _record(db, sid, now=T, fire_at=T - timedelta(hours=1), decision=Decision.SKIPPED_LATE, run=False,
+                      covers=(T - timedelta(hours=5), T - timedelta(hours=1), 5))
+    older = [_record(db, sid, now=T, fire_at=T - timedelta(days=d)) for d in (1, 2, 3)]
+    existing = {str(r["id"]): r["fire_at"] for r in rows(api.url, "SELECT id, fire_at FROM occurrences")}
+    expected = sorted(existing, key=lambda oid: (existing[oid], uuid.UUID(oid)), reverse=True)
+    later = itertools.count(1)
+
+    def new_fires() -> None:
+        _record(db, sid, now=T, fire_at=T + timedelta(hours=next(later)))
+
+    # When alice pages through two at a time while new fires are recorded
+    seen, page_ids = _walk(api.alice, f"/v1/schedules/{sid}/occurrences", "occurrences", 3, between=new_fires)
+
+    # Then each occurrence that existed shows once, newest first, the tied ones split across pages
+    assert [o["id"] for o in seen] == expected
+    assert [len(p) for p in page_ids] == [3, 3, 2]
+    by_id = {o["id"]: o for o in seen}
+    assert {by_id[t["occurrence_id"]]["source"] for t in tied.values()} == {s.value for s in tied}
+    assert all(by_id[t["occurrence_id"]]["run_id"] == t["run_id"] for t in [*tied.values(), *older])
+    assert by_id[skipped["occurrence_id"]] == {
+        "id": skipped["occurrence_id"], "source": "scheduled", "fire_at": "2026-03-01T11:00:00Z",
+        "local_time": "2026-03-01T12:00:00", "utc_offset": "+01:00", "fold": 0, "schedule_revision": 1,
+        "decision": "skipped_late", "covers_from": "2026-03-01T07:00:00Z", "covers_until": "2026-03-01T11:00:00Z",
+        "covers_count": 5, "run_id": None}
+
+
+def test_another_owners_occurrences_answer_exactly_like_a_missing_schedule(api: Api, db: Database) -> None:
+    schedule = _schedule(api)
+    _record(db, schedule["id"], now=T)
+    for query in ("", "?limit=1", f"?before={_cursor('occurrences')}"):
+        foreign = api.bob.get(f"/v1/schedules/{schedule['id']}/occurrences{query}")
+        missing = api.bob.get(f"/v1/schedules/{uuid.uuid4()}/occurrences{query}")
+        assert foreign.status == missing.status == 404, foreign.text
+        assert foreign.text == missing.text and foreign.headers == missing.headers
+        assert schedule["id"] not in foreign.text
+    assert len(api.alice.get(f"/v1/schedules/{schedule['id']}/occurrences").json["occurrences"]) == 1
+
+
+# ---- GET /v1/conversations ---------------------------------------------------------------------
+
+
+def test_conversations_page_newest_first_without_entries_or_agent_detail(api: Api, db: Database) -> None:
+    from kairos import conversations
+
+    agent = {"executor": "echo", "model": "echo", "system": "a private system prompt"}
+    with db.transaction() as conn:
+        mine = [conversations.create(conn, owner="alice", agent=agent, title=f"c{i}", now=T).id for i in range(7)]
+        mine.append(conversations.create(conn, owner="alice", agent=agent, now=T - timedelta(days=1)).id)
+        conversations.create(conn, owner="bob", agent=agent, now=T)
+        conversations.append(conn, mine[0], role="user", content="an entry the list does not carry")
+    expected = [str(c) for c in sorted(mine[:7], reverse=True)] + [str(mine[7])]
+
+    seen, page_ids = _walk(api.alice, "/v1/conversations", "conversations", 3)
+
+    assert [c["id"] for c in seen] == expected
+    assert [len(p) for p in page_ids] == [3, 3, 2]
+    for item in seen:
+        assert set(item) == {"id", "title", "parent_id", "fork_seq", "created_at", "agent"}
+        assert item["agent"] == {"executor": "echo", "model": "echo"}
+    assert "private" not in api.alice.get("/v1/conversations").text
+    assert len(api.bob.get("/v1/conversations").json["conversations"]) == 1
+
+
+# ---- a fork-mode run's answer is reachable ------------------------------------------------------
+
+
+def test_a_fork_runs_thread_is_found_from_its_schedule_its_conversation_and_the_list(api: Api, db: Database) -> None:
+    home = api.conversation()
+    schedule = _schedule(api, conversation_id=home["id"], mode="fork")
+    run_id = _record(db, schedule["id"], now=None, fire_at=datetime.now(UTC).replace(microsecond=0))["run_id"]
+    executor = ScriptedExecutor()
+    assert process(db, uuid.UUID(run_id), settings=Settings(), executor_factory=executor.factory).result == "succeeded"
+
+    # From the schedule: its last run, and its runs
+    last = api.alice.get(f"/v1/schedules/{schedule['id']}").json["schedule"]["last_run"]
+    assert last["id"] == run_id and last["state"] == "succeeded" and last["finished_at"]
+    run = api.alice.get(f"/v1/runs?schedule_id={schedule['id']}").json["runs"][0]
+    thread = run["conversation_id"]
+    assert run["id"] == run_id and thread not in (None, home["id"])
+    # From the conversation it was scheduled from, and from its own thread
+    assert [r["id"] for r in api.alice.get(f"/v1/runs?conversation_id={home['id']}").json["runs"]] == [run_id]
+    assert [r["id"] for r in api.alice.get(f"/v1/runs?conversation_id={thread}").json["runs"]] == [run_id]
+    # The thread is in the conversations list (newest first) and holds the answer
+    listed = api.alice.get("/v1/conversations").json["conversations"]
+    assert listed[0]["id"] == thread and listed[0]["parent_id"] == home["id"]
+    entries = api.alice.get(f"/v1/conversations/{thread}").json["conversation"]["entries"]
+    assert entries[-1]["role"] == "assistant" and entries[-1]["run_id"] == run_id
+    assert api.alice.get(f"/v1/runs/{run_id}/output").json["output"]["state"] == "available"
