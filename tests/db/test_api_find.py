@@ -187,7 +187,8 @@ def test_list_cursors_are_validated_on_every_list(api: Api) -> None:
     schedule = _schedule(api)
     for target, kind in ((f"/v1/schedules/{schedule['id']}/occurrences", "runs"), ("/v1/conversations", "runs"),
                          ("/v1/runs", "conversations")):
-        for query, field, rule in ((f"before={_cursor(kind)}", "before", "cursor"), ("before=%25%25", "before", "cursor"),
+        for query, field, rule in ((f"before={_cursor(kind)}", "before", "cursor"),
+                                   ("before=%25%25", "before", "cursor"),
                                    ("limit=0", "limit", "min"), ("limit=101", "limit", "max")):
             answer = api.alice.get(f"{target}?{query}")
             assert answer.status == 422, (target, query, answer.text)
