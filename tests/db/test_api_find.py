@@ -352,3 +352,29 @@ def test_a_fork_runs_thread_is_found_from_its_schedule_its_conversation_and_the_
     entries = api.alice.get(f"/v1/conversations/{thread}").json["conversation"]["entries"]
     assert entries[-1]["role"] == "assistant" and entries[-1]["run_id"] == run_id
     assert api.alice.get(f"/v1/runs/{run_id}/output").json["output"]["state"] == "available"
+
+
+# ---- the plans ---------------------------------------------------------------------------------
+
+
+@pytest.mark.parametrize(("query", "index", "params"), [
+    ("runs_list_owned", "runs_owner_created_idx", {"schedule_id": None, "conversation_id": None}),
+    ("runs_list_owned", "runs_schedule_created_idx", {"schedule_id": uuid.uuid4(), "conversation_id": None}),
+    ("runs_last_of_schedules", "runs_schedule_created_idx", {"schedule_ids": [uuid.uuid4(), uuid.uuid4()]}),
+    ("occurrences_list", "occurrences_schedule_idx", {"schedule_id": uuid.uuid4()}),
+    ("conversations_list_owned", "conversations_owner_idx", {}),
+])
+def test_a_page_is_an_index_range_scan_in_list_order_with_no_sort(db: Database, query: str, index: str,
+                                                                  params: dict[str, Any]) -> None:
+    from kairos.db import q
+
+    base = {"owner": "alice", "state": None, "source": None, "limit": 51, "before_at": T, "before_id": uuid.uuid4()}
+    with db.transaction() as conn:
+        conn.execute("SET LOCAL enable_seqscan = off")
+        conn.execute("SET LOCAL enable_bitmapscan = off")
+        plan = "\n".join(str(r["QUERY PLAN"]) for r in conn.execute(f"EXPLAIN {q(query)}", {**base, **params}))
+    assert index in plan, plan
+    assert "Sort" not in plan, plan
+    if "before_at" in q(query):
+        cond = next(line for line in plan.splitlines() if "Index Cond" in line)
+        assert "ROW(" in cond, "the cursor bounds the index scan; it is not a filter on every row"
