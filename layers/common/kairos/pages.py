@@ -8,6 +8,12 @@ row sorts above every key already handed out, so it only ever shows on a first p
 the key means rows that share an instant (one tick's batch, an injected clock) are split across
 pages exactly once.
 
+What "new" means: a row's instant is its transaction's clock (``coalesce(%(now)s, now())``), taken
+when the transaction began. A row committed while a reader pages, by a transaction that began before
+the reader's first page, may carry an instant below a cursor already handed out: the reader then
+meets it on a later page (or, if it sorts above the reader's position, not in this walk). Either
+way no row that existed at the first page is skipped or shown twice — the guarantee the tests hold.
+
 The cursor is opaque to callers: base64url of ``<list>:<microseconds since the epoch>:<id hex>``.
 It names the list it belongs to, so a runs cursor given to the occurrences list is refused, not
 silently read as a position. Anything this module did not write is ``ValidationFailed`` naming the
