@@ -175,6 +175,7 @@ def _cursor(kind: str) -> str:
     ("before=" + "A" * 400, "before", "cursor"),
     ("before=" + base64.urlsafe_b64encode(b"runs:99999999999999999:" + b"0" * 32).decode(), "before", "cursor"),
     ("before=" + _cursor("occurrences"), "before", "cursor"),
+    ("before=" + quote(_cursor("runs") + "\n"), "before", "cursor"),
 ])
 def test_runs_query_parameters_are_validated(api: Api, query: str, field: str, rule: str) -> None:
     answer = api.alice.get(f"/v1/runs?{query}")

@@ -44,8 +44,8 @@ LIMIT_MAX = 100
 CURSOR_MAX_CHARS = 128
 
 _EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
-_BASE64URL = re.compile(r"^[A-Za-z0-9_-]+$")
-_PLAIN = re.compile(r"^(?P<kind>[a-z_]+):(?P<micros>-?[0-9]{1,19}):(?P<id>[0-9a-f]{32})$")
+_BASE64URL = re.compile(r"[A-Za-z0-9_-]+")
+_PLAIN = re.compile(r"(?P<kind>[a-z_]+):(?P<micros>-?[0-9]{1,19}):(?P<id>[0-9a-f]{32})")
 
 T = TypeVar("T")
 
@@ -79,13 +79,13 @@ def decode(kind: str, cursor: str | None, *, field: str = "before") -> Key | Non
 
 
 def _parse(kind: str, cursor: str) -> Key | None:
-    if not 0 < len(cursor) <= CURSOR_MAX_CHARS or not _BASE64URL.match(cursor):
+    if not 0 < len(cursor) <= CURSOR_MAX_CHARS or not _BASE64URL.fullmatch(cursor):
         return None
     try:
         plain = base64.urlsafe_b64decode(cursor + "=" * (-len(cursor) % 4)).decode("ascii")
     except (binascii.Error, ValueError):
         return None
-    match = _PLAIN.match(plain)
+    match = _PLAIN.fullmatch(plain)
     if match is None or match["kind"] != kind:
         return None
     try:

@@ -148,6 +148,8 @@ class HookAccepted(_Strict):
 class RunOut(_Open):
     id: str
     state: str
+    conversation_id: str | None = Field(description="the thread the run wrote to (a fork's or fresh run's own "
+                                                    "conversation); null until it is claimed")
 
 
 class RunEnvelope(_Strict):
