@@ -103,7 +103,10 @@ SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
 -- One keyset page of an owner's runs, newest first: (created_at, id) strictly below the cursor
 -- (kairos.pages), optionally of one schedule, one conversation (its target thread or the
 -- conversation it was scheduled from), one state, one source. Reads runs_owner_created_idx, or
--- runs_schedule_created_idx with a schedule; limit is the page size plus one (is there more?).
+-- runs_schedule_created_idx with a schedule; limit is the page size plus one (is there more?). The
+-- other filters are checked on the rows of that range: a page of a rare state or of one conversation
+-- among many reads the owner's runs until it is full (no index per filter: each would cost every
+-- claim and terminal update one more entry).
 SELECT *
   FROM runs
  WHERE owner = %(owner)s
