@@ -5,8 +5,8 @@ they name exist for their principal. This holds the template's sample events and
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
