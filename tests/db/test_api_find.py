@@ -236,6 +236,8 @@ def test_every_schedule_answer_carries_its_newest_run_as_last_run(api: Api, db: 
     assert api.alice.post(f"/v1/runs/{newest_id}/cancel").status == 200
     ended = api.alice.get(f"/v1/schedules/{sid}").json["schedule"]["last_run"]
     assert ended["state"] == "cancelled" and ended["finished_at"] is not None
+    edited = api.alice.patch(f"/v1/schedules/{sid}", {"name": "renamed"})
+    assert edited.status == 200 and edited.json["schedule"]["last_run"] == ended, edited.text
     for verb, call in (("pause", api.alice.post), ("resume", api.alice.post), ("", api.alice.delete)):
         answer = call(f"/v1/schedules/{sid}" + (f"/{verb}" if verb else ""))
         assert answer.status == 200, (verb, answer.text)
