@@ -37,6 +37,7 @@ ROUTES = {
     "GET /v1/conversations",
     "GET /v1/conversations/{id}",
     "GET /v1/conversations/{id}/inbox",
+    "POST /v1/conversations/{id}/messages",
     "POST /v1/schedules",
     "GET /v1/schedules",
     "GET /v1/schedules/{id}",
