@@ -382,3 +382,16 @@ def test_a_page_is_an_index_range_scan_in_list_order_with_no_sort(db: Database, 
     if "before_at" in q(query):
         cond = next(line for line in plan.splitlines() if "Index Cond" in line)
         assert "ROW(" in cond, "the cursor bounds the index scan; it is not a filter on every row"
+
+
+def test_a_chat_turn_of_no_schedule_is_found_by_its_conversation_and_source(api: Api) -> None:
+    conversation = api.conversation()
+    posted = api.alice.post(f"/v1/conversations/{conversation['id']}/messages", {"content": "hello"})
+    assert posted.status == 202, posted.text
+    run_id = posted.json["run_id"]
+    by_conversation = api.alice.get(f"/v1/runs?conversation_id={conversation['id']}").json["runs"]
+    assert [r["id"] for r in by_conversation] == [run_id]
+    assert by_conversation[0]["schedule_id"] is None and by_conversation[0]["source"] == "chat"
+    assert [r["id"] for r in api.alice.get("/v1/runs?source=chat").json["runs"]] == [run_id]
+    assert api.alice.get("/v1/runs?source=scheduled").json["runs"] == []
+    assert api.bob.get("/v1/runs?source=chat").json["runs"] == []
