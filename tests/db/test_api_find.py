@@ -278,7 +278,7 @@ def test_occurrences_page_newest_first_with_decisions_and_ties_split_exactly_onc
     def new_fires() -> None:
         _record(db, sid, now=T, fire_at=T + timedelta(hours=next(later)))
 
-    # When alice pages through two at a time while new fires are recorded
+    # When alice pages through three at a time while new fires are recorded
     seen, page_ids = _walk(api.alice, f"/v1/schedules/{sid}/occurrences", "occurrences", 3, between=new_fires)
 
     # Then each occurrence that existed shows once, newest first, the tied ones split across pages
