@@ -22,7 +22,7 @@ ORDER = [
     "api_openapi", "api_put_secret", "api_list_secrets", "api_create_conversation", "api_create_schedule",
     "api_create_webhook_schedule",
     "api_get_conversation", "api_get_inbox", "api_post_message", "api_list_schedules", "api_get_schedule",
-    "api_preview_schedule",
+    "api_preview_schedule", "api_list_occurrences", "api_list_runs", "api_list_conversations",
     "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
     "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_list_approvals", "api_get_approval",
     "api_approve", "api_deny", "api_get_run", "api_run_events",

@@ -34,6 +34,7 @@ EVENTS = ROOT / "events"
 # DESIGN.md "API", plus the token rotation route the API's issue adds.
 ROUTES = {
     "POST /v1/conversations",
+    "GET /v1/conversations",
     "GET /v1/conversations/{id}",
     "GET /v1/conversations/{id}/inbox",
     "POST /v1/conversations/{id}/messages",
@@ -41,6 +42,7 @@ ROUTES = {
     "GET /v1/schedules",
     "GET /v1/schedules/{id}",
     "GET /v1/schedules/{id}/preview",
+    "GET /v1/schedules/{id}/occurrences",
     "PATCH /v1/schedules/{id}",
     "POST /v1/schedules/{id}/trigger",
     "POST /v1/schedules/{id}/backfill",
@@ -54,6 +56,7 @@ ROUTES = {
     "POST /v1/schedules/{id}/token",
     "DELETE /v1/schedules/{id}",
     "POST /v1/hooks/{token}",
+    "GET /v1/runs",
     "GET /v1/runs/{id}",
     "GET /v1/runs/{id}/events",
     "GET /v1/runs/{id}/output",

@@ -99,6 +99,38 @@ SELECT * FROM runs WHERE id = %(run_id)s;
 -- One run of one owner; another owner's run is as absent as a missing one.
 SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
 
+-- name: runs_list_owned
+-- One keyset page of an owner's runs, newest first: (created_at, id) strictly below the cursor
+-- (kairos.pages), optionally of one schedule, one conversation (its target thread or the
+-- conversation it was scheduled from), one state, one source. Reads runs_owner_created_idx, or
+-- runs_schedule_created_idx with a schedule; limit is the page size plus one (is there more?). The
+-- other filters are checked on the rows of that range: a page of a rare state or of one conversation
+-- among many reads the owner's runs until it is full (no index per filter: each would cost every
+-- claim and terminal update one more entry).
+SELECT *
+  FROM runs
+ WHERE owner = %(owner)s
+   AND (%(schedule_id)s::uuid IS NULL OR schedule_id = %(schedule_id)s::uuid)
+   AND (%(conversation_id)s::uuid IS NULL
+        OR conversation_id = %(conversation_id)s::uuid OR source_conversation_id = %(conversation_id)s::uuid)
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(source)s::text IS NULL OR source = %(source)s::text)
+   AND (%(before_at)s::timestamptz IS NULL
+        OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: runs_last_of_schedules
+-- The newest run of each of an owner's schedules (none: no row), for a schedule's last_run: one
+-- probe of runs_schedule_created_idx per schedule.
+SELECT s.schedule_id, r.id, r.state, r.source, r.created_at, r.finished_at
+  FROM unnest(%(schedule_ids)s::uuid[]) AS s (schedule_id)
+ CROSS JOIN LATERAL (SELECT id, state, source, created_at, finished_at
+                       FROM runs
+                      WHERE schedule_id = s.schedule_id AND owner = %(owner)s
+                      ORDER BY created_at DESC, id DESC
+                      LIMIT 1) AS r;
+
 -- name: runs_lock_owned
 -- One run of one owner, locked for a state change decided by the caller (cancel).
 SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s FOR NO KEY UPDATE;
