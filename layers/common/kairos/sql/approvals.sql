@@ -60,3 +60,14 @@ UPDATE approvals
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE run_id = %(run_id)s AND state IN ('pending', 'approved')
 RETURNING id;
+
+-- name: approvals_ops_list
+-- Operators: requests of every owner (or one), newest first, optionally in one state.
+SELECT * FROM approvals
+ WHERE (%(owner)s::text IS NULL OR owner = %(owner)s) AND (%(state)s::text IS NULL OR state = %(state)s)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: approvals_ops_get
+-- Operators: one request whoever owns it.
+SELECT * FROM approvals WHERE id = %(id)s;
