@@ -16,14 +16,17 @@ from tests import factories
 
 
 def _check_values(url: str, table: str, column: str) -> set[str]:
-    """The literal values a check constraint allows for ``column`` (``column IN ('a', 'b')``)."""
+    """The literal values a check constraint allows for ``column`` (``column IN ('a', 'b')``): the
+    column's own ``<table>_<column>_check`` when there is one (migrations that widen a list keep that
+    name), else the first IN-list check on it."""
     with psycopg.connect(url) as conn:
         defs = [
             r[0]
             for r in conn.execute(
                 """SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
-                   JOIN pg_class t ON t.oid = c.conrelid WHERE t.relname = %s AND c.contype = 'c'""",
-                (table,),
+                   JOIN pg_class t ON t.oid = c.conrelid WHERE t.relname = %s AND c.contype = 'c'
+                   ORDER BY c.conname <> %s, c.conname""",
+                (table, f"{table}_{column}_check"),
             )
         ]
     for d in defs:

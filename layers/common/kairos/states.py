@@ -81,6 +81,7 @@ class RunState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"  # out by: its fenced worker (terminal, queued for a retry), tick rescue
     AWAITING_APPROVAL = "awaiting_approval"  # out by: approve (queued), deny/expiry (policy_blocked), cancel
+    AWAITING_INPUT = "awaiting_input"  # reserved for a goal loop's question to its owner (not built yet)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -128,6 +129,7 @@ RUN_MOVES: dict[RunState, frozenset[RunState]] = {
     RunState.AWAITING_APPROVAL: frozenset(
         {RunState.QUEUED, RunState.POLICY_BLOCKED, RunState.CANCELLED, RunState.EXPIRED}
     ),
+    RunState.AWAITING_INPUT: frozenset({RunState.QUEUED, RunState.CANCELLED}),
     **{state: frozenset() for state in TERMINAL_RUN_STATES},
 }
 
@@ -162,6 +164,14 @@ class EventType(StrEnum):
     APPROVAL_WAITING = "approval.waiting"
     APPROVAL_APPROVED = "approval.approved"
     APPROVAL_DENIED = "approval.denied"
+    # Named by the design for later features (budgets, goal loops, corpus runs): the schema accepts them.
+    RUN_DEFERRED = "run.deferred"
+    INPUT_WAITING = "input.waiting"
+    INPUT_ANSWERED = "input.answered"
+    CORPUS_PHASE = "corpus.phase"
+    CORPUS_PARTITION = "corpus.partition"
+    RUN_PAUSED = "run.paused"
+    RUN_RESUMED = "run.resumed"
     RUN_SUCCEEDED = "run.succeeded"
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"

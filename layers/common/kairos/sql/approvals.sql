@@ -2,6 +2,7 @@
 -- applied), the API (approve, deny), the tick (expiry) and a run's cancel (retire).
 
 -- name: approvals_insert
+-- A tool call's request for a person's decision, expiring after expires_in seconds (one per call).
 INSERT INTO approvals (id, run_id, owner, attempt, step, call_id, tool, args_digest, preview, expires_at,
                        created_at, updated_at)
 VALUES (%(id)s, %(run_id)s, %(owner)s, %(attempt)s, %(step)s, %(call_id)s, %(tool)s, %(args_digest)s,
