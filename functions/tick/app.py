@@ -22,5 +22,6 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
     logger.info("tick invoked", extra={"action": "tick_invoked", "event_time": (event or {}).get("time"),
                                        "event_id": (event or {}).get("id")})
     settings = runtime.settings()
-    tick = Tick(runtime.database(), runtime.LazySqs(), settings.run_queue_url or "")
+    tick = Tick(runtime.database(), runtime.LazySqs(), settings.run_queue_url or "",
+                egress_allow=settings.egress_allow)
     return tick.run(context.get_remaining_time_in_millis).as_dict()

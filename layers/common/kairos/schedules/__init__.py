@@ -58,6 +58,7 @@ from kairos.schedules.request import (
     MAX_OCCURRENCES_MAX,
     MIN_SPACING,
     NAME_MAX,
+    NOTIFY_ON_DEFAULT,
     PREVIEW_MAX,
     PROMPT_MAX_BYTES,
     TIMED_KINDS,
@@ -135,6 +136,7 @@ class Schedule:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     max_delay_seconds: int = MAX_DELAY_DEFAULT_SECONDS
+    notify: dict[str, Any] | None = None  # {"on", "webhook"?: {"url", "secret"}}: the secret is a reference
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:
@@ -324,6 +326,7 @@ def _insert(conn: psycopg.Connection[db.Row], request: ScheduleRequest, *, owner
             # The snapshot a fresh run starts from; fork and append read the conversation's agent.
             "agent": Jsonb(request.agent if request.agent is not None else conversation.agent),
             "signing": None if request.signing is None else Jsonb(request.signing),
+            "notify": Jsonb(request.notify or {"on": [s.value for s in NOTIFY_ON_DEFAULT]}),
             "next_fire_at": first,
             "token_hash": token_hash,
             "created_by_run_id": context_run_id,
