@@ -4,8 +4,8 @@ Role: a schedule's ``notify`` (checked by ``kairos.schedules.request.validate_no
 terminal run states it reports and, optionally, a webhook. ``report_endings`` is called by the settle
 step for the runs it has just settled: for each run whose state is in ``on`` it writes one
 ``run_ended`` note (run id, state, reason code) to the schedule's conversation and, with a webhook,
-owes one delivery in ``notify_deliveries``. ``attempt`` makes one delivery attempt for the tick's
-deliver step (``kairos.tick.deliver``) and says what it proved.
+owes one delivery in ``notify_deliveries``. ``Sender.attempt`` makes one delivery attempt for the
+tick's deliver step (``kairos.tick.deliver``) and says what it proved.
 
 The webhook is Standard Webhooks: body ``{"type": "run.<state>", "run_id", "schedule_id",
 "output"?}`` (``output``: a succeeded run's answer, cut to ``OUTPUT_PREVIEW_CHARS``), headers
@@ -116,45 +116,58 @@ class Outcome:
     error: str | None = None
 
 
-def attempt(claim: Mapping[str, Any], *, allow: Sequence[str], resolve: Resolver = socket.getaddrinfo,
-            secret: SecretSource = secrets.resolve, clock: Callable[[], float] = time.time,
-            timeout: float = SEND_TIMEOUT_SECONDS, ca_certs: str | None = None) -> Outcome:
-    """One signed POST of a claimed delivery (``notify_deliveries_claim``'s row) through the egress check."""
-    # The executors' transport, imported on the first delivery: a tick that owes none never loads urllib3.
-    from kairos.executors import egress
-    from kairos.executors.base import ExecutorError
-    from kairos.executors.http import sign, signing_key
+class Sender:
+    """Makes delivery attempts: the egress allow list, the resolver, the secret source and the clock."""
 
-    run_id = str(claim["run_id"])
-    try:
-        target = egress.check(claim["url"], allow=allow, resolve=resolve)
-        key = signing_key(secret(claim["secret_ref"], owner=claim["owner"], audience=None))
-    except ExecutorError as refused:
-        verdict: Literal["retry", "give_up"] = "retry" if refused.retry_safe else "give_up"
-        return Outcome(verdict, error=_short(f"{refused.reason_code}: {refused.message}"))
-    except secrets.SecretUnavailable as unavailable:
-        return Outcome("retry" if unavailable.retry_safe else "give_up",
-                       error=_short(f"secret_unavailable: {unavailable.message}"))
-    body = body_of(claim)
-    stamp = int(clock())
-    headers = {"Content-Type": "application/json", "User-Agent": "kairos", "webhook-id": run_id,
-               "webhook-timestamp": str(stamp),
-               "webhook-signature": sign(key, message_id=run_id, timestamp=stamp, body=body)}
-    try:
-        answer = egress.post(target, body=body, headers=headers, timeout=timeout, read_limit=READ_LIMIT,
-                             ca_certs=ca_certs)
-        status = answer.status
-    except egress.TransportFailure as failure:
-        if failure.status is None:
-            return Outcome("retry", error=_short(f"{failure.stage}: {failure.detail}"))
-        status = failure.status  # the status line arrived; only the answer's body broke off
-    except ExecutorError as refused:
-        return Outcome("give_up", error=_short(f"{refused.reason_code}: {refused.message}"))
-    if 200 <= status < 300:
-        return Outcome("delivered", status=status)
-    if status == GONE:
-        return Outcome("give_up", status=status, error="gone: the receiver answered 410")
-    return Outcome("retry", status=status, error=f"http_status: the receiver answered {status}")
+    def __init__(self, *, allow: Sequence[str] = (), resolve: Resolver = socket.getaddrinfo,
+                 secret: SecretSource = secrets.resolve, clock: Callable[[], float] = time.time,
+                 timeout: float = SEND_TIMEOUT_SECONDS, ca_certs: str | None = None) -> None:
+        self._allow = tuple(allow)
+        self._resolve = resolve
+        self._secret = secret
+        self._clock = clock
+        self._timeout = timeout
+        self._ca_certs = ca_certs
+
+    def attempt(self, claim: Mapping[str, Any]) -> Outcome:
+        """One signed POST of a claimed delivery (``notify_deliveries_claim``'s row) through the egress
+        check. The reference is checked again for the owner here (``secrets.resolve``): one edited in
+        the database since it was written still cannot sign with someone else's key."""
+        # The executors' transport, imported on the first delivery: a tick that owes none never loads urllib3.
+        from kairos.executors import egress
+        from kairos.executors.base import ExecutorError
+        from kairos.executors.http import sign, signing_key
+
+        run_id = str(claim["run_id"])
+        try:
+            target = egress.check(claim["url"], allow=self._allow, resolve=self._resolve)
+            key = signing_key(self._secret(claim["secret_ref"], owner=claim["owner"], audience=None))
+        except ExecutorError as refused:
+            verdict: Literal["retry", "give_up"] = "retry" if refused.retry_safe else "give_up"
+            return Outcome(verdict, error=_short(f"{refused.reason_code}: {refused.message}"))
+        except secrets.SecretUnavailable as unavailable:
+            return Outcome("retry" if unavailable.retry_safe else "give_up",
+                           error=_short(f"secret_unavailable: {unavailable.message}"))
+        body = body_of(claim)
+        stamp = int(self._clock())
+        headers = {"Content-Type": "application/json", "User-Agent": "kairos", "webhook-id": run_id,
+                   "webhook-timestamp": str(stamp),
+                   "webhook-signature": sign(key, message_id=run_id, timestamp=stamp, body=body)}
+        try:
+            answer = egress.post(target, body=body, headers=headers, timeout=self._timeout, read_limit=READ_LIMIT,
+                                 ca_certs=self._ca_certs)
+            status = answer.status
+        except egress.TransportFailure as failure:
+            if failure.status is None:
+                return Outcome("retry", error=_short(f"{failure.stage}: {failure.detail}"))
+            status = failure.status  # the status line arrived; only the answer's body broke off
+        except ExecutorError as refused:
+            return Outcome("give_up", error=_short(f"{refused.reason_code}: {refused.message}"))
+        if 200 <= status < 300:
+            return Outcome("delivered", status=status)
+        if status == GONE:
+            return Outcome("give_up", status=status, error="gone: the receiver answered 410")
+        return Outcome("retry", status=status, error=f"http_status: the receiver answered {status}")
 
 
 def _short(text: str) -> str:

@@ -27,7 +27,6 @@ import time
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from typing import Any
 
 from kairos import conversations, db, notify, secrets
 
@@ -53,10 +52,9 @@ class Deliver:
                  clock: Callable[[], float] = time.time, timeout: float = notify.SEND_TIMEOUT_SECONDS,
                  ca_certs: str | None = None) -> None:
         self.db = database
-        self.allow = tuple(allow)
         self.limit = limit
-        self._send: dict[str, Any] = {"resolve": resolve, "secret": secret, "clock": clock, "timeout": timeout,
-                                      "ca_certs": ca_certs}
+        self.sender = notify.Sender(allow=allow, resolve=resolve, secret=secret, clock=clock, timeout=timeout,
+                                    ca_certs=ca_certs)
 
     def run_once(self, now: datetime | None = None, time_left: Callable[[], bool] | None = None) -> DeliverReport:
         """Up to ``limit`` attempts, each claimed, sent and recorded on its own."""
@@ -69,7 +67,7 @@ class Deliver:
             if claim is None:
                 break
             attempted += 1
-            outcome = notify.attempt(claim, allow=self.allow, **self._send)
+            outcome = self.sender.attempt(claim)
             counts[self._record(claim, outcome, now)] += 1
         return DeliverReport(attempted, counts["delivered"], counts["retry"], counts["give_up"],
                              full=attempted >= self.limit)
