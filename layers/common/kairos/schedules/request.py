@@ -268,16 +268,21 @@ def validate_notify(raw: object, *, owner: str, allow: Sequence[str] | None = No
     """
     if not isinstance(raw, Mapping):
         raise ValidationFailed([FieldError("notify", "type", "give notify as a JSON object")])
+    allow = Settings.from_env().egress_allow if allow is None else allow
     try:
         config = NotifyConfig.model_validate(dict(raw))
     except ValidationError as error:
-        raise ValidationFailed(from_validation_error(error, prefix="notify")) from None
-    problems: list[FieldError] = []
+        problems = from_validation_error(error, prefix="notify")
+        # A well-formed URL is still judged, so one answer names every problem of the webhook.
+        url = raw.get("webhook", {}).get("url") if isinstance(raw.get("webhook"), Mapping) else None
+        if isinstance(url, str) and not any(p.field.startswith("notify.webhook.url") for p in problems):
+            problems.extend(_notify_url_problems(url, allow))
+        raise ValidationFailed(problems) from None
+    problems = []
     if config.webhook is not None:
         if not config.on:
             problems.append(FieldError("notify.on", "empty", "a webhook needs at least one state to report"))
-        problems.extend(_notify_url_problems(config.webhook.url, Settings.from_env().egress_allow
-                                             if allow is None else allow))
+        problems.extend(_notify_url_problems(config.webhook.url, allow))
         try:
             kairos_secrets.check(config.webhook.secret, owner=owner, audience=None)
         except kairos_secrets.Refused as refused:
