@@ -46,7 +46,7 @@ from kairos import conversations, db, secrets
 from kairos.observability import logger
 
 OUTPUT_PREVIEW_CHARS = 1_000
-SEND_TIMEOUT_SECONDS = 10.0
+SEND_TIMEOUT_SECONDS = 5.0  # per attempt: a tick (60 s, stops starting work with 10 s left) sends several
 READ_LIMIT = 4_096  # the receiver's answer is only read to see its status
 GIVE_UP_AFTER_SECONDS = 24 * 3_600
 BACKOFF_BASE_SECONDS = 30
