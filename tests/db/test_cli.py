@@ -108,3 +108,43 @@ def test_invoke_calls_each_handler_with_its_sample_event(api: Api, capsys: pytes
     # Handlers log JSON lines to stdout (as on Lambda); the result is the indented document after them.
     result = json.loads(out[out.index("{\n"):])
     assert check(result), out
+
+
+def test_edit_trigger_backfill_and_retry_print_clean_json(api: Api, capsys: pytest.CaptureFixture[str],
+                                                          monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUN_QUEUE_URL", api.queue_url)
+    sched = factories.schedule(api.url, owner="carol", cron="0 7 * * *", next_fire_at=None)
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE schedules SET created_at = now() - interval '3 days' WHERE id = %s", (sched["id"],))
+    sid = str(sched["id"])
+
+    code, out, err = run_cli(capsys, "schedules", "edit", sid, "--patch", '{"prompt": "v2"}', "--if-match", "1",
+                             "--json")
+    assert code == 0, err
+    edited = json.loads(out)  # nothing but the JSON on stdout: logs went to stderr
+    assert edited["prompt"] == "v2" and edited["revision"] == 2
+    code, _, err = run_cli(capsys, "schedules", "edit", sid, "--patch", '{"prompt": "v3"}', "--if-match", "1")
+    assert code == 1 and "If-Match" in err
+
+    code, out, err = run_cli(capsys, "schedules", "trigger", sid, "--json")
+    assert code == 0, err
+    triggered = json.loads(out)
+    assert [m["run_id"] for m in api.messages()] == [triggered["run_id"]]
+
+    code, out, err = run_cli(capsys, "schedules", "backfill", sid, "--from", "2000-01-01T00:00:00Z",
+                             "--until", "2000-01-03T00:00:00Z", "--json")
+    assert code == 0, err
+    assert json.loads(out) == {"occurrences": []}  # before the schedule existed: nothing
+    code, _, err = run_cli(capsys, "schedules", "backfill", sid, "--from", "2000-01-03T00:00:00Z",
+                           "--until", "2000-01-01T00:00:00Z")
+    assert code == 1 and "until: after_from" in err
+
+    failed = factories.run(api.url, schedule_row=sched, state="failed")
+    code, out, err = run_cli(capsys, "runs", "retry", str(failed["id"]), "--json")
+    assert code == 0, err
+    retried = json.loads(out)
+    with psycopg.connect(api.url) as conn:
+        row = conn.execute("SELECT retry_of FROM runs WHERE id = %s", (retried["run_id"],)).fetchone()
+    assert row is not None and row[0] == failed["id"]
+    code, _, err = run_cli(capsys, "runs", "retry", str(triggered["run_id"]))
+    assert code == 1 and "cannot be retried" in err

@@ -584,8 +584,10 @@ def test_the_output_projection_follows_the_run(db: Database, db_url: str) -> Non
     assert out_ok["text"] == long_answer[: runs.OUTPUT_PREVIEW_CHARS]
     assert out_ok["entry_seq"] == 2 and out_ok["attempt"] == 1
 
-    # The answer's source is gone (retention): unavailable, and the run still says succeeded.
-    with psycopg.connect(db_url, autocommit=True) as conn:
+    # The answer's source is gone (not by the pruner, which also stamps the run: then the reason is
+    # `pruned`, tests/db/test_retention.py): unavailable, and the run still says succeeded.
+    with psycopg.connect(db_url, autocommit=True) as conn, conn.transaction():
+        conn.execute("SELECT kairos_allow_pruning()")  # entries are append-only otherwise
         conn.execute("DELETE FROM conversation_entries WHERE run_id = %s AND role = 'assistant'", (succeeded["id"],))
     with db.transaction() as conn:
         assert runs.output(conn, succeeded["id"], owner="alice") == {"state": "unavailable", "reason": "source_gone"}

@@ -78,6 +78,9 @@ class ApiClient:
     def delete(self, target: str, **kw: Any) -> Answer:
         return self("DELETE", target, **kw)
 
+    def patch(self, target: str, body: Any = None, **kw: Any) -> Answer:
+        return self("PATCH", target, body, **kw)
+
     def put(self, target: str, body: Any = None, **kw: Any) -> Answer:
         return self("PUT", target, body, **kw)
 

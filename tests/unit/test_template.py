@@ -40,6 +40,10 @@ ROUTES = {
     "GET /v1/schedules",
     "GET /v1/schedules/{id}",
     "GET /v1/schedules/{id}/preview",
+    "PATCH /v1/schedules/{id}",
+    "POST /v1/schedules/{id}/trigger",
+    "POST /v1/schedules/{id}/backfill",
+    "POST /v1/runs/{id}/retry",
     "POST /v1/schedules/{id}/pause",
     "POST /v1/schedules/{id}/resume",
     "POST /v1/schedules/{id}/token",
@@ -461,6 +465,13 @@ def test_functions_get_the_contract_environment() -> None:
     assert variables["DATABASE_SECRET_ARN"] == {"Ref": "DatabaseSecretArn"}
     assert variables["DATABASE_PROXY_HOST"]["Fn::If"][0] == "HasProxy"
     assert "DATABASE_URL" not in variables  # deployed code reads the secret
+
+
+def test_retention_is_a_bounded_parameter_every_function_reads() -> None:
+    parameter = template()["Parameters"]["RetentionDays"]
+    assert (number(parameter["Default"]), number(parameter["MinValue"]), number(parameter["MaxValue"])) == (30, 1, 3650)
+    variables = template()["Globals"]["Function"]["Environment"]["Variables"]
+    assert variables["KAIROS_RETENTION_DAYS"] == {"Ref": "RetentionDays"}
 
 
 def test_parameters_for_an_existing_database_and_optional_features() -> None:

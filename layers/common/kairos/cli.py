@@ -64,6 +64,21 @@ def _run_line(r: Any) -> str:
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:
+    import logging
+
+    from kairos.observability import logger
+
+    # stdout carries the command's answer (--json must parse); the library's JSON logs go to stderr.
+    handler = logger.registered_handler
+    previous = handler.setStream(sys.stderr) if isinstance(handler, logging.StreamHandler) else None
+    try:
+        return _run_ops(args)
+    finally:
+        if previous is not None and isinstance(handler, logging.StreamHandler):
+            handler.setStream(previous)
+
+
+def _run_ops(args: argparse.Namespace) -> int:
     from kairos import operations
     from kairos.db import Database
     from kairos.errors import KairosError
@@ -73,14 +88,30 @@ def _cmd_ops(args: argparse.Namespace) -> int:
         print("kairos: set DATABASE_URL (or DATABASE_SECRET_ARN) or pass --database-url", file=sys.stderr)
         return 2
     database = Database(url, max_size=1)
+    args.sendable = []
     try:
         with database.transaction() as conn:
-            return int(_ops(args, conn, operations))
+            code = int(_ops(args, conn, operations))
+        _send(database, args.sendable)
+        return code
     except KairosError as err:
-        print(f"kairos: {err.message}", file=sys.stderr)
+        problems = "; ".join(f"{f.field}: {f.rule} ({f.message})" for f in err.fields)
+        print(f"kairos: {err.message}" + (f" [{problems}]" if problems else ""), file=sys.stderr)
         return 1
     finally:
         database.close()
+
+
+def _send(database: Any, run_ids: list[uuid.UUID]) -> None:
+    """Committed runs go to SQS when RUN_QUEUE_URL is set; otherwise the tick's repair sends them."""
+    queue_url = os.environ.get("RUN_QUEUE_URL")
+    if not run_ids or not queue_url:
+        return
+    import boto3
+
+    from kairos import handoff
+
+    handoff.send(database, boto3.client("sqs"), queue_url, run_ids)
 
 
 def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
@@ -97,6 +128,8 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         _print(args, data, [f"{k:<22} {v if v is not None else '-'}" for k, v in data.items()])
         return 0
     if what == "schedules":
+        if verb in ("edit", "trigger", "backfill"):
+            return _steer_schedule(args, conn, operations)
         if verb == "list":
             rows = operations.list_schedules(conn, owner=args.owner, include_cancelled=args.all, limit=args.limit)
             _print(args, [r.as_json() for r in rows], [_schedule_line(r) for r in rows] or ["no schedules"])
@@ -114,6 +147,11 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         rows = operations.list_runs(conn, schedule_id=args.schedule, state=args.state, limit=args.limit)
         _print(args, [r.as_json() for r in rows], [_run_line(r) for r in rows] or ["no runs"])
         return 0
+    if verb == "retry":
+        retried = operations.retry_run(conn, args.id)
+        args.sendable.extend([retried.run_id] if retried.sendable else [])
+        _print(args, retried.as_json(), [f"run {retried.run_id} retries {args.id} ({retried.decision.value})"])
+        return 0
     if verb == "cancel":
         run = operations.cancel_run(conn, args.id)
         _print(args, run.as_json(), [_run_line(run)])
@@ -126,6 +164,30 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
     body = run.as_json()
     _print(args, {"run": body, "timeline": lines},
            [f"{k:<18} {v}" for k, v in body.items()] + ["", "trace:", *lines])
+    return 0
+
+
+def _steer_schedule(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    if args.verb == "edit":
+        try:
+            patch = json.loads(args.patch)
+        except ValueError:
+            print("kairos: --patch must be a JSON object, e.g. '{\"prompt\": \"...\"}'", file=sys.stderr)
+            return 2
+        sched = operations.edit_schedule(conn, args.id, patch=patch, if_match=args.if_match)
+        _print(args, sched.as_json(), [f"{k:<26} {v}" for k, v in sched.as_json().items() if k != "prompt"])
+        return 0
+    if args.verb == "trigger":
+        triggered = operations.trigger_schedule(conn, args.id)
+        args.sendable.extend([triggered.run_id] if triggered.sendable else [])
+        _print(args, triggered.as_json(), [f"run {triggered.run_id} ({triggered.decision.value})"])
+        return 0
+    raw = {"from": args.start, "until": args.until, **({} if args.max is None else {"max": args.max})}
+    done = operations.backfill_schedule(conn, args.id, raw=raw)
+    args.sendable.extend(done.sendable)
+    _print(args, {"occurrences": done.occurrences},
+           [f"{o['fire_at']}  {o['local_time']}{o['utc_offset']}  revision {o['schedule_revision']}  "
+            f"{o['decision']:<13} run {o['run_id']}" for o in done.occurrences] or ["no instants in the window"])
     return 0
 
 
@@ -178,23 +240,33 @@ def build_parser() -> argparse.ArgumentParser:
     status = sub.add_parser("status", parents=[common], help="due backlog, oldest queued run, stuck runs, DLQ depth")
     status.set_defaults(func=_cmd_ops, verb=None)
 
-    sched = sub.add_parser("schedules", help="list, show, pause, resume or cancel schedules (every owner)")
+    sched = sub.add_parser("schedules", help="list, show, edit, trigger, backfill, pause, resume or cancel schedules "
+                                             "(every owner)")
     sched_verbs = sched.add_subparsers(dest="verb", required=True)
     sl = sched_verbs.add_parser("list", parents=[common])
     sl.add_argument("--owner")
     sl.add_argument("--all", action="store_true", help="include cancelled schedules")
     sl.add_argument("--limit", type=int, default=100)
-    for verb in ("show", "pause", "resume", "cancel"):
+    for verb in ("show", "pause", "resume", "cancel", "trigger"):
         sched_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
+    se = sched_verbs.add_parser("edit", parents=[common], help="a new revision: a JSON merge patch of the fields")
+    se.add_argument("id", type=uuid.UUID)
+    se.add_argument("--patch", required=True, help='JSON object, e.g. \'{"prompt": "...", "cron": "0 8 * * *"}\'')
+    se.add_argument("--if-match", type=int, help="the revision you read (refused if it changed)")
+    sb = sched_verbs.add_parser("backfill", parents=[common], help="runs for past instants in [from, until)")
+    sb.add_argument("id", type=uuid.UUID)
+    sb.add_argument("--from", dest="start", required=True, help="RFC 3339 instant with offset")
+    sb.add_argument("--until", required=True, help="RFC 3339 instant with offset (at most now)")
+    sb.add_argument("--max", type=int, help="refuse if the window holds more instants (at most 100)")
     sched.set_defaults(func=_cmd_ops)
 
-    run = sub.add_parser("runs", help="list, show, trace or cancel runs (every owner)")
+    run = sub.add_parser("runs", help="list, show, trace, retry or cancel runs (every owner)")
     run_verbs = run.add_subparsers(dest="verb", required=True)
     rl = run_verbs.add_parser("list", parents=[common])
     rl.add_argument("--schedule", type=uuid.UUID)
     rl.add_argument("--state")
     rl.add_argument("--limit", type=int, default=50)
-    for verb in ("show", "trace", "cancel"):
+    for verb in ("show", "trace", "cancel", "retry"):
         run_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
     run.set_defaults(func=_cmd_ops)
     return parser

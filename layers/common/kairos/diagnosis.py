@@ -95,12 +95,18 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
                                   "so it is not delivered late."),
     "undeliverable": ("run", True, ("retry_run", "report_issue"),
                       "The run was handed to the queue five times and no worker claimed it."),
+    "replaced": ("run", False, (), "The run was cancelled: a newer fire of its schedule replaced it "
+                                   "(overlap cancel_replace)."),
+    "not_replace_safe": ("run", False, (),
+                         "The run was not started: the run it should have replaced had already reserved an "
+                         "external change, so replacing it is not safe (overlap cancel_replace)."),
 }
 
 # Reasons only the run machinery gives (the claim's refusals, the tick's repair), beside the
 # executors' REASON_CODES; ``diagnose`` accepts both.
 RUN_REASON_CODES: frozenset[str] = frozenset(
-    {"schedule_paused", "schedule_cancelled", "superseded", "expired", "undeliverable"}
+    {"schedule_paused", "schedule_cancelled", "superseded", "expired", "undeliverable", "replaced",
+     "not_replace_safe"}
 )
 def diagnose(
     reason_code: str,

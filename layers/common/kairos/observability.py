@@ -58,6 +58,8 @@ METRIC_NAMES: frozenset[str] = frozenset(
         "TickDurationMs",
         "RunsSettled",
         "SchedulesPaused",
+        "RunsPruned",  # retention (kairos.tick.prune)
+        "EntriesPruned",
         # run
         "Claims",
         "ClaimConflicts",

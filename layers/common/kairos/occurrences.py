@@ -39,6 +39,7 @@ def planned(
     idempotency_key: str | None = None,
     key_generation: int = 0,
     payload: Any = None,
+    retry_of: UUID | None = None,
 ) -> dict[str, Any]:
     """One row of a batch for ``record`` (JSON-ready: the batch travels as one document)."""
     return {
@@ -61,6 +62,7 @@ def planned(
         "run_id": None if run_id is None else str(run_id),
         "blocked_by": None if blocked_by is None else str(blocked_by),
         "payload": payload,
+        "retry_of": None if retry_of is None else str(retry_of),
     }
 
 

@@ -133,3 +133,28 @@ def cancel_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> sche
 
 def cancel_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> runs.Run:
     return runs.cancel(conn, run_id, owner=get_run(conn, run_id).owner)
+
+
+def edit_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, patch: object,
+                  if_match: int | None = None) -> schedules.Schedule:
+    from kairos.schedules import edit
+
+    return edit.edit(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner, patch=patch, if_match=if_match)
+
+
+def trigger_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> Any:
+    from kairos.schedules import manual
+
+    return manual.trigger(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner)
+
+
+def backfill_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, raw: object) -> Any:
+    from kairos.schedules import backfill
+
+    return backfill.backfill(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner, raw=raw)
+
+
+def retry_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> Any:
+    from kairos.schedules import manual
+
+    return manual.retry(conn, run_id, owner=get_run(conn, run_id).owner)

@@ -7,6 +7,10 @@ shape (``{"host", "port", "username", "password", "dbname"}``) that is read once
 A frozen dataclass, not a pydantic model: every handler reads it on its cold path, and ``from_env``
 already parses each variable into its type, so importing pydantic here would only add to every
 cold start (the tick and the run function never need pydantic otherwise).
+
+A value that cannot mean anything (``KAIROS_RETENTION_DAYS=thirty``) is refused with
+``SettingInvalid`` naming the variable and the rule, so a misconfigured function fails its cold start
+loudly instead of running with a guess.
 """
 
 from __future__ import annotations
@@ -17,6 +21,29 @@ from dataclasses import dataclass, field
 from functools import lru_cache
 from typing import Literal
 from urllib.parse import quote
+
+DEFAULT_RETENTION_DAYS = 30
+MAX_RETENTION_DAYS = 3650
+
+
+class SettingInvalid(ValueError):
+    """An environment variable whose value breaks its rule; the message names both."""
+
+    def __init__(self, name: str, rule: str, value: str) -> None:
+        super().__init__(f"{name} {rule}, got {value!r}")
+        self.name = name
+        self.rule = rule
+
+
+def _retention_days(raw: str | None) -> int:
+    """``KAIROS_RETENTION_DAYS``: whole days from 1 to 3650; unset or empty means the default (30)."""
+    text = (raw or "").strip()
+    if not text:
+        return DEFAULT_RETENTION_DAYS
+    if not (text.isascii() and text.isdigit()) or not 1 <= int(text) <= MAX_RETENTION_DAYS:
+        raise SettingInvalid("KAIROS_RETENTION_DAYS",
+                             f"must be a whole number of days from 1 to {MAX_RETENTION_DAYS}", raw or "")
+    return int(text)
 
 
 @dataclass(frozen=True)
@@ -32,6 +59,8 @@ class Settings:
     # The worker's hot statements run prepared (kairos.db) unless KAIROS_PREPARED_STATEMENTS=off or
     # the database is reached through RDS Proxy, which pins every session that prepares.
     prepared_statements: bool = True
+    # How long run threads and webhook payloads of ended runs are kept (kairos.tick.prune).
+    retention_days: int = DEFAULT_RETENTION_DAYS
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -54,6 +83,7 @@ class Settings:
             egress_allow=tuple(
                 h.strip() for h in env.get("KAIROS_EGRESS_ALLOW", "").split(",") if h.strip()
             ),
+            retention_days=_retention_days(env.get("KAIROS_RETENTION_DAYS")),
         )
 
     def resolve_database_url(self) -> str:

@@ -58,6 +58,7 @@ class Overlap(StrEnum):
     ALLOW = "allow"
     SKIP = "skip"
     QUEUE_ONE = "queue_one"
+    CANCEL_REPLACE = "cancel_replace"
 
 
 class DstGap(StrEnum):
@@ -110,6 +111,7 @@ RUN_MOVES: dict[RunState, frozenset[RunState]] = {
             RunState.ABANDONED,
             RunState.EXPIRED,
             RunState.FAILED,  # repair: undeliverable (runs_fail_undeliverable)
+            RunState.POLICY_BLOCKED,  # cancel_replace could not replace a run that is not replace-safe
         }
     ),
     RunState.RUNNING: frozenset(

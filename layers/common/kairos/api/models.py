@@ -136,6 +136,18 @@ class HookAccepted(_Strict):
     occurrence_id: str
 
 
+class BackfillOccurrence(FireOut):
+    id: str
+    schedule_revision: int = Field(description="the revision whose rule made the instant (the run executes it)")
+    decision: str
+    run_id: str | None
+
+
+class BackfillAccepted(_Strict):
+    occurrences: list[BackfillOccurrence] = Field(
+        description="the window's backfill occurrences, oldest first (made by this request or an earlier one)")
+
+
 class RunOut(_Open):
     id: str
     state: str

@@ -38,7 +38,8 @@ JSON = "application/json"
 
 _ERROR_TEXT = {
     400: "Malformed JSON body", 401: "No principal", 403: "Refused by policy", 404: "Not found",
-    405: "Method not allowed", 409: "Conflict with the object's state", 413: "Body too large",
+    405: "Method not allowed", 409: "Conflict with the object's state",
+    412: "If-Match names another revision", 413: "Body too large",
     415: "Unsupported media type", 422: "Validation failed", 429: "Rate limited", 500: "Internal error",
     503: "A service Kairos depends on is unavailable",
 }

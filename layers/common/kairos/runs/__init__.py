@@ -144,8 +144,12 @@ def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: d
 def output(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> dict[str, Any]:
     """The output projection: ``available`` (bounded preview and the producer's correlations),
     ``empty`` (why: queued, running, failed — with its diagnosis — or no_output) or ``unavailable``
-    (the answer's source is no longer readable)."""
-    run = get(conn, run_id, owner=owner)
+    (the answer's source is no longer readable: ``pruned`` by retention, with when, or ``source_gone``).
+    The run's state is read, never rewritten: a pruned run still says ``succeeded``."""
+    row = db.fetch_one(conn, "runs_get_owned", {"run_id": run_id, "owner": owner})
+    if row is None:
+        raise NotFound("run")
+    run = Run.from_row(row)
     if run.state is RunState.QUEUED:
         return {"state": "empty", "reason": "queued"}
     if run.state in (RunState.RUNNING, RunState.AWAITING_APPROVAL):
@@ -164,6 +168,8 @@ def output(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> dic
                               "entry_seq": int(reference["entry_seq"]), "owner": owner})
     except (KeyError, ValueError, TypeError):
         entry = None
+    if entry is None and row.get("pruned_at") is not None:
+        return {"state": "unavailable", "reason": "pruned", "pruned_at": trace.rfc3339(row["pruned_at"])}
     if entry is None:
         return {"state": "unavailable", "reason": "source_gone"}
     text: str = entry["content"]

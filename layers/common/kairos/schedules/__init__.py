@@ -301,40 +301,43 @@ def _insert(conn: psycopg.Connection[db.Row], request: ScheduleRequest, *, owner
             conversation: conversations.Conversation, first: datetime | None, token_hash: str | None,
             context_run_id: uuid.UUID | None, clock: datetime) -> Schedule:
     """The one ``schedules_insert`` of a checked request (``create`` has done every check)."""
-    stored = db.fetch_one(
-        conn,
-        "schedules_insert",
-        {
-            "id": uuid.uuid4(),
-            "owner": owner,
-            "conversation_id": conversation.id,
-            "name": request.name,
-            "prompt": request.prompt,
-            "kind": request.kind.value,
-            "cron": request.cron,
-            "interval_seconds": request.interval_seconds,
-            "starts_at": request.starts_at,
-            "ends_at": request.ends_at,
-            "max_occurrences": request.max_occurrences,
-            "timezone": request.timezone,
-            "dst_gap": request.dst_gap.value,
-            "dst_fold": request.dst_fold.value,
-            "mode": request.mode.value,
-            "catch_up": request.catch_up,
-            "max_delay_seconds": request.max_delay_seconds,
-            "overlap": request.overlap.value,
-            # The snapshot a fresh run starts from; fork and append read the conversation's agent.
-            "agent": Jsonb(request.agent if request.agent is not None else conversation.agent),
-            "signing": None if request.signing is None else Jsonb(request.signing),
-            "notify": Jsonb(request.notify or {"on": [s.value for s in NOTIFY_ON_DEFAULT]}),
-            "next_fire_at": first,
-            "token_hash": token_hash,
-            "created_by_run_id": context_run_id,
-            "now": clock,
-        },
-    )
+    stored = db.fetch_one(conn, "schedules_insert", {
+        **definition_columns(request, conversation_agent=conversation.agent),
+        "id": uuid.uuid4(),
+        "owner": owner,
+        "conversation_id": conversation.id,
+        "next_fire_at": first,
+        "token_hash": token_hash,
+        "created_by_run_id": context_run_id,
+        "now": clock,
+    })
     assert stored is not None
     return Schedule.from_row(stored)
+
+
+def definition_columns(request: ScheduleRequest, *, conversation_agent: Mapping[str, Any]) -> dict[str, Any]:
+    """The ``schedules`` columns a checked request defines (the create's and an edit's statement)."""
+    return {
+        "name": request.name,
+        "prompt": request.prompt,
+        "kind": request.kind.value,
+        "cron": request.cron,
+        "interval_seconds": request.interval_seconds,
+        "starts_at": request.starts_at,
+        "ends_at": request.ends_at,
+        "max_occurrences": request.max_occurrences,
+        "timezone": request.timezone,
+        "dst_gap": request.dst_gap.value,
+        "dst_fold": request.dst_fold.value,
+        "mode": request.mode.value,
+        "catch_up": request.catch_up,
+        "max_delay_seconds": request.max_delay_seconds,
+        "overlap": request.overlap.value,
+        # The snapshot a fresh run starts from; fork and append read the conversation's agent.
+        "agent": Jsonb(dict(request.agent if request.agent is not None else conversation_agent)),
+        "signing": None if request.signing is None else Jsonb(request.signing),
+        "notify": Jsonb(request.notify or {"on": [s.value for s in NOTIFY_ON_DEFAULT]}),
+    }
 
 
 def _from_run() -> Forbidden:

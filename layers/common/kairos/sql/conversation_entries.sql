@@ -84,6 +84,24 @@ SELECT t.entries - (SELECT count(*) FROM kept) AS elided, k.seq, k.role, k.conte
   LEFT JOIN kept k ON true
  ORDER BY k.seq;
 
+-- name: conversation_entries_allow_pruning
+-- Lets this transaction delete entries (the triggers refuse it otherwise); ends with the transaction.
+SELECT kairos_allow_pruning();
+
+-- name: conversation_entries_prune_threads
+-- Deletes the entries of run threads (pairs of run and thread the caller holds locked) that are still
+-- the run's alone: every entry written by that run, no fork of the thread, no schedule on it. A run
+-- reads or writes a conversation other than its own thread only as its schedule's conversation, so
+-- "no schedule" also means no other run uses it. A thread someone built on is kept whole.
+DELETE FROM conversation_entries e
+ USING unnest(%(run_ids)s::uuid[], %(thread_ids)s::uuid[]) AS t (run_id, thread_id)
+ WHERE e.conversation_id = t.thread_id
+   AND NOT EXISTS (SELECT 1 FROM conversation_entries o
+                    WHERE o.conversation_id = t.thread_id AND o.run_id IS DISTINCT FROM t.run_id)
+   AND NOT EXISTS (SELECT 1 FROM conversations k WHERE k.parent_id = t.thread_id)
+   AND NOT EXISTS (SELECT 1 FROM schedules s WHERE s.conversation_id = t.thread_id)
+RETURNING e.conversation_id;
+
 -- name: conversation_entries_append
 -- Appends one entry at the next seq of the merged transcript; the caller holds conversations_lock.
 INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)

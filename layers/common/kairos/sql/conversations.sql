@@ -28,6 +28,14 @@ SELECT *
    AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
    FOR NO KEY UPDATE;
 
+-- name: conversations_lock_threads
+-- Locks (skipping held ones) run threads the pruner is about to empty, so no schedule create or append
+-- on one can interleave; the pruner's next statement then reads what such a writer committed.
+SELECT id
+  FROM conversations
+ WHERE id = ANY(%(ids)s::uuid[])
+   FOR NO KEY UPDATE SKIP LOCKED;
+
 -- name: conversations_latest_seq
 -- The seq of the last entry of the merged transcript (inherited entries count); 0 when empty.
 SELECT coalesce(

@@ -79,3 +79,11 @@ RETURNING e.*;
 SELECT * FROM effects
  WHERE run_id = %(run_id)s AND mutation AND state <> 'failed'
  ORDER BY created_at, id;
+
+-- name: effects_mutation_kept
+-- Whether a run reserved an external change that is not known to have failed (reserved, settled or
+-- ambiguous): such a run is not replace-safe and is never retried or replaced silently.
+SELECT EXISTS (
+    SELECT 1 FROM effects
+     WHERE run_id = %(run_id)s AND mutation AND state IN ('reserved', 'settled', 'ambiguous')
+) AS kept;

@@ -4,8 +4,9 @@
 -- name: occurrences_insert
 -- The one way a fire is recorded: its immutable occurrence, the queued run it produced (when it
 -- produced one) and that run's run.queued event (seq 1), idempotently, for a tick's batch of scheduled
--- fires and for one accepted webhook delivery alike. The run snapshots the schedule's prompt, mode,
--- conversation and agent (the schedule's, else its conversation's). A scheduled run claimable at once
+-- fires, one accepted webhook delivery, a trigger, a retry and a backfill alike. The run executes the
+-- revision its occurrence records (schedule_revisions): that revision's prompt, mode and agent (else
+-- the conversation's), in the schedule's conversation. A scheduled run claimable at once
 -- without catch-up expires at fire_at + the schedule's max_delay_seconds; a queued-behind run gets its
 -- expiry when it is released (runs_release_blocked); a webhook run does not expire.
 WITH planned AS (
@@ -14,7 +15,8 @@ WITH planned AS (
            AS p(occurrence_id uuid, schedule_id uuid, source text, fire_at timestamptz, local_time timestamp,
                 utc_offset_seconds integer, fold smallint, timezone text, tzdata_version text, revision integer,
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
-                idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb)
+                idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb,
+                retry_of uuid)
 ), occ AS (
     INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
                              tzdata_version, schedule_revision, decision, covers_from, covers_until,
@@ -28,24 +30,27 @@ WITH planned AS (
 ), new_runs AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
                       payload, agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at,
-                      updated_at)
-    SELECT p.run_id, occ.id, s.id, s.owner, p.source, s.conversation_id, s.mode, s.prompt, p.payload,
-           coalesce(s.agent, c.agent), s.catch_up, 'queued', p.blocked_by,
-           CASE WHEN p.source = 'scheduled' AND NOT s.catch_up AND p.blocked_by IS NULL
-                THEN p.fire_at + make_interval(secs => s.max_delay_seconds) END,
-           1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+                      updated_at, retry_of)
+    SELECT p.run_id, occ.id, s.id, s.owner, p.source, s.conversation_id, d.mode, d.prompt, p.payload,
+           coalesce(d.agent, c.agent), d.catch_up, 'queued', p.blocked_by,
+           CASE WHEN p.source = 'scheduled' AND NOT d.catch_up AND p.blocked_by IS NULL
+                THEN p.fire_at + make_interval(secs => d.max_delay_seconds) END,
+           1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), p.retry_of
       FROM occ
       JOIN planned p ON p.occurrence_id = occ.id
       JOIN schedules s ON s.id = occ.schedule_id
+      JOIN schedule_revisions rv ON rv.schedule_id = occ.schedule_id AND rv.revision = p.revision
+      CROSS JOIN LATERAL jsonb_to_record(rv.definition)
+           AS d(mode text, prompt text, agent jsonb, catch_up boolean, max_delay_seconds integer)
       JOIN conversations c ON c.id = s.conversation_id
      WHERE p.run_id IS NOT NULL
         ON CONFLICT DO NOTHING
-    RETURNING id, occurrence_id, source, blocked_by_run_id, attempt, fence
+    RETURNING id, occurrence_id, source, blocked_by_run_id, attempt, fence, retry_of
 ), queued_events AS (
     INSERT INTO run_events (run_id, seq, type, at, attempt, fence, data)
     SELECT id, 1, 'run.queued', coalesce(%(now)s::timestamptz, now()), attempt, fence,
            jsonb_strip_nulls(jsonb_build_object('source', source, 'occurrence_id', occurrence_id,
-                                                'blocked_by_run_id', blocked_by_run_id))
+                                                'blocked_by_run_id', blocked_by_run_id, 'retry_of', retry_of))
       FROM new_runs
 )
 SELECT occ.id AS occurrence_id, occ.schedule_id, occ.decision, r.id AS run_id, r.blocked_by_run_id
@@ -70,3 +75,21 @@ SELECT coalesce(max(key_generation) + 1, 0) AS generation
  WHERE schedule_id = %(schedule_id)s
    AND source = 'webhook'
    AND idempotency_key = %(idempotency_key)s;
+
+-- name: occurrences_of_run
+-- The occurrence a run came from, with whether its revision is on record (a retry re-executes it).
+SELECT o.*, EXISTS (SELECT 1 FROM schedule_revisions rv
+                     WHERE rv.schedule_id = o.schedule_id AND rv.revision = o.schedule_revision) AS revision_kept
+  FROM occurrences o JOIN runs r ON r.occurrence_id = o.id
+ WHERE r.id = %(run_id)s;
+
+-- name: occurrences_in_window
+-- A schedule's timed occurrences (scheduled and backfill) with fire_at in [from, until), oldest first,
+-- with the run each made: what a backfill leaves alone or converges on.
+SELECT o.id, o.source, o.fire_at, o.local_time, o.utc_offset, o.fold, o.schedule_revision, o.decision,
+       r.id AS run_id
+  FROM occurrences o
+  LEFT JOIN runs r ON r.occurrence_id = o.id
+ WHERE o.schedule_id = %(schedule_id)s AND o.source IN ('scheduled', 'backfill')
+   AND o.fire_at >= %(from)s AND o.fire_at < %(until)s
+ ORDER BY o.fire_at, o.source;

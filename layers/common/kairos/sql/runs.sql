@@ -239,6 +239,35 @@ UPDATE runs
  WHERE id = ANY(%(ids)s::uuid[]) AND finished_at IS NOT NULL AND settled_at IS NULL
 RETURNING id;
 
+-- name: runs_lock_past_retention
+-- Locks (skipping held ones) up to `limit` settled runs that ended more than `retention_days` ago and
+-- are not pruned yet, oldest end first, each with its own thread: the fork or fresh conversation the
+-- run created (NULL for an append run, or before the run made one).
+SELECT r.id, c.id AS thread_id
+  FROM runs r
+  LEFT JOIN conversations c
+    ON c.id = r.conversation_id AND c.origin_run_id = r.id AND r.mode IN ('fork', 'fresh')
+ WHERE r.pruned_at IS NULL AND r.finished_at IS NOT NULL AND r.settled_at IS NOT NULL
+   AND r.finished_at <= coalesce(%(now)s::timestamptz, now()) - make_interval(days => %(retention_days)s::integer)
+ ORDER BY r.finished_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE OF r SKIP LOCKED;
+
+-- name: runs_mark_pruned
+-- Records that retention passed over runs the caller holds locked and clears their webhook payload;
+-- says of each whether it carried one. State, output reference, usage and diagnosis stay.
+WITH old AS (
+    SELECT id, payload IS NOT NULL AS had_payload
+      FROM runs
+     WHERE id = ANY(%(ids)s::uuid[]) AND pruned_at IS NULL AND finished_at IS NOT NULL
+)
+UPDATE runs r
+   SET payload = NULL,
+       pruned_at = coalesce(%(now)s::timestamptz, now())
+  FROM old
+ WHERE r.id = old.id
+RETURNING r.id, old.had_payload;
+
 -- name: runs_release_blocked
 -- queue_one: unblocks queued runs whose blocker has ended, so they can be handed to SQS. A scheduled
 -- run without catch-up becomes claimable here, so its expiry is set here: fire_at + max_delay_seconds
@@ -349,3 +378,38 @@ SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
            OR handoff_at < coalesce(%(now)s::timestamptz, now()) - interval '15 minutes')) AS handoff_pending
   FROM runs
  WHERE state IN ('queued', 'running');
+
+-- name: runs_overlap_of_schedule
+-- What overlap sees of a schedule outside the tick (trigger, retry): its newest active run and a
+-- queued-behind run already waiting.
+SELECT (SELECT r.id FROM runs r
+         WHERE r.schedule_id = %(schedule_id)s AND r.state IN ('queued', 'running', 'awaiting_approval')
+         ORDER BY r.created_at DESC, r.id DESC LIMIT 1) AS active_run_id,
+       (SELECT r.id FROM runs r
+         WHERE r.schedule_id = %(schedule_id)s AND r.state = 'queued' AND r.blocked_by_run_id IS NOT NULL
+         LIMIT 1) AS waiting_run_id;
+
+-- name: runs_lock_any
+-- One run whoever owns it, locked: cancel_replace holds the run it replaces while it decides, so the
+-- run's worker cannot reserve an effect in between (effects_reserve updates this row).
+SELECT * FROM runs WHERE id = %(run_id)s FOR NO KEY UPDATE;
+
+-- name: runs_block_not_replace_safe
+-- queued -> policy_blocked at once: the new run of a cancel_replace fire whose predecessor had
+-- already reserved an external change (not replace-safe).
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'policy_blocked',
+       diagnosis = %(diagnosis)s,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'queued'
+RETURNING *;
+
+-- name: runs_last_backfill
+-- The last link of a schedule's unfinished backfill chain (the latest request's newest instant): the
+-- next backfill run waits for it.
+SELECT r.id FROM runs r JOIN occurrences o ON o.id = r.occurrence_id
+ WHERE r.schedule_id = %(schedule_id)s AND r.source = 'backfill' AND r.finished_at IS NULL
+ ORDER BY r.created_at DESC, o.fire_at DESC
+ LIMIT 1;

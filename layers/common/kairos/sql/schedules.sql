@@ -196,3 +196,32 @@ UPDATE schedules
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND owner = %(owner)s AND status IN ('active', 'paused')
 RETURNING *;
+
+-- name: schedules_lock_owned
+-- One schedule of one owner, locked for an edit, a trigger or a backfill (the tick skips it meanwhile).
+SELECT *, coalesce(%(now)s::timestamptz, now()) AS db_now
+  FROM schedules WHERE id = %(schedule_id)s AND owner = %(owner)s
+   FOR NO KEY UPDATE;
+
+-- name: schedules_edit
+-- A new revision of the definition (PATCH), for the revision read; active and paused keep their
+-- status. The trigger on schedules records the revision in schedule_revisions.
+UPDATE schedules
+   SET name = %(name)s, prompt = %(prompt)s, kind = %(kind)s, cron = %(cron)s,
+       interval_seconds = %(interval_seconds)s, starts_at = %(starts_at)s, ends_at = %(ends_at)s,
+       max_occurrences = %(max_occurrences)s, timezone = %(timezone)s, dst_gap = %(dst_gap)s,
+       dst_fold = %(dst_fold)s, mode = %(mode)s, catch_up = %(catch_up)s,
+       max_delay_seconds = %(max_delay_seconds)s, overlap = %(overlap)s, agent = %(agent)s,
+       signing = %(signing)s, notify = %(notify)s, next_fire_at = %(next_fire_at)s::timestamptz,
+       revision = revision + 1,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(schedule_id)s AND owner = %(owner)s AND revision = %(revision)s
+   AND status IN ('active', 'paused')
+RETURNING *;
+
+-- name: schedule_revisions_list
+-- Every revision of a schedule, oldest first, with the instant each took effect.
+SELECT revision, definition, valid_from
+  FROM schedule_revisions
+ WHERE schedule_id = %(schedule_id)s
+ ORDER BY revision;

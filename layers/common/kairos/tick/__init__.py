@@ -14,9 +14,10 @@ Role: what TickFunction runs every minute (DESIGN.md "The tick"). ``Tick.run`` d
    remaining time runs short;
 5. deliver (``kairos.tick.deliver``): owed notify webhooks are sent, a bounded number while time is
    left, each retried with backoff for up to 24 h (it never runs before the fires are done);
-6. prune (``kairos.tick.prune``): expired idempotency receipts are deleted in bounded batches while
+6. prune (``kairos.tick.prune``): expired idempotency receipts are deleted, and ended runs past
+   ``KAIROS_RETENTION_DAYS`` lose their thread's entries and webhook payload, in bounded batches while
    time is left, then the tick logs and emits the metrics (FiresDispatched, FiresSkipped, HandoffFailures, Rescues,
-   FireLagSeconds, TickDurationMs, RunsSettled, SchedulesPaused).
+   FireLagSeconds, TickDurationMs, RunsSettled, SchedulesPaused, RunsPruned, EntriesPruned).
 
 Guarantees: any number of ticks may run at once, repeat a minute, arrive a day late or die between
 two statements; every due fire still ends in exactly one occurrence with a decision and at most one
@@ -43,6 +44,7 @@ from kairos import db
 from kairos.observability import logger
 from kairos.observability import metrics as default_metrics
 from kairos.probes import NO_PROBES, Probes
+from kairos.settings import DEFAULT_RETENTION_DAYS
 from kairos.tick.decision import GRACE
 from kairos.tick.deliver import Deliver, DeliverReport
 from kairos.tick.fire import DEFAULT_BATCH, Fire, FireReport
@@ -89,6 +91,10 @@ class TickReport:
     notify_delivered: int = 0  # notify webhooks accepted by their receivers
     notify_retried: int = 0
     notify_gave_up: int = 0
+    runs_pruned: int = 0  # ended runs past retention: payload cleared, own thread emptied (kairos.tick.prune)
+    threads_pruned: int = 0
+    entries_pruned: int = 0
+    payloads_pruned: int = 0
     fire_lag_p50_seconds: float | None = None
     fire_lag_max_seconds: float | None = None
     fire_db_seconds: float = 0.0  # fire batches: database work, and SQS calls, wall time
@@ -137,6 +143,10 @@ class _Totals:
             notify_delivered=sum(d.delivered for d in self.deliver),
             notify_retried=sum(d.retried for d in self.deliver),
             notify_gave_up=sum(d.gave_up for d in self.deliver),
+            runs_pruned=sum(p.runs for p in self.prune),
+            threads_pruned=sum(p.threads for p in self.prune),
+            entries_pruned=sum(p.entries for p in self.prune),
+            payloads_pruned=sum(p.payloads for p in self.prune),
             fire_lag_p50_seconds=statistics.median(lags) if lags else None,
             fire_lag_max_seconds=max(lags) if lags else None,
             fire_db_seconds=sum(f.db_seconds for f in self.fire),
@@ -152,7 +162,8 @@ class Tick:
     def __init__(self, database: db.Database, sqs: Any, queue_url: str, clock: Clock | None = None, *,
                  batch_size: int = DEFAULT_BATCH, grace: timedelta = GRACE, probes: Probes = NO_PROBES,
                  metrics: Any = default_metrics, min_remaining_ms: int = MIN_REMAINING_MS,
-                 fire_workers: int = FIRE_WORKERS, egress_allow: Sequence[str] = ()) -> None:
+                 fire_workers: int = FIRE_WORKERS, retention_days: int = DEFAULT_RETENTION_DAYS,
+                 egress_allow: Sequence[str] = ()) -> None:
         if not queue_url:
             raise ValueError("the tick needs the run queue's URL (RUN_QUEUE_URL)")
         self.db = database
@@ -164,7 +175,7 @@ class Tick:
         self.repair = Repair(database, sqs, queue_url)
         self.fire = Fire(database, sqs, queue_url, batch_size=batch_size, grace=grace, probes=probes)
         self.deliver = Deliver(database, allow=egress_allow)
-        self.prune = Prune(database)
+        self.prune = Prune(database, retention_days=retention_days)
 
     def run_once(self, now: datetime | None = None) -> TickReport:
         """One pass of each step (one fire batch): what tests drive step by step."""
@@ -266,5 +277,7 @@ class Tick:
         m.add_metric(name="RunsSettled", unit=MetricUnit.Count, value=report.settled)
         m.add_metric(name="SchedulesPaused", unit=MetricUnit.Count, value=report.paused)
         m.add_metric(name="TickDurationMs", unit=MetricUnit.Milliseconds, value=report.duration_ms)
+        m.add_metric(name="RunsPruned", unit=MetricUnit.Count, value=report.runs_pruned)
+        m.add_metric(name="EntriesPruned", unit=MetricUnit.Count, value=report.entries_pruned)
         if report.fire_lag_max_seconds is not None:
             m.add_metric(name="FireLagSeconds", unit=MetricUnit.Seconds, value=report.fire_lag_max_seconds)

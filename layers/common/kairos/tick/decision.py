@@ -15,9 +15,10 @@ Guarantees:
   ``skipped_late`` occurrence (``expired`` for a ``once`` schedule) covers them all.
 * Counting stops at ``COUNT_CAP`` instants (``covers_count`` is then a lower bound); the range
   ``covers_from`` .. ``covers_until`` is always exact.
-* Overlap applies only to an occurrence that would create a run: ``allow`` dispatches, ``skip``
-  records ``skipped_overlap``, ``queue_one`` records ``queued_behind`` with a run blocked by the newest
-  active run unless one is already waiting (then ``skipped_overlap``).
+* Overlap (``kairos.overlap``) applies only to an occurrence that would create a run: ``allow``
+  dispatches, ``skip`` records ``skipped_overlap``, ``queue_one`` records ``queued_behind`` with a run
+  blocked by the newest active run unless one is already waiting (then ``skipped_overlap``),
+  ``cancel_replace`` dispatches a run that replaces the active one (the fire step applies it).
 * The cursor moves to the first fire strictly after now; no next fire, ``max_occurrences`` runs
   created, or the one occurrence of a ``once`` schedule recorded (dispatched or expired) completes
   the schedule.
@@ -34,7 +35,7 @@ from functools import lru_cache
 from typing import Any
 from uuid import UUID
 
-from kairos import calendar, identity
+from kairos import calendar, identity, overlap
 from kairos.states import Decision, DstFold, DstGap, Overlap, ScheduleKind, Source
 
 GRACE = timedelta(seconds=120)
@@ -105,6 +106,7 @@ class PlannedOccurrence:
     covers_count: int = 1
     run_id: UUID | None = None  # set exactly when the decision creates a run
     blocked_by_run_id: UUID | None = None  # queue_one: the run it waits for
+    replaces_run_id: UUID | None = None  # cancel_replace: the active run it replaces if replace-safe
 
     @property
     def fire_at(self) -> datetime:
@@ -182,7 +184,7 @@ def _last_two(rule: calendar.Rule, after: datetime, now: datetime) -> list[calen
 
 
 def _occurrence(due: Due, fire: calendar.Fire, decision: Decision, *, covers: tuple[datetime, datetime, int] | None,
-                blocked_by: UUID | None = None) -> PlannedOccurrence:
+                blocked_by: UUID | None = None, replaces: UUID | None = None) -> PlannedOccurrence:
     occurrence_id = identity.occurrence_id(due.id, Source.SCHEDULED, fire_at=fire.fire_at)
     run_id = identity.run_id(occurrence_id) if decision in RUN_DECISIONS else None
     covers_from, covers_until, covers_count = covers if covers is not None else (None, None, 1)
@@ -195,15 +197,10 @@ def _occurrence(due: Due, fire: calendar.Fire, decision: Decision, *, covers: tu
         covers_count=covers_count,
         run_id=run_id,
         blocked_by_run_id=blocked_by if decision is Decision.QUEUED_BEHIND else None,
+        replaces_run_id=replaces if run_id is not None else None,
     )
 
 
-def _overlap_decision(due: Due) -> tuple[Decision, UUID | None]:
-    if due.active_run_id is None or due.overlap is Overlap.ALLOW:
-        return Decision.DISPATCHED, None
-    if due.overlap is Overlap.QUEUE_ONE and due.waiting_run_id is None:
-        return Decision.QUEUED_BEHIND, due.active_run_id
-    return Decision.SKIPPED_OVERLAP, None
 
 
 def decide(due: Due, now: datetime, *, grace: timedelta = GRACE) -> Plan:
@@ -218,10 +215,11 @@ def decide(due: Due, now: datetime, *, grace: timedelta = GRACE) -> Plan:
                     _occurrence(due, window.previous, Decision.SKIPPED_LATE,
                                 covers=(window.first.fire_at, window.previous.fire_at, window.count - 1))
                 )
-            decision, blocked_by = _overlap_decision(due)
+            verdict = overlap.decide(due.overlap, due.active_run_id, due.waiting_run_id)
             collapsed = due.catch_up and window.count > 1
             occurrences.append(
-                _occurrence(due, window.latest, decision, blocked_by=blocked_by,
+                _occurrence(due, window.latest, verdict.decision, blocked_by=verdict.blocked_by,
+                            replaces=verdict.replaces,
                             covers=(window.first.fire_at, window.latest.fire_at, window.count) if collapsed else None)
             )
         else:

@@ -38,7 +38,7 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import db, handoff, occurrences
+from kairos import db, handoff, occurrences, overlap
 from kairos.errors import KairosError
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
@@ -93,12 +93,14 @@ class Fire:
             plans = [p for p in plans if p.schedule_id in moved]
             self.probes.fire("after_cursor")
             inserted = self._record(conn, plans, now)
+            blocked = self._replace(conn, plans, inserted, now)
             self.probes.fire("after_inserts")
             paused = self._pause_broken(conn, broken, now)
         db_seconds = time.perf_counter() - started
         # Committed: the runs exist. Only now may their ids reach SQS.
         self.probes.fire("after_commit")
-        to_send = [row["run_id"] for row in inserted if row["run_id"] is not None and row["blocked_by_run_id"] is None]
+        to_send = [row["run_id"] for row in inserted
+                   if row["run_id"] is not None and row["blocked_by_run_id"] is None and row["run_id"] not in blocked]
         result = handoff.send_batch(self.sqs, self.queue_url, to_send)
         self.probes.fire("after_send")
         if result.sent:
@@ -149,6 +151,19 @@ class Fire:
             for plan in plans
             for o in plan.occurrences
         ], now=now)
+
+    def _replace(self, conn: psycopg.Connection[db.Row], plans: list[Plan], inserted: list[db.Row],
+                 now: datetime | None) -> set[UUID]:
+        """cancel_replace: each new run replaces its schedule's active run, or is blocked (returned)."""
+        recorded = {row["run_id"] for row in inserted if row["run_id"] is not None}
+        blocked: set[UUID] = set()
+        for plan in plans:
+            for o in plan.occurrences:
+                new, old = o.run_id, o.replaces_run_id
+                if new in recorded and new is not None and old is not None and not overlap.replace(
+                        conn, old_run_id=old, new_run_id=new, now=now):
+                    blocked.add(new)
+        return blocked
 
     def _pause_broken(self, conn: psycopg.Connection[db.Row], broken: list[db.Row], now: datetime | None) -> int:
         return len(pause_with_note(conn, [r["id"] for r in broken], reason_code="rule_error", now=now,

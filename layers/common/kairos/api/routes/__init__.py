@@ -29,6 +29,7 @@ from kairos import db, runtime
 from kairos.api.resolver import JSON, route_key
 from kairos.errors import NotFound
 from kairos.instants import rfc3339
+from kairos.observability import logger
 
 M = TypeVar("M", bound=BaseModel)
 
@@ -42,6 +43,30 @@ def ok(status: int, model: type[M], payload: Mapping[str, Any], headers: Mapping
     """A success response, validated against its model (a mismatch is our bug: 500, logged)."""
     body = model.model_validate(payload).model_dump(mode="json", exclude_unset=True)
     return Response(status_code=status, content_type=JSON, body=body, headers=dict(headers or {}))
+
+
+def handoff_committed(database: db.Database, run_ids: list[UUID]) -> object:
+    """Sends committed run ids to SQS and stamps ``handoff_at`` (``kairos.handoff``, shared with the
+    tick); raises what SQS raises (``kairos.webhooks`` counts that, ``send_committed`` logs it)."""
+    from kairos import handoff
+
+    settings = runtime.settings()
+    if not settings.run_queue_url:
+        logger.warning("no run queue configured", extra={"action": "api_handoff_skipped"})
+        return None
+    return handoff.send(database, runtime.sqs(), settings.run_queue_url, run_ids)
+
+
+def send_committed(run_ids: list[UUID]) -> None:
+    """``handoff_committed`` after a route's commit: a failure is logged, never answered — the runs
+    exist and the tick's repair sends what SQS did not take."""
+    if not run_ids:
+        return
+    try:
+        handoff_committed(database(), run_ids)
+    except Exception:  # noqa: BLE001 - committed and queued: the repair resends
+        logger.exception("handoff failed", extra={"action": "api_handoff_failed",
+                                                  "run_ids": [str(r) for r in run_ids]})
 
 
 def parse_id(raw: str, kind: str) -> UUID:
@@ -69,6 +94,15 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def header(event: Mapping[str, Any], name: str) -> str | None:
+    """One request header of a v2 event (names are case-insensitive), or None."""
+    wanted = name.lower()
+    for key, value in (event.get("headers") or {}).items():
+        if str(key).lower() == wanted:
+            return str(value)
+    return None
+
+
 def idempotent(conn: Any, owner: str, event: Mapping[str, Any], body: Any,
                create: Callable[[Any], Response[dict[str, Any]]]) -> Response[dict[str, Any]]:
     """``create(conn)`` at most once per owner and ``Idempotency-Key`` in 24 h (``kairos.idempotency``):
@@ -76,8 +110,7 @@ def idempotent(conn: Any, owner: str, event: Mapping[str, Any], body: Any,
     body 422. No key: a plain create."""
     from kairos import idempotency
 
-    headers = {str(k).lower(): str(v) for k, v in (event.get("headers") or {}).items()}
-    key = idempotency.check_key("Idempotency-Key", headers.get("idempotency-key"))
+    key = idempotency.check_key("Idempotency-Key", header(event, "Idempotency-Key"))
     if key is None:
         return create(conn)
     claim = idempotency.begin(conn, owner=owner, key=key, route=route_key(), body=body)

@@ -10,29 +10,15 @@ occurrence and its run — and commits; the committed run ids then go to SQS thr
 from __future__ import annotations
 
 from typing import Any
-from uuid import UUID
 
 from aws_lambda_powertools.event_handler import Response
 
-from kairos import db, runtime
 from kairos.api import models
 from kairos.api.bodies import check_depth, raw_body
 from kairos.api.resolver import Routes
-from kairos.api.routes import database, ok
-from kairos.observability import logger
+from kairos.api.routes import database, handoff_committed, ok
 
 router = Routes()
-
-
-def _handoff(database: db.Database, run_ids: list[UUID]) -> object:
-    """Sends committed run ids to SQS and stamps ``handoff_at`` (``kairos.handoff``, shared with the tick)."""
-    from kairos import handoff
-
-    settings = runtime.settings()
-    if not settings.run_queue_url:
-        logger.warning("no run queue configured", extra={"action": "webhook_handoff_skipped"})
-        return None
-    return handoff.send(database, runtime.sqs(), settings.run_queue_url, run_ids)
 
 
 @router.endpoint("POST", "/v1/hooks/<token>", status=202, model=models.HookAccepted,
@@ -47,5 +33,5 @@ def post_hook(token: str) -> Response[dict[str, Any]]:
         check_depth(body.decode("utf-8", errors="replace"))
     delivery = webhooks.Delivery(token=token, body=body,
                                  headers={k.lower(): v for k, v in (event.headers or {}).items()})
-    accepted = webhooks.receive(database(), delivery, handoff=_handoff)
+    accepted = webhooks.receive(database(), delivery, handoff=handoff_committed)
     return ok(202, models.HookAccepted, accepted.as_json())

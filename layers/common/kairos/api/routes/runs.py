@@ -16,7 +16,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from kairos import trace
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
-from kairos.api.routes import database, jsonable, ok, parse_id
+from kairos.api.routes import database, jsonable, ok, parse_id, send_committed
 
 router = Routes()
 
@@ -73,3 +73,17 @@ def cancel_run(id: str) -> Response[dict[str, Any]]:
     with database().transaction() as conn:
         run = runs.cancel(conn, run_id, owner=owner)
     return ok(200, models.RunEnvelope, {"run": run.as_json()})
+
+
+@router.endpoint("POST", "/v1/runs/<id>/retry", status=202, model=models.HookAccepted, errors=(404, 409),
+                 summary="A new run of the same revision (retry_of the old one); failed, abandoned, expired or "
+                         "cancelled runs with no external change only")
+def retry_run(id: str) -> Response[dict[str, Any]]:
+    from kairos.schedules import manual
+
+    owner = principal()
+    run_id = parse_id(id, "run")
+    with database().transaction() as conn:
+        retried = manual.retry(conn, run_id, owner=owner)
+    send_committed([retried.run_id] if retried.sendable else [])
+    return ok(202, models.HookAccepted, retried.as_json())

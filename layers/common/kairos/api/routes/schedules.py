@@ -21,7 +21,7 @@ from pydantic import AwareDatetime
 from kairos import runtime, schedules
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
-from kairos.api.routes import database, idempotent, ok, parse_id
+from kairos.api.routes import database, header, idempotent, ok, parse_id, send_committed
 from kairos.instants import rfc3339
 
 router = Routes()
@@ -81,7 +81,29 @@ def get_schedule(id: str) -> Response[dict[str, Any]]:
     schedule_id = parse_id(id, "schedule")
     with database().transaction() as conn:
         schedule = schedules.get(conn, schedule_id, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()})
+    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()}, headers=_etag(schedule))
+
+
+def _etag(schedule: schedules.Schedule) -> dict[str, str]:
+    """The revision as a strong ETag: what ``PATCH`` takes back in ``If-Match``."""
+    return {"ETag": f'"{schedule.revision}"'}
+
+
+@router.endpoint("PATCH", "/v1/schedules/<id>", status=200, model=models.ScheduleEnvelope,
+                 errors=(400, 404, 409, 412, 415), has_body=True,
+                 summary="Edit a schedule under a new revision (JSON merge patch of the create fields; "
+                         "If-Match: the revision read)")
+def edit_schedule(id: str, body: Annotated[dict[str, Any], Body(description="ScheduleRequest fields to change; "
+                                                                "null resets one to its default")],
+                  ) -> Response[dict[str, Any]]:
+    from kairos.schedules import edit
+
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    if_match = edit.parse_if_match(header(router.current_event.raw_event, "If-Match"))
+    with database().transaction() as conn:
+        schedule = edit.edit(conn, schedule_id, owner=owner, patch=body, if_match=if_match)
+    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()}, headers=_etag(schedule))
 
 
 @router.endpoint("GET", "/v1/schedules/<id>/preview", status=200, model=models.FireList, errors=(404,),
@@ -147,3 +169,41 @@ def rotate_token(
     with database().transaction() as conn:
         rotated = webhooks.rotate(conn, schedule_id, owner=owner, overlap_seconds=overlap)
     return ok(200, models.TokenRotated, {"schedule": rotated.schedule.as_json(), "webhook": _webhook(rotated.token)})
+
+
+@router.endpoint("POST", "/v1/schedules/<id>/trigger", status=202, model=models.HookAccepted, errors=(404, 409),
+                 summary="Run now: a manual occurrence of the current revision (overlap applies; a skip is 409)")
+def trigger_schedule(id: str) -> Response[dict[str, Any]]:
+    from kairos.schedules import manual
+
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    sendable: list[UUID] = []
+
+    def create(conn: Any) -> Response[dict[str, Any]]:
+        triggered = manual.trigger(conn, schedule_id, owner=owner)
+        if triggered.sendable:
+            sendable.append(triggered.run_id)
+        return ok(202, models.HookAccepted, triggered.as_json())
+
+    with database().transaction() as conn:
+        # The key is per route and schedule: the same key on another schedule is another request.
+        response = idempotent(conn, owner, router.current_event.raw_event, {"schedule_id": str(schedule_id)}, create)
+    send_committed(sendable)
+    return response
+
+
+@router.endpoint("POST", "/v1/schedules/<id>/backfill", status=202, model=models.BackfillAccepted,
+                 errors=(400, 404, 409, 415), has_body=True,
+                 summary="Runs for the past instants in [from, until), each under the revision then in force")
+def backfill_schedule(id: str, body: Annotated[dict[str, Any], Body(
+        description='{"from": RFC 3339, "until": RFC 3339 (at most now, at most 31 days after from), '
+                    '"max"?: 1..100}')]) -> Response[dict[str, Any]]:
+    from kairos.schedules import backfill
+
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    with database().transaction() as conn:
+        done = backfill.backfill(conn, schedule_id, owner=owner, raw=body)
+    send_committed(done.sendable)
+    return ok(202, models.BackfillAccepted, {"occurrences": done.occurrences})

@@ -1,0 +1,128 @@
+"""Run now and retry: ``manual`` occurrences an owner asks for (DESIGN.md "Steering runs").
+
+Role: ``trigger`` records a ``manual`` occurrence of the schedule's current revision at the
+database's now; ``retry`` records one for a run that ended ``failed``, ``abandoned``, ``expired`` or
+``cancelled``, re-executing that run's revision (its prompt, agent and payload) as a new run whose
+``retry_of`` names it — the old run stays as it ended. Both go through ``kairos.occurrences`` (the one
+way a fire is recorded) and ``kairos.overlap`` (the one overlap rule): a fire the policy would skip
+answers ``OverlapConflict`` (409 ``overlap``) naming the run in the way, and records nothing.
+
+Rules:
+* only an active schedule runs (a run of a paused or cancelled one would be refused at its claim):
+  ``Conflict`` otherwise;
+* a retry refuses (``not_retryable``, 409) a run in any other state, a run that reserved an
+  external change not known to have failed (a mutation reserved, settled or ambiguous: repeating it
+  could repeat the change), and a run whose inputs retention already forgot;
+* a retry is idempotent per run: its occurrence key is ``retry:<run id>``, so retrying the same run
+  again answers the run the first retry made. A trigger has a fresh key each time; the API's
+  ``Idempotency-Key`` makes a retried request answer its first response.
+
+Handing the run to SQS is the caller's, after commit (the tick's repair sends what it missed).
+"""
+
+from __future__ import annotations
+
+import uuid
+from dataclasses import dataclass
+from datetime import datetime
+from typing import Any
+
+import psycopg
+
+from kairos import calendar, db, identity, occurrences, overlap
+from kairos.errors import Conflict, FieldError, NotFound, NotRetryable, OverlapConflict
+from kairos.observability import logger
+from kairos.states import Decision, Overlap, RunState, ScheduleStatus, Source
+
+RETRYABLE = frozenset({RunState.FAILED, RunState.ABANDONED, RunState.EXPIRED, RunState.CANCELLED})
+
+
+@dataclass(frozen=True)
+class Manual:
+    schedule_id: uuid.UUID
+    occurrence_id: uuid.UUID
+    run_id: uuid.UUID
+    decision: Decision
+    sendable: bool  # dispatched now (not queued behind another run, not blocked, not an earlier retry)
+
+    def as_json(self) -> dict[str, Any]:
+        return {"run_id": str(self.run_id), "occurrence_id": str(self.occurrence_id)}
+
+
+def trigger(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str,
+            now: datetime | None = None) -> Manual:
+    """A run of the schedule's current revision now (see the module doc)."""
+    with db.atomic(conn):
+        schedule = _lock_active(conn, schedule_id, owner, now)
+        manual = _record(conn, schedule, revision=int(schedule["revision"]), key=uuid.uuid4().hex, now=now)
+    logger.info("schedule triggered", extra={"action": "schedule_triggered", "schedule_id": str(schedule_id),
+                                             "run_id": str(manual.run_id), "decision": manual.decision.value})
+    return manual
+
+
+def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, now: datetime | None = None) -> Manual:
+    """A new run re-executing ``run_id``'s revision and payload (see the module doc)."""
+    with db.atomic(conn):
+        run = db.fetch_one(conn, "runs_lock_owned", {"run_id": run_id, "owner": owner})
+        if run is None:
+            raise NotFound("run")
+        state = RunState(run["state"])
+        if state not in RETRYABLE:
+            raise NotRetryable(f"a {state.value} run cannot be retried",
+                               fields=[FieldError("state", "retryable", "only failed, abandoned, expired and "
+                                                  "cancelled runs can be retried")])
+        if run.get("pruned_at") is not None:
+            raise NotRetryable("this run's thread and payload were forgotten (retention); trigger the schedule "
+                               "instead", fields=[FieldError("run", "not_pruned", "the run's inputs are gone")])
+        kept = db.fetch_one(conn, "effects_mutation_kept", {"run_id": run_id})
+        if kept is not None and kept["kept"]:
+            raise NotRetryable("this run reserved an external change that may have happened; retrying could "
+                               "repeat it", fields=[FieldError("run", "replay_safe", "the run made or may have "
+                                                                "made an external change")])
+        schedule = _lock_active(conn, run["schedule_id"], owner, now)
+        origin = db.fetch_one(conn, "occurrences_of_run", {"run_id": run_id})
+        assert origin is not None  # runs.occurrence_id is NOT NULL REFERENCES occurrences
+        revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
+        manual = _record(conn, schedule, revision=revision, key=f"retry:{run_id}", now=now,
+                         retry_of=run_id, payload=run["payload"])
+    logger.info("run retried", extra={"action": "run_retried", "run_id": str(manual.run_id),
+                                      "retry_of": str(run_id), "decision": manual.decision.value})
+    return manual
+
+
+def _lock_active(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, owner: str,
+                 now: datetime | None) -> db.Row:
+    schedule = db.fetch_one(conn, "schedules_lock_owned", {"schedule_id": schedule_id, "owner": owner, "now": now})
+    if schedule is None:
+        raise NotFound("schedule")
+    if schedule["status"] != ScheduleStatus.ACTIVE.value:
+        raise Conflict(f"the schedule is {schedule['status']}; only an active schedule runs",
+                       fields=[FieldError("status", "active", "resume the schedule first")])
+    return schedule
+
+
+def _record(conn: psycopg.Connection[db.Row], schedule: db.Row, *, revision: int, key: str, now: datetime | None,
+            retry_of: uuid.UUID | None = None, payload: Any = None) -> Manual:
+    schedule_id: uuid.UUID = schedule["id"]
+    occurrence_id = identity.occurrence_id(schedule_id, Source.MANUAL, key=key)
+    run_id = identity.run_id(occurrence_id)
+    existing = db.fetch_one(conn, "occurrences_of_run", {"run_id": run_id})
+    if existing is not None:  # an earlier retry of the same run made it
+        return Manual(schedule_id, occurrence_id, run_id, Decision(existing["decision"]), sendable=False)
+    active = db.fetch_one(conn, "runs_overlap_of_schedule", {"schedule_id": schedule_id})
+    assert active is not None
+    verdict = overlap.decide(Overlap(schedule["overlap"]), active["active_run_id"], active["waiting_run_id"])
+    if verdict.decision is Decision.SKIPPED_OVERLAP:
+        blocking = active["waiting_run_id"] or active["active_run_id"]
+        raise OverlapConflict(
+            f"run {blocking} of this schedule is still queued or running, and its overlap policy is "
+            f"{schedule['overlap']}", fields=[FieldError("overlap", "overlap", f"run {blocking} is in the way")])
+    fire = calendar.describe(schedule["db_now"], schedule["timezone"])
+    occurrences.record(conn, [occurrences.planned(
+        occurrence_id=occurrence_id, schedule_id=schedule_id, source=Source.MANUAL, fire=fire, revision=revision,
+        decision=verdict.decision, run_id=run_id, blocked_by=verdict.blocked_by, idempotency_key=key,
+        retry_of=retry_of, payload=payload)], now=now)
+    sendable = verdict.blocked_by is None
+    if verdict.replaces is not None:
+        sendable = overlap.replace(conn, old_run_id=verdict.replaces, new_run_id=run_id, now=now)
+    return Manual(schedule_id, occurrence_id, run_id, verdict.decision, sendable=sendable)
