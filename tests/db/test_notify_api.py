@@ -94,3 +94,28 @@ def test_the_tick_reports_a_failed_run_to_the_inbox_and_the_webhook(api: Api, db
     inbox = api.alice.get(f"/v1/conversations/{conversation}/inbox").json["notes"]
     assert [n["kind"] for n in inbox] == ["run_ended"]
     assert rows(api.url, "SELECT state, attempts FROM notify_deliveries") == [{"state": "delivered", "attempts": 1}]
+
+
+def test_notify_is_edited_as_a_new_revision_and_null_restores_the_default(api: Api) -> None:
+    conversation = str(api.conversation()["id"])
+    reference = api.alice.secret("hook", SECRET)
+    created = create(api, conversation).json["schedule"]
+    path = f"/v1/schedules/{created['id']}"
+    notify = {"on": ["succeeded"], "webhook": {"url": "https://hooks.example.com/k", "secret": reference}}
+
+    edited = api.alice.patch(path, {"notify": notify})
+    assert edited.status == 200, edited.text
+    assert edited.json["schedule"]["notify"] == notify
+    assert edited.json["schedule"]["revision"] == created["revision"] + 1
+    kept = api.alice.patch(path, {"name": "renamed"})  # other edits keep it
+    assert kept.status == 200 and kept.json["schedule"]["notify"] == notify
+    refused = api.alice.patch(path, {"notify": {"on": ["queued"]}})
+    assert refused.status == 422 and [(f["field"], f["rule"]) for f in refused.error["fields"]] == [
+        ("notify.on", "terminal_state")]
+    reset = api.alice.patch(path, {"notify": None})
+    assert reset.json["schedule"]["notify"] == {"on": ["failed", "abandoned", "expired", "policy_blocked"]}
+
+    history = rows(api.url, "SELECT revision, definition -> 'notify' AS notify FROM schedule_revisions "
+                            "WHERE schedule_id = %(id)s ORDER BY revision", {"id": created["id"]})
+    assert [h["notify"] for h in history][1:] == [notify, notify, reset.json["schedule"]["notify"]]
+    assert SECRET not in json.dumps(history)
