@@ -61,7 +61,19 @@ def object_for(spec: RouteSpec, mine: dict[str, Any]) -> str:
     return str(mine["schedule"])
 
 
-BODIES: dict[str, Any] = {"POST /v1/schedules/{id}/token": {"overlap_seconds": 60}}
+_DAY = timedelta(days=1)
+BODIES: dict[str, Any] = {
+    "POST /v1/schedules/{id}/token": {"overlap_seconds": 60},
+    "PATCH /v1/schedules/{id}": {"name": "renamed"},
+    "POST /v1/schedules/{id}/backfill": {"from": (datetime.now(UTC) - 2 * _DAY).isoformat(),
+                                         "until": (datetime.now(UTC) - _DAY).isoformat()},
+}
+# What the owner's own call answers when it is not 200: a run now and a backfill are accepted (202);
+# a retry of the world's run is refused (409) while it is queued and accepted once the owner's
+# cancel (an earlier route of the walk) ended it.
+OWNER_STATUS: dict[str, set[int]] = {"POST /v1/schedules/{id}/trigger": {202},
+                                     "POST /v1/schedules/{id}/backfill": {202},
+                                     "POST /v1/runs/{id}/retry": {202, 409}}
 
 
 # ---- authorization ----------------------------------------------------------------------------
@@ -85,7 +97,7 @@ def test_another_principals_object_answers_exactly_like_a_missing_one_on_every_i
         assert foreign.headers == absent.headers, spec.key
         assert alices not in foreign.text and missing not in absent.text
         covered.add(spec.key)
-    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 12
+    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 16
     after = {t: rows(api.url, f"SELECT t::text AS row FROM {t} t ORDER BY 1") for t in ("schedules", "runs")}
     assert after == before, "bob's attempts changed nothing of alice's"
 
@@ -96,7 +108,7 @@ def test_the_owner_reaches_every_id_route(api: Api, world: dict[str, Any]) -> No
             continue  # cancelling is checked on its own below
         answer = api.alice(spec.method, concrete(spec.path, id=object_for(spec, world["alice"])),
                            BODIES.get(spec.key))
-        assert answer.status == 200, (spec.key, answer.text)
+        assert answer.status in OWNER_STATUS.get(spec.key, {200}), (spec.key, answer.text)
 
 
 def test_lists_return_exactly_the_callers_rows(api: Api, world: dict[str, Any]) -> None:
@@ -379,7 +391,8 @@ def test_cancel_a_queued_run(api: Api, world: dict[str, Any]) -> None:
 
 def spec_status(spec: RouteSpec) -> int:
     return {"POST /v1/conversations": 201, "POST /v1/schedules": 201, "POST /v1/hooks/{token}": 202,
-            "DELETE /v1/secrets/{name}": 204}.get(spec.key, 200)
+            "POST /v1/schedules/{id}/trigger": 202, "POST /v1/schedules/{id}/backfill": 202,
+            "POST /v1/runs/{id}/retry": 202, "DELETE /v1/secrets/{name}": 204}.get(spec.key, 200)
 
 
 def test_openapi_document_describes_every_route(api: Api) -> None:

@@ -5,6 +5,7 @@ they name exist for their principal. This holds the template's sample events and
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 from typing import Any
 
@@ -20,8 +21,10 @@ EVENTS = Path(__file__).resolve().parents[2] / "events"
 ORDER = [
     "api_openapi", "api_put_secret", "api_list_secrets", "api_create_conversation", "api_create_schedule",
     "api_create_webhook_schedule",
-    "api_get_conversation", "api_get_inbox", "api_list_schedules", "api_get_schedule", "api_preview_schedule",
-    "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token", "api_get_run", "api_run_events",
+    "api_get_conversation", "api_get_inbox", "api_post_message", "api_list_schedules", "api_get_schedule",
+    "api_preview_schedule",
+    "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
+    "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_get_run", "api_run_events",
     "api_run_output", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
 ]
 
@@ -51,6 +54,12 @@ def test_the_sample_events_answer_2xx_in_jwt_mode(api: Api, monkeypatch: pytest.
     schedule = factories.schedule(api.url, owner=principal, conversation_id=conversation_id, kind="webhook",
                                   id=schedule_id, token_hash=webhooks.hash_token(token))
     factories.run(api.url, schedule_row=schedule, id=run_id)
+    # The backfill sample's cron schedule existed before its window; the retry sample's run failed.
+    factories.schedule(api.url, owner=principal, conversation_id=conversation_id,
+                       id=load("api_backfill_schedule")["pathParameters"]["id"],
+                       created_at=datetime(2025, 12, 1, tzinfo=UTC))
+    factories.run(api.url, schedule_row=schedule, id=load("api_retry_run")["pathParameters"]["id"], state="failed",
+                  fire_at=datetime(2026, 1, 5, tzinfo=UTC))
 
     for name in ORDER:
         event = load(name)

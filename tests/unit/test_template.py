@@ -36,6 +36,7 @@ ROUTES = {
     "POST /v1/conversations",
     "GET /v1/conversations/{id}",
     "GET /v1/conversations/{id}/inbox",
+    "POST /v1/conversations/{id}/messages",
     "POST /v1/schedules",
     "GET /v1/schedules",
     "GET /v1/schedules/{id}",

@@ -233,6 +233,12 @@ def build_parser() -> argparse.ArgumentParser:
     invoke.add_argument("--timeout", type=int, default=60, help="the simulated Lambda timeout in seconds")
     invoke.set_defaults(func=_cmd_invoke)
 
+    _add_operator_commands(sub)
+    return parser
+
+
+def _add_operator_commands(sub: Any) -> None:
+    """``status``, ``schedules`` and ``runs``: operator commands over every owner's rows."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="libpq URL (default: $DATABASE_URL)")
     common.add_argument("--json", action="store_true", help="print JSON")
@@ -269,7 +275,6 @@ def build_parser() -> argparse.ArgumentParser:
     for verb in ("show", "trace", "cancel", "retry"):
         run_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
     run.set_defaults(func=_cmd_ops)
-    return parser
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -26,7 +26,7 @@ from kairos.states import Decision, Source
 def planned(
     *,
     occurrence_id: UUID,
-    schedule_id: UUID,
+    schedule_id: UUID | None,
     source: Source,
     fire: Fire,
     revision: int,
@@ -40,11 +40,16 @@ def planned(
     key_generation: int = 0,
     payload: Any = None,
     retry_of: UUID | None = None,
+    chat: tuple[UUID, str] | None = None,
 ) -> dict[str, Any]:
-    """One row of a batch for ``record`` (JSON-ready: the batch travels as one document)."""
+    """One row of a batch for ``record`` (JSON-ready: the batch travels as one document). A chat turn
+    has no schedule: ``chat`` gives its conversation and prompt (its run appends to the conversation)."""
     return {
         "occurrence_id": str(occurrence_id),
-        "schedule_id": str(schedule_id),
+        "schedule_id": None if schedule_id is None else str(schedule_id),
+        "conversation_id": None if chat is None else str(chat[0]),
+        "prompt": None if chat is None else chat[1],
+        "mode": None if chat is None else "append",
         "source": source.value,
         "fire_at": fire.fire_at.isoformat(),
         "local_time": fire.local_time.isoformat(),

@@ -38,6 +38,7 @@ class Source(StrEnum):
     MANUAL = "manual"
     BACKFILL = "backfill"
     WEBHOOK = "webhook"
+    CHAT = "chat"  # a turn posted to a conversation: no schedule
 
 
 class Decision(StrEnum):
@@ -79,7 +80,7 @@ class RunState(StrEnum):
     # repair (failed: SQS accepted it too often with no worker claiming it)
     QUEUED = "queued"
     RUNNING = "running"  # out by: its fenced worker (terminal, queued for a retry), tick rescue
-    AWAITING_APPROVAL = "awaiting_approval"  # reserved for approval waits (not built yet)
+    AWAITING_APPROVAL = "awaiting_approval"  # out by: approve (queued), deny/expiry (policy_blocked), cancel
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -158,6 +159,9 @@ class EventType(StrEnum):
     OUTPUT_PUBLISHED = "output.published"
     RUN_RESCUED = "run.rescued"
     RUN_CANCEL_REQUESTED = "run.cancel_requested"
+    APPROVAL_WAITING = "approval.waiting"
+    APPROVAL_APPROVED = "approval.approved"
+    APPROVAL_DENIED = "approval.denied"
     RUN_SUCCEEDED = "run.succeeded"
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"

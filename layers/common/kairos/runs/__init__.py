@@ -45,7 +45,7 @@ class Run:
 
     id: UUID
     occurrence_id: UUID
-    schedule_id: UUID
+    schedule_id: UUID | None  # None for a chat turn
     owner: str
     source: str
     mode: str
@@ -92,7 +92,7 @@ class Run:
         diagnosis and the output reference (``{"conversation_id", "entry_seq", "attempt"}``)."""
         return {
             "id": str(self.id),
-            "schedule_id": str(self.schedule_id),
+            "schedule_id": None if self.schedule_id is None else str(self.schedule_id),
             "occurrence_id": str(self.occurrence_id),
             "source": self.source,
             "mode": self.mode,

@@ -4,9 +4,10 @@
 -- name: occurrences_insert
 -- The one way a fire is recorded: its immutable occurrence, the queued run it produced (when it
 -- produced one) and that run's run.queued event (seq 1), idempotently, for a tick's batch of scheduled
--- fires, one accepted webhook delivery, a trigger, a retry and a backfill alike. The run executes the
--- revision its occurrence records (schedule_revisions): that revision's prompt, mode and agent (else
--- the conversation's), in the schedule's conversation. A scheduled run claimable at once
+-- fires, one accepted webhook delivery, a trigger, a retry, a backfill and a chat turn alike. The run
+-- executes the revision its occurrence records (schedule_revisions): that revision's prompt, mode and
+-- agent (else the conversation's), in the schedule's conversation; a chat turn (no schedule) brings
+-- its conversation, prompt and mode and runs the conversation's agent. A scheduled run claimable at once
 -- without catch-up expires at fire_at + the schedule's max_delay_seconds; a queued-behind run gets its
 -- expiry when it is released (runs_release_blocked); a webhook run does not expire.
 WITH planned AS (
@@ -16,7 +17,7 @@ WITH planned AS (
                 utc_offset_seconds integer, fold smallint, timezone text, tzdata_version text, revision integer,
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
                 idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb,
-                retry_of uuid)
+                retry_of uuid, conversation_id uuid, prompt text, mode text)
 ), occ AS (
     INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
                              tzdata_version, schedule_revision, decision, covers_from, covers_until,
@@ -31,18 +32,18 @@ WITH planned AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
                       payload, agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at,
                       updated_at, retry_of)
-    SELECT p.run_id, occ.id, s.id, s.owner, p.source, s.conversation_id, d.mode, d.prompt, p.payload,
-           coalesce(d.agent, c.agent), d.catch_up, 'queued', p.blocked_by,
+    SELECT p.run_id, occ.id, s.id, c.owner, p.source, c.id, coalesce(d.mode, p.mode), coalesce(d.prompt, p.prompt),
+           p.payload, coalesce(d.agent, c.agent), coalesce(d.catch_up, false), 'queued', p.blocked_by,
            CASE WHEN p.source = 'scheduled' AND NOT d.catch_up AND p.blocked_by IS NULL
                 THEN p.fire_at + make_interval(secs => d.max_delay_seconds) END,
            1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), p.retry_of
       FROM occ
       JOIN planned p ON p.occurrence_id = occ.id
-      JOIN schedules s ON s.id = occ.schedule_id
-      JOIN schedule_revisions rv ON rv.schedule_id = occ.schedule_id AND rv.revision = p.revision
-      CROSS JOIN LATERAL jsonb_to_record(rv.definition)
-           AS d(mode text, prompt text, agent jsonb, catch_up boolean, max_delay_seconds integer)
-      JOIN conversations c ON c.id = s.conversation_id
+      LEFT JOIN schedules s ON s.id = occ.schedule_id
+      LEFT JOIN schedule_revisions rv ON rv.schedule_id = occ.schedule_id AND rv.revision = p.revision
+      LEFT JOIN LATERAL jsonb_to_record(rv.definition)
+           AS d(mode text, prompt text, agent jsonb, catch_up boolean, max_delay_seconds integer) ON true
+      JOIN conversations c ON c.id = coalesce(s.conversation_id, p.conversation_id)
      WHERE p.run_id IS NOT NULL
         ON CONFLICT DO NOTHING
     RETURNING id, occurrence_id, source, blocked_by_run_id, attempt, fence, retry_of

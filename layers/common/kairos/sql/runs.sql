@@ -63,8 +63,8 @@ WITH changed AS (
                                         WHERE mine.id = r.occurrence_id
                                           AND n.started_at IS NOT NULL) THEN 'superseded'
                           END AS refusal
-                     FROM schedules s
-                    WHERE s.id = r.schedule_id
+                     FROM (SELECT 1) AS one
+                     LEFT JOIN schedules s ON s.id = r.schedule_id  -- a chat turn has no schedule
                    OFFSET 0) AS v)
      WHERE r.id = %(run_id)s
        AND r.state = 'queued'
@@ -232,6 +232,16 @@ SELECT id, schedule_id, state, finished_at, diagnosis ->> 'reason_code' AS reaso
  ORDER BY schedule_id, finished_at, id
    FOR NO KEY UPDATE;
 
+-- name: runs_settle_unscheduled
+-- Marks ended runs of no schedule (chat turns) settled, a bounded batch, skipping held rows.
+UPDATE runs
+   SET settled_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id IN (SELECT id FROM runs
+               WHERE schedule_id IS NULL AND finished_at IS NOT NULL AND settled_at IS NULL
+               LIMIT %(limit)s
+                 FOR NO KEY UPDATE SKIP LOCKED)
+RETURNING id;
+
 -- name: runs_mark_settled
 -- Marks ended runs as accounted for; each run is settled once.
 UPDATE runs
@@ -275,9 +285,10 @@ RETURNING r.id, old.had_payload;
 UPDATE runs AS r
    SET blocked_by_run_id = NULL,
        expires_at = CASE WHEN r.source = 'scheduled' AND NOT r.catch_up
-                         THEN o.fire_at + make_interval(secs => s.max_delay_seconds) END,
+                         THEN o.fire_at + make_interval(secs => (SELECT s.max_delay_seconds FROM schedules s
+                                                                  WHERE s.id = r.schedule_id)) END,
        updated_at = coalesce(%(now)s::timestamptz, now())
-  FROM occurrences o, schedules s
+  FROM occurrences o
  WHERE r.id IN (SELECT w.id
                   FROM runs w
                   JOIN runs b ON b.id = w.blocked_by_run_id
@@ -286,7 +297,6 @@ UPDATE runs AS r
                    FOR NO KEY UPDATE OF w SKIP LOCKED)
    AND r.state = 'queued'
    AND o.id = r.occurrence_id
-   AND s.id = r.schedule_id
 RETURNING r.id;
 
 -- name: runs_lock_unsent
@@ -412,4 +422,12 @@ RETURNING *;
 SELECT r.id FROM runs r JOIN occurrences o ON o.id = r.occurrence_id
  WHERE r.schedule_id = %(schedule_id)s AND r.source = 'backfill' AND r.finished_at IS NULL
  ORDER BY r.created_at DESC, o.fire_at DESC
+ LIMIT 1;
+
+-- name: runs_last_chat_turn
+-- The newest chat turn of a conversation that has not ended: the next turn waits for it, so a
+-- conversation's turns run one at a time, in the order they were posted.
+SELECT id FROM runs
+ WHERE source_conversation_id = %(conversation_id)s AND source = 'chat' AND finished_at IS NULL
+ ORDER BY created_at DESC, id DESC
  LIMIT 1;

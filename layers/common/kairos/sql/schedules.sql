@@ -218,10 +218,3 @@ UPDATE schedules
  WHERE id = %(schedule_id)s AND owner = %(owner)s AND revision = %(revision)s
    AND status IN ('active', 'paused')
 RETURNING *;
-
--- name: schedule_revisions_list
--- Every revision of a schedule, oldest first, with the instant each took effect.
-SELECT revision, definition, valid_from
-  FROM schedule_revisions
- WHERE schedule_id = %(schedule_id)s
- ORDER BY revision;

@@ -2,11 +2,12 @@
 
 Role: for every run with ``finished_at`` set and ``settled_at`` NULL: ``failed`` adds one to its
 schedule's ``consecutive_failures``, ``succeeded`` resets it, any other end changes nothing; then the
-run is marked settled. A schedule that reaches 3 failures in a row while active is paused (revision
-+ 1) and a ``schedule_paused`` note goes to its conversation's inbox. Runs queued behind a run that
-has ended (``queue_one``) are released and handed to SQS. A settled run whose state its schedule's
-``notify.on`` names is reported (``kairos.notify.report_endings``): a ``run_ended`` inbox note and,
-with a webhook, one owed delivery for the deliver step.
+run is marked settled (a chat turn, which has no schedule, is only marked). A schedule that reaches
+3 failures in a row while active is paused (revision + 1) and a ``schedule_paused`` note goes to its
+conversation's inbox. Runs queued behind a run that has ended (``queue_one``, backfill chains, chat
+turns) are released and handed to SQS. A settled run whose state its schedule's ``notify.on`` names
+is reported (``kairos.notify.report_endings``): a ``run_ended`` inbox note and, with a webhook, one
+owed delivery for the deliver step.
 
 Guarantees: each run is settled once (the ``settled_at`` marker, set in the transaction that applies
 its count and writes its report, so each run is reported once too). The schedule row is locked
@@ -61,6 +62,8 @@ class Settle:
             if schedules:
                 runs = db.fetch_all(conn, "runs_lock_unsettled", {"schedule_ids": [s["id"] for s in schedules]})
                 settled, paused, reported = self._apply(conn, schedules, runs, now)
+            # Chat turns have no schedule to account to: they are only marked settled.
+            settled += len(db.fetch_all(conn, "runs_settle_unscheduled", {"limit": self.limit, "now": now}))
             released = [r["id"] for r in db.fetch_all(conn, "runs_release_blocked", {"limit": self.limit, "now": now})]
         # Released runs are committed unblocked: hand them to SQS (repair resends what fails here).
         result = handoff.send(self.db, self.sqs, self.queue_url, released, now=now)

@@ -1,4 +1,5 @@
-"""Conversations: create one with its agent, read it with its transcript, read its inbox notes.
+"""Conversations: create one with its agent, read it with its transcript, read its inbox notes, post
+a chat turn (``kairos.chat``).
 
 ``POST /v1/conversations`` reads its body raw: ``kairos.conversations.create_from_body`` judges it
 whole (undeclared fields, the title and every agent problem in one answer); the OpenAPI document
@@ -8,6 +9,7 @@ describes it from ``kairos.api.models.ConversationCreate``.
 from __future__ import annotations
 
 from typing import Annotated, Any
+from uuid import UUID
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
@@ -15,7 +17,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body
 from kairos import conversations
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
-from kairos.api.routes import database, idempotent, ok, parse_id
+from kairos.api.routes import database, idempotent, ok, parse_id, send_committed
 
 router = Routes()
 
@@ -54,3 +56,27 @@ def get_inbox(id: str) -> Response[dict[str, Any]]:
     with database().transaction() as conn:
         notes = conversations.inbox(conn, conversation_id, owner=owner)
     return ok(200, models.Inbox, {"notes": [n.as_json() for n in notes]})
+
+
+@router.endpoint("POST", "/v1/conversations/<id>/messages", status=202, model=models.HookAccepted,
+                 errors=(400, 404, 415), has_body=True,
+                 summary="A chat turn: the message becomes a chat run that appends the agent's answer")
+def post_message(id: str, body: Annotated[dict[str, Any], Body(description='{"content": "..."}')],
+                 ) -> Response[dict[str, Any]]:
+    from kairos import chat
+
+    owner = principal()
+    conversation_id = parse_id(id, "conversation")
+    sendable: list[UUID] = []
+
+    def create(conn: Any) -> Response[dict[str, Any]]:
+        turn = chat.post(conn, conversation_id, owner=owner, raw=body)
+        if not turn.waiting:
+            sendable.append(turn.run_id)
+        return ok(202, models.HookAccepted, turn.as_json())
+
+    with database().transaction() as conn:
+        response = idempotent(conn, owner, router.current_event.raw_event,
+                              {"conversation_id": str(conversation_id), "body": body}, create)
+    send_committed(sendable)
+    return response
