@@ -324,3 +324,16 @@ def test_the_secret_never_appears_in_rows_or_logs(db: Database, db_url: str, sqs
     assert ALICE_REF in dumped  # the reference, never the value
     for received in receiver.received:
         assert SECRET not in json.dumps(received.headers) and KEY not in received.body
+
+
+def test_the_tick_delivers_after_the_fires_and_only_while_time_is_left(db: Database, db_url: str,
+                                                                      sqs_queue: SqsQueue, receiver: Peer) -> None:
+    from kairos.tick import Tick
+
+    sched = hooked(db_url, receiver.url("/hook"))
+    ended(db_url, sched)
+    tick = Tick(db, sqs_queue.client, sqs_queue.url, metrics=None, egress_allow=LOCAL)
+    tick.deliver = deliver(db)
+    short = tick.run(lambda: 0)  # no time left: settles (notes are part of settling), sends nothing
+    assert short.stopped_for_time and short.notes == 1 and receiver.received == []
+    assert tick.run().notify_retried == 1 and len(receiver.received) == 1  # the 500 of the script
