@@ -117,3 +117,22 @@ def run(url: str, *, schedule_row: dict[str, Any] | None = None, state: str = "q
         row = conn.execute(f"INSERT INTO runs ({cols}) VALUES ({params}) RETURNING *", values).fetchone()
     assert row is not None
     return row
+
+
+def approval(url: str, *, run_row: dict[str, Any], state: str = "pending", **columns: Any) -> dict[str, Any]:
+    """A request of ``run_row``'s tool call (step 2, an ``http_post``) that expires in a day."""
+    values: dict[str, Any] = {
+        "id": uuid.uuid4(), "run_id": run_row["id"], "owner": run_row["owner"], "state": state,
+        "attempt": max(1, int(run_row["attempt"])), "step": 2, "call_id": f"call-{uuid.uuid4().hex[:8]}",
+        "tool": "http_post", "args_digest": "0" * 64,
+        "preview": json.dumps({"tool": "http_post", "arguments": "{}", "truncated": False}),
+        "expires_at": datetime.now(UTC) + timedelta(days=1),
+        "decided_at": None if state == "pending" else datetime.now(UTC),
+        **columns,
+    }
+    cols = ", ".join(values)
+    params = ", ".join(f"%({k})s" for k in values)
+    with _connect(url) as conn:
+        row = conn.execute(f"INSERT INTO approvals ({cols}) VALUES ({params}) RETURNING *", values).fetchone()
+    assert row is not None
+    return row

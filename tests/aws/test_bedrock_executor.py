@@ -166,3 +166,33 @@ def test_the_registry_builds_a_bedrock_executor_without_a_client_until_needed(mo
     monkeypatch.setenv("AWS_REGION", "us-west-2")
     prepared = executors.get("bedrock", settings=Settings()).prepare(request())
     assert prepared.url == f"https://bedrock-runtime.us-west-2.amazonaws.com/model/{MODEL}/converse"
+
+
+def test_a_tool_loop_turn_sends_tool_config_and_earlier_turns_and_reads_tool_use() -> None:
+    from kairos.executors.base import ModelTurn, ToolCall, ToolResult, ToolSpec
+
+    bedrock = client()
+    executor = BedrockExecutor(bedrock)
+    spec = ToolSpec("schedules_list", "List schedules.", {"type": "object", "properties": {}})
+    turns = (ModelTurn("Let me look.", (ToolCall("tu-1", "schedules_list", {}),)),
+             ToolResult("tu-1", "schedules_list", '{"schedules": []}'))
+    prepared = executor.prepare(ExecutionRequest(owner="alice", run_id="r", attempt=1,
+                                                 agent={"executor": "bedrock", "model": MODEL}, transcript=(),
+                                                 prompt="What runs?", tools=(spec,), turns=turns))
+    sent = json.loads(prepared.body)
+    assert sent["toolConfig"] == {"tools": [{"toolSpec": {"name": "schedules_list", "description": "List schedules.",
+                                                          "inputSchema": {"json": spec.parameters}}}]}
+    assert sent["messages"][1:] == [
+        {"role": "assistant", "content": [{"text": "Let me look."},
+                                          {"toolUse": {"toolUseId": "tu-1", "name": "schedules_list", "input": {}}}]},
+        {"role": "user", "content": [{"toolResult": {"toolUseId": "tu-1", "content": [{"text": '{"schedules": []}'}],
+                                                     "status": "success"}}]},
+    ]
+    asks = {"output": {"message": {"role": "assistant", "content": [
+                {"toolUse": {"toolUseId": "tu-2", "name": "schedules_create", "input": {"prompt": "p"}}}]}},
+            "stopReason": "tool_use", "usage": {"inputTokens": 9, "outputTokens": 3, "totalTokens": 12},
+            "metrics": {"latencyMs": 5}}
+    with Stubber(bedrock) as stub:  # the stubber checks our request against the Converse service model
+        stub.add_response("converse", asks, sent)
+        reply = executor.send(prepared, timeout=5)
+    assert reply.content == "" and reply.tool_calls == (ToolCall("tu-2", "schedules_create", {"prompt": "p"}),)

@@ -46,12 +46,20 @@ def world(api: Api) -> dict[str, Any]:
         hook_schedule, token = api.webhook_schedule(who)
         run = api.anonymous.post(f"/v1/hooks/{token}", {"who": who})
         assert run.status == 202, run.text
+        # A run parked for approval, with its request (the tool loop's tests make real ones).
+        parked = factories.run(api.url, schedule_row=rows(api.url, "SELECT * FROM schedules WHERE id = %(id)s",
+                                                          {"id": cron.json["schedule"]["id"]})[0],
+                               state="awaiting_approval")
+        approval = factories.approval(api.url, run_row=parked)
         out[who] = {"conversation": conversation["id"], "schedule": cron.json["schedule"]["id"],
-                    "hook": hook_schedule["id"], "token": token, "run": run.json["run_id"]}
+                    "hook": hook_schedule["id"], "token": token, "run": run.json["run_id"],
+                    "approval": str(approval["id"])}
     return out
 
 
 def object_for(spec: RouteSpec, mine: dict[str, Any]) -> str:
+    if spec.path.startswith("/v1/approvals"):
+        return str(mine["approval"])
     if spec.path.startswith("/v1/conversations"):
         return str(mine["conversation"])
     if spec.path.startswith("/v1/runs"):
@@ -65,13 +73,17 @@ _DAY = timedelta(days=1)
 BODIES: dict[str, Any] = {
     "POST /v1/schedules/{id}/token": {"overlap_seconds": 60},
     "PATCH /v1/schedules/{id}": {"name": "renamed"},
+    "POST /v1/conversations/{id}/messages": {"content": "hello"},
     "POST /v1/schedules/{id}/backfill": {"from": (datetime.now(UTC) - 2 * _DAY).isoformat(),
                                          "until": (datetime.now(UTC) - _DAY).isoformat()},
 }
 # What the owner's own call answers when it is not 200: a run now and a backfill are accepted (202);
 # a retry of the world's run is refused (409) while it is queued and accepted once the owner's
 # cancel (an earlier route of the walk) ended it.
+# A chat turn is accepted (202); the request is approved first, so the deny after it conflicts (409).
 OWNER_STATUS: dict[str, set[int]] = {"POST /v1/schedules/{id}/trigger": {202},
+                                     "POST /v1/conversations/{id}/messages": {202},
+                                     "POST /v1/approvals/{id}/deny": {409},
                                      "POST /v1/schedules/{id}/backfill": {202},
                                      "POST /v1/runs/{id}/retry": {202, 409}}
 
@@ -97,7 +109,7 @@ def test_another_principals_object_answers_exactly_like_a_missing_one_on_every_i
         assert foreign.headers == absent.headers, spec.key
         assert alices not in foreign.text and missing not in absent.text
         covered.add(spec.key)
-    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 16
+    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 21
     after = {t: rows(api.url, f"SELECT t::text AS row FROM {t} t ORDER BY 1") for t in ("schedules", "runs")}
     assert after == before, "bob's attempts changed nothing of alice's"
 
@@ -392,7 +404,8 @@ def test_cancel_a_queued_run(api: Api, world: dict[str, Any]) -> None:
 def spec_status(spec: RouteSpec) -> int:
     return {"POST /v1/conversations": 201, "POST /v1/schedules": 201, "POST /v1/hooks/{token}": 202,
             "POST /v1/schedules/{id}/trigger": 202, "POST /v1/schedules/{id}/backfill": 202,
-            "POST /v1/runs/{id}/retry": 202, "DELETE /v1/secrets/{name}": 204}.get(spec.key, 200)
+            "POST /v1/runs/{id}/retry": 202, "POST /v1/conversations/{id}/messages": 202,
+            "DELETE /v1/secrets/{name}": 204}.get(spec.key, 200)
 
 
 def test_openapi_document_describes_every_route(api: Api) -> None:

@@ -22,9 +22,10 @@ ORDER = [
     "api_openapi", "api_put_secret", "api_list_secrets", "api_create_conversation", "api_create_schedule",
     "api_create_webhook_schedule",
     "api_get_conversation", "api_get_inbox", "api_post_message", "api_list_schedules", "api_get_schedule",
-    "api_preview_schedule",
+    "api_preview_schedule", "api_list_occurrences", "api_list_runs", "api_list_conversations",
     "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
-    "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_get_run", "api_run_events",
+    "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_list_approvals", "api_get_approval",
+    "api_approve", "api_deny", "api_get_run", "api_run_events",
     "api_run_output", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
 ]
 
@@ -60,6 +61,11 @@ def test_the_sample_events_answer_2xx_in_jwt_mode(api: Api, monkeypatch: pytest.
                        created_at=datetime(2025, 12, 1, tzinfo=UTC))
     factories.run(api.url, schedule_row=schedule, id=load("api_retry_run")["pathParameters"]["id"], state="failed",
                   fire_at=datetime(2026, 1, 5, tzinfo=UTC))
+    # Two runs parked for approval: one request is approved, the other denied.
+    for n, name in enumerate(("api_approve", "api_deny")):
+        waiting = factories.run(api.url, schedule_row=schedule, state="awaiting_approval",
+                                fire_at=datetime(2026, 1, 6 + n, tzinfo=UTC))
+        factories.approval(api.url, run_row=waiting, id=load(name)["pathParameters"]["id"])
 
     for name in ORDER:
         event = load(name)

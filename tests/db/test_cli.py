@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+from datetime import UTC, datetime
 from pathlib import Path
 
 import psycopg
@@ -148,3 +149,29 @@ def test_edit_trigger_backfill_and_retry_print_clean_json(api: Api, capsys: pyte
     assert row is not None and row[0] == failed["id"]
     code, _, err = run_cli(capsys, "runs", "retry", str(triggered["run_id"]))
     assert code == 1 and "cannot be retried" in err
+
+
+def test_approvals_list_approve_and_deny(api: Api, capsys: pytest.CaptureFixture[str],
+                                         monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("RUN_QUEUE_URL", api.queue_url)
+    sched = factories.schedule(api.url, owner="carol")
+    waiting = [factories.run(api.url, schedule_row=sched, state="awaiting_approval",
+                             fire_at=datetime(2026, 1, day, tzinfo=UTC)) for day in (1, 2)]
+    first, second = (factories.approval(api.url, run_row=run) for run in waiting)
+
+    code, out, err = run_cli(capsys, "approvals", "list", "--state", "pending", "--json")
+    assert code == 0, err
+    assert {a["id"] for a in json.loads(out)} == {str(first["id"]), str(second["id"])}
+    code, out, err = run_cli(capsys, "approvals", "approve", str(first["id"]), "--json")
+    assert code == 0 and json.loads(out)["state"] == "approved", err
+    assert [m["run_id"] for m in api.messages()] == [str(waiting[0]["id"])]
+    code, out, err = run_cli(capsys, "approvals", "deny", str(second["id"]), "--json")
+    assert code == 0 and json.loads(out)["state"] == "denied", err
+    with psycopg.connect(api.url) as conn:
+        states = dict(conn.execute("SELECT id, state FROM runs WHERE id = ANY(%s)",
+                                   ([w["id"] for w in waiting],)).fetchall())
+    assert states == {waiting[0]["id"]: "queued", waiting[1]["id"]: "policy_blocked"}
+    code, _, err = run_cli(capsys, "approvals", "approve", str(second["id"]))
+    assert code == 1 and "already denied" in err
+    code, _, err = run_cli(capsys, "approvals", "list", "--state", "maybe")
+    assert code == 1 and "state: enum" in err

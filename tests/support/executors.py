@@ -63,7 +63,14 @@ class FakeOpenAI:
     port: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)  # answered first, then 200s
+    # Assistant messages answered in order by the 200s (a tool loop's turns), then the default answer.
+    script: list[dict[str, Any]] = field(default_factory=list)
     lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def bodies(self) -> list[dict[str, Any]]:
+        """Every request's JSON body, in order."""
+        with self.lock:
+            return [json.loads(r["raw"]) for r in self.requests]
 
     @property
     def base_url(self) -> str:
@@ -83,11 +90,15 @@ def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
             with state.lock:
                 state.requests.append({"path": self.path, "headers": dict(self.headers.items()), "raw": raw})
                 status = state.statuses.pop(0) if state.statuses else 200
+                scripted = state.script.pop(0) if status == 200 and state.script else None
             if status == 200:
+                message = {"role": "assistant", "content": "Good morning from the fake model."}
+                if scripted is not None:
+                    message = {"role": "assistant", "content": None, **scripted}
                 body = json.dumps({
                     "id": "chatcmpl-e2e", "object": "chat.completion",
-                    "choices": [{"index": 0, "finish_reason": "stop",
-                                 "message": {"role": "assistant", "content": "Good morning from the fake model."}}],
+                    "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
+                                 "message": message}],
                     "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28},
                 }).encode()
             else:
@@ -116,3 +127,9 @@ def openai_agent(fake: FakeOpenAI) -> dict[str, Any]:
     """An ``openai`` agent pointed at ``fake``, its key a shared ``env:`` secret."""
     return {"executor": "openai", "model": "gpt-e2e", "system": "You are terse.", "base_url": fake.base_url,
             "api_key_secret": "env:KAIROS_E2E_OPENAI_KEY", "max_tokens": 64}
+
+
+def tool_call(call_id: str, name: str, arguments: dict[str, Any]) -> dict[str, Any]:
+    """A scripted assistant message asking for one tool call, in the chat-completions format."""
+    return {"tool_calls": [{"id": call_id, "type": "function",
+                            "function": {"name": name, "arguments": json.dumps(arguments)}}]}

@@ -22,7 +22,8 @@ def test_importing_the_api_loads_its_routers_and_none_of_the_lazy_library() -> N
     env = {**os.environ, "PYTHONPATH": str(ROOT / "layers" / "common")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
-    routers = {f"kairos.api.routes.{name}" for name in ("conversations", "schedules", "secrets", "hooks", "runs")}
+    routers = {f"kairos.api.routes.{name}" for name in ("conversations", "schedules", "secrets", "hooks", "runs",
+                                                                 "approvals")}
     assert routers <= loaded
     assert not LAZY & loaded, LAZY & loaded
 

@@ -24,6 +24,7 @@ from pydantic_core import PydanticCustomError
 
 from kairos import secrets
 from kairos.errors import REQUIRED, TYPE, FieldError, ValidationFailed, from_validation_error
+from kairos.executors.base import TOOL_EXECUTORS
 
 # What each executor cannot work without (checked after the shape, so a model learns it at once
 # instead of at the first fire). Its keys are kairos.executors.NAMES; a test holds them equal.
@@ -33,6 +34,10 @@ EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
     "http": ("base_url",),
     "echo": (),
 }
+
+
+MAX_STEPS_DEFAULT = 8
+MAX_STEPS_CAP = 32
 
 
 class AgentConfig(BaseModel):
@@ -48,6 +53,10 @@ class AgentConfig(BaseModel):
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=8_192)
     # Bounded model input (DESIGN.md "The run"): default 16,000 when unset (kairos.executors.base).
     max_input_tokens: StrictInt | None = Field(default=None, ge=1, le=100_000)
+    # The tool loop (DESIGN.md "Agent tools, approvals and budgets"): openai and bedrock only.
+    tools: list[Literal["schedules", "http"]] | None = Field(default=None, max_length=2)
+    max_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS_CAP)
+    approval: Literal["never", "mutations", "always"] | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -90,6 +99,11 @@ def validate(raw: object, *, owner: str | None, field: str = "agent") -> dict[st
         for name in EXECUTOR_NEEDS.get(executor, ()):
             if raw.get(name) is None:
                 problems.append(FieldError(f"{field}.{name}", REQUIRED, f"the {executor} executor needs {name}"))
+    if config is not None and config.tools and config.executor not in TOOL_EXECUTORS:
+        problems.append(FieldError(f"{field}.tools", "not_for_executor",
+                                   "tools need a model that calls them: the openai or bedrock executor"))
+    if config is not None and config.tools and len(set(config.tools)) != len(config.tools):
+        problems.append(FieldError(f"{field}.tools", "unique", "name each tool once"))
     if config is not None and owner is not None and config.api_key_secret is not None:
         try:
             secrets.check(config.api_key_secret, owner=owner, audience=config.base_url)

@@ -127,6 +127,8 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         data = st.as_json()
         _print(args, data, [f"{k:<22} {v if v is not None else '-'}" for k, v in data.items()])
         return 0
+    if what == "approvals":
+        return _approvals(args, conn, operations)
     if what == "schedules":
         if verb in ("edit", "trigger", "backfill"):
             return _steer_schedule(args, conn, operations)
@@ -164,6 +166,20 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
     body = run.as_json()
     _print(args, {"run": body, "timeline": lines},
            [f"{k:<18} {v}" for k, v in body.items()] + ["", "trace:", *lines])
+    return 0
+
+
+def _approvals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    if args.verb == "list":
+        found = operations.list_approvals(conn, owner=args.owner, state=args.state, limit=args.limit)
+        _print(args, [a.as_json() for a in found],
+               [f"{a.id}  {a.state:<9} {a.tool:<16} run {a.run_id}  expires {a.expires_at.isoformat()}"
+                for a in found] or ["no approval requests"])
+        return 0
+    decided = operations.decide_approval(conn, args.id, approve=args.verb == "approve")
+    if args.verb == "approve":
+        args.sendable.append(decided.run_id)
+    _print(args, decided.as_json(), [f"{decided.id}  {decided.state}  run {decided.run_id}"])
     return 0
 
 
@@ -238,7 +254,7 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_operator_commands(sub: Any) -> None:
-    """``status``, ``schedules`` and ``runs``: operator commands over every owner's rows."""
+    """``status``, ``schedules``, ``runs`` and ``approvals``: operator commands over every owner's rows."""
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="libpq URL (default: $DATABASE_URL)")
     common.add_argument("--json", action="store_true", help="print JSON")
@@ -275,6 +291,16 @@ def _add_operator_commands(sub: Any) -> None:
     for verb in ("show", "trace", "cancel", "retry"):
         run_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
     run.set_defaults(func=_cmd_ops)
+
+    approval = sub.add_parser("approvals", help="list approval waits, approve or deny one (every owner)")
+    approval_verbs = approval.add_subparsers(dest="verb", required=True)
+    al = approval_verbs.add_parser("list", parents=[common])
+    al.add_argument("--owner")
+    al.add_argument("--state", help="pending, approved, applied, denied, expired or retired")
+    al.add_argument("--limit", type=int, default=50)
+    for verb in ("approve", "deny"):
+        approval_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
+    approval.set_defaults(func=_cmd_ops)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -13,7 +13,9 @@ Guarantees:
   then reads the last seq in a new statement, so two appenders get distinct consecutive seqs. It
   must run inside the caller's transaction (on an autocommit connection it opens its own).
 * ``get``, ``transcript`` and ``inbox`` are scoped to the owner; another owner's conversation raises the same
-  ``NotFound("conversation")`` as a missing one.
+  ``NotFound("conversation")`` as a missing one. ``page`` lists only the owner's conversations (roots
+  and the threads fork and fresh runs made), newest first, in keyset pages (``kairos.pages``), each
+  without entries and with only its agent's executor and model.
 * An agent is accepted only as ``kairos.agents.validate`` accepts it: declared fields, and only
   *references* to secrets that the owner may send to the agent's ``base_url``, never a literal key.
 
@@ -33,7 +35,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import db
+from kairos import db, pages
 from kairos.errors import (
     MAX_LENGTH,
     REQUIRED,
@@ -47,6 +49,7 @@ from kairos.instants import rfc3339
 from kairos.observability import logger
 
 NOTES_KEPT = 50
+PAGE = "conversations"  # the list kairos.pages cursors of GET /v1/conversations name
 TITLE_MAX = 200
 ROLES = ("system", "user", "assistant", "tool")
 
@@ -86,6 +89,18 @@ class Conversation:
             "parent_id": None if self.parent_id is None else str(self.parent_id),
             "fork_seq": self.fork_seq,
             "created_at": rfc3339(self.created_at),
+        }
+
+    def summary_json(self) -> dict[str, Any]:
+        """The list shape: no entries, and of the agent only what it is (executor, model) — its
+        system prompt, endpoint and key reference stay on the conversation's own page."""
+        return {
+            "id": str(self.id),
+            "title": self.title,
+            "parent_id": None if self.parent_id is None else str(self.parent_id),
+            "fork_seq": self.fork_seq,
+            "created_at": rfc3339(self.created_at),
+            "agent": {"executor": self.agent.get("executor"), "model": self.agent.get("model")},
         }
 
 
@@ -210,6 +225,19 @@ def get(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: 
     if row is None:
         raise NotFound("conversation")
     return Conversation.from_row(row)
+
+
+def page(conn: psycopg.Connection[db.Row], *, owner: str, before: str | None = None,
+         limit: int = pages.LIMIT_DEFAULT) -> tuple[list[Conversation], str | None]:
+    """One page of ``owner``'s conversations, newest first (``created_at``, then id), below the cursor
+    ``before``, and the next page's cursor (None at the end). A bad cursor or limit is ``ValidationFailed``."""
+    key = pages.decode(PAGE, before)
+    limit = pages.check_limit(limit)
+    rows = db.fetch_all(conn, "conversations_list_owned", {
+        "owner": owner, "before_at": None if key is None else key.at,
+        "before_id": None if key is None else key.id, "limit": limit + 1})
+    found, next_before = pages.cut(PAGE, rows, limit, lambda r: pages.Key(r["created_at"], r["id"]))
+    return [Conversation.from_row(r) for r in found], next_before
 
 
 def transcript(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: str) -> Transcript:

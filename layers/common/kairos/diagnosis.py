@@ -38,6 +38,8 @@ REASON_CODES: frozenset[str] = frozenset(
         "restart_limit",  # rescued too often
         "abandoned_late",  # catch-up off: not delivered late
         "cancelled",  # cancellation requested
+        "step_limit",  # the tool loop used its max_steps model turns without a final answer
+        "approved_call_not_applied",  # the approved tool call could not be applied as approved
         "internal",  # a bug on our side
     }
 )
@@ -95,6 +97,11 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
                                   "so it is not delivered late."),
     "undeliverable": ("run", True, ("retry_run", "report_issue"),
                       "The run was handed to the queue five times and no worker claimed it."),
+    "step_limit": ("run", False, ("check_agent_config",),
+                   "The agent kept calling tools and reached its max_steps without a final answer."),
+    "approved_call_not_applied": ("step", False, (), "The approved tool call could not be applied as approved."),
+    "approval_denied": ("step", False, (), "A tool call of the run needed approval and was denied."),
+    "approval_expired": ("step", False, (), "A tool call of the run needed approval and nobody decided in time."),
     "replaced": ("run", False, (), "The run was cancelled: a newer fire of its schedule replaced it "
                                    "(overlap cancel_replace)."),
     "not_replace_safe": ("run", False, (),
@@ -106,7 +113,7 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
 # executors' REASON_CODES; ``diagnose`` accepts both.
 RUN_REASON_CODES: frozenset[str] = frozenset(
     {"schedule_paused", "schedule_cancelled", "superseded", "expired", "undeliverable", "replaced",
-     "not_replace_safe"}
+     "not_replace_safe", "approval_denied", "approval_expired"}
 )
 def diagnose(
     reason_code: str,

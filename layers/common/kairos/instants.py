@@ -13,7 +13,7 @@ schedule means lies outside it. ``out_of_range`` compares without converting, so
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from kairos.errors import MAX, MIN, FieldError
 
@@ -24,6 +24,15 @@ LATEST = datetime(9000, 1, 1, tzinfo=UTC)
 def rfc3339(instant: datetime) -> str:
     """A UTC instant as the API writes every time: RFC 3339 with ``Z`` (``2026-03-08T07:00:00Z``)."""
     return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
+
+
+def offset_text(delta: timedelta) -> str:
+    """A UTC offset as the API writes it: ``+02:00``, ``-03:30`` (seconds only when there are some)."""
+    seconds = int(delta.total_seconds())
+    sign = "-" if seconds < 0 else "+"
+    seconds = abs(seconds)
+    text = f"{sign}{seconds // 3600:02d}:{seconds % 3600 // 60:02d}"
+    return text + (f":{seconds % 60:02d}" if seconds % 60 else "")
 
 
 def out_of_range(instant: datetime, field: str) -> FieldError | None:

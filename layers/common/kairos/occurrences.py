@@ -7,20 +7,31 @@ with that run's ``run.queued`` event. ``record`` writes a whole batch of them in
 back absent from the result, so a duplicate tick or a redelivered webhook converges on the rows
 the first one wrote. The run snapshots the schedule's prompt, mode, conversation and agent at
 insert time, whichever path recorded it.
+
+``page`` reads them back: one schedule's occurrences newest first (``fire_at``, then id) in keyset
+pages (``kairos.pages``), each with its decision, source, revision, covered range and the run it
+produced, so a skipped fire is visible where its owner looks. Reading never loads the calendar.
 """
 
 from __future__ import annotations
 
 import json
-from datetime import datetime
-from typing import Any
+from dataclasses import dataclass
+from datetime import datetime, timedelta
+from typing import TYPE_CHECKING, Any
 from uuid import UUID
 
 import psycopg
 
-from kairos import db
-from kairos.calendar import Fire
+from kairos import db, pages
+from kairos.errors import NotFound
+from kairos.instants import offset_text, rfc3339
 from kairos.states import Decision, Source
+
+if TYPE_CHECKING:
+    from kairos.calendar import Fire
+
+PAGE = "occurrences"  # the list kairos.pages cursors of GET /v1/schedules/{id}/occurrences name
 
 
 def planned(
@@ -82,3 +93,58 @@ def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
 
 def _iso(value: datetime | None) -> str | None:
     return None if value is None else value.isoformat()
+
+
+@dataclass(frozen=True)
+class Occurrence:
+    """One occurrence as its owner reads it (``GET /v1/schedules/{id}/occurrences``)."""
+
+    id: UUID
+    source: str
+    fire_at: datetime
+    local_time: datetime
+    utc_offset: timedelta
+    fold: int
+    schedule_revision: int
+    decision: str
+    covers_from: datetime | None
+    covers_until: datetime | None
+    covers_count: int
+    run_id: UUID | None
+
+    def as_json(self) -> dict[str, Any]:
+        """RFC 3339 UTC instants; ``local_time`` is the wall time in the schedule's zone (ISO 8601, no
+        offset) and ``utc_offset`` its offset at ``fire_at``; ``run_id`` is null for a fire that made no run."""
+        return {
+            "id": str(self.id),
+            "source": self.source,
+            "fire_at": rfc3339(self.fire_at),
+            "local_time": self.local_time.isoformat(),
+            "utc_offset": offset_text(self.utc_offset),
+            "fold": self.fold,
+            "schedule_revision": self.schedule_revision,
+            "decision": self.decision,
+            "covers_from": None if self.covers_from is None else rfc3339(self.covers_from),
+            "covers_until": None if self.covers_until is None else rfc3339(self.covers_until),
+            "covers_count": self.covers_count,
+            "run_id": None if self.run_id is None else str(self.run_id),
+        }
+
+
+def page(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, owner: str, before: str | None = None,
+         limit: int = pages.LIMIT_DEFAULT) -> tuple[list[Occurrence], str | None]:
+    """One page of ``owner``'s schedule's occurrences, newest first, below the cursor ``before``, and
+    the next page's cursor (None at the end). The arguments are checked first, so a bad cursor or
+    limit is ``ValidationFailed`` whether or not the id names a schedule; then a missing or foreign
+    schedule is ``NotFound("schedule")`` (occurrences have no owner column: the schedule's decides)."""
+    key = pages.decode(PAGE, before)
+    limit = pages.check_limit(limit)
+    if db.fetch_one(conn, "schedules_get", {"schedule_id": schedule_id, "owner": owner}) is None:
+        raise NotFound("schedule")
+    rows = db.fetch_all(conn, "occurrences_list", {
+        "schedule_id": schedule_id, "before_at": None if key is None else key.at,
+        "before_id": None if key is None else key.id, "limit": limit + 1})
+    found, next_before = pages.cut(PAGE, rows, limit, lambda r: pages.Key(r["fire_at"], r["id"]))
+    return [Occurrence(r["id"], r["source"], r["fire_at"], r["local_time"], r["utc_offset"], int(r["fold"]),
+                       int(r["schedule_revision"]), r["decision"], r["covers_from"], r["covers_until"],
+                       int(r["covers_count"]), r["run_id"]) for r in found], next_before

@@ -17,7 +17,7 @@ from uuid import UUID
 import psycopg
 
 from kairos import db, runs, schedules
-from kairos.errors import NotFound
+from kairos.errors import FieldError, NotFound, ValidationFailed
 
 
 @dataclass(frozen=True)
@@ -158,3 +158,24 @@ def retry_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> Any:
     from kairos.schedules import manual
 
     return manual.retry(conn, run_id, owner=get_run(conn, run_id).owner)
+
+
+def list_approvals(conn: psycopg.Connection[db.Row], *, owner: str | None = None, state: str | None = None,
+                   limit: int = 50) -> list[Any]:
+    from kairos import approvals
+
+    if state is not None and state not in approvals.STATES:
+        raise ValidationFailed([FieldError("state", "enum", f"state is one of {', '.join(approvals.STATES)}")])
+    rows = db.fetch_all(conn, "approvals_ops_list", {"owner": owner, "state": state, "limit": limit})
+    return [approvals.Approval.from_row(r) for r in rows]
+
+
+def decide_approval(conn: psycopg.Connection[db.Row], approval_id: UUID, *, approve: bool) -> Any:
+    """Approves or denies on the owner's behalf (the decision is recorded as the owner's)."""
+    from kairos import approvals
+
+    row = db.fetch_one(conn, "approvals_ops_get", {"id": approval_id})
+    if row is None:
+        raise NotFound("approval")
+    decide = approvals.approve if approve else approvals.deny
+    return decide(conn, approval_id, owner=row["owner"])

@@ -80,12 +80,21 @@ class Webhook(_Strict):
     token: str = Field(description="shown once; only its SHA-256 is stored")
 
 
+class LastRunOut(_Strict):
+    id: str
+    state: str
+    source: str
+    created_at: str
+    finished_at: str | None
+
+
 class ScheduleOut(_Open):
     id: str
     conversation_id: str
     kind: str
     status: str
     revision: int
+    last_run: LastRunOut | None = Field(description="the schedule's newest run; null before its first")
 
 
 class ScheduleEnvelope(_Strict):
@@ -151,10 +160,55 @@ class BackfillAccepted(_Strict):
 class RunOut(_Open):
     id: str
     state: str
+    conversation_id: str | None = Field(description="the thread the run wrote to (a fork's or fresh run's own "
+                                                    "conversation); null until it is claimed")
 
 
 class RunEnvelope(_Strict):
     run: RunOut
+
+
+class ApprovalOut(_Open):
+    id: str
+    run_id: str
+    state: str
+    tool: str
+
+
+class ApprovalEnvelope(_Strict):
+    approval: ApprovalOut
+
+
+class ApprovalList(_Strict):
+    approvals: list[ApprovalOut]
+
+
+_NEXT = "pass as `before` for the next page; null: this page is the last"
+
+
+class RunList(_Strict):
+    runs: list[RunOut]
+    next_before: str | None = Field(description=_NEXT)
+
+
+class OccurrenceOut(_Open):
+    id: str
+    source: str
+    fire_at: str = Field(description="UTC instant, RFC 3339")
+    local_time: str = Field(description="wall time in the schedule's zone, ISO 8601 without offset")
+    utc_offset: str
+    fold: int = Field(ge=0, le=1)
+    schedule_revision: int
+    decision: str
+    covers_from: str | None
+    covers_until: str | None
+    covers_count: int
+    run_id: str | None = Field(description="the run this occurrence produced; null when it made none")
+
+
+class OccurrenceList(_Strict):
+    occurrences: list[OccurrenceOut]
+    next_before: str | None = Field(description=_NEXT)
 
 
 class EventOut(_Open):
@@ -188,6 +242,20 @@ class ConversationOut(_Open):
 
 class ConversationEnvelope(_Strict):
     conversation: ConversationOut
+
+
+class ConversationSummary(_Open):
+    id: str
+    title: str | None
+    parent_id: str | None = Field(description="the conversation a fork or a run thread continues")
+    fork_seq: int | None
+    created_at: str
+    agent: dict[str, Any] = Field(description="executor and model only")
+
+
+class ConversationList(_Strict):
+    conversations: list[ConversationSummary]
+    next_before: str | None = Field(description=_NEXT)
 
 
 class NoteOut(_Open):

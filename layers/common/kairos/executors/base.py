@@ -32,7 +32,9 @@ from typing import Any, Literal, Protocol
 from kairos.diagnosis import REASON_CODES
 from kairos.secrets import SecretUnavailable
 
-EffectKind = Literal["model_call", "http_call"]
+EffectKind = Literal["model_call", "http_call", "tool_call"]
+# The executors whose models call tools (a tool loop); an agent's ``tools`` need one of them.
+TOOL_EXECUTORS = frozenset({"openai", "bedrock"})
 
 
 @dataclass(frozen=True)
@@ -50,6 +52,44 @@ class ExecutionRequest:
     transcript: tuple[Message, ...]  # the target conversation before this run's prompt
     prompt: str
     payload: Any = None  # a webhook's JSON body, when the run came from a hook
+    tools: tuple[ToolSpec, ...] = ()  # what the model may call (a tool loop); empty: one plain answer
+    turns: tuple[ModelTurn | ToolResult, ...] = ()  # this run's earlier steps, after its user turn
+
+
+@dataclass(frozen=True)
+class ToolSpec:
+    """A tool as the model sees it: a name, what it does, and a JSON Schema of its arguments."""
+
+    name: str
+    description: str
+    parameters: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ToolCall:
+    """One call the model asked for: the provider's id for it, the tool, and its JSON arguments."""
+
+    id: str
+    name: str
+    arguments: dict[str, Any]
+
+
+@dataclass(frozen=True)
+class ModelTurn:
+    """A model reply inside the loop: its text (maybe empty) and the tool calls it asked for."""
+
+    content: str
+    tool_calls: tuple[ToolCall, ...]
+
+
+@dataclass(frozen=True)
+class ToolResult:
+    """What a tool answered to one call (JSON text), and whether it is an error the model should see."""
+
+    call_id: str
+    name: str
+    content: str
+    is_error: bool = False
 
 
 class Abort:
@@ -134,6 +174,7 @@ class Reply:
     content: str
     usage: dict[str, int] = field(default_factory=dict)  # e.g. prompt_tokens, completion_tokens
     truncated: bool = False
+    tool_calls: tuple[ToolCall, ...] = ()  # a tool loop's model asked for these instead of answering
 
 
 class ExecutorError(Exception):

@@ -5,7 +5,9 @@
 arguments ``send`` passes to ``converse`` (so the digest covers what is sent). Transcript entries keep
 their role (``system`` entries join the system prompt, ``tool`` entries are sent as user text);
 consecutive entries of one role are merged into one message, as Converse wants turns to alternate.
-The user turn is the prompt plus the webhook payload block, as for ``openai``. ``maxTokens`` is
+The user turn is the prompt plus the webhook payload block, as for ``openai``. In a tool loop the
+request carries ``toolConfig`` and the earlier turns as ``toolUse`` / ``toolResult`` blocks, and a reply
+may ask for tools (``toolUse`` blocks, ``stopReason: tool_use``) instead of answering. ``maxTokens`` is
 ``min(agent.max_tokens or 1024, 8192)``. The endpoint is the AWS one of the function's region:
 ``base_url`` is refused (the call is signed with the role's credentials and must not go elsewhere) and
 ``api_key_secret`` is not used. Tests pass a client (e.g. one with a botocore ``Stubber``); otherwise a
@@ -40,8 +42,10 @@ from typing import TYPE_CHECKING, Any
 from kairos.executors.base import (
     ExecutionRequest,
     ExecutorError,
+    ModelTurn,
     PreparedCall,
     Reply,
+    ToolCall,
     agent_text,
     bounded_content,
     canonical_json,
@@ -101,13 +105,17 @@ class BedrockExecutor:
                 turns.append(("assistant" if entry.role == "assistant" else "user", entry.content))
         turns.append(("user", user_content(request.prompt, request.payload)))
         messages: list[dict[str, Any]] = []
-        for role, text in turns:
+        for role, block in [*((r, {"text": t}) for r, t in turns), *_turn_blocks(request.turns)]:
             if messages and messages[-1]["role"] == role:
-                messages[-1]["content"].append({"text": text})
+                messages[-1]["content"].append(block)
             else:
-                messages.append({"role": role, "content": [{"text": text}]})
+                messages.append({"role": role, "content": [block]})
         call: dict[str, Any] = {"modelId": model, "messages": messages,
                                 "inferenceConfig": {"maxTokens": max_tokens(agent)}}
+        if request.tools:
+            call["toolConfig"] = {"tools": [{"toolSpec": {"name": t.name, "description": t.description,
+                                                          "inputSchema": {"json": t.parameters}}}
+                                            for t in request.tools]}
         if system:
             call["system"] = system
         body = canonical_json(call)
@@ -177,13 +185,43 @@ def _client_error(response: Any) -> ExecutorError:
     return ExecutorError("peer_error", f"Bedrock refused the request ({code or status})")
 
 
+def _turn_blocks(turns: Any) -> list[tuple[str, dict[str, Any]]]:
+    """A tool loop's earlier steps as Converse content blocks: the assistant's ``toolUse`` blocks (after
+    its text, if any), then a user ``toolResult`` block per answered call (consecutive ones merge)."""
+    blocks: list[tuple[str, dict[str, Any]]] = []
+    for turn in turns:
+        if isinstance(turn, ModelTurn):
+            if turn.content:
+                blocks.append(("assistant", {"text": turn.content}))
+            blocks.extend(("assistant", {"toolUse": {"toolUseId": c.id, "name": c.name, "input": c.arguments}})
+                          for c in turn.tool_calls)
+        else:
+            blocks.append(("user", {"toolResult": {"toolUseId": turn.call_id, "content": [{"text": turn.content}],
+                                                   "status": "error" if turn.is_error else "success"}}))
+    return blocks
+
+
+def _tool_calls(blocks: Any) -> tuple[ToolCall, ...]:
+    calls: list[ToolCall] = []
+    for block in blocks:
+        use = block.get("toolUse") if isinstance(block, dict) else None
+        if use is None:
+            continue
+        if not isinstance(use, dict) or not isinstance(use.get("input"), dict) or not isinstance(
+                use.get("toolUseId"), str) or not isinstance(use.get("name"), str):
+            raise ExecutorError("malformed_reply", "Bedrock asked for a tool call that cannot be read")
+        calls.append(ToolCall(use["toolUseId"][:128], use["name"][:64], dict(use["input"])))
+    return tuple(calls)
+
+
 def _reply(response: Any) -> Reply:
     try:
         blocks = response["output"]["message"]["content"]
         texts = [block["text"] for block in blocks if isinstance(block, dict) and isinstance(block.get("text"), str)]
     except (KeyError, TypeError) as exc:
         raise ExecutorError("malformed_reply", "Bedrock's reply has no message") from exc
-    if not texts:
+    calls = _tool_calls(blocks)
+    if not texts and not calls:
         raise ExecutorError("malformed_reply", "Bedrock's reply has no text content")
     text, cut = bounded_content("".join(texts))
     usage: dict[str, int] = {}
@@ -192,4 +230,5 @@ def _reply(response: Any) -> Reply:
         value = raw_usage.get(source)
         if isinstance(value, int) and not isinstance(value, bool):
             usage[key] = value
-    return Reply(content=text, usage=usage, truncated=cut or response.get("stopReason") == "max_tokens")
+    return Reply(content=text, usage=usage, truncated=cut or response.get("stopReason") == "max_tokens",
+                 tool_calls=calls)

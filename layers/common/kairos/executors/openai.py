@@ -2,8 +2,10 @@
 
 ``prepare`` checks the agent, resolves its ``api_key_secret`` and passes ``base_url`` through the
 egress check, then builds ``POST {base_url}/chat/completions`` with the body
-``{"model", "messages": [system, transcript…, user], "max_tokens"}`` as canonical JSON (its SHA-256 is
-the effect's digest). The user turn is the prompt, followed by the webhook payload as JSON in a
+``{"model", "messages": [system, transcript…, user, the loop's earlier turns…], "max_tokens", "tools"?}``
+as canonical JSON (its SHA-256 is the effect's digest). In a tool loop the reply may carry
+``tool_calls`` (function calls with JSON-object arguments) instead of, or beside, text. The user
+turn is the prompt, followed by the webhook payload as JSON in a
 ``<webhook_payload>`` block when the run came from a hook. ``max_tokens`` is
 ``min(agent.max_tokens or 1024, 8192)``. Transcript entries keep their role; a ``tool`` entry (which
 would need a tool-call id this transcript does not keep) is sent as a user message.
@@ -47,9 +49,12 @@ from kairos.executors.base import (
     READ_LIMIT,
     ExecutionRequest,
     ExecutorError,
+    ModelTurn,
     PreparedCall,
     Reply,
     SecretSource,
+    ToolCall,
+    ToolResult,
     agent_text,
     bounded_content,
     canonical_json,
@@ -85,13 +90,18 @@ class OpenAIExecutor:
         assert model is not None and base_url is not None
         url = _endpoint(base_url)
         target = egress.check(url, allow=self._allow, resolve=self._resolve)
-        messages: list[dict[str, str]] = []
+        messages: list[dict[str, Any]] = []
         if system:
             messages.append({"role": "system", "content": system})
         for entry in request.transcript:
             messages.append({"role": entry.role if entry.role in _ROLES else "user", "content": entry.content})
         messages.append({"role": "user", "content": user_content(request.prompt, request.payload)})
-        body = canonical_json({"model": model, "messages": messages, "max_tokens": max_tokens(agent)})
+        messages.extend(_turn_messages(request.turns))
+        document: dict[str, Any] = {"model": model, "messages": messages, "max_tokens": max_tokens(agent)}
+        if request.tools:
+            document["tools"] = [{"type": "function", "function": {
+                "name": t.name, "description": t.description, "parameters": t.parameters}} for t in request.tools]
+        body = canonical_json(document)
         headers = {"Content-Type": "application/json", "Accept": "application/json", "User-Agent": "kairos"}
         if key_ref is not None:
             with secret_errors():
@@ -160,13 +170,49 @@ def _peer_code(body: bytes) -> str | None:
     return None
 
 
+def _turn_messages(turns: Sequence[ModelTurn | ToolResult]) -> list[dict[str, Any]]:
+    """A tool loop's earlier steps in the chat-completions form: an assistant message with its
+    ``tool_calls`` (arguments as a JSON string), then one ``tool`` message per answered call."""
+    messages: list[dict[str, Any]] = []
+    for turn in turns:
+        if isinstance(turn, ModelTurn):
+            messages.append({"role": "assistant", "content": turn.content or None, "tool_calls": [
+                {"id": c.id, "type": "function",
+                 "function": {"name": c.name, "arguments": json.dumps(c.arguments, sort_keys=True)}}
+                for c in turn.tool_calls]})
+        else:
+            messages.append({"role": "tool", "tool_call_id": turn.call_id, "content": turn.content})
+    return messages
+
+
+def _tool_calls(message: Any) -> tuple[ToolCall, ...]:
+    raw = message.get("tool_calls") if isinstance(message, dict) else None
+    if not raw:
+        return ()
+    calls: list[ToolCall] = []
+    try:
+        for item in raw:
+            function = item["function"]
+            arguments = json.loads(function.get("arguments") or "{}")
+            if not isinstance(arguments, dict) or not isinstance(item["id"], str):
+                raise TypeError("tool call arguments are not a JSON object")
+            calls.append(ToolCall(id=item["id"][:128], name=str(function["name"])[:64], arguments=arguments))
+    except (ValueError, KeyError, TypeError) as exc:
+        raise ExecutorError("malformed_reply", "the model asked for a tool call that cannot be read") from exc
+    return tuple(calls)
+
+
 def _reply(body: bytes) -> Reply:
     try:
         data: Any = json.loads(body)
         choice = data["choices"][0]
-        content = choice["message"]["content"]
-    except (ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError) as exc:
+        message = choice["message"]
+        content = message.get("content")
+    except (ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
         raise ExecutorError("malformed_reply", "the model's reply is not a chat completion with content") from exc
+    calls = _tool_calls(message)
+    if calls and content is None:
+        content = ""
     if not isinstance(content, str):
         raise ExecutorError("malformed_reply", "the model's reply has no text content")
     text, cut = bounded_content(content)
@@ -178,4 +224,4 @@ def _reply(body: bytes) -> Reply:
             if isinstance(value, int) and not isinstance(value, bool):
                 usage[key] = value
     stopped_short = isinstance(choice, dict) and choice.get("finish_reason") == "length"
-    return Reply(content=text, usage=usage, truncated=cut or stopped_short)
+    return Reply(content=text, usage=usage, truncated=cut or stopped_short, tool_calls=calls)

@@ -1,8 +1,9 @@
 """Runs: one execution of a prompt, as its owner reads it — the record, its output, and cancel.
 
 Role: what the API (and the operator's CLI) needs of a run without loading the worker: ``Run`` (the
-API shape; prompt, payload and agent are deliberately not part of it), ``get`` and ``output``
-(owner-scoped reads: a missing and a foreign run are the same ``NotFound``) and ``cancel``.
+API shape; prompt, payload and agent are deliberately not part of it), ``get``, ``page`` and
+``output`` (owner-scoped reads: a missing and a foreign run are the same ``NotFound``; a list holds
+only the owner's runs) and ``cancel``.
 
 The package's other modules are the worker's, loaded only by the run function:
 
@@ -29,14 +30,15 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import db, trace
+from kairos import db, pages, trace
 from kairos.diagnosis import diagnose
 from kairos.errors import NotFound
 from kairos.observability import logger
 from kairos.runs import moves
-from kairos.states import RunState
+from kairos.states import RunState, Source
 
 OUTPUT_PREVIEW_CHARS = 2000
+PAGE = "runs"  # the list kairos.pages cursors of GET /v1/runs name
 
 
 @dataclass(frozen=True)
@@ -99,7 +101,10 @@ class Run:
             "state": self.state.value,
             "attempt": self.attempt,
             "max_attempts": self.max_attempts,
+            # The thread the run wrote to (a fork's or fresh run's own conversation, an append run's
+            # source); null until a claim sets it. The source is the conversation it was scheduled from.
             "conversation_id": None if self.conversation_id is None else str(self.conversation_id),
+            "source_conversation_id": str(self.source_conversation_id),
             "cancel_requested": self.cancel_requested_at is not None,
             "created_at": trace.rfc3339(self.created_at),
             "started_at": trace.rfc3339(self.started_at),
@@ -118,6 +123,25 @@ def get(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> Run:
     return Run.from_row(row)
 
 
+def page(conn: psycopg.Connection[db.Row], *, owner: str, schedule_id: UUID | None = None,
+         conversation_id: UUID | None = None, state: RunState | None = None, source: Source | None = None,
+         before: str | None = None, limit: int = pages.LIMIT_DEFAULT) -> tuple[list[Run], str | None]:
+    """One page of ``owner``'s runs, newest first (``created_at``, then id), below the cursor ``before``,
+    and the cursor of the next page (None at the end). ``conversation_id`` matches a run's target
+    thread or the conversation it was scheduled from, so a conversation's runs and a fork thread's
+    run are both found by it. A filter naming another owner's object matches nothing (an empty page,
+    not a 404: a filter is not a lookup). A bad cursor or limit is ``ValidationFailed``."""
+    key = pages.decode(PAGE, before)
+    limit = pages.check_limit(limit)
+    rows = db.fetch_all(conn, "runs_list_owned", {
+        "owner": owner, "schedule_id": schedule_id, "conversation_id": conversation_id,
+        "state": None if state is None else state.value, "source": None if source is None else source.value,
+        "before_at": None if key is None else key.at, "before_id": None if key is None else key.id,
+        "limit": limit + 1})
+    found, next_before = pages.cut(PAGE, rows, limit, lambda r: pages.Key(r["created_at"], r["id"]))
+    return [Run.from_row(r) for r in found], next_before
+
+
 def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: datetime | None = None) -> Run:
     """Cancels a run, durably first. ``queued`` (or awaiting approval) becomes ``cancelled`` at once;
     ``running`` gets ``cancel_requested`` and its worker stops at the next heartbeat or step; a run
@@ -130,6 +154,8 @@ def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: d
         done = moves.cancel_waiting(conn, run_id, owner=owner, by="owner", now=now,
                                     diagnosis=diagnose("cancelled", summary="The run was cancelled before it ran."))
         if done is not None:
+            # Its open approval requests are retired: nobody can approve a cancelled run's tool call.
+            db.fetch_all(conn, "approvals_retire_for_run", {"run_id": run_id, "now": now})
             moves.count("RunCancelled")
             logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(run_id)})
             return Run.from_row(done)

@@ -62,6 +62,7 @@ OutcomeResult = Literal[
     "succeeded",  # this call ran the run to success
     "failed",  # this call ended the run failed
     "cancelled",  # this call ended the run cancelled (seen at a boundary, or queued with a cancel request)
+    "awaiting_approval",  # this call parked the run for a person's decision on a tool call (lease cleared)
     "retry",  # back to queued for another attempt: re-send the id after retry_delay_seconds
     "skipped",  # not claimed: another worker holds the run, it ended, or it waits behind another run
     "refused",  # the claim ended the run without any call (state and reason_code say how and why)

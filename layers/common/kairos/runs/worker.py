@@ -45,12 +45,13 @@ import psycopg
 
 from kairos import db, effects, trace
 from kairos.diagnosis import diagnose
-from kairos.executors.base import ExecutionRequest, Executor, ExecutorError, Reply
+from kairos.executors.base import TOOL_EXECUTORS, ExecutionRequest, Executor, ExecutorError, PreparedCall, Reply
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
 from kairos.runs.attempt import Claimed, Outcome, claim
 from kairos.runs.heartbeat import HEARTBEAT_SECONDS, Heartbeat
+from kairos.runs.stops import Cancelled, Failure, LeaseLost
 from kairos.settings import Settings
 from kairos.states import EventType, RunState
 
@@ -66,24 +67,6 @@ ExecutorFactory = Callable[..., Executor]
 
 # The executors that send the transcript to a model: their input is bounded by max_input_tokens.
 MODEL_EXECUTORS: frozenset[str] = frozenset({"openai", "bedrock"})
-
-
-class _LeaseLost(Exception):
-    """A fenced write matched nothing: another claim holds the run now."""
-
-
-class _Cancelled(Exception):
-    """The run's cancel was requested (seen at a boundary or by the heartbeat)."""
-
-
-class _Failure(Exception):
-    """The run fails (or retries) with a reason code; raised inside the execution steps."""
-
-    def __init__(self, reason_code: str, *, retry_safe: bool = False, summary: str | None = None) -> None:
-        super().__init__(reason_code)
-        self.reason_code = reason_code
-        self.retry_safe = retry_safe
-        self.summary = summary
 
 
 @dataclass
@@ -104,6 +87,7 @@ class Execution:
     open_effect: effects.Effect | None = None  # reserved and not yet closed
     call_started: bool = False
     usage: dict[str, Any] = field(default_factory=dict)
+    current_step: str = ""  # the step in flight when a tool loop opened one after the claim's
 
     def execute(self) -> Outcome:
         claimed = self.claimed
@@ -113,30 +97,45 @@ class Execution:
         self._check_stop()
         model_call = str(agent.get("executor", "")) in MODEL_EXECUTORS
         if model_call and claimed.model_input.limit is None:
-            raise _Failure("agent_invalid", summary="The agent's max_input_tokens is not a positive integer.")
+            raise Failure("agent_invalid", summary="The agent's max_input_tokens is not a positive integer.")
         if model_call and claimed.model_input.too_large:
-            raise _Failure("input_too_large")
+            raise Failure("input_too_large")
         request = ExecutionRequest(run_id=str(self.run_id), attempt=claimed.attempt, owner=str(row["owner"]),
                                    agent=agent, transcript=claimed.transcript, prompt=row["prompt"],
                                    payload=row["payload"])
         try:
             executor = self.executor_factory(str(agent.get("executor", "")), settings=self.settings)
+            if agent.get("tools") and str(agent.get("executor", "")) in TOOL_EXECUTORS:
+                from kairos.runs.loop import run_loop
+
+                return run_loop(self, executor, request)
             prepared = executor.prepare(request)
         except ExecutorError as error:
-            raise _Failure(error.reason_code, retry_safe=error.retry_safe) from error
+            raise Failure(error.reason_code, retry_safe=error.retry_safe) from error
+        sent = self.call(executor.send, prepared, step,
+                         data={"input": claimed.model_input.record} if model_call else None)
+        if isinstance(sent, Outcome):
+            return sent
+        return self.publish(step, *sent)
+
+    def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
+             data: dict[str, Any] | None = None) -> tuple[effects.Effect, Reply] | Outcome:
+        """Reserves the call's effect (committed), makes the call under the heartbeat's abort, and
+        answers the open effect with the reply; a failed call ends the run here (its Outcome)."""
+        claimed = self.claimed
+        self.call_started = False
         remaining = self._remaining()
         if remaining <= 0:
-            raise _Failure("runtime_limit")
+            raise Failure("runtime_limit")
         with self.database.connection() as conn:  # one statement: its own transaction
             effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
-                                     prepared.mutation, prepared.url, prepared.digest, now=self.now,
-                                     data={"input": claimed.model_input.record} if model_call else None)
+                                     prepared.mutation, prepared.url, prepared.digest, now=self.now, data=data)
             if effect is None:  # the fence moved on, or a cancel was requested: which one decides the end
                 current = db.fetch_one(conn, "runs_get", {"run_id": self.run_id})
                 if (current is not None and current["state"] == RunState.RUNNING
                         and int(current["fence"]) == claimed.fence and current["cancel_requested_at"] is not None):
-                    raise _Cancelled()
-                raise _LeaseLost()
+                    raise Cancelled()
+                raise LeaseLost()
         self.open_effect = effect
         self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
         self._check_stop()
@@ -146,33 +145,33 @@ class Execution:
         started = time.monotonic()
         self.call_started = True
         try:
-            reply = executor.send(prepared, timeout=max(0.001, min(remaining, CALL_TIMEOUT_CAP_SECONDS)))
+            reply = send(prepared, timeout=max(0.001, min(remaining, CALL_TIMEOUT_CAP_SECONDS)))
         except ExecutorError as error:
             self.heartbeat.step_finished()
-            self.usage = {"calls": 1, "duration_ms": int((time.monotonic() - started) * 1000)}
+            self.usage = _add(self.usage, {"calls": 1, "duration_ms": int((time.monotonic() - started) * 1000)})
             return self._call_failed(step, effect, prepared.mutation, error)
         self.heartbeat.step_finished()
-        self.usage = _usage(reply, time.monotonic() - started)
+        self.usage = _add(self.usage, _usage(reply, time.monotonic() - started))
         self.probes.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
-        return self._publish(step, effect, reply)
+        return effect, reply
 
-    def _publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
+    def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
         claimed = self.claimed
         fence = claimed.fence
         # One update of the run row: the effect's settlement, the answer and the terminal state are
         # traced by the terminal statement itself (kairos.trace.change).
         events: list[trace.Event] = []
         with self.database.transaction() as conn:
-            locked = self._lock(conn)
+            locked = self.lock(conn)
             if effects.settle(conn, effect, fence=fence, usage=self.usage, trace_into=events, now=self.now) is None:
-                raise _LeaseLost()
+                raise LeaseLost()
             self.open_effect = None
             if locked["cancel_requested_at"] is not None:
                 return self._end_cancelled(conn, events)
             seq = moves.append_entry(conn, self.run_id, fence, claimed.conversation_id, role="assistant",
                                      content=reply.content, now=self.now)
             if seq is None:
-                raise _LeaseLost()
+                raise LeaseLost()
             events.append(trace.Event(EventType.OUTPUT_PUBLISHED, step, {
                 "conversation_id": str(claimed.conversation_id), "entry_seq": seq, "truncated": reply.truncated}))
             events.append(trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"}))
@@ -181,7 +180,7 @@ class Execution:
                                  output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
                                          "attempt": claimed.attempt})
             if not done:  # cannot happen while the row is locked; never publish without it
-                raise _LeaseLost()
+                raise LeaseLost()
         logger.info("run succeeded", extra={"action": "run_succeeded", "run_id": str(self.run_id),
                                             "attempt": claimed.attempt, "entry_seq": seq})
         return Outcome(self.run_id, "succeeded", RunState.SUCCEEDED)
@@ -194,7 +193,7 @@ class Execution:
             error.reason_code)
         events: list[trace.Event] = []
         with self.database.transaction() as conn:
-            locked = self._lock(conn)
+            locked = self.lock(conn)
             if error.outcome_unknown and mutation:
                 closed = effects.mark_ambiguous(conn, effect, fence=fence, error_code=error.reason_code,
                                                 trace_into=events, now=self.now)
@@ -204,7 +203,7 @@ class Execution:
                 closed = effects.fail(conn, effect, fence=fence, error_code=error.reason_code, trace_into=events,
                                       now=self.now)
             if closed is None:
-                raise _LeaseLost()
+                raise LeaseLost()
             self.open_effect = None
             if locked["cancel_requested_at"] is not None:
                 return self._end_cancelled(conn, events)
@@ -213,10 +212,10 @@ class Execution:
 
     # -- endings -----------------------------------------------------------------------------------
 
-    def fail_or_retry(self, failure: _Failure) -> Outcome:
+    def fail_or_retry(self, failure: Failure) -> Outcome:
         events: list[trace.Event] = []
         with self.database.transaction() as conn:
-            locked = self._lock(conn)
+            locked = self.lock(conn)
             if self.open_effect is not None:
                 self._close_open_effect(conn, self.open_effect, failure.reason_code, events)
             if locked["cancel_requested_at"] is not None:
@@ -227,7 +226,7 @@ class Execution:
     def cancelled(self) -> Outcome:
         events: list[trace.Event] = []
         with self.database.transaction() as conn:
-            self._lock(conn)
+            self.lock(conn)
             if self.open_effect is not None:
                 self._close_open_effect(conn, self.open_effect, "cancelled", events)
             return self._end_cancelled(conn, events)
@@ -264,41 +263,42 @@ class Execution:
         done = moves.fail(conn, self.run_id, fence, diagnosis=diagnosis, usage=self.usage or None,
                           events=events, now=self.now)
         if not done:
-            raise _LeaseLost()
+            raise LeaseLost()
         logger.info("run failed", extra={"action": "run_failed", "run_id": str(self.run_id),
                                          "attempt": claimed.attempt, "reason_code": reason})
         return Outcome(self.run_id, "failed", RunState.FAILED, reason)
 
     def _end_cancelled(self, conn: psycopg.Connection[db.Row], events: Sequence[trace.Event] = ()) -> Outcome:
         claimed = self.claimed
-        events = [*events, trace.Event(EventType.STEP_FINISHED, claimed.step,
+        events = [*events, trace.Event(EventType.STEP_FINISHED, self.current_step or claimed.step,
                                        {"outcome": "cancelled", "reason_code": "cancelled"})]
         self.probes.fire("before_finish", run_id=self.run_id, fence=claimed.fence)
         done = moves.finish_cancelled(conn, self.run_id, claimed.fence, usage=self.usage or None,
                                       events=events, now=self.now)
         if not done:
-            raise _LeaseLost()
+            raise LeaseLost()
         logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(self.run_id),
                                             "attempt": claimed.attempt})
         return Outcome(self.run_id, "cancelled", RunState.CANCELLED, "cancelled")
 
     # -- boundaries --------------------------------------------------------------------------------
 
-    def _lock(self, conn: psycopg.Connection[db.Row]) -> db.Row:
+    def lock(self, conn: psycopg.Connection[db.Row]) -> db.Row:
         locked = moves.lock(conn, self.run_id, self.claimed.fence)
         if locked is None:
-            raise _LeaseLost()
+            raise LeaseLost()
         return locked
 
     def _step_failed(self, reason: str) -> list[trace.Event]:
         """``step.finished`` (failed) for the step in flight."""
-        return [trace.Event(EventType.STEP_FINISHED, self.claimed.step, {"outcome": "failed", "reason_code": reason})]
+        return [trace.Event(EventType.STEP_FINISHED, self.current_step or self.claimed.step,
+                            {"outcome": "failed", "reason_code": reason})]
 
     def _check_stop(self) -> None:
         if self.heartbeat.lost.is_set():
-            raise _LeaseLost()
+            raise LeaseLost()
         if self.heartbeat.cancel_requested.is_set():
-            raise _Cancelled()
+            raise Cancelled()
 
     def _remaining(self) -> float:
         return self.deadline - self.clock()
@@ -358,11 +358,11 @@ def _run(run: Execution) -> Outcome:
     try:
         try:
             return run.execute()
-        except _Failure as failure:
+        except Failure as failure:
             return run.fail_or_retry(failure)
-        except _Cancelled:
+        except Cancelled:
             return run.cancelled()
-    except _LeaseLost:
+    except LeaseLost:
         moves.count("LeasesLost")
         logger.warning("lease lost; nothing more is written", extra={
             "action": "lease_lost", "run_id": str(run_id), "fence": fence, "attempt": run.claimed.attempt})
@@ -377,10 +377,18 @@ def _run(run: Execution) -> Outcome:
         logger.exception("run failed by an internal error", extra={
             "action": "run_internal_error", "run_id": str(run_id), "fence": fence})
         try:
-            return run.fail_or_retry(_Failure("internal"))
-        except _LeaseLost:
+            return run.fail_or_retry(Failure("internal"))
+        except LeaseLost:
             moves.count("LeasesLost")
             return Outcome(run_id, "lease_lost")
+
+
+def _add(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
+    """Usage summed over the calls of an attempt (a tool loop makes several)."""
+    summed = dict(total)
+    for key, value in more.items():
+        summed[key] = summed.get(key, 0) + value
+    return summed
 
 
 def _usage(reply: Reply, seconds: float) -> dict[str, Any]:

@@ -18,6 +18,18 @@ RETURNING *;
 -- One conversation of one owner (a foreign row answers like a missing one).
 SELECT * FROM conversations WHERE id = %(conversation_id)s AND owner = %(owner)s;
 
+-- name: conversations_list_owned
+-- One keyset page of an owner's conversations (roots and run threads alike), newest first:
+-- (created_at, id) strictly below the cursor (kairos.pages). Reads conversations_owner_idx; limit
+-- is the page size plus one.
+SELECT id, owner, title, agent, parent_id, fork_seq, origin_run_id, created_at
+  FROM conversations
+ WHERE owner = %(owner)s
+   AND (%(before_at)s::timestamptz IS NULL
+        OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
 -- name: conversations_lock
 -- Locks one conversation row (optionally only the owner's) so writers to it serialize.
 -- FOR NO KEY UPDATE, not FOR UPDATE: it serializes appenders and schedule creates with each other

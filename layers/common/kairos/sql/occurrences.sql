@@ -94,3 +94,17 @@ SELECT o.id, o.source, o.fire_at, o.local_time, o.utc_offset, o.fold, o.schedule
  WHERE o.schedule_id = %(schedule_id)s AND o.source IN ('scheduled', 'backfill')
    AND o.fire_at >= %(from)s AND o.fire_at < %(until)s
  ORDER BY o.fire_at, o.source;
+
+-- name: occurrences_list
+-- One keyset page of a schedule's occurrences (the caller has checked its owner), newest first:
+-- (fire_at, id) strictly below the cursor (kairos.pages), each with the run it produced, if any.
+-- Reads occurrences_schedule_idx; limit is the page size plus one.
+SELECT o.id, o.source, o.fire_at, o.local_time, o.utc_offset, o.fold, o.schedule_revision, o.decision,
+       o.covers_from, o.covers_until, o.covers_count, r.id AS run_id
+  FROM occurrences o
+  LEFT JOIN runs r ON r.occurrence_id = o.id
+ WHERE o.schedule_id = %(schedule_id)s
+   AND (%(before_at)s::timestamptz IS NULL
+        OR (o.fire_at, o.id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ ORDER BY o.fire_at DESC, o.id DESC
+ LIMIT %(limit)s;

@@ -99,6 +99,38 @@ SELECT * FROM runs WHERE id = %(run_id)s;
 -- One run of one owner; another owner's run is as absent as a missing one.
 SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
 
+-- name: runs_list_owned
+-- One keyset page of an owner's runs, newest first: (created_at, id) strictly below the cursor
+-- (kairos.pages), optionally of one schedule, one conversation (its target thread or the
+-- conversation it was scheduled from), one state, one source. Reads runs_owner_created_idx, or
+-- runs_schedule_created_idx with a schedule; limit is the page size plus one (is there more?). The
+-- other filters are checked on the rows of that range: a page of a rare state or of one conversation
+-- among many reads the owner's runs until it is full (no index per filter: each would cost every
+-- claim and terminal update one more entry).
+SELECT *
+  FROM runs
+ WHERE owner = %(owner)s
+   AND (%(schedule_id)s::uuid IS NULL OR schedule_id = %(schedule_id)s::uuid)
+   AND (%(conversation_id)s::uuid IS NULL
+        OR conversation_id = %(conversation_id)s::uuid OR source_conversation_id = %(conversation_id)s::uuid)
+   AND (%(state)s::text IS NULL OR state = %(state)s::text)
+   AND (%(source)s::text IS NULL OR source = %(source)s::text)
+   AND (%(before_at)s::timestamptz IS NULL
+        OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: runs_last_of_schedules
+-- The newest run of each of an owner's schedules (none: no row), for a schedule's last_run: one
+-- probe of runs_schedule_created_idx per schedule.
+SELECT s.schedule_id, r.id, r.state, r.source, r.created_at, r.finished_at
+  FROM unnest(%(schedule_ids)s::uuid[]) AS s (schedule_id)
+ CROSS JOIN LATERAL (SELECT id, state, source, created_at, finished_at
+                       FROM runs
+                      WHERE schedule_id = s.schedule_id AND owner = %(owner)s
+                      ORDER BY created_at DESC, id DESC
+                      LIMIT 1) AS r;
+
 -- name: runs_lock_owned
 -- One run of one owner, locked for a state change decided by the caller (cancel).
 SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s FOR NO KEY UPDATE;
@@ -431,3 +463,45 @@ SELECT id FROM runs
  WHERE source_conversation_id = %(conversation_id)s AND source = 'chat' AND finished_at IS NULL
  ORDER BY created_at DESC, id DESC
  LIMIT 1;
+
+-- name: runs_step_events
+-- Appends a tool loop's step events for the fence holder (the step's effect is settled and the step
+-- recorded in the same transaction).
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_await_approval
+-- running -> awaiting_approval for the fence holder: the lease is cleared (no worker holds the run,
+-- the owner's slot is free) until a person decides.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'awaiting_approval',
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_requeue_approved
+-- awaiting_approval -> queued once its request is approved: a new attempt applies the approved call.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'queued',
+       handoff_at = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'awaiting_approval'
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_block_approval
+-- awaiting_approval -> policy_blocked: its request was denied or expired.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'policy_blocked',
+       diagnosis = %(diagnosis)s,
+       finished_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'awaiting_approval'
+RETURNING id, last_seq, attempt, fence;

@@ -77,6 +77,7 @@ class TickReport:
     failed: int = 0
     cancelled: int = 0
     undeliverable: int = 0  # queued runs failed after five unclaimed handoffs
+    approvals_expired: int = 0  # approval waits that expired (their runs ended policy_blocked)
     batches: int = 0
     schedules: int = 0  # due schedules handled
     dispatched: int = 0
@@ -127,6 +128,7 @@ class _Totals:
             failed=sum(r.failed for r in self.repair),
             cancelled=sum(r.cancelled for r in self.repair),
             undeliverable=sum(r.undeliverable for r in self.repair),
+            approvals_expired=sum(r.approvals_expired for r in self.repair),
             batches=sum(1 for f in self.fire if f.locked),
             schedules=sum(f.locked for f in self.fire),
             dispatched=sum(f.dispatched for f in self.fire),

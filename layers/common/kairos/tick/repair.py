@@ -36,7 +36,7 @@ import psycopg
 from aws_lambda_powertools.metrics import MetricUnit
 from psycopg.types.json import Jsonb
 
-from kairos import db, diagnosis, handoff, trace
+from kairos import approvals, db, diagnosis, handoff, trace
 from kairos.observability import logger, metrics
 from kairos.states import EventType, RunState, Source, terminal_event
 
@@ -59,6 +59,7 @@ class RepairReport:
     rescue_full: bool = False
     handoff_failures: int = 0
     undeliverable: int = 0  # queued runs given up after UNDELIVERABLE_AFTER unclaimed handoffs (failed)
+    approvals_expired: int = 0  # approval waits nobody decided in time: their runs ended policy_blocked
 
 
 @dataclass(frozen=True)
@@ -83,6 +84,8 @@ class Repair:
     def run_once(self, now: datetime | None = None) -> RepairReport:
         rescued = self.rescue_once(now)
         resent = self.resend_once(now)
+        with self.db.transaction() as conn:
+            expired = approvals.expire_due(conn, limit=self.limit, now=now)
         return RepairReport(
             resent=resent.resent,
             resend_full=resent.resend_full,
@@ -94,6 +97,7 @@ class Repair:
             rescue_full=rescued.rescue_full,
             handoff_failures=rescued.handoff_failures + resent.handoff_failures,
             undeliverable=resent.undeliverable,
+            approvals_expired=expired,
         )
 
     def resend_once(self, now: datetime | None = None) -> RepairReport:

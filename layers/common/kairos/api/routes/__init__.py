@@ -19,19 +19,24 @@ from __future__ import annotations
 
 from collections.abc import Callable, Mapping
 from datetime import datetime, timedelta
-from typing import Any, TypeVar
+from typing import Annotated, Any, TypeVar
 from uuid import UUID
 
 from aws_lambda_powertools.event_handler import Response
+from aws_lambda_powertools.event_handler.openapi.params import Query
 from pydantic import BaseModel
 
-from kairos import db, runtime
+from kairos import db, pages, runtime
 from kairos.api.resolver import JSON, route_key
 from kairos.errors import NotFound
 from kairos.instants import rfc3339
 from kairos.observability import logger
 
 M = TypeVar("M", bound=BaseModel)
+
+# The two query parameters of every keyset list (kairos.pages): the cursor and the page size.
+BEFORE = Annotated[str | None, Query(description="next_before of the previous page; omit for the first")]
+LIMIT = Annotated[int, Query(ge=1, le=pages.LIMIT_MAX, description="rows a page")]
 
 
 def database() -> db.Database:

@@ -1,5 +1,5 @@
-"""Conversations: create one with its agent, read it with its transcript, read its inbox notes, post
-a chat turn (``kairos.chat``).
+"""Conversations: create one with its agent, list them, read one with its transcript, read its inbox
+notes, post a chat turn (``kairos.chat``).
 
 ``POST /v1/conversations`` reads its body raw: ``kairos.conversations.create_from_body`` judges it
 whole (undeclared fields, the title and every agent problem in one answer); the OpenAPI document
@@ -14,10 +14,10 @@ from uuid import UUID
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
 
-from kairos import conversations
+from kairos import conversations, pages
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
-from kairos.api.routes import database, idempotent, ok, parse_id, send_committed
+from kairos.api.routes import BEFORE, LIMIT, database, idempotent, ok, parse_id, send_committed
 
 router = Routes()
 
@@ -36,6 +36,17 @@ def create_conversation(
 
     with database().transaction() as conn:
         return idempotent(conn, owner, router.current_event.raw_event, body, create)
+
+
+@router.endpoint("GET", "/v1/conversations", status=200, model=models.ConversationList, errors=(),
+                 summary="The caller's conversations (run threads included), newest first, without entries, "
+                         "in keyset pages (pass next_before as before)")
+def list_conversations(before: BEFORE = None, limit: LIMIT = pages.LIMIT_DEFAULT) -> Response[dict[str, Any]]:
+    owner = principal()
+    with database().transaction() as conn:
+        found, next_before = conversations.page(conn, owner=owner, before=before, limit=limit)
+    return ok(200, models.ConversationList,
+              {"conversations": [c.summary_json() for c in found], "next_before": next_before})
 
 
 @router.endpoint("GET", "/v1/conversations/<id>", status=200, model=models.ConversationEnvelope, errors=(404,),

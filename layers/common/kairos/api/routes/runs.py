@@ -1,4 +1,4 @@
-"""Runs: read one, page through its trace, read its output, cancel it.
+"""Runs: list them, read one, page through its trace, read its output, cancel it.
 
 ``kairos.runs`` (the run record, its reads and cancel; never the worker, which the API does not load)
 is imported by these routes when they are first called: a container that serves only schedules,
@@ -9,18 +9,40 @@ ownership (the trace has no owner column).
 from __future__ import annotations
 
 from typing import Annotated, Any
+from uuid import UUID
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
-from kairos import trace
+from kairos import pages, trace
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
-from kairos.api.routes import database, jsonable, ok, parse_id, send_committed
+from kairos.api.routes import BEFORE, LIMIT, database, jsonable, ok, parse_id, send_committed
+from kairos.states import RunState, Source
 
 router = Routes()
 
 SEQ_MAX = 2_147_483_647  # run_events.seq is an integer column
+
+
+@router.endpoint("GET", "/v1/runs", status=200, model=models.RunList, errors=(),
+                 summary="The caller's runs, newest first, in keyset pages (pass next_before as before)")
+def list_runs(
+    schedule_id: Annotated[UUID | None, Query(description="only this schedule's runs")] = None,
+    conversation_id: Annotated[UUID | None, Query(
+        description="runs that wrote to this conversation or were scheduled from it")] = None,
+    state: Annotated[RunState | None, Query()] = None,
+    source: Annotated[Source | None, Query()] = None,
+    before: BEFORE = None,
+    limit: LIMIT = pages.LIMIT_DEFAULT,
+) -> Response[dict[str, Any]]:
+    from kairos import runs
+
+    owner = principal()
+    with database().transaction() as conn:
+        found, next_before = runs.page(conn, owner=owner, schedule_id=schedule_id, conversation_id=conversation_id,
+                                       state=state, source=source, before=before, limit=limit)
+    return ok(200, models.RunList, {"runs": [r.as_json() for r in found], "next_before": next_before})
 
 
 @router.endpoint("GET", "/v1/runs/<id>", status=200, model=models.RunEnvelope, errors=(404,), summary="One run")

@@ -1,5 +1,9 @@
-"""Schedules: create (with a webhook's URL and token, shown once), list, read, preview, pause, resume,
-cancel, and rotate a webhook's token.
+"""Schedules: create (with a webhook's URL and token, shown once), list, read, preview, list occurrences,
+pause, resume, cancel, and rotate a webhook's token.
+
+Every schedule answered carries its ``last_run``: routes shape schedules with
+``kairos.schedules.last_run.shown`` / ``one`` (never ``Schedule.as_json`` alone), in the route's
+transaction.
 
 ``POST /v1/schedules`` reads its body raw so ``kairos.schedules`` can canonicalize the chat-style
 shorthand before its strict validation; the OpenAPI document describes the strict
@@ -10,7 +14,6 @@ loads it.
 
 from __future__ import annotations
 
-from datetime import timedelta
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -18,11 +21,12 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from pydantic import AwareDatetime
 
-from kairos import runtime, schedules
+from kairos import occurrences, pages, runtime, schedules
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
-from kairos.api.routes import database, header, idempotent, ok, parse_id, send_committed
-from kairos.instants import rfc3339
+from kairos.api.routes import BEFORE, LIMIT, database, header, idempotent, ok, parse_id, send_committed
+from kairos.instants import offset_text, rfc3339
+from kairos.schedules import last_run
 
 router = Routes()
 
@@ -40,14 +44,6 @@ def _webhook(token: str) -> dict[str, str]:
     return {"url": webhooks.webhook_url(base, token), "token": token}
 
 
-def _offset(delta: timedelta) -> str:
-    seconds = int(delta.total_seconds())
-    sign = "-" if seconds < 0 else "+"
-    seconds = abs(seconds)
-    text = f"{sign}{seconds // 3600:02d}:{seconds % 3600 // 60:02d}"
-    return text + (f":{seconds % 60:02d}" if seconds % 60 else "")
-
-
 @router.endpoint("POST", "/v1/schedules", status=201, model=models.ScheduleCreated, errors=(400, 403, 404, 415),
                  summary="Create a schedule (the webhook URL and token are returned once, for kind: webhook)",
                  has_body=True)
@@ -56,7 +52,7 @@ def create_schedule(body: Annotated[dict[str, Any], Body(description="ScheduleRe
 
     def create(conn: Any) -> Response[dict[str, Any]]:
         created = schedules.create(conn, owner=owner, raw=body)
-        payload: dict[str, Any] = {"schedule": created.schedule.as_json()}
+        payload: dict[str, Any] = {"schedule": last_run.one(conn, created.schedule, owner=owner)}
         if created.token is not None:
             payload["webhook"] = _webhook(created.token)
         return ok(201, models.ScheduleCreated, payload)
@@ -71,7 +67,8 @@ def list_schedules(conversation_id: Annotated[UUID | None, Query()] = None) -> R
     owner = principal()
     with database().transaction() as conn:
         found = schedules.list_for(conn, owner=owner, conversation_id=conversation_id)
-    return ok(200, models.ScheduleList, {"schedules": [s.as_json() for s in found]})
+        shown = last_run.shown(conn, found, owner=owner)
+    return ok(200, models.ScheduleList, {"schedules": shown})
 
 
 @router.endpoint("GET", "/v1/schedules/<id>", status=200, model=models.ScheduleEnvelope, errors=(404,),
@@ -81,7 +78,8 @@ def get_schedule(id: str) -> Response[dict[str, Any]]:
     schedule_id = parse_id(id, "schedule")
     with database().transaction() as conn:
         schedule = schedules.get(conn, schedule_id, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()}, headers=_etag(schedule))
+        shown = last_run.one(conn, schedule, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=_etag(schedule))
 
 
 def _etag(schedule: schedules.Schedule) -> dict[str, str]:
@@ -103,7 +101,8 @@ def edit_schedule(id: str, body: Annotated[dict[str, Any], Body(description="Sch
     if_match = edit.parse_if_match(header(router.current_event.raw_event, "If-Match"))
     with database().transaction() as conn:
         schedule = edit.edit(conn, schedule_id, owner=owner, patch=body, if_match=if_match)
-    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()}, headers=_etag(schedule))
+        shown = last_run.one(conn, schedule, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=_etag(schedule))
 
 
 @router.endpoint("GET", "/v1/schedules/<id>/preview", status=200, model=models.FireList, errors=(404,),
@@ -119,9 +118,20 @@ def preview_schedule(
         fires = schedules.preview_owned(conn, schedule_id, owner=owner, after=after, count=count)
     return ok(200, models.FireList, {"fires": [
         {"fire_at": rfc3339(f.fire_at), "local_time": f.local_time.isoformat(),
-         "utc_offset": _offset(f.utc_offset), "fold": f.fold}
+         "utc_offset": offset_text(f.utc_offset), "fold": f.fold}
         for f in fires
     ]})
+
+
+@router.endpoint("GET", "/v1/schedules/<id>/occurrences", status=200, model=models.OccurrenceList, errors=(404,),
+                 summary="The schedule's occurrences, newest first, with decision, source, revision, covered "
+                         "range and run id, in keyset pages (pass next_before as before)")
+def list_occurrences(id: str, before: BEFORE = None, limit: LIMIT = pages.LIMIT_DEFAULT) -> Response[dict[str, Any]]:
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    with database().transaction() as conn:
+        found, next_before = occurrences.page(conn, schedule_id, owner=owner, before=before, limit=limit)
+    return ok(200, models.OccurrenceList, {"occurrences": [o.as_json() for o in found], "next_before": next_before})
 
 
 @router.endpoint("POST", "/v1/schedules/<id>/pause", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
@@ -131,7 +141,8 @@ def pause_schedule(id: str) -> Response[dict[str, Any]]:
     schedule_id = parse_id(id, "schedule")
     with database().transaction() as conn:
         schedule = schedules.pause(conn, schedule_id, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()})
+        shown = last_run.one(conn, schedule, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown})
 
 
 @router.endpoint("POST", "/v1/schedules/<id>/resume", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
@@ -141,7 +152,8 @@ def resume_schedule(id: str) -> Response[dict[str, Any]]:
     schedule_id = parse_id(id, "schedule")
     with database().transaction() as conn:
         schedule = schedules.resume(conn, schedule_id, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()})
+        shown = last_run.one(conn, schedule, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown})
 
 
 @router.endpoint("DELETE", "/v1/schedules/<id>", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
@@ -151,7 +163,8 @@ def cancel_schedule(id: str) -> Response[dict[str, Any]]:
     schedule_id = parse_id(id, "schedule")
     with database().transaction() as conn:
         schedule = schedules.cancel(conn, schedule_id, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": schedule.as_json()})
+        shown = last_run.one(conn, schedule, owner=owner)
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown})
 
 
 @router.endpoint("POST", "/v1/schedules/<id>/token", status=200, model=models.TokenRotated,
@@ -168,7 +181,8 @@ def rotate_token(
     overlap = (body or models.TokenRotate()).overlap_seconds
     with database().transaction() as conn:
         rotated = webhooks.rotate(conn, schedule_id, owner=owner, overlap_seconds=overlap)
-    return ok(200, models.TokenRotated, {"schedule": rotated.schedule.as_json(), "webhook": _webhook(rotated.token)})
+        shown = last_run.one(conn, rotated.schedule, owner=owner)
+    return ok(200, models.TokenRotated, {"schedule": shown, "webhook": _webhook(rotated.token)})
 
 
 @router.endpoint("POST", "/v1/schedules/<id>/trigger", status=202, model=models.HookAccepted, errors=(404, 409),

@@ -1,0 +1,230 @@
+"""The tool loop: an ``openai`` or ``bedrock`` agent with ``tools`` answers in bounded steps.
+
+Role: ``run_loop`` drives one claimed attempt. It folds the run's step log (``kairos.runs.steps``),
+answers the tool calls of the last model turn that no step answered yet, then asks the model again
+with every earlier turn, until the model answers without tools (published like any run) or
+``max_steps`` model turns were made (the run fails ``step_limit``). Each model turn and each tool call
+is an effect under the run's fence (``Execution.call``), and each completed one is recorded in the
+step log in the transaction that settles its effect, so an attempt after an approval, a rescue or a
+retry never calls a completed step again.
+
+Tool calls (``kairos.tools``): a call the agent's ``approval`` policy gates parks the run
+(``kairos.approvals.request``: ``awaiting_approval``, lease cleared) and this attempt ends; the
+attempt after an approval applies exactly the approved call, once (``approvals.consume`` in the
+transaction that records its result; a call whose arguments no longer match its approval fails
+``approved_call_not_applied``). A ``schedules_*`` call runs in the transaction that records it; an
+``http_post`` call is sent like an executor's mutation (an unknown outcome leaves its effect
+``ambiguous`` and the run is never replayed).
+
+Trace: the claim opened the attempt's first step (``model``); a step after it opens its own
+(``model:<n>`` or ``tool:<n>``) and closes it when recorded; an attempt that resumes with a tool call
+closes the claim's step as ``folded``.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import json
+import uuid
+from collections.abc import Callable
+from datetime import datetime
+from typing import Any, Protocol
+
+import psycopg
+
+from kairos import approvals, db, effects, tools, trace
+from kairos.executors.base import (
+    ExecutionRequest,
+    Executor,
+    ExecutorError,
+    ModelTurn,
+    PreparedCall,
+    Reply,
+    ToolCall,
+    digest,
+)
+from kairos.runs import steps
+from kairos.runs.attempt import Claimed, Outcome
+from kairos.runs.stops import Cancelled, Failure, LeaseLost
+from kairos.settings import Settings
+from kairos.states import EventType, RunState
+
+MAX_STEPS_DEFAULT = 8
+MAX_STEPS_CAP = 32
+
+
+class Execution(Protocol):
+    """What the loop needs of the worker's execution (``kairos.runs.worker.Execution``)."""
+
+    database: db.Database
+    run_id: uuid.UUID
+    settings: Settings
+    now: datetime | None
+    claimed: Claimed
+    open_effect: effects.Effect | None
+    current_step: str
+
+    def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
+             data: dict[str, Any] | None = None) -> tuple[effects.Effect, Reply] | Outcome: ...
+
+    def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome: ...
+
+    def lock(self, conn: psycopg.Connection[db.Row]) -> db.Row: ...
+
+
+def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> Outcome:
+
+    row = run.claimed.row
+    agent = request.agent
+    context = tools.Context(run.run_id, str(row["owner"]), str(row["source"]), row["source_conversation_id"])
+    limit = min(int(agent.get("max_steps") or MAX_STEPS_DEFAULT), MAX_STEPS_CAP)
+    specs = tools.specs(agent)
+    with run.database.connection() as conn:
+        log = steps.load(conn, run.run_id)
+    fresh = True  # the step the claim opened is still open and unused
+    while True:
+        pending = steps.unanswered(log)
+        if pending:
+            opening = [trace.Event(EventType.STEP_FINISHED, run.claimed.step,
+                                   {"outcome": "folded", "steps": len(log)})] if fresh else []
+            fresh = False
+            ended = _tool_step(run, agent, context, pending[0], len(log) + 1, opening)
+            if isinstance(ended, Outcome):
+                return ended
+            log.append(ended)
+            continue
+        if steps.model_turns(log) >= limit:
+            raise Failure("step_limit")
+        n = len(log) + 1
+        name = run.claimed.step if fresh else f"model:{n}"
+        if not fresh:
+            _open(run, name, {"step": n})
+        fresh = False
+        try:
+            prepared = executor.prepare(dataclasses.replace(request, tools=specs, turns=steps.fold(log)))
+        except ExecutorError as error:
+            raise Failure(error.reason_code, retry_safe=error.retry_safe) from error
+        sent = run.call(executor.send, prepared, name)
+        if isinstance(sent, Outcome):
+            return sent
+        effect, reply = sent
+        if not reply.tool_calls:
+            return run.publish(name, effect, reply)
+        step = steps.Step(n, "model", "model", None, steps.model_record(ModelTurn(reply.content, reply.tool_calls)))
+        _record(run, effect, name, step)
+        log.append(step)
+
+
+def _open(run: Execution, name: str, data: dict[str, Any], before: list[trace.Event] | None = None) -> None:
+    """Opens step ``name`` (after closing what ``before`` closes); the worker's failure paths close it."""
+
+    run.current_step = name
+    with run.database.transaction() as conn:
+        moved = trace.change(conn, "runs_step_events", {"run_id": run.run_id, "fence": run.claimed.fence},
+                             [*(before or []), trace.Event(EventType.STEP_STARTED, name, data)], now=run.now)
+        if moved is None:
+            raise LeaseLost()
+
+
+def _record(run: Execution, effect: effects.Effect | None, name: str, step: steps.Step, *,
+            approval_id: Any = None, conn: Any = None, events: list[trace.Event] | None = None) -> None:
+    """Settles the step's effect, records the step and closes it, in one transaction (or the caller's)."""
+
+    def write(c: Any) -> None:
+        collected = list(events or [])
+        if effect is not None:
+            if effects.settle(c, effect, fence=run.claimed.fence, trace_into=collected, now=run.now) is None:
+                raise LeaseLost()
+            run.open_effect = None
+        if approval_id is not None and not approvals.consume(c, approval_id, now=run.now):
+            raise Failure("approved_call_not_applied")
+        if not steps.record(c, run.run_id, run.claimed.fence, step, now=run.now):
+            raise LeaseLost()
+        collected.append(trace.Event(EventType.STEP_FINISHED, name, {"outcome": "succeeded", "step": step.n}))
+        if trace.change(c, "runs_step_events", {"run_id": run.run_id, "fence": run.claimed.fence}, collected,
+                        now=run.now) is None:
+            raise LeaseLost()
+
+    if conn is not None:
+        write(conn)
+        return
+    with run.database.transaction() as c:
+        run.lock(c)
+        write(c)
+
+
+def _tool_step(run: Execution, agent: dict[str, Any], context: tools.Context, call: ToolCall, n: int,
+               opening: list[trace.Event]) -> steps.Step | Outcome:
+
+    name = f"tool:{n}"
+    refused = tools.allowed(call, agent)
+    approval_id = None
+    if refused is None and tools.needs_approval(agent, call.name):
+        with run.database.connection() as conn:
+            asked = approvals.for_call(conn, run.run_id, n, call.id)
+        if asked is None:
+            return _park(run, call, n, name, opening)
+        if asked["state"] != "approved" or asked["args_digest"] != tools.args_digest(call):
+            raise Failure("approved_call_not_applied")
+        approval_id = asked["id"]
+    _open(run, name, {"step": n, "tool": call.name}, before=opening)
+    if refused is not None:
+        step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(refused))
+        _record(run, None, name, step)
+        return step
+    if call.name in tools.LOCAL:
+        return _local(run, call, context, n, name, approval_id)
+    prepared = tools.prepare_http(call, allow=run.settings.egress_allow)
+    if not isinstance(prepared, PreparedCall):
+        step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(prepared))
+        _record(run, None, name, step, approval_id=approval_id)
+        return step
+    sent = run.call(_http_send, prepared, name)
+    if isinstance(sent, Outcome):
+        return sent
+    effect, reply = sent
+    answer = json.loads(reply.content)
+    result = tools.http_result(call, int(answer["status"]), str(answer["body"]).encode("utf-8"))
+    step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(result))
+    _record(run, effect, name, step, approval_id=approval_id)
+    return step
+
+
+def _http_send(prepared: PreparedCall, *, timeout: float) -> Reply:
+    status, body = tools.send_http(prepared, timeout=timeout)
+    return Reply(content=json.dumps({"status": status, "body": body.decode("utf-8", errors="replace")[:8_000]}))
+
+
+def _local(run: Execution, call: ToolCall, context: tools.Context, n: int, name: str, approval_id: Any) -> steps.Step:
+
+    with run.database.transaction() as conn:
+        locked = run.lock(conn)
+        if locked["cancel_requested_at"] is not None:
+            raise Cancelled()
+        body = json.dumps({"tool": call.name, "arguments": call.arguments}, sort_keys=True).encode("utf-8")
+        effect = effects.reserve(conn, run.run_id, run.claimed.fence, run.claimed.attempt, name, "tool_call",
+                                 call.name in tools.MUTATIONS, f"kairos:{call.name}", digest(body), now=run.now)
+        if effect is None:
+            raise LeaseLost()
+        result = tools.run_local(conn, call, context)
+        step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(result))
+        _record(run, effect, name, step, approval_id=approval_id, conn=conn)
+    return step
+
+
+def _park(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace.Event]) -> Outcome:
+
+    with run.database.transaction() as conn:
+        locked = run.lock(conn)
+        if locked["cancel_requested_at"] is not None:
+            raise Cancelled()
+        run.current_step = name
+        trace.change(conn, "runs_step_events", {"run_id": run.run_id, "fence": run.claimed.fence},
+                     [*opening, trace.Event(EventType.STEP_STARTED, name, {"step": n, "tool": call.name})], now=run.now)
+        approval_id = approvals.request(
+            conn, run_id=run.run_id, fence=run.claimed.fence, attempt=run.claimed.attempt,
+            owner=str(run.claimed.row["owner"]), conversation_id=run.claimed.row["source_conversation_id"],
+            step=n, call=call, now=run.now)
+        if approval_id is None:
+            raise Cancelled()
+    return Outcome(run.run_id, "awaiting_approval", RunState.AWAITING_APPROVAL)

@@ -1,0 +1,73 @@
+-- approvals: approval waits of the tool loop (migration 0012). Written by the run worker (request,
+-- applied), the API (approve, deny), the tick (expiry) and a run's cancel (retire).
+
+-- name: approvals_insert
+INSERT INTO approvals (id, run_id, owner, attempt, step, call_id, tool, args_digest, preview, expires_at,
+                       created_at, updated_at)
+VALUES (%(id)s, %(run_id)s, %(owner)s, %(attempt)s, %(step)s, %(call_id)s, %(tool)s, %(args_digest)s,
+        %(preview)s, coalesce(%(now)s::timestamptz, now()) + make_interval(secs => %(expires_in)s),
+        coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()))
+ON CONFLICT (run_id, step, call_id) DO NOTHING
+RETURNING *;
+
+-- name: approvals_for_call
+-- The request made for one tool call of a run's step log.
+SELECT * FROM approvals WHERE run_id = %(run_id)s AND step = %(step)s AND call_id = %(call_id)s;
+
+-- name: approvals_apply
+-- approved -> applied, once: in the transaction that records the approved call's result.
+UPDATE approvals
+   SET state = 'applied', updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(id)s AND state = 'approved'
+RETURNING id;
+
+-- name: approvals_decide
+-- pending -> approved or denied by its owner, while it has not expired (one decision wins).
+UPDATE approvals
+   SET state = %(state)s, decided_at = coalesce(%(now)s::timestamptz, now()), decided_by = %(owner)s,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(id)s AND owner = %(owner)s AND state = 'pending'
+   AND expires_at > coalesce(%(now)s::timestamptz, now())
+RETURNING *;
+
+-- name: approvals_get
+-- One request of one owner.
+SELECT * FROM approvals WHERE id = %(id)s AND owner = %(owner)s;
+
+-- name: approvals_list
+-- The owner's requests, newest first, optionally in one state.
+SELECT * FROM approvals
+ WHERE owner = %(owner)s AND (%(state)s::text IS NULL OR state = %(state)s)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: approvals_expire_due
+-- pending -> expired for requests past expires_at (a bounded batch, skipping held rows).
+UPDATE approvals
+   SET state = 'expired', decided_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id IN (SELECT id FROM approvals
+               WHERE state = 'pending' AND expires_at <= coalesce(%(now)s::timestamptz, now())
+               ORDER BY expires_at
+               LIMIT %(limit)s
+                 FOR UPDATE SKIP LOCKED)
+RETURNING id, run_id, owner;
+
+-- name: approvals_retire_for_run
+-- A cancelled run's open requests are retired (nobody can approve them any more).
+UPDATE approvals
+   SET state = 'retired', decided_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE run_id = %(run_id)s AND state IN ('pending', 'approved')
+RETURNING id;
+
+-- name: approvals_ops_list
+-- Operators: requests of every owner (or one), newest first, optionally in one state.
+SELECT * FROM approvals
+ WHERE (%(owner)s::text IS NULL OR owner = %(owner)s) AND (%(state)s::text IS NULL OR state = %(state)s)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: approvals_ops_get
+-- Operators: one request whoever owns it.
+SELECT * FROM approvals WHERE id = %(id)s;
