@@ -65,7 +65,7 @@ def schedule(url: str, *, owner: str = "alice", conversation_id: uuid.UUID | Non
         "starts_at": starts_at, "next_fire_at": next_fire_at, "status": status,
         **columns,
     }
-    for key in ("agent", "signing"):
+    for key in ("agent", "signing", "notify"):
         if isinstance(values.get(key), dict):
             values[key] = json.dumps(values[key])
     cols = ", ".join(values)

@@ -23,5 +23,5 @@ def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
                                        "event_id": (event or {}).get("id")})
     settings = runtime.settings()
     tick = Tick(runtime.database(), runtime.LazySqs(), settings.run_queue_url or "",
-                retention_days=settings.retention_days)
+                retention_days=settings.retention_days, egress_allow=settings.egress_allow)
     return tick.run(context.get_remaining_time_in_millis).as_dict()

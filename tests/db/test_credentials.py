@@ -212,6 +212,7 @@ RESOLVE_CALLERS = {
     ("executors/openai.py", "prepare"),
     ("executors/http.py", "prepare"),
     ("webhooks.py", "_resolve_secret"),
+    ("notify.py", "attempt"),
 }
 
 

@@ -58,6 +58,7 @@ from kairos.schedules.request import (
     MAX_OCCURRENCES_MAX,
     MIN_SPACING,
     NAME_MAX,
+    NOTIFY_ON_DEFAULT,
     PREVIEW_MAX,
     PROMPT_MAX_BYTES,
     TIMED_KINDS,
@@ -135,6 +136,7 @@ class Schedule:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     max_delay_seconds: int = MAX_DELAY_DEFAULT_SECONDS
+    notify: dict[str, Any] | None = None  # {"on", "webhook"?: {"url", "secret"}}: the secret is a reference
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:
@@ -334,6 +336,7 @@ def definition_columns(request: ScheduleRequest, *, conversation_agent: Mapping[
         # The snapshot a fresh run starts from; fork and append read the conversation's agent.
         "agent": Jsonb(dict(request.agent if request.agent is not None else conversation_agent)),
         "signing": None if request.signing is None else Jsonb(request.signing),
+        "notify": Jsonb(request.notify or {"on": [s.value for s in NOTIFY_ON_DEFAULT]}),
     }
 
 

@@ -124,6 +124,8 @@ def _as_body(current: Schedule) -> dict[str, Any]:
         body["agent"] = current.agent
     if current.signing is not None:
         body["signing"] = {k: v for k, v in current.signing.items() if v is not None}
+    if current.notify is not None:  # checked again like the rest (a secret reference must still be the owner's)
+        body["notify"] = current.notify
     return body
 
 

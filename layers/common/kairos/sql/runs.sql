@@ -257,7 +257,7 @@ UPDATE runs
 
 -- name: runs_lock_unsettled
 -- The ended, unsettled runs of schedules the caller holds locked, in finished order per schedule.
-SELECT id, schedule_id, state, finished_at
+SELECT id, schedule_id, state, finished_at, diagnosis ->> 'reason_code' AS reason_code
   FROM runs
  WHERE schedule_id = ANY(%(schedule_ids)s::uuid[])
    AND finished_at IS NOT NULL AND settled_at IS NULL

@@ -63,7 +63,7 @@ RETURNING id, conversation_id, consecutive_failures;
 
 -- name: schedules_lock_unsettled
 -- Locks (skipping held ones) the schedules that have ended runs not yet accounted for.
-SELECT s.id, s.status, s.consecutive_failures, s.conversation_id
+SELECT s.id, s.owner, s.status, s.consecutive_failures, s.conversation_id, s.notify
   FROM schedules s
  WHERE s.id IN (SELECT r.schedule_id
                   FROM runs r
@@ -141,12 +141,12 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 INSERT INTO schedules (
     id, owner, conversation_id, name, prompt, kind, cron, interval_seconds, starts_at, ends_at,
     max_occurrences, timezone, dst_gap, dst_fold, mode, catch_up, max_delay_seconds, overlap, agent, signing,
-    next_fire_at, token_hash, created_by_run_id, created_at, updated_at
+    notify, next_fire_at, token_hash, created_by_run_id, created_at, updated_at
 ) VALUES (
     %(id)s, %(owner)s, %(conversation_id)s, %(name)s, %(prompt)s, %(kind)s, %(cron)s, %(interval_seconds)s,
     %(starts_at)s, %(ends_at)s, %(max_occurrences)s, %(timezone)s, %(dst_gap)s, %(dst_fold)s, %(mode)s,
-    %(catch_up)s, %(max_delay_seconds)s, %(overlap)s, %(agent)s, %(signing)s, %(next_fire_at)s, %(token_hash)s,
-    %(created_by_run_id)s, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
+    %(catch_up)s, %(max_delay_seconds)s, %(overlap)s, %(agent)s, %(signing)s, %(notify)s, %(next_fire_at)s,
+    %(token_hash)s, %(created_by_run_id)s, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now())
 )
 RETURNING *;
 
@@ -212,7 +212,7 @@ UPDATE schedules
        max_occurrences = %(max_occurrences)s, timezone = %(timezone)s, dst_gap = %(dst_gap)s,
        dst_fold = %(dst_fold)s, mode = %(mode)s, catch_up = %(catch_up)s,
        max_delay_seconds = %(max_delay_seconds)s, overlap = %(overlap)s, agent = %(agent)s,
-       signing = %(signing)s, next_fire_at = %(next_fire_at)s::timestamptz,
+       signing = %(signing)s, notify = %(notify)s, next_fire_at = %(next_fire_at)s::timestamptz,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND owner = %(owner)s AND revision = %(revision)s

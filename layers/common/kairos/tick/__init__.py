@@ -12,7 +12,9 @@ Role: what TickFunction runs every minute (DESIGN.md "The tick"). ``Tick.run`` d
    committed before their ids are sent to SQS and the handoff stamped;
 4. repeats fire batches (two in flight at once by default) until nothing is due or the invocation's
    remaining time runs short;
-5. prune (``kairos.tick.prune``): expired idempotency receipts are deleted, and ended runs past
+5. deliver (``kairos.tick.deliver``): owed notify webhooks are sent, a bounded number while time is
+   left, each retried with backoff for up to 24 h (it never runs before the fires are done);
+6. prune (``kairos.tick.prune``): expired idempotency receipts are deleted, and ended runs past
    ``KAIROS_RETENTION_DAYS`` lose their thread's entries and webhook payload, in bounded batches while
    time is left, then the tick logs and emits the metrics (FiresDispatched, FiresSkipped, HandoffFailures, Rescues,
    FireLagSeconds, TickDurationMs, RunsSettled, SchedulesPaused, RunsPruned, EntriesPruned).
@@ -31,7 +33,7 @@ from __future__ import annotations
 import statistics
 import threading
 import time
-from collections.abc import Callable
+from collections.abc import Callable, Sequence
 from dataclasses import asdict, dataclass, field
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -44,12 +46,13 @@ from kairos.observability import metrics as default_metrics
 from kairos.probes import NO_PROBES, Probes
 from kairos.settings import DEFAULT_RETENTION_DAYS
 from kairos.tick.decision import GRACE
+from kairos.tick.deliver import Deliver, DeliverReport
 from kairos.tick.fire import DEFAULT_BATCH, Fire, FireReport
 from kairos.tick.prune import Prune, PruneReport
 from kairos.tick.repair import Repair, RepairReport
 from kairos.tick.settle import Settle, SettleReport
 
-__all__ = ["MIN_REMAINING_MS", "Fire", "Prune", "Repair", "Settle", "Tick", "TickReport"]
+__all__ = ["MIN_REMAINING_MS", "Deliver", "Fire", "Prune", "Repair", "Settle", "Tick", "TickReport"]
 
 MIN_REMAINING_MS = 10_000  # stop starting new batches when less of the invocation is left
 FIRE_WORKERS = 2  # fire batches in flight at once within one tick (each on its own pooled connection)
@@ -85,6 +88,10 @@ class TickReport:
     conflicts: int = 0
     handoff_failures: int = 0
     pruned: int = 0  # expired webhook and idempotent-create receipts deleted
+    notes: int = 0  # run_ended inbox notes written by settle
+    notify_delivered: int = 0  # notify webhooks accepted by their receivers
+    notify_retried: int = 0
+    notify_gave_up: int = 0
     runs_pruned: int = 0  # ended runs past retention: payload cleared, own thread emptied (kairos.tick.prune)
     threads_pruned: int = 0
     entries_pruned: int = 0
@@ -106,6 +113,7 @@ class _Totals:
     repair: list[RepairReport]
     fire: list[FireReport]
     prune: list[PruneReport] = field(default_factory=list)
+    deliver: list[DeliverReport] = field(default_factory=list)
 
     def report(self, duration_ms: float, stopped_for_time: bool) -> TickReport:
         lags = [lag for f in self.fire for lag in f.lags]
@@ -133,6 +141,10 @@ class _Totals:
             + sum(r.handoff_failures for r in self.repair)
             + sum(f.handoff_failures for f in self.fire),
             pruned=sum(p.webhook_receipts + p.idempotency_receipts for p in self.prune),
+            notes=sum(s.notes for s in self.settle),
+            notify_delivered=sum(d.delivered for d in self.deliver),
+            notify_retried=sum(d.retried for d in self.deliver),
+            notify_gave_up=sum(d.gave_up for d in self.deliver),
             runs_pruned=sum(p.runs for p in self.prune),
             threads_pruned=sum(p.threads for p in self.prune),
             entries_pruned=sum(p.entries for p in self.prune),
@@ -152,7 +164,8 @@ class Tick:
     def __init__(self, database: db.Database, sqs: Any, queue_url: str, clock: Clock | None = None, *,
                  batch_size: int = DEFAULT_BATCH, grace: timedelta = GRACE, probes: Probes = NO_PROBES,
                  metrics: Any = default_metrics, min_remaining_ms: int = MIN_REMAINING_MS,
-                 fire_workers: int = FIRE_WORKERS, retention_days: int = DEFAULT_RETENTION_DAYS) -> None:
+                 fire_workers: int = FIRE_WORKERS, retention_days: int = DEFAULT_RETENTION_DAYS,
+                 egress_allow: Sequence[str] = ()) -> None:
         if not queue_url:
             raise ValueError("the tick needs the run queue's URL (RUN_QUEUE_URL)")
         self.db = database
@@ -163,12 +176,14 @@ class Tick:
         self.settle = Settle(database, sqs, queue_url)
         self.repair = Repair(database, sqs, queue_url)
         self.fire = Fire(database, sqs, queue_url, batch_size=batch_size, grace=grace, probes=probes)
+        self.deliver = Deliver(database, allow=egress_allow)
         self.prune = Prune(database, retention_days=retention_days)
 
     def run_once(self, now: datetime | None = None) -> TickReport:
         """One pass of each step (one fire batch): what tests drive step by step."""
         started = time.perf_counter()
-        totals = _Totals([self.settle.run_once(now)], [self.repair.run_once(now)], [self.fire.run_once(now)])
+        totals = _Totals([self.settle.run_once(now)], [self.repair.run_once(now)], [self.fire.run_once(now)],
+                         deliver=[self.deliver.run_once(now)])
         report = totals.report((time.perf_counter() - started) * 1000, False)
         self._emit(report)
         return report
@@ -193,6 +208,11 @@ class Tick:
             if not (repaired.rescue_full or repaired.resend_full):
                 break
         stopped = self._fire_all(now, time_left, totals.fire)
+        while not stopped and time_left():  # after the fires: a slow receiver never delays one
+            delivered = self.deliver.run_once(now, time_left)
+            totals.deliver.append(delivered)
+            if not delivered.full:
+                break
         while not stopped and time_left():  # the cleaner last: it never delays a fire
             pruned = self.prune.run_once(now)
             totals.prune.append(pruned)

@@ -5,12 +5,14 @@ schedule's ``consecutive_failures``, ``succeeded`` resets it, any other end chan
 run is marked settled (a chat turn, which has no schedule, is only marked). A schedule that reaches
 3 failures in a row while active is paused (revision + 1) and a ``schedule_paused`` note goes to its
 conversation's inbox. Runs queued behind a run that has ended (``queue_one``, backfill chains, chat
-turns) are released and handed to SQS.
+turns) are released and handed to SQS. A settled run whose state its schedule's ``notify.on`` names
+is reported (``kairos.notify.report_endings``): a ``run_ended`` inbox note and, with a webhook, one
+owed delivery for the deliver step.
 
 Guarantees: each run is settled once (the ``settled_at`` marker, set in the transaction that applies
-its count). The schedule row is locked before its runs, so concurrent settlers never interleave on
-one schedule and its runs are counted in the order they finished. Busy schedules are skipped, not
-waited for: a later tick settles them.
+its count and writes its report, so each run is reported once too). The schedule row is locked
+before its runs, so concurrent settlers never interleave on one schedule and its runs are counted in
+the order they finished. Busy schedules are skipped, not waited for: a later tick settles them.
 
 Must not: touch runs that have not ended, or change a schedule that is not active into paused.
 """
@@ -23,7 +25,7 @@ from datetime import datetime
 from typing import Any
 from uuid import UUID
 
-from kairos import db, handoff
+from kairos import db, handoff, notify
 from kairos.observability import logger
 from kairos.states import RunState
 from kairos.tick.pause import pause_with_note
@@ -39,6 +41,8 @@ class SettleReport:
     paused: int = 0
     released: int = 0
     handoff_failures: int = 0
+    notes: int = 0  # run_ended inbox notes written
+    deliveries: int = 0  # notify webhooks owed
 
 
 class Settle:
@@ -54,9 +58,10 @@ class Settle:
         with self.db.transaction() as conn:
             schedules = db.fetch_all(conn, "schedules_lock_unsettled", {"limit": self.limit})
             settled = paused = 0
+            reported = notify.Reported()
             if schedules:
                 runs = db.fetch_all(conn, "runs_lock_unsettled", {"schedule_ids": [s["id"] for s in schedules]})
-                settled, paused = self._apply(conn, schedules, runs, now)
+                settled, paused, reported = self._apply(conn, schedules, runs, now)
             # Chat turns have no schedule to account to: they are only marked settled.
             settled += len(db.fetch_all(conn, "runs_settle_unscheduled", {"limit": self.limit, "now": now}))
             released = [r["id"] for r in db.fetch_all(conn, "runs_release_blocked", {"limit": self.limit, "now": now})]
@@ -64,9 +69,11 @@ class Settle:
         result = handoff.send(self.db, self.sqs, self.queue_url, released, now=now)
         if released:
             logger.info("queued-behind runs released", extra={"action": "runs_released", "released": len(released)})
-        return SettleReport(len(schedules), settled, paused, len(released), len(result.failed))
+        return SettleReport(len(schedules), settled, paused, len(released), len(result.failed), reported.notes,
+                            reported.deliveries)
 
-    def _apply(self, conn: Any, schedules: list[db.Row], runs: list[db.Row], now: datetime | None) -> tuple[int, int]:
+    def _apply(self, conn: Any, schedules: list[db.Row], runs: list[db.Row],
+               now: datetime | None) -> tuple[int, int, notify.Reported]:
         by_schedule: dict[UUID, list[db.Row]] = defaultdict(list)
         for run in runs:
             by_schedule[run["schedule_id"]].append(run)
@@ -88,7 +95,8 @@ class Settle:
                 to_pause.append(schedule["id"])
         db.execute(conn, "schedules_set_failures", {"ids": ids, "failures": failures})
         settled = db.fetch_all(conn, "runs_mark_settled", {"ids": [r["id"] for r in runs], "now": now})
+        reported = notify.report_endings(conn, schedules, runs, {r["id"] for r in settled}, now)
         paused = pause_with_note(conn, to_pause, reason=f"{self.pause_after} consecutive failures",
                                  reason_code="consecutive_failures", now=now,
                                  details=lambda row: {"failures": int(row["consecutive_failures"])})
-        return len(settled), len(paused)
+        return len(settled), len(paused), reported
