@@ -46,6 +46,7 @@ class Decision(StrEnum):
     SKIPPED_OVERLAP = "skipped_overlap"
     QUEUED_BEHIND = "queued_behind"
     EXPIRED = "expired"
+    SKIPPED_BUDGET = "skipped_budget"  # the owner's queue was full (KAIROS_OWNER_QUEUE_MAX): no run
 
 
 class Mode(StrEnum):
@@ -158,6 +159,7 @@ class EventType(StrEnum):
     OUTPUT_PUBLISHED = "output.published"
     RUN_RESCUED = "run.rescued"
     RUN_CANCEL_REQUESTED = "run.cancel_requested"
+    RUN_DEFERRED = "run.deferred"  # a claim found the owner's running slots full; the run stays queued
     RUN_SUCCEEDED = "run.succeeded"
     RUN_FAILED = "run.failed"
     RUN_CANCELLED = "run.cancelled"

@@ -43,9 +43,9 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import db, effects, trace
+from kairos import budgets, db, effects, trace
 from kairos.diagnosis import diagnose
-from kairos.executors.base import ExecutionRequest, Executor, ExecutorError, Reply
+from kairos.executors.base import DEFAULT_MAX_TOKENS, ExecutionRequest, Executor, ExecutorError, Reply, max_tokens
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
@@ -127,7 +127,7 @@ class Execution:
         remaining = self._remaining()
         if remaining <= 0:
             raise _Failure("runtime_limit")
-        with self.database.connection() as conn:  # one statement: its own transaction
+        with self.database.transaction() as conn:  # the effect and its budget reservation commit together
             effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
                                      prepared.mutation, prepared.url, prepared.digest, now=self.now,
                                      data={"input": claimed.model_input.record} if model_call else None)
@@ -137,6 +137,7 @@ class Execution:
                         and int(current["fence"]) == claimed.fence and current["cancel_requested_at"] is not None):
                     raise _Cancelled()
                 raise _LeaseLost()
+            self._reserve_budget(conn, effect, agent, claimed.model_input.record["estimated_tokens"])
         self.open_effect = effect
         self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
         self._check_stop()
@@ -152,9 +153,27 @@ class Execution:
             self.usage = {"calls": 1, "duration_ms": int((time.monotonic() - started) * 1000)}
             return self._call_failed(step, effect, prepared.mutation, error)
         self.heartbeat.step_finished()
-        self.usage = _usage(reply, time.monotonic() - started)
+        self.usage = budgets.priced(_usage(reply, time.monotonic() - started), agent.get("model"), self.settings)
         self.probes.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
         return self._publish(step, effect, reply)
+
+    def _reserve_budget(self, conn: psycopg.Connection[db.Row], effect: effects.Effect, agent: dict[str, Any],
+                        input_tokens: int) -> None:
+        """Charges a model call's estimate (input + the agent's max_tokens) to the owner's day, in the
+        transaction that reserves its effect; over a daily ceiling the run fails ``budget_exhausted``
+        and, the transaction rolling back, no effect is left reserved and nothing is called."""
+        if effect.kind != "model_call":
+            return
+        try:
+            output_tokens = max_tokens(agent)
+        except ExecutorError:
+            output_tokens = DEFAULT_MAX_TOKENS
+        if not budgets.reserve(conn, effect_id=effect.id, run_id=self.run_id, owner=str(self.claimed.row["owner"]),
+                               model=agent.get("model"), input_tokens=input_tokens, max_output_tokens=output_tokens,
+                               settings=self.settings, now=self.now):
+            logger.info("daily budget exhausted", extra={"action": "budget_exhausted", "run_id": str(self.run_id),
+                                                         "estimated_tokens": input_tokens + output_tokens})
+            raise _Failure("budget_exhausted")
 
     def _publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
         claimed = self.claimed
@@ -336,7 +355,7 @@ def process(
             logger.info("run deferred", extra={"action": "run_deferred", "run_id": str(run_id)})
             return Outcome(run_id, "deferred")
         lambda_deadline = started + budget
-    claimed = claim(database, run_id, now=now, probes=probes)
+    claimed = claim(database, run_id, now=now, probes=probes, owner_slots=settings.owner_concurrency)
     if isinstance(claimed, Outcome):
         return claimed
     limit = min(int(claimed.row["runtime_limit_seconds"]), RUNTIME_CAP_SECONDS)
