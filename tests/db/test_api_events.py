@@ -5,8 +5,8 @@ they name exist for their principal. This holds the template's sample events and
 from __future__ import annotations
 
 import json
-from pathlib import Path
 from datetime import UTC, datetime
+from pathlib import Path
 from typing import Any
 
 import pytest
@@ -24,7 +24,7 @@ ORDER = [
     "api_get_conversation", "api_get_inbox", "api_list_schedules", "api_get_schedule", "api_preview_schedule",
     "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
     "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_get_run", "api_run_events",
-    "api_run_output", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
+    "api_run_output", "api_get_usage", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
 ]
 
 

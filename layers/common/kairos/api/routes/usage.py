@@ -41,8 +41,7 @@ def get_usage(
 
 def _check(start: date, until: date) -> None:
     if until <= start:
-        raise ValidationFailed("until must be after from",
-                               fields=[FieldError("until", "after_from", "until must be a later day than from")])
+        raise ValidationFailed([FieldError("until", "after_from", "until must be a later day than from")])
     if (until - start).days > budgets.MAX_USAGE_DAYS:
-        raise ValidationFailed(f"at most {budgets.MAX_USAGE_DAYS} days at once", fields=[
-            FieldError("until", "max_days", f"from and until may be at most {budgets.MAX_USAGE_DAYS} days apart")])
+        raise ValidationFailed([FieldError("until", "max_days",
+                                           f"from and until may be at most {budgets.MAX_USAGE_DAYS} days apart")])
