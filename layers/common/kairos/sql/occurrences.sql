@@ -19,12 +19,12 @@ WITH given AS (
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
                 idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb,
                 retry_of uuid)
-      JOIN schedules s ON s.id = p.schedule_id
+      LEFT JOIN schedules s ON s.id = p.schedule_id
 ), queued AS (
     -- Each owner's queued runs now, counted up to the cap (the caller holds the owners' queue locks).
     SELECT o.owner, (SELECT count(*) FROM (SELECT 1 FROM runs q WHERE q.owner = o.owner AND q.state = 'queued'
                                              LIMIT %(queue_max)s) AS n) AS n
-      FROM (SELECT DISTINCT owner FROM given) AS o
+      FROM (SELECT DISTINCT owner FROM given WHERE owner IS NOT NULL) AS o
 ), planned AS (
     -- A row that would make more than queue_max runs of its owner queued (in batch order) is recorded
     -- skipped_budget, without a run (and a row queued behind it would have nothing to wait for: it
@@ -35,10 +35,10 @@ WITH given AS (
            g.covers_from, g.covers_until, g.covers_count, g.idempotency_key, g.key_generation,
            CASE WHEN g.over THEN NULL ELSE g.run_id END AS run_id, g.blocked_by, g.payload, g.retry_of
       FROM (SELECT given.*,
-                   given.run_id IS NOT NULL
-                   AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
-                       > %(queue_max)s AS over
-              FROM given JOIN queued q ON q.owner = given.owner) AS g
+                   coalesce(given.run_id IS NOT NULL
+                            AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
+                                > %(queue_max)s, false) AS over
+              FROM given LEFT JOIN queued q ON q.owner = given.owner) AS g
 ), occ AS (
     INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
                              tzdata_version, schedule_revision, decision, covers_from, covers_until,
