@@ -343,3 +343,44 @@ def test_runs_racing_for_the_last_tokens_never_overspend_and_the_ledger_sums_the
     assert sum(u["output_tokens"] for u in usages) == ledger["output_tokens"]
     assert sum(Decimal(str(u["cost_usd"])) for u in usages) == ledger["cost_usd"]
     assert (ledger["calls"], ledger["runs"]) == (3, 3)
+
+
+def test_a_reservation_that_waited_on_another_sees_it_once_committed(db_url: str) -> None:
+    """A holds the owner's day row with an uncommitted reservation; B, asking for the last room, waits
+    on it (seen in pg_stat_activity, no sleep) and, once A commits, is refused: the guard is decided
+    on the row as A left it, not on what B's statement saw when it started."""
+    from kairos import budgets
+
+    run_ids = _manual_runs(db_url, 2)
+    effect_ids = [uuid.uuid4(), uuid.uuid4()]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for run_id, effect_id in zip(run_ids, effect_ids, strict=True):
+            conn.execute("INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, "
+                         "request_digest) VALUES (%s, %s, 0, 0, 'model', 'model_call', false, 't', 'd')",
+                         (effect_id, run_id))
+        # The day's row exists already (an earlier call today), so B's statement could see a stale one.
+        conn.execute("INSERT INTO usage_ledger (owner, day) VALUES ('alice', (now() AT TIME ZONE 'UTC')::date)")
+    settings = Settings(owner_daily_tokens=150)
+    a = psycopg.connect(db_url, row_factory=dict_row)
+    b = psycopg.connect(db_url, row_factory=dict_row)
+    try:
+        assert budgets.reserve(a, effect_id=effect_ids[0], run_id=run_ids[0], owner="alice", model="m",
+                               input_tokens=50, max_output_tokens=50, settings=settings)
+        b_pid = b.info.backend_pid
+        got: list[bool] = []
+        waiter = threading.Thread(target=lambda: got.append(budgets.reserve(
+            b, effect_id=effect_ids[1], run_id=run_ids[1], owner="alice", model="m", input_tokens=50,
+            max_output_tokens=50, settings=settings)))
+        waiter.start()
+        with psycopg.connect(db_url, autocommit=True) as watch:
+            while not watch.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                    (b_pid,)).fetchone()[0]:  # type: ignore[index]
+                assert waiter.is_alive()
+        a.commit()
+        waiter.join(timeout=30)
+        b.commit()
+    finally:
+        a.close()
+        b.close()
+    assert got == [False]
+    assert _ledger(db_url)["reserved_tokens"] == 100
