@@ -59,7 +59,7 @@ def _retention_days(raw: str | None) -> int:
 
 def _whole(name: str, raw: str | None, default: int, low: int, high: int, unit: str) -> int:
     """A whole number from ``low`` to ``high``; unset or empty means ``default``."""
-    text = (raw or "").strip().replace("_", "")
+    text = (raw or "").strip()
     if not text:
         return default
     if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
