@@ -19,6 +19,7 @@ from kairos.settings import Settings
 from psycopg.rows import dict_row
 
 from tests import factories
+from tests.support.aws import SqsQueue
 from tests.support.executors import ScriptedExecutor, raising
 
 
@@ -384,3 +385,36 @@ def test_a_reservation_that_waited_on_another_sees_it_once_committed(db_url: str
         b.close()
     assert got == [False]
     assert _ledger(db_url)["reserved_tokens"] == 100
+
+
+class _Crash(BaseException):
+    """Lambda killing the process (not an Exception: nothing catches it)."""
+
+
+def _crash(**_: Any) -> None:
+    raise _Crash()
+
+
+def test_a_vanished_workers_reservation_is_given_back_by_the_rescue_and_the_replay_charges_once(
+        db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from kairos.tick.repair import Repair
+
+    (run_id,) = _manual_runs(db_url, 1)
+    executor = ScriptedExecutor()
+    try:
+        process(db, run_id, settings=Settings(), executor_factory=executor.factory,
+                probes=Probes().on("after_send", _crash))
+    except _Crash:
+        pass
+    held = _ledger(db_url)
+    assert held["reserved_tokens"] > 0 and held["calls"] == 0
+
+    Repair(db, sqs_queue.client, sqs_queue.url).rescue_once(now=datetime.now(UTC) + timedelta(hours=1))
+
+    assert _ledger(db_url)["reserved_tokens"] == 0  # the rescue closed the effect: the reservation is back
+    assert process(db, run_id, settings=Settings(), executor_factory=executor.factory).result == "succeeded"
+    ledger = _ledger(db_url)
+    assert (ledger["reserved_tokens"], ledger["input_tokens"], ledger["output_tokens"]) == (0, 3, 5)
+    assert (ledger["calls"], ledger["runs"]) == (1, 1)
