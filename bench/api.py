@@ -234,8 +234,10 @@ def main() -> int:
     context = apigw.LocalContext()
     series: list[Series] = []
     with database() as url:
+        # KAIROS_OWNER_QUEUE_MAX: no worker drains the runs here, and a full queue would answer 429s.
         os.environ.update({"DATABASE_URL": url, "KAIROS_AUTH": "dev", "RUN_QUEUE_URL": "https://sqs.local/q",
-                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x"})
+                           "AWS_DEFAULT_REGION": "us-east-1", "AWS_ACCESS_KEY_ID": "x", "AWS_SECRET_ACCESS_KEY": "x",
+                           "KAIROS_OWNER_QUEUE_MAX": "100000"})
         runtime.reset()
         handler = stack.load_handler("webhook")
         with quiet():

@@ -51,7 +51,9 @@ from kairos.settings import Settings
 from kairos.states import EventType
 
 WORKERS = 8
-SETTINGS = Settings()
+# One owner ('bench') runs every worker's runs: its budgets must not be what is measured.
+SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily_tokens=10**12,
+                    owner_daily_cost_usd=10**9)
 
 
 # --- pgbench ---------------------------------------------------------------------------------------
@@ -90,7 +92,7 @@ def lifecycle(database: Database, run_id: uuid.UUID) -> None:
     the claim (with ``run.claimed`` and ``step.started``), one heartbeat, and the terminal update
     (with ``step.finished`` and ``run.succeeded``). Three statements, each its own transaction."""
     with database.connection() as conn:  # one connection for the run; each statement commits alone
-        row = moves.claim(conn, run_id)
+        row = moves.claim(conn, run_id, owner_slots=SETTINGS.owner_concurrency)
         assert row is not None
         fence = int(row["fence"])
         assert Heartbeat(database, run_id, fence).beat_once()  # on its own pooled connection

@@ -149,15 +149,15 @@ def populate(url: str, rules: list[dict[str, Any]], count: int, due: datetime) -
         conversations = [uuid.uuid4() for _ in range(count // 10 + 1)]
         with conn.cursor() as cur:
             with cur.copy("COPY conversations (id, owner, agent) FROM STDIN") as copy:
-                for cid in conversations:
-                    copy.write_row((cid, "bench", json.dumps(AGENT)))
+                for n, cid in enumerate(conversations):  # an owner per conversation: no queue cap is reached
+                    copy.write_row((cid, f"bench-{n}", json.dumps(AGENT)))
             with cur.copy(
                 """COPY schedules (id, owner, conversation_id, prompt, kind, cron, interval_seconds, starts_at,
                                    timezone, catch_up, next_fire_at) FROM STDIN"""
             ) as copy:
                 for i in range(count):
                     rule = rules[i % len(rules)]
-                    copy.write_row((uuid.uuid4(), "bench", conversations[i // 10], "Summarize the news.",
+                    copy.write_row((uuid.uuid4(), f"bench-{i // 10}", conversations[i // 10], "Summarize the news.",
                                     rule["kind"], rule.get("cron"), rule.get("interval_seconds"),
                                     rule.get("starts_at"), rule.get("timezone", "UTC"), rule["catch_up"], due))
         conn.execute("ANALYZE")

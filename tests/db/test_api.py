@@ -251,7 +251,11 @@ def test_query_parameters_are_validated(api: Api, world: dict[str, Any]) -> None
                           (f"/v1/schedules/{schedule}/preview?after=2030-01-01T00:00:00", "after"),
                           (f"/v1/schedules/{schedule}/preview?after=0001-01-01T00:00:00Z", "after"),
                           (f"/v1/runs/{world['alice']['run']}/events?after=-1", "after"),
-                          ("/v1/schedules?conversation_id=nope", "conversation_id")):
+                          ("/v1/schedules?conversation_id=nope", "conversation_id"),
+                          ("/v1/usage?from=yesterday", "from"),
+                          ("/v1/usage?from=2026-01-01&until=2026-13-01", "until"),
+                          ("/v1/usage?from=2026-01-10&until=2026-01-10", "until"),
+                          ("/v1/usage?from=2025-01-01&until=2026-01-03", "until")):
         answer = api.alice.get(target)
         assert answer.status == 422, (target, answer.text)
         assert answer.error["fields"][0]["field"] == field, answer.text

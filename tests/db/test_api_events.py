@@ -26,7 +26,7 @@ ORDER = [
     "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
     "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_list_approvals", "api_get_approval",
     "api_approve", "api_deny", "api_get_run", "api_run_events",
-    "api_run_output", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
+    "api_run_output", "api_get_usage", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
 ]
 
 

@@ -97,11 +97,13 @@ SHAPES: list[dict[str, Any]] = [
 
 
 def populate(url: str) -> None:
-    """The schedules, ten per conversation, all due at T or earlier except the ``once`` ones."""
+    """The schedules, ten per conversation, all due at T or earlier except the ``once`` ones. Each
+    conversation has its own owner, so a batch records fires of many owners at once (each owner's queue
+    lock is taken in owner order; one owner with all of them would hit KAIROS_OWNER_QUEUE_MAX)."""
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute(
             """INSERT INTO conversations (id, owner, agent)
-               SELECT md5('c' || i)::uuid, 'alice', %s::jsonb FROM generate_series(0, %s) AS i""",
+               SELECT md5('c' || i)::uuid, 'owner-' || i, %s::jsonb FROM generate_series(0, %s) AS i""",
             (psycopg.types.json.Jsonb(factories.ECHO_AGENT), SCHEDULES // 10),
         )
         rows = []
@@ -113,7 +115,8 @@ def populate(url: str) -> None:
             cur.executemany(
                 """INSERT INTO schedules (id, owner, conversation_id, prompt, kind, cron, interval_seconds, starts_at,
                                           next_fire_at, overlap, catch_up)
-                   VALUES (md5('s' || %(i)s)::uuid, 'alice', md5('c' || %(conversation)s)::uuid, 'p', %(kind)s,
+                   VALUES (md5('s' || %(i)s)::uuid, 'owner-' || %(conversation)s, md5('c' || %(conversation)s)::uuid,
+                           'p', %(kind)s,
                            %(cron)s, %(interval_seconds)s, %(starts_at)s, %(next_fire_at)s, %(overlap)s,
                            %(catch_up)s)""",
                 rows,

@@ -26,3 +26,41 @@ def test_a_retention_that_means_nothing_is_refused_naming_the_variable_and_the_r
     assert str(refused.value) == (
         f"KAIROS_RETENTION_DAYS must be a whole number of days from 1 to 3650, got {raw!r}")
     assert isinstance(refused.value, ValueError)
+
+
+# --- per-owner budgets --------------------------------------------------------------------------------
+
+
+def test_budgets_default_to_the_design_values() -> None:
+    settings = Settings.from_env({})
+    assert (settings.owner_concurrency, settings.owner_queue_max) == (4, 200)
+    assert (settings.owner_daily_tokens, settings.owner_daily_cost_usd) == (2_000_000, 50.0)
+    assert settings.model_prices == {}
+    assert Settings() == settings
+
+
+def test_budgets_are_read_from_the_environment() -> None:
+    settings = Settings.from_env({
+        "KAIROS_OWNER_CONCURRENCY": " 2 ", "KAIROS_OWNER_QUEUE_MAX": "10", "KAIROS_OWNER_DAILY_TOKENS": "5000",
+        "KAIROS_OWNER_DAILY_COST_USD": "2.5",
+        "KAIROS_MODEL_PRICES": '{"gpt-4o-mini": [0.15, 0.6], "*": [1, 2]}'})
+    assert (settings.owner_concurrency, settings.owner_queue_max, settings.owner_daily_tokens) == (2, 10, 5000)
+    assert settings.owner_daily_cost_usd == 2.5
+    assert settings.model_prices == {"gpt-4o-mini": (0.15, 0.6), "*": (1.0, 2.0)}
+
+
+@pytest.mark.parametrize(("name", "raw"), [
+    ("KAIROS_OWNER_CONCURRENCY", "0"), ("KAIROS_OWNER_CONCURRENCY", "four"), ("KAIROS_OWNER_CONCURRENCY", "1001"),
+    ("KAIROS_OWNER_QUEUE_MAX", "-5"), ("KAIROS_OWNER_QUEUE_MAX", "2.5"), ("KAIROS_OWNER_DAILY_TOKENS", "1e6"),
+    ("KAIROS_OWNER_DAILY_TOKENS", "_"), ("KAIROS_OWNER_DAILY_COST_USD", "0"), ("KAIROS_OWNER_DAILY_COST_USD", "nan"),
+    ("KAIROS_OWNER_DAILY_COST_USD", "inf"), ("KAIROS_OWNER_DAILY_COST_USD", "$5"),
+    ("KAIROS_MODEL_PRICES", "not json"), ("KAIROS_MODEL_PRICES", "[1, 2]"), ("KAIROS_MODEL_PRICES", '{"m": 1}'),
+    ("KAIROS_MODEL_PRICES", '{"m": [1]}'), ("KAIROS_MODEL_PRICES", '{"m": [1, -2]}'),
+    ("KAIROS_MODEL_PRICES", '{"m": [1, "2"]}'), ("KAIROS_MODEL_PRICES", '{"m": [true, 2]}'),
+    ("KAIROS_MODEL_PRICES", '{"": [1, 2]}'),
+])
+def test_a_budget_that_means_nothing_is_refused_naming_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(SettingInvalid) as refused:
+        Settings.from_env({name: raw})
+    assert refused.value.name == name
+    assert str(refused.value).startswith(f"{name} must be ")

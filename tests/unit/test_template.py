@@ -63,6 +63,7 @@ ROUTES = {
     "POST /v1/runs/{id}/cancel",
     "PUT /v1/secrets/{name}",
     "GET /v1/secrets",
+    "GET /v1/usage",
     "DELETE /v1/secrets/{name}",
     "GET /v1/openapi.json",
 }
@@ -480,6 +481,20 @@ def test_retention_is_a_bounded_parameter_every_function_reads() -> None:
     assert (number(parameter["Default"]), number(parameter["MinValue"]), number(parameter["MaxValue"])) == (30, 1, 3650)
     variables = template()["Globals"]["Function"]["Environment"]["Variables"]
     assert variables["KAIROS_RETENTION_DAYS"] == {"Ref": "RetentionDays"}
+
+
+def test_budgets_are_parameters_every_function_reads() -> None:
+    parameters = template()["Parameters"]
+    variables = template()["Globals"]["Function"]["Environment"]["Variables"]
+    for name, variable, default in (("OwnerConcurrency", "KAIROS_OWNER_CONCURRENCY", 4),
+                                    ("OwnerQueueMax", "KAIROS_OWNER_QUEUE_MAX", 200),
+                                    ("OwnerDailyTokens", "KAIROS_OWNER_DAILY_TOKENS", 2_000_000),
+                                    ("OwnerDailyCostUsd", "KAIROS_OWNER_DAILY_COST_USD", 50)):
+        assert number(parameters[name]["Default"]) == default, name
+        assert float(parameters[name]["MinValue"]) > 0, name
+        assert variables[variable] == {"Ref": name}
+    assert parameters["ModelPrices"]["Default"] == ""
+    assert variables["KAIROS_MODEL_PRICES"] == {"Ref": "ModelPrices"}
 
 
 def test_parameters_for_an_existing_database_and_optional_features() -> None:

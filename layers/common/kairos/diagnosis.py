@@ -40,6 +40,7 @@ REASON_CODES: frozenset[str] = frozenset(
         "cancelled",  # cancellation requested
         "step_limit",  # the tool loop used its max_steps model turns without a final answer
         "approved_call_not_applied",  # the approved tool call could not be applied as approved
+        "budget_exhausted",  # the owner's daily token or cost ceiling left no room for the call
         "internal",  # a bug on our side
     }
 )
@@ -88,6 +89,11 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "abandoned_late": ("run", False, (), "The run was interrupted and is not delivered late (catch-up is off)."),
     "cancelled": ("run", False, (), "The run was cancelled."),
     "internal": ("run", True, ("retry_run", "report_issue"), "The run failed because of an internal error."),
+    # Not retried automatically (the day's budget does not come back within a retry's delay); a manual
+    # retry on a later UTC day, or after the ceiling is raised, may run.
+    "budget_exhausted": ("run", True, ("retry_run",),
+                         "The owner's daily token or cost budget has no room for this model call; nothing "
+                         "was sent. Retry on a later day (UTC) or ask for a higher ceiling."),
     # The run machinery's own endings (RUN_REASON_CODES): the claim's refusals and the tick's give-up.
     "schedule_paused": ("run", False, ("resume_schedule",),
                         "The run was not started: its schedule is paused."),

@@ -217,6 +217,21 @@ class RateLimited(KairosError):
         self.retry_after = retry_after
 
 
+class QueueFull(RateLimited):
+    """A trigger, retry, webhook delivery or backfill would queue more runs than the owner's cap
+    (``KAIROS_OWNER_QUEUE_MAX``); nothing was recorded, and the same request may be sent again later
+    (``Retry-After``: a minute, about the time a few queued runs take to start)."""
+
+    code = "queue_full"
+
+    def __init__(self, queue_max: int) -> None:
+        super().__init__(
+            f"the owner already has {queue_max} runs queued (the most allowed); try again when some have run",
+            retry_after=60)
+        self.fields = [FieldError("owner", "queue_max", f"at most {queue_max} queued runs per owner")]
+        self.queue_max = queue_max
+
+
 class SignatureInvalid(KairosError):
     code = "signature_invalid"
 

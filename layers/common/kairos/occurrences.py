@@ -11,6 +11,12 @@ insert time, whichever path recorded it.
 ``page`` reads them back: one schedule's occurrences newest first (``fire_at``, then id) in keyset
 pages (``kairos.pages``), each with its decision, source, revision, covered range and the run it
 produced, so a skipped fire is visible where its owner looks. Reading never loads the calendar.
+
+The owner's queue cap (``KAIROS_OWNER_QUEUE_MAX``, ``kairos.budgets``): ``record`` first takes the
+queue locks of the batch's owners, and the statement records a fire that would make more than
+``queue_max`` of an owner's runs queued ``skipped_budget``, without a run. The tick keeps those; an
+API caller (trigger, webhook, backfill) that finds one in its result refuses instead (``refuse_over_cap``:
+429 ``queue_full``, its transaction rolls back and nothing is recorded).
 """
 
 from __future__ import annotations
@@ -23,8 +29,8 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import db, pages
-from kairos.errors import NotFound
+from kairos import budgets, db, pages, runtime
+from kairos.errors import NotFound, QueueFull
 from kairos.instants import offset_text, rfc3339
 from kairos.states import Decision, Source
 
@@ -83,12 +89,24 @@ def planned(
 
 
 def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
-           now: datetime | None = None) -> list[db.Row]:
-    """Inserts the batch; returns one row per occurrence this call recorded (with its run, if any)."""
+           now: datetime | None = None, queue_max: int | None = None) -> list[db.Row]:
+    """Inserts the batch; returns one row per occurrence this call recorded (with its run, if any).
+    ``queue_max`` defaults to the deployment's ``KAIROS_OWNER_QUEUE_MAX``."""
     if not rows:
         return []
+    if queue_max is None:
+        queue_max = runtime.settings().owner_queue_max
+    budgets.hold_queues(conn, [r["schedule_id"] for r in rows if r["schedule_id"] is not None])
     # json.dumps is C, psycopg's array adaptation is not, and this is the hot path of a large tick.
-    return db.fetch_all(conn, "occurrences_insert", {"occurrences": json.dumps(rows), "now": now})
+    return db.fetch_all(conn, "occurrences_insert", {"occurrences": json.dumps(rows), "now": now,
+                                                     "queue_max": queue_max})
+
+
+def refuse_over_cap(recorded: list[db.Row], *, queue_max: int | None = None) -> None:
+    """For an API caller: ``QueueFull`` (429) when the owner's queue cap skipped any of these fires (the
+    caller's transaction then rolls back, so nothing is recorded and the request may be repeated)."""
+    if any(r["decision"] == Decision.SKIPPED_BUDGET.value for r in recorded):
+        raise QueueFull(runtime.settings().owner_queue_max if queue_max is None else queue_max)
 
 
 def _iso(value: datetime | None) -> str | None:

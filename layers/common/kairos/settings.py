@@ -8,7 +8,8 @@ A frozen dataclass, not a pydantic model: every handler reads it on its cold pat
 already parses each variable into its type, so importing pydantic here would only add to every
 cold start (the tick and the run function never need pydantic otherwise).
 
-A value that cannot mean anything (``KAIROS_RETENTION_DAYS=thirty``) is refused with
+A value that cannot mean anything (``KAIROS_RETENTION_DAYS=thirty``, ``KAIROS_OWNER_CONCURRENCY=0``,
+``KAIROS_MODEL_PRICES`` that is not an object of ``[input, output]`` prices per million tokens) is refused with
 ``SettingInvalid`` naming the variable and the rule, so a misconfigured function fails its cold start
 loudly instead of running with a guess.
 """
@@ -16,6 +17,7 @@ loudly instead of running with a guess.
 from __future__ import annotations
 
 import json
+import math
 import os
 from dataclasses import dataclass, field
 from functools import lru_cache
@@ -24,6 +26,15 @@ from urllib.parse import quote
 
 DEFAULT_RETENTION_DAYS = 30
 MAX_RETENTION_DAYS = 3650
+# Per-owner budgets (DESIGN.md "Agent tools, approvals and budgets"; kairos.budgets).
+DEFAULT_OWNER_CONCURRENCY = 4
+MAX_OWNER_CONCURRENCY = 1000
+DEFAULT_OWNER_QUEUE_MAX = 200
+MAX_OWNER_QUEUE_MAX = 100_000
+DEFAULT_OWNER_DAILY_TOKENS = 2_000_000
+MAX_OWNER_DAILY_TOKENS = 10**12
+DEFAULT_OWNER_DAILY_COST_USD = 50.0
+MAX_OWNER_DAILY_COST_USD = 10**9
 
 
 class SettingInvalid(ValueError):
@@ -46,6 +57,54 @@ def _retention_days(raw: str | None) -> int:
     return int(text)
 
 
+def _whole(name: str, raw: str | None, default: int, low: int, high: int, unit: str) -> int:
+    """A whole number from ``low`` to ``high``; unset or empty means ``default``."""
+    text = (raw or "").strip()
+    if not text:
+        return default
+    if not (text.isascii() and text.isdigit()) or not low <= int(text) <= high:
+        raise SettingInvalid(name, f"must be a whole number of {unit} from {low} to {high}", raw or "")
+    return int(text)
+
+
+def _usd(name: str, raw: str | None, default: float, high: float) -> float:
+    """An amount of US dollars above 0 and at most ``high``; unset or empty means ``default``."""
+    text = (raw or "").strip()
+    if not text:
+        return default
+    try:
+        value = float(text)
+    except ValueError:
+        value = math.nan
+    if not (math.isfinite(value) and 0 < value <= high):
+        raise SettingInvalid(name, f"must be an amount of US dollars above 0 and at most {high:g}", raw or "")
+    return value
+
+
+def _model_prices(raw: str | None) -> dict[str, tuple[float, float]]:
+    """``KAIROS_MODEL_PRICES``: a JSON object ``{"model": [usd_per_M_input, usd_per_M_output]}`` (the
+    key ``"*"`` prices every model not named); unset or empty means no prices (cost 0)."""
+    text = (raw or "").strip()
+    if not text:
+        return {}
+    rule = 'must be a JSON object {"model": [usd_per_million_input, usd_per_million_output]} of amounts >= 0'
+    try:
+        data = json.loads(text)
+    except ValueError:
+        raise SettingInvalid("KAIROS_MODEL_PRICES", rule, raw or "") from None
+    if not isinstance(data, dict):
+        raise SettingInvalid("KAIROS_MODEL_PRICES", rule, raw or "")
+    prices: dict[str, tuple[float, float]] = {}
+    for model, pair in data.items():
+        ok = (isinstance(model, str) and model and isinstance(pair, list) and len(pair) == 2
+              and all(isinstance(v, int | float) and not isinstance(v, bool) and math.isfinite(v) and v >= 0
+                      for v in pair))
+        if not ok:
+            raise SettingInvalid("KAIROS_MODEL_PRICES", rule, raw or "")
+        prices[model] = (float(pair[0]), float(pair[1]))
+    return prices
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
@@ -61,6 +120,12 @@ class Settings:
     prepared_statements: bool = True
     # How long run threads and webhook payloads of ended runs are kept (kairos.tick.prune).
     retention_days: int = DEFAULT_RETENTION_DAYS
+    # Per-owner budgets (kairos.budgets): running slots, queued runs, daily tokens and cost, prices.
+    owner_concurrency: int = DEFAULT_OWNER_CONCURRENCY
+    owner_queue_max: int = DEFAULT_OWNER_QUEUE_MAX
+    owner_daily_tokens: int = DEFAULT_OWNER_DAILY_TOKENS
+    owner_daily_cost_usd: float = DEFAULT_OWNER_DAILY_COST_USD
+    model_prices: dict[str, tuple[float, float]] = field(default_factory=dict)
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -84,6 +149,15 @@ class Settings:
                 h.strip() for h in env.get("KAIROS_EGRESS_ALLOW", "").split(",") if h.strip()
             ),
             retention_days=_retention_days(env.get("KAIROS_RETENTION_DAYS")),
+            owner_concurrency=_whole("KAIROS_OWNER_CONCURRENCY", env.get("KAIROS_OWNER_CONCURRENCY"),
+                                     DEFAULT_OWNER_CONCURRENCY, 1, MAX_OWNER_CONCURRENCY, "runs"),
+            owner_queue_max=_whole("KAIROS_OWNER_QUEUE_MAX", env.get("KAIROS_OWNER_QUEUE_MAX"),
+                                   DEFAULT_OWNER_QUEUE_MAX, 1, MAX_OWNER_QUEUE_MAX, "runs"),
+            owner_daily_tokens=_whole("KAIROS_OWNER_DAILY_TOKENS", env.get("KAIROS_OWNER_DAILY_TOKENS"),
+                                      DEFAULT_OWNER_DAILY_TOKENS, 1, MAX_OWNER_DAILY_TOKENS, "tokens"),
+            owner_daily_cost_usd=_usd("KAIROS_OWNER_DAILY_COST_USD", env.get("KAIROS_OWNER_DAILY_COST_USD"),
+                                      DEFAULT_OWNER_DAILY_COST_USD, MAX_OWNER_DAILY_COST_USD),
+            model_prices=_model_prices(env.get("KAIROS_MODEL_PRICES")),
         )
 
     def resolve_database_url(self) -> str:

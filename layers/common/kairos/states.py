@@ -47,6 +47,7 @@ class Decision(StrEnum):
     SKIPPED_OVERLAP = "skipped_overlap"
     QUEUED_BEHIND = "queued_behind"
     EXPIRED = "expired"
+    SKIPPED_BUDGET = "skipped_budget"  # the owner's queue was full (KAIROS_OWNER_QUEUE_MAX): no run
 
 
 class Mode(StrEnum):
@@ -165,7 +166,7 @@ class EventType(StrEnum):
     APPROVAL_APPROVED = "approval.approved"
     APPROVAL_DENIED = "approval.denied"
     # Named by the design for later features (budgets, goal loops, corpus runs): the schema accepts them.
-    RUN_DEFERRED = "run.deferred"
+    RUN_DEFERRED = "run.deferred"  # a claim found the owner's running slots full; the run stays queued
     INPUT_WAITING = "input.waiting"
     INPUT_ANSWERED = "input.answered"
     CORPUS_PHASE = "corpus.phase"

@@ -181,6 +181,7 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
         occurrence_id=occurrence_id, schedule_id=schedule_id, source=Source.WEBHOOK, fire=fire,
         revision=hook["revision"], decision=Decision.DISPATCHED, run_id=run_id, idempotency_key=key,
         key_generation=generation, payload=payload_of(delivery.body))], now=now)
+    occurrences.refuse_over_cap(inserted)  # 429 queue_full: the caller's transaction records nothing
     if not inserted:
         # Unreachable while deliveries of a schedule serialize on its row lock (the generation is read
         # under it); converging on the existing rows is the safe answer if that ever changes.

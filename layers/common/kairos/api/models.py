@@ -157,6 +157,19 @@ class BackfillAccepted(_Strict):
         description="the window's backfill occurrences, oldest first (made by this request or an earlier one)")
 
 
+class UsageDay(_Strict):
+    day: str = Field(description="UTC day, YYYY-MM-DD")
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float = Field(description="at KAIROS_MODEL_PRICES")
+    calls: int = Field(description="model calls that answered")
+    runs: int = Field(description="runs with at least one model call that answered that day")
+
+
+class UsageDays(_Strict):
+    days: list[UsageDay] = Field(description="every day of the window, oldest first (zeros without usage)")
+
+
 class RunOut(_Open):
     id: str
     state: str

@@ -91,7 +91,8 @@ def _describe_hook(doc: dict[str, Any]) -> None:
     operation = doc["paths"]["/v1/hooks/{token}"]["post"]
     operation["description"] = (
         f"The token is the credential (no bearer). Bodies up to {webhooks.MAX_BODY_BYTES} bytes; a paused, "
-        "cancelled or unknown hook answers 404; over the schedule's rate limit, 429 with Retry-After."
+        "cancelled or unknown hook answers 404; over the schedule's rate limit (rate_limited) or the owner's "
+        "queue cap (queue_full, nothing recorded), 429 with Retry-After."
     )
     operation.setdefault("parameters", []).extend(
         {"name": name, "in": "header", "required": False, "description": text, "schema": {"type": "string"}}

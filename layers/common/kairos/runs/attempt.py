@@ -3,7 +3,8 @@
 Role: ``claim`` turns a run id into either a ``Claimed`` attempt (the claimed row, its fence and
 attempt, its target conversation with the run's prompt entry in it, and the bounded model input)
 or an ``Outcome`` that says why nothing will be executed: not claimable, unknown, refused by the
-claim, cancelled while queued, or failed before any call (a refused target, an earlier attempt's
+claim, cancelled while queued, left queued because the owner's running slots are full
+(``slot_wait``, ``kairos.budgets``), or failed before any call (a refused target, an earlier attempt's
 possibly-applied mutation). The execution (``kairos.runs.worker``) is built from a ``Claimed`` only.
 
 Guarantees:
@@ -31,7 +32,7 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import conversations, db, effects, trace
+from kairos import budgets, conversations, db, effects, trace
 from kairos.diagnosis import diagnose
 from kairos.errors import KairosError
 from kairos.executors.base import (
@@ -47,6 +48,7 @@ from kairos.executors.base import (
 from kairos.observability import logger
 from kairos.probes import Probes
 from kairos.runs import moves
+from kairos.settings import DEFAULT_OWNER_CONCURRENCY
 from kairos.states import EventType, Mode, RunState
 
 # What the elision marker may cost at most (its longest text and its framing).
@@ -69,6 +71,7 @@ OutcomeResult = Literal[
     "unknown",  # no such run in this database
     "lease_lost",  # claimed, then fenced out by a newer claim: nothing more was written
     "deferred",  # not claimed because the invocation has too little time left: deliver again
+    "slot_wait",  # not claimed: the owner's running slots are full; re-send the id after retry_delay_seconds
 ]
 
 
@@ -113,12 +116,14 @@ class Claimed:
         return self.model_input.transcript
 
 
-def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: Probes) -> Claimed | Outcome:
+def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: Probes,
+          owner_slots: int = DEFAULT_OWNER_CONCURRENCY) -> Claimed | Outcome:
     """Claims the run and prepares its attempt, in one transaction (see the module doc)."""
     with database.transaction() as conn:
-        row = moves.claim(conn, run_id, now=now)
+        budgets.hold_slots(conn, run_id)  # claims of one owner serialize until this one commits
+        row = moves.claim(conn, run_id, now=now, owner_slots=owner_slots)
         if row is None:
-            return _not_claimed(conn, run_id, now)
+            return _not_claimed(conn, run_id, now, owner_slots)
         if row["refusal"] is not None:
             return _refused(run_id, row)
         moves.count("Claims")
@@ -232,7 +237,7 @@ def _refused(run_id: UUID, row: db.Row) -> Outcome:
     return Outcome(run_id, "refused", state, reason)
 
 
-def _not_claimed(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime | None) -> Outcome:
+def _not_claimed(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime | None, owner_slots: int) -> Outcome:
     row = db.fetch_one(conn, "runs_get", {"run_id": run_id})
     if row is None:
         logger.warning("unknown run", extra={"action": "run_unknown", "run_id": str(run_id)})
@@ -250,9 +255,23 @@ def _not_claimed(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime |
     if state is RunState.QUEUED and row["blocked_by_run_id"] is not None:
         logger.info("run waits behind another", extra={"action": "run_blocked", **log})
         return Outcome(run_id, "skipped", state)
+    if state is RunState.QUEUED:
+        return _slots_full(conn, run_id, now, owner_slots, log)
     moves.count("ClaimConflicts")
     logger.info("run not claimable", extra={"action": "claim_conflict", **log})
     return Outcome(run_id, "skipped", state)
+
+
+def _slots_full(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime | None, owner_slots: int,
+                log: dict[str, str]) -> Outcome:
+    """Queued, unblocked, no cancel pending, and the claim (holding the owner's slot lock) did not take
+    it: the owner's running slots are full. The run stays queued and comes back after a delay."""
+    traced = budgets.defer(conn, run_id, owner_slots=owner_slots, now=now)
+    delay = budgets.defer_delay_seconds()
+    moves.count("ClaimsDeferred")
+    logger.info("owner's running slots full; run deferred", extra={
+        "action": "run_slot_wait", **log, "owner_slots": owner_slots, "delay_seconds": delay, "traced": traced})
+    return Outcome(run_id, "slot_wait", RunState.QUEUED, retry_delay_seconds=delay)
 
 
 def _prompt_entry(run_id: UUID, row: Mapping[str, Any]) -> str:

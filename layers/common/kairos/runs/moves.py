@@ -33,6 +33,7 @@ from psycopg.types.json import Jsonb
 from kairos import db, trace
 from kairos.diagnosis import diagnose
 from kairos.observability import metrics
+from kairos.settings import DEFAULT_OWNER_CONCURRENCY
 from kairos.states import EventType, RunState
 
 LEASE_SECONDS = 120
@@ -57,16 +58,20 @@ def count(name: str) -> None:
     metrics.add_metric(name=name, unit=MetricUnit.Count, value=1)
 
 
-def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None) -> db.Row | None:
+def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None,
+          owner_slots: int = DEFAULT_OWNER_CONCURRENCY) -> db.Row | None:
     """``queued -> running`` for exactly one caller, with ``run.claimed`` and the first step's
     ``step.started`` (the row's ``first_step``); the claimed row, or None (not claimable).
 
     The same statement refuses a run that must not run (its schedule paused or cancelled, a newer
     fire already started, past ``expires_at``): it ends the run ``cancelled`` / ``abandoned`` /
     ``expired`` with its diagnosis and terminal event, and the row comes back in that state with
-    ``refusal`` set to the reason code (``refusal`` is None on a claim)."""
+    ``refusal`` set to the reason code (``refusal`` is None on a claim).
+
+    Only while the owner has fewer than ``owner_slots`` runs running; the caller holds the owner's
+    slot lock (``kairos.budgets.hold_slots``) so that count is exact."""
     return db.fetch_one(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now,
-                                             "refusals": _REFUSALS_JSON})
+                                             "refusals": _REFUSALS_JSON, "owner_slots": owner_slots})
 
 
 def lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> db.Row | None:

@@ -21,6 +21,9 @@ Per record:
   fails, the record is reported failed instead (SQS delivers it again after the visibility timeout),
   and the tick's repair re-sends the queued run once its handoff is stale: every path is safe,
   because the claim is a guarded update and a second message finds nothing to claim.
+* A run whose owner's running slots are full stays ``queued`` (``process`` answers ``slot_wait``):
+  like a retry, its id is re-sent with ``DelaySeconds`` (30 to 60 s, jittered; ``kairos.budgets``) and the
+  current message is acknowledged — the run waits in SQS, never in a busy loop of redeliveries.
 * An invocation with too little time left does not claim a run: the record is reported failed.
 * An event that is not an SQS batch (no ``Records``, or none in it), and a record without a string
   ``messageId`` and ``body``, is refused with one log line (``action=bad_event`` / ``bad_record``)
@@ -107,7 +110,7 @@ def handle_record(
                       lambda_remaining_ms=lambda_remaining_ms)
     if outcome.result == "deferred":
         raise RedeliverRecord("too little time left in this invocation")
-    if outcome.result == "retry":
+    if outcome.result in ("retry", "slot_wait"):
         delay = outcome.retry_delay_seconds or 0
         if send_retry is None:
             raise RedeliverRecord("no queue to re-send the retry on")

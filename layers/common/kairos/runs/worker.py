@@ -43,9 +43,18 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import db, effects, trace
+from kairos import budgets, db, effects, trace
 from kairos.diagnosis import diagnose
-from kairos.executors.base import TOOL_EXECUTORS, ExecutionRequest, Executor, ExecutorError, PreparedCall, Reply
+from kairos.executors.base import (
+    DEFAULT_MAX_TOKENS,
+    TOOL_EXECUTORS,
+    ExecutionRequest,
+    Executor,
+    ExecutorError,
+    PreparedCall,
+    Reply,
+    max_tokens,
+)
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
@@ -123,11 +132,12 @@ class Execution:
         """Reserves the call's effect (committed), makes the call under the heartbeat's abort, and
         answers the open effect with the reply; a failed call ends the run here (its Outcome)."""
         claimed = self.claimed
+        agent: dict[str, Any] = dict(claimed.row["agent"] or {})
         self.call_started = False
         remaining = self._remaining()
         if remaining <= 0:
             raise Failure("runtime_limit")
-        with self.database.connection() as conn:  # one statement: its own transaction
+        with self.database.transaction() as conn:  # the effect and its budget reservation commit together
             effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
                                      prepared.mutation, prepared.url, prepared.digest, now=self.now, data=data)
             if effect is None:  # the fence moved on, or a cancel was requested: which one decides the end
@@ -136,6 +146,10 @@ class Execution:
                         and int(current["fence"]) == claimed.fence and current["cancel_requested_at"] is not None):
                     raise Cancelled()
                 raise LeaseLost()
+            if prepared.kind == "model_call":
+                # A tool loop's later turns carry more than the claim's window: estimate from what is sent.
+                estimate = max(int(claimed.model_input.record["estimated_tokens"]), len(prepared.body) // 4)
+                self._reserve_budget(conn, effect, agent, estimate)
         self.open_effect = effect
         self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
         self._check_stop()
@@ -151,9 +165,28 @@ class Execution:
             self.usage = _add(self.usage, {"calls": 1, "duration_ms": int((time.monotonic() - started) * 1000)})
             return self._call_failed(step, effect, prepared.mutation, error)
         self.heartbeat.step_finished()
-        self.usage = _add(self.usage, _usage(reply, time.monotonic() - started))
+        self.usage = _add(self.usage, budgets.priced(_usage(reply, time.monotonic() - started), agent.get("model"),
+                                                     self.settings))
         self.probes.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
         return effect, reply
+
+    def _reserve_budget(self, conn: psycopg.Connection[db.Row], effect: effects.Effect, agent: dict[str, Any],
+                        input_tokens: int) -> None:
+        """Charges a model call's estimate (input + the agent's max_tokens) to the owner's day, in the
+        transaction that reserves its effect; over a daily ceiling the run fails ``budget_exhausted``
+        and, the transaction rolling back, no effect is left reserved and nothing is called."""
+        if effect.kind != "model_call":
+            return
+        try:
+            output_tokens = max_tokens(agent)
+        except ExecutorError:
+            output_tokens = DEFAULT_MAX_TOKENS
+        if not budgets.reserve(conn, effect_id=effect.id, run_id=self.run_id, owner=str(self.claimed.row["owner"]),
+                               model=agent.get("model"), input_tokens=input_tokens, max_output_tokens=output_tokens,
+                               settings=self.settings, now=self.now):
+            logger.info("daily budget exhausted", extra={"action": "budget_exhausted", "run_id": str(self.run_id),
+                                                         "estimated_tokens": input_tokens + output_tokens})
+            raise Failure("budget_exhausted")
 
     def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
         claimed = self.claimed
@@ -336,7 +369,7 @@ def process(
             logger.info("run deferred", extra={"action": "run_deferred", "run_id": str(run_id)})
             return Outcome(run_id, "deferred")
         lambda_deadline = started + budget
-    claimed = claim(database, run_id, now=now, probes=probes)
+    claimed = claim(database, run_id, now=now, probes=probes, owner_slots=settings.owner_concurrency)
     if isinstance(claimed, Outcome):
         return claimed
     limit = min(int(claimed.row["runtime_limit_seconds"]), RUNTIME_CAP_SECONDS)

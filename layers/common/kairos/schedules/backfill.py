@@ -9,7 +9,10 @@ revision's prompt and agent, since a run executes its occurrence's revision.
 Rules (422 naming the field and the rule, nothing recorded): ``from`` < ``until`` <= now, a window
 of at most ``MAX_WINDOW`` (31 days), at most ``max`` (default and cap ``MAX_INSTANTS``, 100)
 instants; a timed, active schedule (``Conflict`` otherwise). ``max_occurrences`` counts scheduled
-fires only: a backfill neither counts against it nor is bounded by it.
+fires only: a backfill neither counts against it nor is bounded by it. A backfill that would queue
+more runs than the owner's cap (``KAIROS_OWNER_QUEUE_MAX``) is refused whole: 429 ``queue_full``,
+nothing recorded (a partial one would leave its skipped instants recorded, so no later backfill
+could make them).
 
 Guarantees: an instant that already has a dispatched or queued-behind scheduled occurrence is left
 alone (an instant inside a ``skipped_late`` range is eligible); each backfill occurrence's identity is
@@ -74,7 +77,7 @@ def backfill(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner:
         done = {o["fire_at"] for o in present if o["source"] == "scheduled" and o["decision"] in _RUN_DECISIONS}
         mine = {o["fire_at"]: o for o in present if o["source"] == "backfill"}
         planned, sendable = _plan(conn, schedule_id, [i for i in instants if i[1].fire_at not in done], mine)
-        occurrences.record(conn, planned, now=now)
+        occurrences.refuse_over_cap(occurrences.record(conn, planned, now=now))  # 429 queue_full, nothing kept
     answer = [_as_json(o) for o in db.fetch_all(conn, "occurrences_in_window", {
         "schedule_id": schedule_id, "from": start, "until": until}) if o["source"] == "backfill"]
     logger.info("schedule backfilled", extra={"action": "schedule_backfilled", "schedule_id": str(schedule_id),

@@ -5,7 +5,8 @@ database's now; ``retry`` records one for a run that ended ``failed``, ``abandon
 ``cancelled``, re-executing that run's revision (its prompt, agent and payload) as a new run whose
 ``retry_of`` names it — the old run stays as it ended. Both go through ``kairos.occurrences`` (the one
 way a fire is recorded) and ``kairos.overlap`` (the one overlap rule): a fire the policy would skip
-answers ``OverlapConflict`` (409 ``overlap``) naming the run in the way, and records nothing.
+answers ``OverlapConflict`` (409 ``overlap``) naming the run in the way, and records nothing; a fire
+over the owner's queue cap answers ``QueueFull`` (429 ``queue_full``) and records nothing.
 
 Rules:
 * only an active schedule runs (a run of a paused or cancelled one would be refused at its claim):
@@ -118,10 +119,11 @@ def _record(conn: psycopg.Connection[db.Row], schedule: db.Row, *, revision: int
             f"run {blocking} of this schedule is still queued or running, and its overlap policy is "
             f"{schedule['overlap']}", fields=[FieldError("overlap", "overlap", f"run {blocking} is in the way")])
     fire = calendar.describe(schedule["db_now"], schedule["timezone"])
-    occurrences.record(conn, [occurrences.planned(
+    recorded = occurrences.record(conn, [occurrences.planned(
         occurrence_id=occurrence_id, schedule_id=schedule_id, source=Source.MANUAL, fire=fire, revision=revision,
         decision=verdict.decision, run_id=run_id, blocked_by=verdict.blocked_by, idempotency_key=key,
         retry_of=retry_of, payload=payload)], now=now)
+    occurrences.refuse_over_cap(recorded)  # 429 queue_full; the caller's transaction records nothing
     sendable = verdict.blocked_by is None
     if verdict.replaces is not None:
         sendable = overlap.replace(conn, old_run_id=verdict.replaces, new_run_id=run_id, now=now)

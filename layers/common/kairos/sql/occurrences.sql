@@ -9,15 +9,39 @@
 -- agent (else the conversation's), in the schedule's conversation; a chat turn (no schedule) brings
 -- its conversation, prompt and mode and runs the conversation's agent. A scheduled run claimable at once
 -- without catch-up expires at fire_at + the schedule's max_delay_seconds; a queued-behind run gets its
--- expiry when it is released (runs_release_blocked); a webhook run does not expire.
-WITH planned AS (
-    SELECT *
-      FROM jsonb_to_recordset(%(occurrences)s::jsonb)
+-- expiry when it is released (runs_release_blocked); a webhook run does not expire. The owner's queue
+-- cap (queue_max, KAIROS_OWNER_QUEUE_MAX) is applied here: see `planned`.
+WITH given AS (
+    SELECT p.*, e.ordinal, coalesce(s.owner, cv.owner) AS owner
+      FROM jsonb_array_elements(%(occurrences)s::jsonb) WITH ORDINALITY AS e(doc, ordinal)
+     CROSS JOIN LATERAL jsonb_to_record(e.doc)
            AS p(occurrence_id uuid, schedule_id uuid, source text, fire_at timestamptz, local_time timestamp,
                 utc_offset_seconds integer, fold smallint, timezone text, tzdata_version text, revision integer,
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
                 idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb,
                 retry_of uuid, conversation_id uuid, prompt text, mode text)
+      LEFT JOIN schedules s ON s.id = p.schedule_id
+      LEFT JOIN conversations cv ON cv.id = p.conversation_id AND p.schedule_id IS NULL  -- a chat turn
+), queued AS (
+    -- Each owner's queued runs now, counted up to the cap (the caller holds the owners' queue locks).
+    SELECT o.owner, (SELECT count(*) FROM (SELECT 1 FROM runs q WHERE q.owner = o.owner AND q.state = 'queued'
+                                             LIMIT %(queue_max)s) AS n) AS n
+      FROM (SELECT DISTINCT owner FROM given WHERE owner IS NOT NULL) AS o
+), planned AS (
+    -- A row that would make more than queue_max runs of its owner queued (in batch order) is recorded
+    -- skipped_budget, without a run (and a row queued behind it would have nothing to wait for: it
+    -- comes later in the batch, so it is over the cap too).
+    SELECT g.occurrence_id, g.schedule_id, g.source, g.fire_at, g.local_time, g.utc_offset_seconds, g.fold,
+           g.timezone, g.tzdata_version, g.revision,
+           CASE WHEN g.over THEN 'skipped_budget' ELSE g.decision END AS decision,
+           g.covers_from, g.covers_until, g.covers_count, g.idempotency_key, g.key_generation,
+           CASE WHEN g.over THEN NULL ELSE g.run_id END AS run_id, g.blocked_by, g.payload, g.retry_of,
+           g.conversation_id, g.prompt, g.mode
+      FROM (SELECT given.*,
+                   coalesce(given.run_id IS NOT NULL
+                            AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
+                                > %(queue_max)s, false) AS over
+              FROM given LEFT JOIN queued q ON q.owner = given.owner) AS g
 ), occ AS (
     INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
                              tzdata_version, schedule_revision, decision, covers_from, covers_until,

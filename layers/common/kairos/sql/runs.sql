@@ -13,6 +13,8 @@
 -- with run.claimed and the first step's step.started, in one statement (one row version of the
 -- run; see kairos.trace). An append run targets its source conversation from here on; fork and
 -- fresh get theirs from the worker. first_step names the step the run's executor performs.
+-- Only while the owner has fewer than owner_slots runs running (awaiting_approval and awaiting_input
+-- hold no slot); otherwise zero rows, and the caller finds the run still queued (runs_defer).
 -- Or refuses it, decided inside this same update from the run row it updates and its schedule (no
 -- check-then-claim race), ending it without any call (DESIGN.md "The run"): `cancelled` when the
 -- schedule is neither active nor completed (schedule_cancelled, else schedule_paused); `expired`
@@ -70,6 +72,10 @@ WITH changed AS (
        AND r.state = 'queued'
        AND r.blocked_by_run_id IS NULL
        AND r.cancel_requested_at IS NULL
+       -- The owner's running slots (KAIROS_OWNER_CONCURRENCY): race-free because every claim holds the
+       -- owner's slot lock (runs_hold_owner_slots) from before this statement's snapshot to its commit.
+       AND (SELECT count(*) FROM (SELECT 1 FROM runs o WHERE o.owner = r.owner AND o.state = 'running'
+                                   LIMIT %(owner_slots)s) AS held) < %(owner_slots)s
     RETURNING r.id, r.occurrence_id, r.schedule_id, r.owner, r.source, r.mode, r.state, r.attempt, r.max_attempts,
               r.fence, r.lease_expires_at, r.heartbeat_at, r.conversation_id, r.source_conversation_id, r.prompt,
               r.payload, r.agent, r.runtime_limit_seconds, r.last_seq,
@@ -88,6 +94,41 @@ WITH changed AS (
            (false, 0, 'run.' || c.state, NULL, jsonb_build_object('reason_code', c.refusal, 'by', 'claim'))
      ) AS e (claim, back, type, step, data)
      WHERE e.claim = (c.refusal IS NULL)
+)
+SELECT * FROM changed;
+
+-- name: runs_hold_owner_slots (prepared)
+-- Takes the run owner's slot lock (a transaction-level advisory lock) before the claim: claims of one
+-- owner serialize from here to their commit, so the claim's slot count sees every earlier claim.
+-- Zero rows: no such run (the claim then finds nothing either).
+SELECT owner, pg_advisory_xact_lock(hashtextextended('kairos.owner_slots:' || owner, 0)) IS NOT NULL AS held
+  FROM runs WHERE id = %(run_id)s;
+
+-- name: runs_defer
+-- A claim found the owner's slots full: the run stays queued. The worker re-sends it with a delay, so
+-- this counts as a delivery (unclaimed_handoffs back to 0: the repair must not give it up as
+-- undeliverable) and as a fresh handoff; run.deferred is appended at most once per `every_seconds`.
+WITH prior AS (
+    SELECT id, deferred_at IS NULL
+               OR deferred_at <= coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(every_seconds)s)
+               AS traced
+      FROM runs
+     WHERE id = %(run_id)s AND state = 'queued'
+       FOR NO KEY UPDATE
+), changed AS (
+    UPDATE runs r
+       SET unclaimed_handoffs = 0,
+           handoff_at = coalesce(%(now)s::timestamptz, now()),
+           deferred_at = CASE WHEN p.traced THEN coalesce(%(now)s::timestamptz, now()) ELSE r.deferred_at END,
+           last_seq = r.last_seq + CASE WHEN p.traced THEN 1 ELSE 0 END
+      FROM prior p
+     WHERE r.id = p.id
+    RETURNING r.id, r.last_seq, r.attempt, r.fence, p.traced
+), traced AS (
+    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, data)
+    SELECT id, last_seq, 'run.deferred', coalesce(%(now)s::timestamptz, now()), attempt, fence,
+           jsonb_build_object('reason', 'owner_slots_full', 'owner_slots', %(owner_slots)s::integer)
+      FROM changed WHERE traced
 )
 SELECT * FROM changed;
 

@@ -218,3 +218,10 @@ UPDATE schedules
  WHERE id = %(schedule_id)s AND owner = %(owner)s AND revision = %(revision)s
    AND status IN ('active', 'paused')
 RETURNING *;
+
+-- name: schedules_hold_owner_queues
+-- Takes the queue lock of each owner of these schedules (transaction-level advisory locks, in owner
+-- order so two batches never wait on each other crosswise) before a fire is recorded: fires of one
+-- owner serialize from here to their commit, so occurrences_insert counts every earlier queued run.
+SELECT o.owner, pg_advisory_xact_lock(hashtextextended('kairos.owner_queue:' || o.owner, 0)) IS NOT NULL AS held
+  FROM (SELECT DISTINCT owner FROM schedules WHERE id = ANY(%(schedule_ids)s::uuid[]) ORDER BY owner) AS o;

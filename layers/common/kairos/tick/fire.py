@@ -55,7 +55,7 @@ class FireReport:
 
     locked: int = 0
     dispatched: int = 0
-    skipped: int = 0  # skipped_late + skipped_overlap + expired occurrences
+    skipped: int = 0  # skipped_late + skipped_overlap + expired + skipped_budget occurrences
     queued_behind: int = 0
     fires_covered: int = 0  # due instants accounted for (collapsed and skipped ones included)
     completed: int = 0
@@ -171,7 +171,8 @@ class Fire:
 
     def _report(self, rows: list[db.Row], plans: list[Plan], inserted: list[db.Row], db_now: datetime,
                 conflicts: int, paused: int, result: handoff.HandoffResult, db_seconds: float) -> FireReport:
-        recorded = {row["occurrence_id"] for row in inserted}
+        # The decision as recorded: the owner's queue cap may have made a planned fire skipped_budget.
+        recorded = {row["occurrence_id"]: Decision(row["decision"]) for row in inserted}
         dispatched = skipped = queued_behind = covered = 0
         lags: list[float] = []
         for plan in plans:
@@ -180,17 +181,18 @@ class Fire:
                     conflicts += 1
                     continue
                 covered += o.covers_count
-                if o.decision is Decision.DISPATCHED:
+                decision = recorded[o.id]
+                if decision is Decision.DISPATCHED:
                     dispatched += 1
                     lags.append((db_now - o.fire_at).total_seconds())
-                elif o.decision is Decision.QUEUED_BEHIND:
+                elif decision is Decision.QUEUED_BEHIND:
                     queued_behind += 1
                 else:
                     skipped += 1
                     logger.info(
                         "fire not dispatched",
                         extra={"action": "fire_skipped", "schedule_id": str(plan.schedule_id),
-                               "occurrence_id": str(o.id), "decision": o.decision.value,
+                               "occurrence_id": str(o.id), "decision": decision.value,
                                "fire_at": o.fire_at.isoformat(), "covers_count": o.covers_count},
                     )
         report = FireReport(

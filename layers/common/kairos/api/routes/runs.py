@@ -97,7 +97,7 @@ def cancel_run(id: str) -> Response[dict[str, Any]]:
     return ok(200, models.RunEnvelope, {"run": run.as_json()})
 
 
-@router.endpoint("POST", "/v1/runs/<id>/retry", status=202, model=models.HookAccepted, errors=(404, 409),
+@router.endpoint("POST", "/v1/runs/<id>/retry", status=202, model=models.HookAccepted, errors=(404, 409, 429),
                  summary="A new run of the same revision (retry_of the old one); failed, abandoned, expired or "
                          "cancelled runs with no external change only")
 def retry_run(id: str) -> Response[dict[str, Any]]:

@@ -185,7 +185,7 @@ def rotate_token(
     return ok(200, models.TokenRotated, {"schedule": shown, "webhook": _webhook(rotated.token)})
 
 
-@router.endpoint("POST", "/v1/schedules/<id>/trigger", status=202, model=models.HookAccepted, errors=(404, 409),
+@router.endpoint("POST", "/v1/schedules/<id>/trigger", status=202, model=models.HookAccepted, errors=(404, 409, 429),
                  summary="Run now: a manual occurrence of the current revision (overlap applies; a skip is 409)")
 def trigger_schedule(id: str) -> Response[dict[str, Any]]:
     from kairos.schedules import manual
@@ -208,7 +208,7 @@ def trigger_schedule(id: str) -> Response[dict[str, Any]]:
 
 
 @router.endpoint("POST", "/v1/schedules/<id>/backfill", status=202, model=models.BackfillAccepted,
-                 errors=(400, 404, 409, 415), has_body=True,
+                 errors=(400, 404, 409, 415, 429), has_body=True,
                  summary="Runs for the past instants in [from, until), each under the revision then in force")
 def backfill_schedule(id: str, body: Annotated[dict[str, Any], Body(
         description='{"from": RFC 3339, "until": RFC 3339 (at most now, at most 31 days after from), '

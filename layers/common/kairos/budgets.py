@@ -1,0 +1,158 @@
+"""Per-owner budgets: running slots, the queued-run cap, daily token and cost ceilings, and usage.
+
+Role: the server caps of DESIGN.md "Agent tools, approvals and budgets", all configured in
+``kairos.settings`` (``KAIROS_OWNER_CONCURRENCY``, ``KAIROS_OWNER_QUEUE_MAX``,
+``KAIROS_OWNER_DAILY_TOKENS``, ``KAIROS_OWNER_DAILY_COST_USD``, ``KAIROS_MODEL_PRICES``):
+
+* **Slots.** ``hold_slots`` takes the owner's slot lock before a claim (``runs_claim`` then counts the
+  owner's ``running`` runs and claims only under the limit); ``defer`` records a claim that found them
+  full: the run stays ``queued``, ``run.deferred`` at most once a minute, and the worker re-sends the
+  id after ``defer_delay_seconds`` (an SQS delay, never a busy loop).
+* **Queue.** ``hold_queues`` takes the owners' queue locks before a fire is recorded
+  (``kairos.occurrences.record``); ``occurrences_insert`` records a fire that would queue more than
+  the cap ``skipped_budget``, without a run.
+* **Ceilings.** ``reserve`` charges a model call's estimate (input estimate + the agent's
+  ``max_tokens``, and its price) to the owner's UTC day before the call, in the transaction that
+  reserves the call's effect; ``False`` when the day has no room (the run fails ``budget_exhausted``
+  before any call). The effect's settlement (a trigger on ``effects``, migration 0011) replaces the
+  reservation with the usage it records: ``priced`` puts ``input_tokens``, ``output_tokens`` and
+  ``cost_usd`` into that usage.
+* **Usage.** ``days`` answers ``GET /v1/usage``: an owner's tokens, cost, calls and runs per UTC day.
+
+Guarantees: two claims racing for an owner's last slot — exactly one wins (the lock serializes them
+and each counts after the other committed). Reservations are atomic against the day's ceiling (one
+guarded upsert on the owner's ledger row), so concurrent runs never reserve past it; actual usage
+can exceed an estimate only by what the estimate missed (at most one reservation's worth per call in
+flight). The ledger sums the usage of the effects that settled. A failed or ambiguous model call
+gives its reservation back and charges nothing (its usage is unknown).
+
+Must not: call anything outside the database; read prompts or replies (only counts).
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Mapping
+from dataclasses import dataclass
+from datetime import date, datetime
+from decimal import Decimal
+from typing import Any
+from uuid import UUID
+
+import psycopg
+
+from kairos import db
+from kairos.settings import Settings
+
+DEFER_EVENT_EVERY_SECONDS = 60  # run.deferred at most once a minute per run
+DEFER_DELAY_SECONDS = (30, 60)  # the re-send's SQS delay: from, to (jittered so deferred runs spread)
+MAX_USAGE_DAYS = 366
+DEFAULT_USAGE_DAYS = 30
+
+
+# -- slots -------------------------------------------------------------------------------------------
+
+
+def hold_slots(conn: psycopg.Connection[db.Row], run_id: UUID) -> None:
+    """Takes the slot lock of the run's owner until the caller's transaction ends (before the claim)."""
+    db.fetch_one(conn, "runs_hold_owner_slots", {"run_id": run_id})
+
+
+def defer(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner_slots: int, now: datetime | None = None) -> bool:
+    """Records that the owner's slots were full: the run stays queued; ``run.deferred`` when the last one
+    is a minute old or more. True when this call appended it."""
+    row = db.fetch_one(conn, "runs_defer", {"run_id": run_id, "owner_slots": owner_slots, "now": now,
+                                            "every_seconds": DEFER_EVENT_EVERY_SECONDS})
+    return bool(row is not None and row["traced"])
+
+
+def defer_delay_seconds() -> int:
+    """How long SQS holds a deferred run's id before delivering it again."""
+    return random.randint(*DEFER_DELAY_SECONDS)  # jitter, not a secret
+
+
+# -- queue -------------------------------------------------------------------------------------------
+
+
+def hold_queues(conn: psycopg.Connection[db.Row], schedule_ids: list[str]) -> None:
+    """Takes the queue locks of these schedules' owners until the caller's transaction ends."""
+    if schedule_ids:
+        db.fetch_all(conn, "schedules_hold_owner_queues", {"schedule_ids": sorted(set(schedule_ids))})
+
+
+# -- ceilings ----------------------------------------------------------------------------------------
+
+
+def price(settings: Settings, model: object, input_tokens: int, output_tokens: int) -> float:
+    """The US dollars a call costs at ``KAIROS_MODEL_PRICES`` (the model's entry, else ``"*"``, else 0)."""
+    prices = settings.model_prices
+    per_million = prices.get(model) if isinstance(model, str) else None
+    if per_million is None:
+        per_million = prices.get("*", (0.0, 0.0))
+    return (input_tokens * per_million[0] + output_tokens * per_million[1]) / 1_000_000
+
+
+def reserve(conn: psycopg.Connection[db.Row], *, effect_id: UUID, run_id: UUID, owner: str, model: object,
+            input_tokens: int, max_output_tokens: int, settings: Settings, now: datetime | None = None) -> bool:
+    """Charges the estimate (``input_tokens`` + ``max_output_tokens``, and their price) to the owner's
+    UTC day against both ceilings; False, with nothing charged, when either would be passed."""
+    tokens = max(0, input_tokens) + max(0, max_output_tokens)
+    cost = price(settings, model, max(0, input_tokens), max(0, max_output_tokens))
+    row = db.fetch_one(conn, "usage_ledger_reserve", {
+        "effect_id": effect_id, "run_id": run_id, "owner": owner, "tokens": tokens,
+        "cost_usd": Decimal(f"{cost:.9f}"), "max_tokens": settings.owner_daily_tokens,
+        "max_cost_usd": Decimal(f"{settings.owner_daily_cost_usd:.9f}"), "now": now})
+    return row is not None
+
+
+def priced(usage: Mapping[str, Any], model: object, settings: Settings) -> dict[str, Any]:
+    """A call's usage with ``input_tokens``, ``output_tokens`` (from the provider's prompt / completion
+    counts) and ``cost_usd`` added: what its effect's settlement charges to the ledger."""
+    out = dict(usage)
+    input_tokens = _count(usage, "input_tokens", "prompt_tokens")
+    output_tokens = _count(usage, "output_tokens", "completion_tokens")
+    out["input_tokens"] = input_tokens
+    out["output_tokens"] = output_tokens
+    out["cost_usd"] = round(price(settings, model, input_tokens, output_tokens), 9)
+    out.setdefault("steps", 1)
+    return out
+
+
+def _count(usage: Mapping[str, Any], *keys: str) -> int:
+    for key in keys:
+        value = usage.get(key)
+        if isinstance(value, int) and not isinstance(value, bool) and value >= 0:
+            return value
+    return 0
+
+
+# -- usage -------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Day:
+    day: date
+    input_tokens: int
+    output_tokens: int
+    cost_usd: float
+    calls: int
+    runs: int
+
+    def as_json(self) -> dict[str, Any]:
+        return {"day": self.day.isoformat(), "input_tokens": self.input_tokens, "output_tokens": self.output_tokens,
+                "cost_usd": self.cost_usd, "calls": self.calls, "runs": self.runs}
+
+
+def days(conn: psycopg.Connection[db.Row], *, owner: str, start: date, until: date) -> list[Day]:
+    """The owner's usage for each UTC day in ``[start, until)``, oldest first, days without usage as zeros."""
+    rows = db.fetch_all(conn, "usage_ledger_days", {"owner": owner, "from": start, "until": until})
+    return [Day(r["day"], int(r["input_tokens"]), int(r["output_tokens"]), round(float(r["cost_usd"]), 6),
+                int(r["calls"]), int(r["runs"])) for r in rows]
+
+
+def today(conn: psycopg.Connection[db.Row]) -> date:
+    """The database's UTC date (the ledger's days are the database's)."""
+    row = db.fetch_one(conn, "usage_ledger_today")
+    assert row is not None
+    value: date = row["today"]
+    return value

@@ -1,0 +1,420 @@
+"""Per-owner budgets against real PostgreSQL: running slots at the claim, daily token and cost ceilings
+reserved at the effect and settled with the actual usage (kairos.budgets)."""
+
+from __future__ import annotations
+
+import threading
+import uuid
+from collections import deque
+from decimal import Decimal
+from typing import Any
+
+import psycopg
+from kairos.db import Database
+from kairos.executors.base import ExecutorError, PreparedCall, Reply
+from kairos.probes import Probes
+from kairos.runs.attempt import Outcome, claim
+from kairos.runs.worker import process
+from kairos.settings import Settings
+from psycopg.rows import dict_row
+
+from tests import factories
+from tests.support.aws import SqsQueue
+from tests.support.executors import ScriptedExecutor, raising
+
+
+def _rows(url: str, sql: str, *params: Any) -> list[dict[str, Any]]:
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
+        return conn.execute(sql, params).fetchall()
+
+
+def _one(url: str, sql: str, *params: Any) -> dict[str, Any]:
+    (row,) = _rows(url, sql, *params)
+    return row
+
+
+def _running(url: str, owner: str) -> int:
+    return int(_one(url, "SELECT count(*) AS n FROM runs WHERE owner = %s AND state = 'running'", owner)["n"])
+
+
+def _manual_runs(url: str, n: int, *, owner: str = "alice", agent: dict[str, Any] | None = None) -> list[uuid.UUID]:
+    """``n`` queued manual runs of one schedule (manual: no run supersedes another)."""
+    sched = factories.schedule(url, owner=owner, **({"agent": agent} if agent else {}))
+    return [factories.run(url, schedule_row=sched, source="manual")["id"] for _ in range(n)]
+
+
+# --- running slots ----------------------------------------------------------------------------------
+
+
+def test_twenty_runs_with_four_slots_never_run_more_than_four_and_all_finish(db_url: str) -> None:
+    """Eight workers, twenty runs of one owner, four slots. Phase one holds every model call open until
+    four runs are in their call and each of the other sixteen has been deferred once; without the slot
+    check a fifth worker would enter its call and the wait ends at once. Phase two lets them finish;
+    a deferred run comes back (like a delayed SQS message) when a run ends."""
+    total, slots, workers = 20, 4, 8
+    run_ids = _manual_runs(db_url, total)
+    settings = Settings(owner_concurrency=slots)
+    database = Database(db_url, max_size=workers + 4)
+    cond = threading.Condition()
+    pending: deque[uuid.UUID] = deque(run_ids)
+    parked: list[uuid.UUID] = []
+    seen: dict[str, Any] = {"in_flight": 0, "max_in_flight": 0, "deferrals": 0, "finished": 0, "active": 0,
+                            "samples": [], "delays": [], "other": []}
+    release = threading.Event()
+
+    def on_send(prepared: PreparedCall, timeout: float) -> Reply:
+        with cond:
+            seen["in_flight"] += 1
+            seen["max_in_flight"] = max(seen["max_in_flight"], seen["in_flight"])
+            cond.notify_all()
+        release.wait(timeout=60)
+        with cond:
+            seen["in_flight"] -= 1
+        return Reply(content="done", usage={"prompt_tokens": 1, "completion_tokens": 1})
+
+    def sample(**_: Any) -> None:
+        count = _running(db_url, "alice")
+        with cond:
+            seen["samples"].append(count)
+
+    executor = ScriptedExecutor(on_send=on_send)
+    probes = Probes().on("after_claim", sample).on("before_finish", sample)
+
+    def ready() -> bool:
+        if pending or seen["finished"] == total:
+            return True
+        if parked and seen["active"] == 0:  # nothing left to free a slot: the delayed messages arrive
+            pending.extend(parked)
+            parked.clear()
+            return True
+        return False
+
+    def work() -> None:
+        while True:
+            with cond:
+                cond.wait_for(ready)
+                if not pending:
+                    return
+                run_id = pending.popleft()
+                seen["active"] += 1
+            outcome: Outcome = process(database, run_id, settings=settings, executor_factory=executor.factory,
+                                       probes=probes)
+            with cond:
+                seen["active"] -= 1
+                if outcome.result == "slot_wait":
+                    seen["deferrals"] += 1
+                    seen["delays"].append(outcome.retry_delay_seconds)
+                    parked.append(run_id)
+                elif outcome.result == "succeeded":
+                    seen["finished"] += 1
+                    pending.extend(parked)  # a slot came free: the deferred ones are delivered again
+                    parked.clear()
+                else:
+                    seen["other"].append(outcome)
+                    seen["finished"] += 1
+                cond.notify_all()
+
+    threads = [threading.Thread(target=work, name=f"worker-{i}") for i in range(workers)]
+    try:
+        for t in threads:
+            t.start()
+        with cond:
+            cond.wait_for(lambda: seen["in_flight"] > slots
+                          or (seen["in_flight"] == slots and seen["deferrals"] >= total - slots), timeout=60)
+            held, deferred_once = seen["in_flight"], seen["deferrals"]
+        # Phase one: exactly four in their call, the sixteen others waiting queued.
+        assert held == slots and deferred_once == total - slots
+        assert _running(db_url, "alice") == slots
+        assert _one(db_url, "SELECT count(*) AS n FROM runs WHERE state = 'queued'")["n"] == total - slots
+    finally:
+        release.set()
+        for t in threads:
+            t.join(timeout=120)
+        database.close()
+
+    assert not any(t.is_alive() for t in threads)
+    assert seen["other"] == []
+    assert seen["max_in_flight"] == slots
+    assert seen["samples"] and max(seen["samples"]) <= slots
+    states = _rows(db_url, "SELECT state, count(*) AS n FROM runs GROUP BY state")
+    assert states == [{"state": "succeeded", "n": total}]  # all finished, none lost
+    assert all(30 <= d <= 60 for d in seen["delays"])
+    deferred = _rows(db_url, "SELECT run_id, count(*) AS n FROM run_events WHERE type = 'run.deferred' "
+                             "GROUP BY run_id")
+    # Every run deferred in phase one has its run.deferred; at most one a minute each.
+    assert len(deferred) >= total - slots and all(r["n"] == 1 for r in deferred)
+
+
+def _claim_together(database: Database, run_ids: list[uuid.UUID], owner_slots: int) -> list[str]:
+    """Claims the runs at once (a barrier), each on its own thread: "claimed" or the outcome's result."""
+    barrier = threading.Barrier(len(run_ids))
+    results: list[str] = []
+
+    def one(run_id: uuid.UUID) -> None:
+        barrier.wait(timeout=30)
+        got = claim(database, run_id, now=None, probes=Probes(), owner_slots=owner_slots)
+        results.append(got.result if isinstance(got, Outcome) else "claimed")
+
+    threads = [threading.Thread(target=one, args=(r,)) for r in run_ids]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(timeout=60)
+    return results
+
+
+def test_two_claims_for_the_last_slot_exactly_one_wins(db_url: str) -> None:
+    """Three runs running, four slots, two queued runs claimed at once, five rounds."""
+    sched = factories.schedule(db_url)
+    for _ in range(3):
+        factories.run(db_url, schedule_row=sched, source="manual", state="running")
+    database = Database(db_url, max_size=6)
+    try:
+        for _ in range(5):
+            contenders = [factories.run(db_url, schedule_row=sched, source="manual")["id"] for _ in range(2)]
+            assert sorted(_claim_together(database, contenders, 4)) == ["claimed", "slot_wait"]
+            assert _running(db_url, "alice") == 4
+            # Free the slot again for the next round.
+            _rows(db_url, "UPDATE runs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL, "
+                          "finished_at = now() WHERE state = 'running' AND id = ANY(%s) RETURNING id", contenders)
+    finally:
+        database.close()
+
+
+def test_runs_awaiting_approval_hold_no_slot_and_other_owners_are_not_counted(db_url: str) -> None:
+    settings = Settings(owner_concurrency=2)
+    sched = factories.schedule(db_url)
+    for _ in range(3):
+        factories.run(db_url, schedule_row=sched, source="manual", state="awaiting_approval")
+    bob = factories.schedule(db_url, owner="bob")
+    for _ in range(2):
+        factories.run(db_url, schedule_row=bob, source="manual", state="running")
+    run_id = factories.run(db_url, schedule_row=sched, source="manual")["id"]
+    database = Database(db_url)
+    try:
+        outcome = process(database, run_id, settings=settings, executor_factory=ScriptedExecutor().factory)
+    finally:
+        database.close()
+    assert outcome.result == "succeeded"
+
+
+def test_a_full_owner_defers_with_one_run_deferred_a_minute_and_no_undeliverable_count(
+        db: Database, db_url: str) -> None:
+    sched = factories.schedule(db_url)
+    factories.run(db_url, schedule_row=sched, source="manual", state="running")
+    run_id = factories.run(db_url, schedule_row=sched, source="manual", unclaimed_handoffs=3)["id"]
+    settings = Settings(owner_concurrency=1)
+    executor = ScriptedExecutor()
+
+    first = process(db, run_id, settings=settings, executor_factory=executor.factory)
+    second = process(db, run_id, settings=settings, executor_factory=executor.factory)
+
+    assert (first.result, second.result) == ("slot_wait", "slot_wait")
+    assert first.state == "queued" and first.retry_delay_seconds is not None
+    assert executor.requests == []
+    row = _one(db_url, "SELECT state, attempt, fence, unclaimed_handoffs, deferred_at, handoff_at FROM runs "
+                       "WHERE id = %s", run_id)
+    assert row["state"] == "queued" and row["attempt"] == 0 and row["fence"] == 0
+    assert row["unclaimed_handoffs"] == 0 and row["deferred_at"] is not None and row["handoff_at"] is not None
+    events = _rows(db_url, "SELECT seq, type, data FROM run_events WHERE run_id = %s ORDER BY seq", run_id)
+    assert [e["type"] for e in events] == ["run.deferred"]  # the second, within the minute, adds none
+    assert events[0]["data"] == {"reason": "owner_slots_full", "owner_slots": 1}
+    # A minute later the next deferral is traced again.
+    _rows(db_url, "UPDATE runs SET deferred_at = deferred_at - interval '61 seconds' WHERE id = %s RETURNING id",
+          run_id)
+    assert process(db, run_id, settings=settings, executor_factory=executor.factory).result == "slot_wait"
+    assert len(_rows(db_url, "SELECT 1 FROM run_events WHERE run_id = %s AND type = 'run.deferred'", run_id)) == 2
+
+
+# --- daily ceilings ---------------------------------------------------------------------------------
+
+
+def _ledger(url: str, owner: str = "alice") -> dict[str, Any]:
+    found = _rows(url, "SELECT * FROM usage_ledger WHERE owner = %s", owner)
+    return found[0] if found else {}
+
+
+def test_over_the_token_ceiling_the_run_fails_budget_exhausted_before_any_call(db: Database, db_url: str) -> None:
+    (run_id,) = _manual_runs(db_url, 1)
+    executor = ScriptedExecutor()
+
+    outcome = process(db, run_id, settings=Settings(owner_daily_tokens=100), executor_factory=executor.factory)
+
+    assert (outcome.result, outcome.reason_code) == ("failed", "budget_exhausted")
+    assert executor.timeouts == []  # nothing sent
+    run = _one(db_url, "SELECT state, diagnosis FROM runs WHERE id = %s", run_id)
+    assert run["state"] == "failed" and run["diagnosis"]["reason_code"] == "budget_exhausted"
+    assert run["diagnosis"]["retry_eligible"] is True
+    assert _rows(db_url, "SELECT 1 FROM effects WHERE run_id = %s", run_id) == []
+    assert _rows(db_url, "SELECT 1 FROM usage_reservations") == []
+    assert _ledger(db_url) == {}
+
+
+def test_over_the_cost_ceiling_the_run_fails_budget_exhausted(db: Database, db_url: str) -> None:
+    (run_id,) = _manual_runs(db_url, 1, agent={"executor": "echo", "model": "dear", "max_tokens": 1000})
+    settings = Settings(owner_daily_cost_usd=0.5, model_prices={"dear": (100.0, 1000.0)})  # 1000 out: $1
+    executor = ScriptedExecutor()
+
+    outcome = process(db, run_id, settings=settings, executor_factory=executor.factory)
+
+    assert outcome.reason_code == "budget_exhausted" and executor.timeouts == []
+
+
+def test_settlement_replaces_the_reservation_with_the_actual_usage_and_price(db: Database, db_url: str) -> None:
+    (run_id,) = _manual_runs(db_url, 1, agent={"executor": "echo", "model": "m1", "max_tokens": 200})
+    settings = Settings(model_prices={"m1": (2.0, 8.0), "*": (100.0, 100.0)})
+    during: list[dict[str, Any]] = []
+    probes = Probes().on("after_reserve", lambda **_: during.append(_ledger(db_url)))
+    executor = ScriptedExecutor(on_send=lambda p, t: Reply(content="ok", usage={"prompt_tokens": 30,
+                                                                                 "completion_tokens": 50}))
+
+    outcome = process(db, run_id, settings=settings, executor_factory=executor.factory, probes=probes)
+
+    assert outcome.result == "succeeded"
+    (reserved,) = during
+    estimate = int(_one(db_url, "SELECT tokens FROM usage_reservations")["tokens"])
+    assert estimate > 200 and reserved["reserved_tokens"] == estimate and reserved["input_tokens"] == 0
+    assert reserved["reserved_cost_usd"] > 0
+    ledger = _ledger(db_url)
+    cost = Decimal("0.00046")  # 30 x $2/M + 50 x $8/M
+    assert (ledger["reserved_tokens"], ledger["reserved_cost_usd"]) == (0, 0)
+    assert (ledger["input_tokens"], ledger["output_tokens"], ledger["cost_usd"]) == (30, 50, cost)
+    assert (ledger["calls"], ledger["runs"]) == (1, 1)
+    usage = _one(db_url, "SELECT usage FROM runs WHERE id = %s", run_id)["usage"]
+    assert {k: usage[k] for k in ("input_tokens", "output_tokens", "calls", "steps")} == {
+        "input_tokens": 30, "output_tokens": 50, "calls": 1, "steps": 1}
+    assert Decimal(str(usage["cost_usd"])) == cost
+    assert usage["prompt_tokens"] == 30  # the provider's own counts stay
+
+
+def test_a_failed_call_gives_its_reservation_back_and_charges_nothing(db: Database, db_url: str) -> None:
+    (run_id,) = _manual_runs(db_url, 1)
+    executor = ScriptedExecutor(on_send=raising(ExecutorError("reply_too_large", "too big")))
+
+    outcome = process(db, run_id, settings=Settings(), executor_factory=executor.factory)
+
+    assert outcome.result == "failed"
+    ledger = _ledger(db_url)
+    assert (ledger["reserved_tokens"], ledger["input_tokens"], ledger["output_tokens"]) == (0, 0, 0)
+    assert (ledger["calls"], ledger["runs"]) == (0, 0)
+    assert _one(db_url, "SELECT settled_at IS NOT NULL AS done FROM usage_reservations")["done"]
+
+
+def test_runs_racing_for_the_last_tokens_never_overspend_and_the_ledger_sums_their_usage(db_url: str) -> None:
+    """Ten runs reserve at once (a barrier after their claims) with room for three reservations and a
+    half: three run, seven fail budget_exhausted before any call. Each call uses exactly its estimate,
+    so without an atomic reservation more than three would pass and the day would overspend."""
+    agent = {"executor": "echo", "model": "m1", "max_tokens": 300}
+    # One run of another owner measures the estimate every run here reserves (same prompt and agent).
+    (probe,) = _manual_runs(db_url, 1, owner="carol", agent=agent)
+    database = Database(db_url, max_size=14)
+    try:
+        assert process(database, probe, settings=Settings(),
+                       executor_factory=ScriptedExecutor().factory).result == "succeeded"
+        estimate = int(_one(db_url, "SELECT tokens FROM usage_reservations WHERE owner = 'carol'")["tokens"])
+        ceiling = 3 * estimate + estimate // 2
+        settings = Settings(owner_daily_tokens=ceiling, model_prices={"m1": (1.0, 3.0)}, owner_concurrency=20)
+        run_ids = _manual_runs(db_url, 10, agent=agent)
+        barrier = threading.Barrier(len(run_ids))
+        probes = Probes().on("after_claim", lambda **_: barrier.wait(timeout=60))
+        executor = ScriptedExecutor(on_send=lambda p, t: Reply(content="ok", usage={
+            "prompt_tokens": estimate - 300, "completion_tokens": 300}))
+        outcomes: list[Outcome] = []
+
+        def one(run_id: uuid.UUID) -> None:
+            outcomes.append(process(database, run_id, settings=settings, executor_factory=executor.factory,
+                                    probes=probes))
+
+        threads = [threading.Thread(target=one, args=(r,)) for r in run_ids]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=120)
+    finally:
+        database.close()
+
+    results = sorted((o.result, o.reason_code) for o in outcomes)
+    assert results == [("failed", "budget_exhausted")] * 7 + [("succeeded", None)] * 3
+    assert len(executor.timeouts) == 3
+    ledger = _ledger(db_url)
+    spent = ledger["input_tokens"] + ledger["output_tokens"]
+    assert spent == 3 * estimate <= ceiling and ledger["reserved_tokens"] == 0
+    usages = [r["usage"] for r in _rows(db_url, "SELECT usage FROM runs WHERE owner = 'alice' AND state = 'succeeded'")]
+    assert sum(u["input_tokens"] for u in usages) == ledger["input_tokens"]
+    assert sum(u["output_tokens"] for u in usages) == ledger["output_tokens"]
+    assert sum(Decimal(str(u["cost_usd"])) for u in usages) == ledger["cost_usd"]
+    assert (ledger["calls"], ledger["runs"]) == (3, 3)
+
+
+def test_a_reservation_that_waited_on_another_sees_it_once_committed(db_url: str) -> None:
+    """A holds the owner's day row with an uncommitted reservation; B, asking for the last room, waits
+    on it (seen in pg_stat_activity, no sleep) and, once A commits, is refused: the guard is decided
+    on the row as A left it, not on what B's statement saw when it started."""
+    from kairos import budgets
+
+    run_ids = _manual_runs(db_url, 2)
+    effect_ids = [uuid.uuid4(), uuid.uuid4()]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for run_id, effect_id in zip(run_ids, effect_ids, strict=True):
+            conn.execute("INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, "
+                         "request_digest) VALUES (%s, %s, 0, 0, 'model', 'model_call', false, 't', 'd')",
+                         (effect_id, run_id))
+        # The day's row exists already (an earlier call today), so B's statement could see a stale one.
+        conn.execute("INSERT INTO usage_ledger (owner, day) VALUES ('alice', (now() AT TIME ZONE 'UTC')::date)")
+    settings = Settings(owner_daily_tokens=150)
+    a = psycopg.connect(db_url, row_factory=dict_row)
+    b = psycopg.connect(db_url, row_factory=dict_row)
+    try:
+        assert budgets.reserve(a, effect_id=effect_ids[0], run_id=run_ids[0], owner="alice", model="m",
+                               input_tokens=50, max_output_tokens=50, settings=settings)
+        b_pid = b.info.backend_pid
+        got: list[bool] = []
+        waiter = threading.Thread(target=lambda: got.append(budgets.reserve(
+            b, effect_id=effect_ids[1], run_id=run_ids[1], owner="alice", model="m", input_tokens=50,
+            max_output_tokens=50, settings=settings)))
+        waiter.start()
+        with psycopg.connect(db_url, autocommit=True) as watch:
+            while not watch.execute("SELECT wait_event_type = 'Lock' FROM pg_stat_activity WHERE pid = %s",
+                                    (b_pid,)).fetchone()[0]:  # type: ignore[index]
+                assert waiter.is_alive()
+        a.commit()
+        waiter.join(timeout=30)
+        b.commit()
+    finally:
+        a.close()
+        b.close()
+    assert got == [False]
+    assert _ledger(db_url)["reserved_tokens"] == 100
+
+
+class _Crash(BaseException):
+    """Lambda killing the process (not an Exception: nothing catches it)."""
+
+
+def _crash(**_: Any) -> None:
+    raise _Crash()
+
+
+def test_a_vanished_workers_reservation_is_given_back_by_the_rescue_and_the_replay_charges_once(
+        db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from kairos.tick.repair import Repair
+
+    (run_id,) = _manual_runs(db_url, 1)
+    executor = ScriptedExecutor()
+    try:
+        process(db, run_id, settings=Settings(), executor_factory=executor.factory,
+                probes=Probes().on("after_send", _crash))
+    except _Crash:
+        pass
+    held = _ledger(db_url)
+    assert held["reserved_tokens"] > 0 and held["calls"] == 0
+
+    Repair(db, sqs_queue.client, sqs_queue.url).rescue_once(now=datetime.now(UTC) + timedelta(hours=1))
+
+    assert _ledger(db_url)["reserved_tokens"] == 0  # the rescue closed the effect: the reservation is back
+    assert process(db, run_id, settings=Settings(), executor_factory=executor.factory).result == "succeeded"
+    ledger = _ledger(db_url)
+    assert (ledger["reserved_tokens"], ledger["input_tokens"], ledger["output_tokens"]) == (0, 3, 5)
+    assert (ledger["calls"], ledger["runs"]) == (1, 1)
