@@ -16,10 +16,19 @@ Must not: log or return a secret; accept a literal key.
 from __future__ import annotations
 
 from collections.abc import Mapping
-from typing import Any, Literal
+from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
 
-from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic import (
+    AfterValidator,
+    BaseModel,
+    ConfigDict,
+    Field,
+    StrictInt,
+    StrictStr,
+    ValidationError,
+    field_validator,
+)
 from pydantic_core import PydanticCustomError
 
 from kairos import secrets
@@ -40,6 +49,17 @@ MAX_STEPS_DEFAULT = 8
 MAX_STEPS_CAP = 32
 
 
+def _reference(value: str) -> str:
+    if not secrets.is_reference(value):
+        raise PydanticCustomError("secret_reference", secrets.HINT)
+    return value
+
+
+# A secret as a model field: a reference (``env:NAME`` or a Secrets Manager ARN), never a literal key.
+# Agents' keys, signing secrets and notify secrets all take this one type.
+SecretReference = Annotated[StrictStr, Field(max_length=2_048), AfterValidator(_reference)]
+
+
 class AgentConfig(BaseModel):
     """The agent JSON of DESIGN.md "The run"; extra fields are refused."""
 
@@ -49,7 +69,7 @@ class AgentConfig(BaseModel):
     model: StrictStr | None = Field(default=None, min_length=1, max_length=200)
     system: StrictStr | None = Field(default=None, max_length=32_768)
     base_url: StrictStr | None = Field(default=None, max_length=2_048)
-    api_key_secret: StrictStr | None = Field(default=None, max_length=2_048)
+    api_key_secret: SecretReference | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=8_192)
     # Bounded model input (DESIGN.md "The run"): default 16,000 when unset (kairos.executors.base).
     max_input_tokens: StrictInt | None = Field(default=None, ge=1, le=100_000)
@@ -70,12 +90,6 @@ class AgentConfig(BaseModel):
             raise PydanticCustomError("url", "credentials must not be part of the URL; use api_key_secret")
         return value
 
-    @field_validator("api_key_secret")
-    @classmethod
-    def _reference(cls, value: str | None) -> str | None:
-        if value is not None and not secrets.is_reference(value):
-            raise PydanticCustomError("secret_reference", secrets.HINT)
-        return value
 
 
 def validate(raw: object, *, owner: str | None, field: str = "agent") -> dict[str, Any]:

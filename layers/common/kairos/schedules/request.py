@@ -174,15 +174,9 @@ class SigningConfig(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     scheme: Literal["standard", "github"]
-    secret: StrictStr = Field(max_length=2_048)
+    secret: agents.SecretReference
     tolerance_seconds: StrictInt = Field(default=300, ge=1, le=3_600)
 
-    @field_validator("secret")
-    @classmethod
-    def _reference(cls, value: str) -> str:
-        if not kairos_secrets.is_reference(value):
-            raise PydanticCustomError("secret_reference", kairos_secrets.HINT)
-        return value
 
 
 def validate_signing(raw: object, *, owner: str) -> dict[str, Any]:
@@ -211,7 +205,7 @@ class NotifyWebhook(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
 
     url: StrictStr = Field(max_length=URL_MAX)
-    secret: StrictStr = Field(max_length=2_048)
+    secret: agents.SecretReference
 
     @field_validator("url")
     @classmethod
@@ -227,12 +221,6 @@ class NotifyWebhook(BaseModel):
             raise PydanticCustomError("url", "credentials must not be part of the URL; the secret signs the body")
         return value
 
-    @field_validator("secret")
-    @classmethod
-    def _reference(cls, value: str) -> str:
-        if not kairos_secrets.is_reference(value):
-            raise PydanticCustomError("secret_reference", kairos_secrets.HINT)
-        return value
 
 
 class NotifyConfig(BaseModel):
