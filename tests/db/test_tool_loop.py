@@ -252,3 +252,37 @@ def test_a_crash_after_the_approved_call_never_repeats_it(
     assert run["state"] in ("failed", "abandoned") and run["diagnosis"]["reason_code"] == "ambiguous_effect"
     assert work(db, run_id).result != "succeeded"
     assert len(target.received) == 1
+
+
+def test_a_bedrock_agent_runs_the_same_loop_through_converse(api: Api, db: Database) -> None:
+    import boto3
+    from botocore.stub import Stubber
+    from kairos.executors.bedrock import BedrockExecutor
+
+    created = api.alice.post("/v1/conversations", {"agent": {
+        "executor": "bedrock", "model": "anthropic.claude-3-haiku-20240307-v1:0", "tools": ["schedules"],
+        "approval": "never"}})
+    conversation_id = created.json["conversation"]["id"]
+    run_id = uuid.UUID(api.alice.post(f"/v1/conversations/{conversation_id}/messages",
+                                      {"content": "every morning at 8, please"}).json["run_id"])
+    client = boto3.client("bedrock-runtime", region_name="eu-central-1", aws_access_key_id="testing",
+                          aws_secret_access_key="testing", endpoint_url="https://bedrock-runtime.test")
+    usage = {"inputTokens": 20, "outputTokens": 5, "totalTokens": 25}
+    with Stubber(client) as stub:  # every request is checked against the Converse service model
+        stub.add_response("converse", {
+            "output": {"message": {"role": "assistant", "content": [{"toolUse": {
+                "toolUseId": "tu-1", "name": "schedules_create",
+                "input": {"prompt": "Good morning", "cron": "0 8 * * *", "timezone": "Europe/Paris"}}}]}},
+            "stopReason": "tool_use", "usage": usage, "metrics": {"latencyMs": 1}})
+        stub.add_response("converse", {
+            "output": {"message": {"role": "assistant", "content": [{"text": "Done: every day at 08:00."}]}},
+            "stopReason": "end_turn", "usage": usage, "metrics": {"latencyMs": 1}})
+        executor = BedrockExecutor(client)
+        outcome = process(db, run_id, settings=OPENAI_SETTINGS, executor_factory=lambda name, **_: executor)
+        stub.assert_no_pending_responses()
+
+    assert outcome.result == "succeeded"
+    [schedule] = rows(api.url, "SELECT cron, timezone FROM schedules WHERE conversation_id = %s", conversation_id)
+    assert schedule == {"cron": "0 8 * * *", "timezone": "Europe/Paris"}
+    entries = api.alice.get(f"/v1/conversations/{conversation_id}").json["conversation"]["entries"]
+    assert entries[-1]["content"] == "Done: every day at 08:00."
