@@ -286,3 +286,15 @@ def test_a_bedrock_agent_runs_the_same_loop_through_converse(api: Api, db: Datab
     assert schedule == {"cron": "0 8 * * *", "timezone": "Europe/Paris"}
     entries = api.alice.get(f"/v1/conversations/{conversation_id}").json["conversation"]["entries"]
     assert entries[-1]["content"] == "Done: every day at 08:00."
+
+
+def test_a_turn_asking_for_too_many_or_too_large_calls_is_a_malformed_reply(
+        api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    many = {"tool_calls": [tool_call(f"c{i}", "schedules_list", {})["tool_calls"][0] for i in range(9)]}
+    huge = tool_call("big", "schedules_create", {"prompt": "x" * 20_000})
+    for script in (many, huge):
+        fake_openai.script = [script]
+        _, run_id = chat(api, fake_openai, tools=["schedules"], approval="never")
+        outcome = work(db, run_id)
+        assert (outcome.result, outcome.reason_code) == ("failed", "malformed_reply")
+        assert rows(api.url, "SELECT 1 FROM run_steps WHERE run_id = %s", run_id) == []

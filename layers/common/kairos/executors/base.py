@@ -250,6 +250,22 @@ READ_LIMIT = 1 << 20
 # the newest transcript entries as fit the agent's ``max_input_tokens``, estimated as characters / 4.
 # An entry also costs its framing (role and JSON around the content), counted as 4 tokens, so an
 # empty entry is not free and a window never holds more than the budget / 16 entries.
+# A model turn of a tool loop is recorded in the step log: it may ask for at most this many calls,
+# each with arguments of at most this many characters of JSON (more is a malformed reply).
+TOOL_CALLS_PER_TURN = 8
+TOOL_ARGUMENTS_CHARS = 16_384
+
+
+def checked_tool_calls(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
+    if len(calls) > TOOL_CALLS_PER_TURN:
+        raise ExecutorError("malformed_reply",
+                            f"the model asked for more than {TOOL_CALLS_PER_TURN} tool calls at once")
+    for call in calls:
+        if len(json.dumps(call.arguments)) > TOOL_ARGUMENTS_CHARS:
+            raise ExecutorError("malformed_reply", f"a tool call's arguments exceed {TOOL_ARGUMENTS_CHARS} characters")
+    return calls
+
+
 DEFAULT_MAX_INPUT_TOKENS = 16_000
 INPUT_TOKEN_CAP = 100_000
 CHARS_PER_TOKEN = 4

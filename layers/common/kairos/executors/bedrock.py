@@ -49,6 +49,7 @@ from kairos.executors.base import (
     agent_text,
     bounded_content,
     canonical_json,
+    checked_tool_calls,
     digest,
     max_tokens,
     user_content,
@@ -211,7 +212,7 @@ def _tool_calls(blocks: Any) -> tuple[ToolCall, ...]:
                 use.get("toolUseId"), str) or not isinstance(use.get("name"), str):
             raise ExecutorError("malformed_reply", "Bedrock asked for a tool call that cannot be read")
         calls.append(ToolCall(use["toolUseId"][:128], use["name"][:64], dict(use["input"])))
-    return tuple(calls)
+    return checked_tool_calls(tuple(calls))
 
 
 def _reply(response: Any) -> Reply:

@@ -58,6 +58,7 @@ from kairos.executors.base import (
     agent_text,
     bounded_content,
     canonical_json,
+    checked_tool_calls,
     digest,
     max_tokens,
     recorded_target,
@@ -199,7 +200,7 @@ def _tool_calls(message: Any) -> tuple[ToolCall, ...]:
             calls.append(ToolCall(id=item["id"][:128], name=str(function["name"])[:64], arguments=arguments))
     except (ValueError, KeyError, TypeError) as exc:
         raise ExecutorError("malformed_reply", "the model asked for a tool call that cannot be read") from exc
-    return tuple(calls)
+    return checked_tool_calls(tuple(calls))
 
 
 def _reply(body: bytes) -> Reply:
