@@ -514,7 +514,8 @@ def test_parameters_for_an_existing_database_and_optional_features() -> None:
     assert {k for k, v in parameters.items() if "Default" not in v} == set()
     assert (parameters["DatabaseMode"]["Default"], parameters["AuthMode"]["Default"]) == ("create", "cognito")
     rules = template()["Rules"]
-    assert rules["ExistingDatabaseNeedsItsSecret"]["RuleCondition"] == {"Fn::Equals": [{"Ref": "DatabaseMode"}, "existing"]}
+    existing = {"Fn::Equals": [{"Ref": "DatabaseMode"}, "existing"]}
+    assert rules["ExistingDatabaseNeedsItsSecret"]["RuleCondition"] == existing
     assert rules["ExternalAuthNeedsAnIssuer"]["RuleCondition"] == {"Fn::Equals": [{"Ref": "AuthMode"}, "external"]}
     for optional in ("SubnetIds", "SecurityGroupIds", "DatabaseProxyEndpoint", "PublicUrl", "EgressAllow",
                      "AlarmTopicArn", "SharedSecrets", "DatabaseSecretArn", "JwtIssuer", "JwtAudience"):
