@@ -198,15 +198,19 @@ def test_only_the_proxy_reaches_the_cluster_and_only_the_functions_reach_the_pro
     assert cluster_in.items() >= {**postgres, "SourceSecurityGroupId": {"Ref": "ProxySecurityGroup"}}.items()
     (proxy_in,) = inbound("ProxySecurityGroup")
     assert proxy_in.items() >= {**postgres, "SourceSecurityGroupId": {"Ref": "FunctionSecurityGroup"}}.items()
-    (endpoint_in,) = inbound("EndpointSecurityGroup")
-    assert (endpoint_in["FromPort"], endpoint_in["SourceSecurityGroupId"]) == (443, {"Ref": "FunctionSecurityGroup"})
+    # The endpoints answer the functions and the proxy (which reads the database secret), on 443.
+    assert sorted((r["FromPort"], r["SourceSecurityGroupId"]["Ref"]) for r in inbound("EndpointSecurityGroup")) \
+        == [(443, "FunctionSecurityGroup"), (443, "ProxySecurityGroup")]
     assert inbound("FunctionSecurityGroup") == []
     outbound = [r for r in rules_of(stack, "FunctionSecurityGroup") if r["Direction"] == "out"]
     assert sorted(r["FromPort"] for r in outbound) == [443, 5432]
     (to_database,) = [r for r in outbound if r["FromPort"] == 5432]
     assert to_database["DestinationSecurityGroupId"] == {"Ref": "ProxySecurityGroup"}
-    (proxy_out,) = [r for r in rules_of(stack, "ProxySecurityGroup") if r["Direction"] == "out"]
-    assert proxy_out.items() >= {**postgres, "DestinationSecurityGroupId": {"Ref": "ClusterSecurityGroup"}}.items()
+    proxy_out = {r["FromPort"]: r for r in rules_of(stack, "ProxySecurityGroup") if r["Direction"] == "out"}
+    assert set(proxy_out) == {443, 5432}
+    to_cluster = {**postgres, "DestinationSecurityGroupId": {"Ref": "ClusterSecurityGroup"}}
+    assert proxy_out[5432].items() >= to_cluster.items()
+    assert proxy_out[443]["DestinationSecurityGroupId"] == {"Ref": "EndpointSecurityGroup"}
     # The cluster and the endpoints open no connection of their own (a rule that matches nothing).
     for group in ("ClusterSecurityGroup", "EndpointSecurityGroup"):
         (out,) = [r for r in rules_of(stack, group) if r["Direction"] == "out"]
