@@ -221,7 +221,8 @@ def test_migrations_wait_for_the_database_its_proxy_and_the_endpoints() -> None:
     stack = deployed()
     (migrations,) = of_type(stack, "Custom::KairosMigrations").values()
     waits_for = {part["Ref"] for part in migrations["Database"]["Fn::Join"][1]}
-    assert {"DatabaseProxyTargetGroup", "DatabaseInstance", "SecretsManagerEndpoint", "S3Endpoint"} <= waits_for
+    assert {"DatabaseProxyTargetGroup", "DatabaseInstance", "DatabaseSecretAttachment", "SecretsManagerEndpoint",
+            "S3Endpoint"} <= waits_for
     assert deployed(**EXISTING)["Resources"]["SchemaMigrations"]["Properties"]["Database"] == "existing"
 
 
