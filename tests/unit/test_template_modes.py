@@ -224,6 +224,9 @@ def test_migrations_wait_for_the_database_its_proxy_and_the_endpoints() -> None:
     assert {"DatabaseProxyTargetGroup", "DatabaseInstance", "DatabaseSecretAttachment", "SecretsManagerEndpoint",
             "S3Endpoint"} <= waits_for
     assert deployed(**EXISTING)["Resources"]["SchemaMigrations"]["Properties"]["Database"] == "existing"
+    # The target group completes only with a healthy target: the proxy must reach its secret then.
+    assert {"DatabaseInstance", "SecretsManagerEndpoint", "ProxyToEndpoints", "EndpointsFromProxy"} <= set(
+        stack["Resources"]["DatabaseProxyTargetGroup"]["DependsOn"])
 
 
 # --- AuthMode ---------------------------------------------------------------------------------------
