@@ -5,8 +5,9 @@ CloudFormation run), then settles what CloudFormation settles at deploy time: th
 resource's ``Condition``, ``Fn::If`` and ``AWS::NoValue``. Everything else (``Ref``, ``Fn::GetAtt``,
 ``Fn::Sub``) is left as written, so tests can follow references between resources.
 
-samtranslator comes with SAM CLI (``.venv-sam``, which ``scripts/bootstrap-sam`` installs); when the
-test environment lacks it, the translation runs in that environment's interpreter instead.
+samtranslator comes with SAM CLI (``.venv-sam``, which ``scripts/bootstrap-sam`` installs; it is not a
+dependency of the project's environment, where its pydantic pin would clash with the layer's). When the
+test environment lacks it, the translation runs in ``.venv-sam``'s interpreter instead.
 """
 
 from __future__ import annotations
@@ -55,8 +56,10 @@ def _sam_python() -> str:
     try:
         import samtranslator  # noqa: F401
     except ImportError:
+        # KAIROS_SAM_PYTHON, the checkout's .venv-sam, or the one beside the virtualenv running the
+        # tests (a worktree sharing another checkout's environments).
         for candidate in (os.environ.get("KAIROS_SAM_PYTHON", ""), str(ROOT / ".venv-sam/bin/python"),
-                          str(ROOT.parent.parent / "main/.venv-sam/bin/python")):
+                          str(Path(sys.prefix).parent / ".venv-sam/bin/python")):
             if candidate and Path(candidate).exists():
                 return candidate
         raise RuntimeError("samtranslator is missing: run scripts/bootstrap-sam") from None
