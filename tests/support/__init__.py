@@ -8,6 +8,7 @@
 * ``db``: waiting for a backend to block on a lock.
 * ``postgres``: ``PgServer``, the server the ``pg_server`` fixture yields.
 * ``logs``: what the Powertools logger writes.
+* ``sam``: the SAM template translated by samtranslator, its conditions settled for given parameters.
 
 Fixtures are registered in ``tests/conftest.py`` (``api`` in ``tests/db`` and ``tests/e2e``).
 ``tests/unit/test_layout.py`` holds every test module to importing only from here and ``tests.factories``,

@@ -301,7 +301,10 @@ def test_hooks_route_has_no_authorizer_and_the_other_routes_do() -> None:
     auth = props("HttpApi")["Auth"]
     default = auth["DefaultAuthorizer"]
     jwt = auth["Authorizers"][default]["JwtConfiguration"]
-    assert jwt == {"issuer": {"Ref": "JwtIssuer"}, "audience": {"Ref": "JwtAudience"}}
+    # AuthMode=external keeps the operator's issuer and audiences (Cognito's: test_template_modes.py).
+    assert jwt["issuer"]["Fn::If"][0] == "UseCognito"
+    assert jwt["issuer"]["Fn::If"][2] == {"Ref": "JwtIssuer"}
+    assert jwt["audience"]["Fn::If"][2] == {"Ref": "JwtAudience"}
     for route, properties in http_routes().items():
         authorizer = properties.get("Auth", {}).get("Authorizer", default)
         if route in PUBLIC_ROUTES:
@@ -410,7 +413,10 @@ def granting(function: str, action: str) -> list[Any]:
 
 def test_permissions_are_scoped_to_kairos_resources() -> None:
     run_queue = {"Fn::GetAtt": ["RunQueue", "Arn"]}
-    database_secret = {"Ref": "DatabaseSecretArn"}
+    # The created secret, or the existing database's (the inner If only reassures cfn-lint).
+    database_secret = {"Fn::If": ["CreateDatabase", {"Ref": "DatabaseSecret"}, {"Fn::If": [
+        "HasDatabaseSecretArn", {"Ref": "DatabaseSecretArn"},
+        {"Fn::Sub": "arn:${AWS::Partition}:secretsmanager:${AWS::Region}:${AWS::AccountId}:secret:none"}]}]}
     functions = ("TickFunction", "RunFunction", "ApiFunction", "MigrateFunction")
     for function in functions:
         for statement in statements(function):
@@ -426,7 +432,7 @@ def test_permissions_are_scoped_to_kairos_resources() -> None:
         # The only managed policy: VPC networking, attached only when the functions run in a VPC.
         role = template()["Resources"][props(function)["Role"]["Fn::GetAtt"][0]]["Properties"]
         (vpc,) = role["ManagedPolicyArns"]
-        assert vpc["Fn::If"][0] == "HasVpc" and vpc["Fn::If"][2] == {"Ref": "AWS::NoValue"}
+        assert vpc["Fn::If"][0] == "InVpc" and vpc["Fn::If"][2] == {"Ref": "AWS::NoValue"}
     assert granting("TickFunction", "sqs:SendMessage") == [run_queue]
     assert granting("MigrateFunction", "sqs:SendMessage") == []
     assert granting("RunFunction", "sqs:ReceiveMessage") == [run_queue]
@@ -471,8 +477,11 @@ def test_functions_get_the_contract_environment() -> None:
     assert variables["POWERTOOLS_SERVICE_NAME"] == "kairos"
     assert variables["POWERTOOLS_METRICS_NAMESPACE"] == "Kairos"
     assert variables["RUN_QUEUE_URL"] == {"Ref": "RunQueue"}
-    assert variables["DATABASE_SECRET_ARN"] == {"Ref": "DatabaseSecretArn"}
-    assert variables["DATABASE_PROXY_HOST"]["Fn::If"][0] == "HasProxy"
+    assert variables["DATABASE_SECRET_ARN"] == {"Fn::If": ["CreateDatabase", {"Ref": "DatabaseSecret"},
+                                                           {"Ref": "DatabaseSecretArn"}]}
+    proxy = variables["DATABASE_PROXY_HOST"]["Fn::If"]
+    assert proxy[:2] == ["CreateDatabase", {"Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}]
+    assert proxy[2]["Fn::If"][0] == "HasProxy"
     assert "DATABASE_URL" not in variables  # deployed code reads the secret
 
 
@@ -499,14 +508,24 @@ def test_budgets_are_parameters_every_function_reads() -> None:
 
 def test_parameters_for_an_existing_database_and_optional_features() -> None:
     parameters = template()["Parameters"]
-    assert {"DatabaseSecretArn", "JwtIssuer", "JwtAudience"} <= {k for k, v in parameters.items() if "Default" not in v}
+    # Every parameter has a default: `sam deploy --guided` with only Enter works (DatabaseMode=create,
+    # AuthMode=cognito); the template's Rules ask for the existing database's secret and the external
+    # issuer in the modes that use them.
+    assert {k for k, v in parameters.items() if "Default" not in v} == set()
+    assert (parameters["DatabaseMode"]["Default"], parameters["AuthMode"]["Default"]) == ("create", "cognito")
+    rules = template()["Rules"]
+    existing = {"Fn::Equals": [{"Ref": "DatabaseMode"}, "existing"]}
+    assert rules["ExistingDatabaseNeedsItsSecret"]["RuleCondition"] == existing
+    assert rules["ExternalAuthNeedsAnIssuer"]["RuleCondition"] == {"Fn::Equals": [{"Ref": "AuthMode"}, "external"]}
     for optional in ("SubnetIds", "SecurityGroupIds", "DatabaseProxyEndpoint", "PublicUrl", "EgressAllow",
-                     "AlarmTopicArn", "SharedSecrets"):
+                     "AlarmTopicArn", "SharedSecrets", "DatabaseSecretArn", "JwtIssuer", "JwtAudience"):
         assert parameters[optional]["Default"] == "", optional
     for other in ("LogRetentionDays", "RunReservedConcurrency", "AgentSecretPrefix"):
         assert "Default" in parameters[other]
     vpc = template()["Globals"]["Function"]["VpcConfig"]["Fn::If"]
-    assert vpc[0] == "HasVpc"
+    assert vpc[0] == "InVpc"
+    assert vpc[1]["SubnetIds"]["Fn::If"] == ["CreateDatabase", [{"Ref": "PrivateSubnetA"}, {"Ref": "PrivateSubnetB"}],
+                                             {"Ref": "SubnetIds"}]
     for log_group in resources("AWS::Logs::LogGroup").values():
         assert log_group["Properties"]["RetentionInDays"] == {"Ref": "LogRetentionDays"}
 
