@@ -155,6 +155,11 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         _print(args, retried.as_json(), [f"run {retried.run_id} retries {args.id} ({retried.decision.value})"])
         return 0
     if verb == "cancel":
+        before = operations.get_run(conn, args.id)
+        if before.state.terminal or before.cancel_requested_at is not None:
+            done = "already " + (before.state.value if before.state.terminal else "asked to cancel")
+            print(f"kairos: run {args.id} is {done}: nothing to cancel", file=sys.stderr)
+            return 1
         run = operations.cancel_run(conn, args.id)
         _print(args, run.as_json(), [_run_line(run)])
         return 0
@@ -255,6 +260,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_operator_commands(sub: Any) -> None:
     """``status``, ``schedules``, ``runs`` and ``approvals``: operator commands over every owner's rows."""
+    from kairos.states import RunState
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="libpq URL (default: $DATABASE_URL)")
     common.add_argument("--json", action="store_true", help="print JSON")
@@ -286,7 +293,7 @@ def _add_operator_commands(sub: Any) -> None:
     run_verbs = run.add_subparsers(dest="verb", required=True)
     rl = run_verbs.add_parser("list", parents=[common])
     rl.add_argument("--schedule", type=uuid.UUID)
-    rl.add_argument("--state")
+    rl.add_argument("--state", choices=[state.value for state in RunState])
     rl.add_argument("--limit", type=int, default=50)
     for verb in ("show", "trace", "cancel", "retry"):
         run_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
