@@ -14,7 +14,19 @@ What runs (all stopped cleanly on Ctrl-C or SIGTERM, nothing left behind):
 
 It creates a demo conversation (``echo`` executor), a cron schedule and a webhook schedule, prints
 the webhook URL and a curl line, and the next fires. Lambda-only parts (JWT authorizer, X-Ray) are
-replaced by ``KAIROS_AUTH=dev`` with a printed bearer token.
+replaced by ``KAIROS_AUTH=dev`` with a printed bearer token, added to the user's own
+``KAIROS_DEV_TOKENS`` (so a second principal can be tried).
+
+Between starts and for the CLI (``kairos.local.devstate``, files 0600 in ``--data-dir``): the embedded
+database's ``DATABASE_URL`` is printed and written with the queue's URL and endpoint to ``env`` (the
+``kairos`` command reads it from the checkout; removed on stop); the demo webhook token is kept in
+``demo.json`` so the URL stays the same across restarts, while each start's ``try:`` line carries a
+fresh idempotency key; the run watcher prints only runs that are new or change state after the start,
+a run that did not succeed with its diagnosis reason code.
+
+Refusals, one line each: a taken ``--port`` (exit 2, before anything starts); a missing ``local`` extra
+(``kairos.cli``, exit 2); a Bedrock agent (moto has no Converse): ``KAIROS_LOCAL=1`` makes
+``kairos.agents.validate`` answer 422 naming ``agent.executor`` when a conversation or schedule is made.
 """
 
 from __future__ import annotations
