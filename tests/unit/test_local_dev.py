@@ -134,3 +134,14 @@ def test_bedrock_is_refused_at_creation_in_the_local_stack(monkeypatch: pytest.M
     assert problem.field == "agent.executor" and problem.rule == "not_available_locally"
     assert "not available in the local stack" in problem.message
     assert agents.validate(agent, owner=None)["executor"] == "bedrock"  # a run's own thread: shape only
+
+
+def test_scripts_dev_installs_the_local_extra_and_scripts_test_everything() -> None:
+    scripts = Path(__file__).resolve().parents[2] / "scripts"
+    dev = (scripts / "dev").read_text().splitlines()
+    test = (scripts / "test").read_text().splitlines()
+    assert "scripts/bootstrap local" in dev
+    assert "scripts/bootstrap" in test  # the default extra: dev
+    bootstrap = (scripts / "bootstrap").read_text()
+    assert 'EXTRA=${1:-dev}' in bootstrap and 'pip install -q -e ".[$EXTRA]"' in bootstrap
+    assert os.access(scripts / "kairos", os.X_OK)
