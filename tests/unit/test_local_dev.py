@@ -7,6 +7,7 @@ import os
 import socket
 import stat
 import sys
+from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
@@ -15,6 +16,15 @@ from kairos.errors import ValidationFailed
 from kairos.local import devstate
 
 _DEV_NAMES = ("DATABASE_URL", "DATABASE_SECRET_ARN", "RUN_QUEUE_URL", "AWS_ENDPOINT_URL")
+
+
+@pytest.fixture(autouse=True)
+def _environment_restored() -> Iterator[None]:
+    """``use_dev_env`` writes os.environ itself: put it back as it was for the tests that follow."""
+    saved = dict(os.environ)
+    yield
+    os.environ.clear()
+    os.environ.update(saved)
 
 
 def _mode(path: Path) -> int:

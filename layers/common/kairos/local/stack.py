@@ -399,15 +399,15 @@ def _cli_environment(url: str, queue_url: str) -> dict[str, str]:
 
 
 def main(args: argparse.Namespace) -> int:
+    # The API binds first: a taken port is one line and exit 2 before anything started (or changed),
+    # and `--port 0` works (the webhook URLs printed below use its real port).
+    bound = bind_api(args.port)
+    if bound is None:
+        return 2
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access lines
     from kairos.observability import logger
 
     logger.setLevel(args.log_level)
-    # The API binds first: a taken port is one line and exit 2 before anything started, and `--port 0`
-    # works (the webhook URLs printed below use its real port).
-    bound = bind_api(args.port)
-    if bound is None:
-        return 2
     server, api = bound
     stop = threading.Event()
 
