@@ -142,3 +142,85 @@ def test_the_real_api_over_http_never_logs_the_hook_path(api: Api, caplog: pytes
     logged = sink.getvalue() + "\n".join(f"{r.getMessage()} {r.__dict__}" for r in caplog.records)
     assert '"route":"POST /v1/hooks/{token}"' in logged
     assert token not in logged
+
+
+def _raw(server: apigw.ApiGatewayServer, payload: bytes) -> bytes:
+    """Sends raw bytes on a fresh socket, half-closes it and reads until the server closes."""
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(payload)
+        sock.shutdown(socket.SHUT_WR)
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    return answer
+
+
+def test_chunked_bodies_are_read_whole_and_nothing_is_left_for_a_next_request(
+        recorder: tuple[Recorder, apigw.ApiGatewayServer]) -> None:
+    handler, server = recorder
+    answer = _raw(server, b"POST /c HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                          b"Transfer-Encoding: chunked\r\n\r\n"
+                          b"5;ext=1\r\n{\"a\":\r\n3\r\n 1}\r\n0\r\nX-Trailer: t\r\n\r\n"
+                          b"GET /second HTTP/1.1\r\nHost: x\r\nConnection: close\r\n\r\n")
+    assert answer.count(b"HTTP/1.1 201") == 2, answer
+    assert [e["rawPath"] for e in handler.events] == ["/c", "/second"]
+    assert handler.events[0]["body"] == '{"a": 1}'
+
+
+def test_a_chunked_body_over_the_limit_is_refused(recorder: tuple[Recorder, apigw.ApiGatewayServer]) -> None:
+    handler, server = recorder
+    chunks = b"".join(b"100\r\n" + b"x" * 256 + b"\r\n" for _ in range(5)) + b"0\r\n\r\n"
+    answer = _raw(server, b"POST /big HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n" + chunks)
+    assert answer.startswith(b"HTTP/1.1 413"), answer
+    assert handler.events == []
+
+
+@pytest.mark.parametrize("length", [b"-1", b"abc", b"1, 2"])
+def test_a_bad_content_length_is_400_and_closes(recorder: tuple[Recorder, apigw.ApiGatewayServer],
+                                                length: bytes) -> None:
+    handler, server = recorder
+    # The connection stays open for writing: an answer that waited for more bytes would time out here.
+    import socket
+
+    with socket.create_connection(("127.0.0.1", server.port), timeout=10) as sock:
+        sock.sendall(b"POST /x HTTP/1.1\r\nHost: x\r\nContent-Length: " + length + b"\r\n\r\n{}")
+        answer = b""
+        while chunk := sock.recv(65536):
+            answer += chunk
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert b"Connection: close" in answer
+    assert handler.events == []
+
+
+def test_a_broken_chunk_is_400(recorder: tuple[Recorder, apigw.ApiGatewayServer]) -> None:
+    handler, server = recorder
+    answer = _raw(server, b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n")
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert handler.events == []
+
+
+def test_twenty_concurrent_clients_are_all_served() -> None:
+    """Twenty connections open at once, each held by a handler until all have arrived."""
+    arrived = threading.Barrier(20, timeout=30)
+
+    def handler(event: dict[str, Any], context: Any) -> dict[str, Any]:
+        arrived.wait()
+        return {"statusCode": 200, "body": event["rawPath"]}
+
+    results: list[tuple[int, bytes]] = []
+    lock = threading.Lock()
+    with apigw.serve(handler) as server:
+        def client(i: int) -> None:
+            status, _, body, _ = request(server, "GET", f"/c{i}")
+            with lock:
+                results.append((status, body))
+
+        threads = [threading.Thread(target=client, args=(i,)) for i in range(20)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(timeout=60)
+    assert sorted(results) == sorted((200, f"/c{i}".encode()) for i in range(20))
+    assert server._server.request_queue_size >= 128

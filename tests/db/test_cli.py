@@ -175,3 +175,50 @@ def test_approvals_list_approve_and_deny(api: Api, capsys: pytest.CaptureFixture
     assert code == 1 and "already denied" in err
     code, _, err = run_cli(capsys, "approvals", "list", "--state", "maybe")
     assert code == 1 and "state: enum" in err
+
+
+def test_every_remaining_command_prints_parseable_json(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    sched = factories.schedule(api.url, owner="carol", cron="0 7 * * *")
+    sid = str(sched["id"])
+    run = factories.run(api.url, schedule_row=sched, state="queued")
+    rid = str(run["id"])
+
+    parsed = {}
+    for argv in (("schedules", "list"), ("schedules", "show", sid), ("schedules", "pause", sid),
+                 ("schedules", "resume", sid), ("runs", "list"), ("runs", "show", rid), ("runs", "trace", rid),
+                 ("runs", "cancel", rid), ("approvals", "list"), ("schedules", "cancel", sid), ("status",)):
+        code, out, err = run_cli(capsys, *argv, "--json")
+        assert code == 0, (argv, err)
+        parsed[argv[:2]] = json.loads(out)
+    assert parsed[("schedules", "pause")]["status"] == "paused"
+    assert parsed[("schedules", "resume")]["status"] == "active"
+    assert parsed[("schedules", "cancel")]["status"] == "cancelled"
+    assert parsed[("runs", "show")]["run"]["id"] == rid and parsed[("runs", "trace")]["run"]["id"] == rid
+    assert parsed[("runs", "cancel")]["state"] == "cancelled"
+    assert [r["id"] for r in parsed[("runs", "list")]] == [rid]
+
+
+def test_a_no_op_exits_non_zero_with_the_reason(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    sched = factories.schedule(api.url, owner="carol", cron="0 7 * * *")
+    sid = str(sched["id"])
+    run = factories.run(api.url, schedule_row=sched, state="queued")
+    rid = str(run["id"])
+
+    assert run_cli(capsys, "schedules", "pause", sid)[0] == 0
+    code, out, err = run_cli(capsys, "schedules", "pause", sid, "--json")
+    assert code == 1 and out == "" and "schedule is paused and cannot be paused" in err
+    assert run_cli(capsys, "schedules", "cancel", sid)[0] == 0
+    code, out, err = run_cli(capsys, "schedules", "cancel", sid)
+    assert code == 1 and out == "" and "already cancelled" in err
+
+    assert run_cli(capsys, "runs", "cancel", rid)[0] == 0
+    code, out, err = run_cli(capsys, "runs", "cancel", rid, "--json")
+    assert code == 1 and out == "" and f"run {rid} is already cancelled: nothing to cancel" in err
+
+
+def test_an_invalid_state_is_exit_2_with_the_choices(capsys: pytest.CaptureFixture[str]) -> None:
+    with pytest.raises(SystemExit) as exited:
+        cli.main(["runs", "list", "--state", "bogus"])
+    assert exited.value.code == 2
+    err = capsys.readouterr().err
+    assert "invalid choice: 'bogus'" in err and "succeeded" in err

@@ -72,7 +72,7 @@ def test_kairos_dev_runs_a_webhook_end_to_end_and_stops_cleanly(tmp_path: Path) 
     log: list[str] = []
     threading.Thread(target=_reader, args=(proc.stdout, lines, log), daemon=True).start()
     try:
-        hook_url = _wait_for(lines, r"webhook URL \(shown once\): (\S+)", log).group(1)
+        hook_url = _wait_for(lines, r"webhook URL \(kept across restarts\): (\S+)", log).group(1)
         _wait_for(lines, r"^running ", log)
         base = hook_url.split("/v1/hooks/")[0]
 

@@ -15,6 +15,7 @@ Must not: log or return a secret; accept a literal key.
 
 from __future__ import annotations
 
+import os
 from collections.abc import Mapping
 from typing import Annotated, Any, Literal
 from urllib.parse import urlsplit
@@ -116,6 +117,11 @@ def validate(raw: object, *, owner: str | None, field: str = "agent") -> dict[st
     if config is not None and config.tools and config.executor not in TOOL_EXECUTORS:
         problems.append(FieldError(f"{field}.tools", "not_for_executor",
                                    "tools need a model that calls them: the openai or bedrock executor"))
+    if executor == "bedrock" and owner is not None and os.environ.get("KAIROS_LOCAL") == "1":
+        # `kairos dev` has no Bedrock (moto has no Converse): refused here rather than failing each run.
+        problems.append(FieldError(f"{field}.executor", "not_available_locally",
+                                   "Bedrock is not available in the local stack (kairos dev): use the openai "
+                                   "executor with any OpenAI-compatible endpoint, or echo, or deploy to AWS"))
     if config is not None and config.tools and len(set(config.tools)) != len(config.tools):
         problems.append(FieldError(f"{field}.tools", "unique", "name each tool once"))
     if config is not None and owner is not None and config.api_key_secret is not None:

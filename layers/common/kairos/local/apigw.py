@@ -15,7 +15,10 @@ request headers to the claims dict, or None for "no principal") to put
 Guarantees: requests are handled on their own threads (the handler must be thread-safe); the request
 path is never logged (webhook tokens travel in it) — the server's own access lines carry the method
 and status only; bodies above ``max_body`` (API Gateway's 10 MB) answer 413 without calling the
-handler. Not emulated: stages other than ``$default``, custom domains, throttling, CORS.
+handler, whether the body comes with ``Content-Length`` or chunked (a chunked body is read to its end,
+so no leftover bytes are taken for a next request); a ``Content-Length`` that is not a non-negative
+integer answers 400 and closes the connection; the listen backlog (128) takes bursts of concurrent
+clients. Not emulated: stages other than ``$default``, custom domains, throttling, CORS.
 """
 
 from __future__ import annotations
@@ -127,12 +130,12 @@ class _RequestHandler(BaseHTTPRequestHandler):
     protocol_version = "HTTP/1.1"
 
     def _serve(self) -> None:
-        length = int(self.headers.get("Content-Length") or 0)
-        if length > self.server.max_body:
-            self._write(413, {"Content-Type": "application/json"},
-                        json.dumps({"message": "Request Entity Too Large"}).encode(), close=True)
+        try:
+            body = self._read_body()
+        except _Refused as refused:
+            self._write(refused.status, {"Content-Type": "application/json"},
+                        json.dumps({"message": refused.message}).encode(), close=True)
             return
-        body = self.rfile.read(length) if length else b""
         claims = self.server.claims(dict(self.headers.items())) if self.server.claims else None
         event = build_event(self.command, self.path, dict(self.headers.items()), body,
                             source_ip=self.client_address[0], host=self.headers.get("Host", "localhost"),
@@ -145,6 +148,48 @@ class _RequestHandler(BaseHTTPRequestHandler):
                         json.dumps({"message": "Internal Server Error"}).encode())
             return
         self._respond(response)
+
+    def _read_body(self) -> bytes:
+        """The request body, from ``Content-Length`` or chunked transfer coding, within ``max_body``."""
+        if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
+            return self._read_chunked()
+        raw = (self.headers.get("Content-Length") or "0").strip()
+        if not raw.isdigit():  # "-1", "abc", "1, 2": API Gateway answers 400 and so does this server
+            raise _Refused(400, "Bad Request")
+        length = int(raw)
+        if length > self.server.max_body:
+            raise _Refused(413, "Request Entity Too Large")
+        body = self.rfile.read(length) if length else b""
+        if len(body) < length:
+            raise _Refused(400, "Bad Request")
+        return body
+
+    def _read_chunked(self) -> bytes:
+        """A chunked body (RFC 9112 7.1): size lines, data, CRLF, a zero chunk, then optional trailers."""
+        body = bytearray()
+        while True:
+            line = self.rfile.readline(1026)
+            size_text = line.split(b";", 1)[0].strip()
+            try:
+                size = int(size_text, 16)
+            except ValueError:
+                raise _Refused(400, "Bad Request") from None
+            if size < 0 or not line.endswith(b"\n"):
+                raise _Refused(400, "Bad Request")
+            if size == 0:
+                break
+            if len(body) + size > self.server.max_body:
+                raise _Refused(413, "Request Entity Too Large")
+            chunk = self.rfile.read(size)
+            if len(chunk) < size or self.rfile.readline(3) not in (b"\r\n", b"\n"):
+                raise _Refused(400, "Bad Request")
+            body += chunk
+        while True:  # trailer fields, up to the empty line that ends the message
+            trailer = self.rfile.readline(8192)
+            if trailer in (b"\r\n", b"\n", b""):
+                return bytes(body)
+            if not trailer.endswith(b"\n"):
+                raise _Refused(400, "Bad Request")
 
     def _respond(self, response: Mapping[str, Any]) -> None:
         if "statusCode" not in response:  # the HTTP API "simple response" format
@@ -187,9 +232,19 @@ class _RequestHandler(BaseHTTPRequestHandler):
         return
 
 
+class _Refused(Exception):
+    """A request refused before the handler: its status and API Gateway's message."""
+
+    def __init__(self, status: int, message: str) -> None:
+        super().__init__(message)
+        self.status = status
+        self.message = message
+
+
 class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
+    request_queue_size = 128  # socketserver's default of 5 resets the 6th concurrent client
 
     def __init__(self, address: tuple[str, int], handler: Handler, claims: Claims | None, max_body: int) -> None:
         self.handler = handler

@@ -14,12 +14,25 @@ What runs (all stopped cleanly on Ctrl-C or SIGTERM, nothing left behind):
 
 It creates a demo conversation (``echo`` executor), a cron schedule and a webhook schedule, prints
 the webhook URL and a curl line, and the next fires. Lambda-only parts (JWT authorizer, X-Ray) are
-replaced by ``KAIROS_AUTH=dev`` with a printed bearer token.
+replaced by ``KAIROS_AUTH=dev`` with a printed bearer token, added to the user's own
+``KAIROS_DEV_TOKENS`` (so a second principal can be tried).
+
+Between starts and for the CLI (``kairos.local.devstate``, files 0600 in ``--data-dir``): the embedded
+database's ``DATABASE_URL`` is printed and written with the queue's URL and endpoint to ``env`` (the
+``kairos`` command reads it from the checkout; removed on stop); the demo webhook token is kept in
+``demo.json`` so the URL stays the same across restarts, while each start's ``try:`` line carries a
+fresh idempotency key; the run watcher prints only runs that are new or change state after the start,
+a run that did not succeed with its diagnosis reason code.
+
+Refusals, one line each: a taken ``--port`` (exit 2, before anything starts); a missing ``local`` extra
+(``kairos.cli``, exit 2); a Bedrock agent (moto has no Converse): ``KAIROS_LOCAL=1`` makes
+``kairos.agents.validate`` answer 422 naming ``agent.executor`` when a conversation or schedule is made.
 """
 
 from __future__ import annotations
 
 import argparse
+import errno
 import importlib.util
 import json
 import logging
@@ -36,6 +49,7 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kairos.local import devstate
 from kairos.local.apigw import LocalContext
 
 Handler = Callable[[dict[str, Any], Any], Any]
@@ -111,6 +125,7 @@ def database(args: argparse.Namespace) -> Iterator[str]:
     server = LocalPostgres(data_dir / "pgdata", keep=True)
     try:
         print(f"postgres   embedded, data in {data_dir / 'pgdata'}")
+        print(f"postgres   DATABASE_URL={server.url()}")
         yield server.url()
     finally:
         server.stop()
@@ -213,27 +228,40 @@ def worker_step(handler: Handler, queue_url: str, queue_arn: str) -> Callable[[]
     return step
 
 
+_WATCH_SQL = """SELECT id, state, source, attempt, diagnosis->>'reason_code'
+                  FROM runs ORDER BY created_at DESC LIMIT 50"""
+
+
+def runs_now(url: str) -> dict[str, str]:
+    """Each recent run's state: what the watcher has already shown when the stack starts."""
+    import psycopg
+
+    with psycopg.connect(url) as conn:
+        return {str(row[0]): row[1] for row in conn.execute(_WATCH_SQL).fetchall()}
+
+
 def watch_step(url: str, seen: dict[str, str]) -> Callable[[], float]:
+    """Prints a line per run that is new or changed state since ``seen`` (failed ones with their reason)."""
     import psycopg
 
     def step() -> float:
         with psycopg.connect(url) as conn:
-            rows = conn.execute(
-                "SELECT id, state, source, attempt FROM runs ORDER BY created_at DESC LIMIT 50"
-            ).fetchall()
-        for run_id, state, source, attempt in reversed(rows):
+            rows = conn.execute(_WATCH_SQL).fetchall()
+        for run_id, state, source, attempt, reason in reversed(rows):
             key = str(run_id)
             if seen.get(key) != state:
                 seen[key] = state
-                print(f"run        {key}  {source:<9} attempt {attempt}  {state}")
+                why = f"  ({reason})" if reason and state != "succeeded" else ""
+                print(f"run        {key}  {source:<9} attempt {attempt}  {state}{why}")
         return 1.0
 
     return step
 
 
-def create_demo(url: str, public_url: str) -> dict[str, Any]:
-    """The demo conversation and schedules (created once; found again on the next start)."""
-    from kairos import conversations, schedules, webhooks
+def create_demo(url: str, public_url: str, data_dir: Path | None = None) -> dict[str, Any]:
+    """The demo conversation and schedules (created once; found again on the next start, with the
+    webhook token saved in ``data_dir`` so its URL stays the same)."""
+    from kairos import conversations, schedules
     from kairos.db import Database
 
     db = Database(url, max_size=1)
@@ -245,12 +273,8 @@ def create_demo(url: str, public_url: str) -> dict[str, Any]:
             ).fetchone()
             if existing is not None:
                 found = schedules.list_for(conn, owner=DEV_PRINCIPAL, conversation_id=existing["id"])
-                # Only the token's hash is stored, so a restart rotates it to print a usable URL again.
-                token = next(
-                    (webhooks.rotate_token(conn, s.id, owner=DEV_PRINCIPAL, overlap_seconds=0)
-                     for s in found if s.kind == "webhook"),
-                    None,
-                )
+                kept = next((s for s in found if s.kind == "webhook" and s.status in ("active", "paused")), None)
+                token = None if kept is None else _demo_token(conn, kept.id, data_dir)
                 return {"conversation_id": existing["id"], "schedules": found, "token": token}
             conv = conversations.create(
                 conn,
@@ -279,9 +303,28 @@ def create_demo(url: str, public_url: str) -> dict[str, Any]:
                     "kind": "webhook",
                 },
             )
+        if data_dir is not None and hook.token:
+            devstate.save_demo(data_dir, schedule_id=str(hook.schedule.id), token=hook.token)
         return {"conversation_id": conv.id, "schedules": [cron.schedule, hook.schedule], "token": hook.token}
     finally:
         db.close()
+
+
+def _demo_token(conn: Any, schedule_id: uuid.UUID, data_dir: Path | None) -> str:
+    """The saved demo token while it still opens the demo schedule; else a new one (saved)."""
+    from kairos import webhooks
+
+    saved = devstate.load_demo(data_dir) if data_dir is not None else {}
+    token = saved.get("token")
+    if isinstance(token, str) and saved.get("schedule_id") == str(schedule_id):
+        row = webhooks.find(conn, token)
+        if row is not None and row["id"] == schedule_id:
+            return token
+    # Only the token's hash is stored: without the saved one, rotate to print a usable URL again.
+    token = webhooks.rotate_token(conn, schedule_id, owner=DEV_PRINCIPAL, overlap_seconds=0)
+    if data_dir is not None:
+        devstate.save_demo(data_dir, schedule_id=str(schedule_id), token=token)
+    return token
 
 
 def print_demo(demo: dict[str, Any], public_url: str) -> None:
@@ -298,10 +341,12 @@ def print_demo(demo: dict[str, Any], public_url: str) -> None:
                 )
     if demo["token"]:
         hook_url = f"{public_url}/v1/hooks/{demo['token']}"
-        print(f"\nwebhook URL (shown once): {hook_url}")
+        print(f"\nwebhook URL (kept across restarts): {hook_url}")
+        # A fresh key each start: the first session's key would replay that session's run.
+        key = f"demo-{uuid.uuid4().hex[:12]}"
         print(
             f"try:  curl -sS -X POST {hook_url} -H 'content-type: application/json' "
-            "-H 'Idempotency-Key: demo-1' -d '{\"hello\": \"world\"}'"
+            f"-H 'Idempotency-Key: {key}' -d '{{\"hello\": \"world\"}}'"
         )
     print(f"API:  curl -sS {public_url}/v1/schedules -H 'Authorization: Bearer {DEV_TOKEN}'\n")
 
@@ -323,7 +368,9 @@ def _function_environment(url: str, queue_url: str, public_url: str) -> dict[str
         "DATABASE_URL": url,
         "RUN_QUEUE_URL": queue_url,
         "KAIROS_AUTH": "dev",
-        "KAIROS_DEV_TOKENS": f"{DEV_TOKEN}={DEV_PRINCIPAL}",
+        # The user's own tokens stay usable (to try a second principal): the demo's is added to them.
+        "KAIROS_DEV_TOKENS": devstate.merge_dev_tokens(os.environ.get("KAIROS_DEV_TOKENS"), DEV_TOKEN, DEV_PRINCIPAL),
+        "KAIROS_LOCAL": "1",  # what only the local stack refuses (kairos.agents: Bedrock)
         "KAIROS_PUBLIC_URL": public_url,
         "POWERTOOLS_METRICS_NAMESPACE": "Kairos",
         # EMF lines are CloudWatch's input; locally they would only bury the run lines.
@@ -331,12 +378,37 @@ def _function_environment(url: str, queue_url: str, public_url: str) -> dict[str
     }
 
 
+def bind_api(port: int) -> tuple[Any, _LazyHandler] | None:
+    """The API server bound to ``port`` (not serving yet), or None after one line when it is taken."""
+    from kairos.local import apigw
+
+    api = _LazyHandler()
+    try:
+        return apigw.ApiGatewayServer(api, host="127.0.0.1", port=port), api
+    except OSError as err:
+        if err.errno != errno.EADDRINUSE:
+            raise
+        print(f"kairos dev: port {port} is in use; pass --port (0 picks a free one)", file=sys.stderr)
+        return None
+
+
+def _cli_environment(url: str, queue_url: str) -> dict[str, str]:
+    """What the kairos CLI needs to reach this stack (written to ``<data-dir>/env``)."""
+    names = ("AWS_ENDPOINT_URL", "AWS_ACCESS_KEY_ID", "AWS_SECRET_ACCESS_KEY", "AWS_DEFAULT_REGION")
+    return {"DATABASE_URL": url, "RUN_QUEUE_URL": queue_url, **{n: os.environ[n] for n in names}}
+
+
 def main(args: argparse.Namespace) -> int:
+    # The API binds first: a taken port is one line and exit 2 before anything started (or changed),
+    # and `--port 0` works (the webhook URLs printed below use its real port).
+    bound = bind_api(args.port)
+    if bound is None:
+        return 2
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access lines
-    from kairos import migrations, runtime
     from kairos.observability import logger
 
     logger.setLevel(args.log_level)
+    server, api = bound
     stop = threading.Event()
 
     def _stop(signum: int, frame: Any) -> None:
@@ -344,34 +416,15 @@ def main(args: argparse.Namespace) -> int:
 
     signal.signal(signal.SIGINT, _stop)
     signal.signal(signal.SIGTERM, _stop)
-
     with ExitStack() as stack:
-        url = stack.enter_context(database(args))
-        applied = migrations.apply(url)
-        print(f"migrations {len(applied)} applied" if applied else "migrations schema is up to date")
-        _endpoint, queue_url, queue_arn = stack.enter_context(sqs_server())
-        from kairos.local import apigw
-
-        # The API binds first so `--port 0` works: the webhook URLs printed below use its real port.
-        api = _LazyHandler()
-        server = apigw.ApiGatewayServer(api, host="127.0.0.1", port=args.port)
         stack.callback(server.stop)
-        public_url = server.url
-        os.environ.update(_function_environment(url, queue_url, public_url))
-        runtime.reset()
-        api.target = load_handler("webhook")
-        server.start()
-        print(f"api        {public_url}  (Authorization: Bearer {DEV_TOKEN})")
-
-        demo = create_demo(url, public_url)
-        print_demo(demo, public_url)
+        url, queue_url, queue_arn = _start(stack, args, server, api)
         if args.once:
             return 0
-
         loops = [
             Loop("tick", tick_step(load_handler("tick"), args.tick_seconds), stop),
             Loop("worker", worker_step(load_handler("run"), queue_url, queue_arn), stop),
-            Loop("watch", watch_step(url, {}), stop),
+            Loop("watch", watch_step(url, runs_now(url)), stop),
         ]
         for loop in loops:
             loop.start()
@@ -382,3 +435,29 @@ def main(args: argparse.Namespace) -> int:
         for loop in loops:
             loop.join(timeout=10)
     return 0
+
+
+def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHandler) -> tuple[str, str, str]:
+    """Database, migrations, SQS, the API serving, ``<data-dir>/env`` and the demo; (url, queue, arn)."""
+    from kairos import migrations, runtime
+
+    url = stack.enter_context(database(args))
+    applied = migrations.apply(url)
+    print(f"migrations {len(applied)} applied" if applied else "migrations schema is up to date")
+    _endpoint, queue_url, queue_arn = stack.enter_context(sqs_server())
+    public_url = server.url
+    os.environ.update(_function_environment(url, queue_url, public_url))
+    runtime.reset()
+    api.target = load_handler("webhook")
+    server.start()
+    print(f"api        {public_url}  (Authorization: Bearer {DEV_TOKEN})")
+    data_dir = Path(args.data_dir).resolve()
+    env_file = devstate.write_env(data_dir, _cli_environment(url, queue_url))
+    stack.callback(devstate.remove_env, data_dir)
+    if data_dir.name == ".kairos":  # the CLI looks for .kairos/env in its directory and the parents
+        print(f"cli        ./scripts/kairos status  (reads {env_file} while this runs)")
+    else:
+        print(f"cli        set -a; . {env_file}; set +a  (then: ./scripts/kairos status)")
+    demo = create_demo(url, public_url, data_dir)
+    print_demo(demo, public_url)
+    return url, queue_url, queue_arn
