@@ -121,6 +121,18 @@ def test_the_loop_is_bounded_by_max_steps(api: Api, db: Database, fake_openai: F
 
     assert outcome.result == "failed" and outcome.reason_code == "step_limit"
     assert len(fake_openai.requests) == 2
+    # The trace stays well formed: every step opened is closed exactly once, in order.
+    events = rows(api.url, "SELECT type, step FROM run_events WHERE run_id = %s AND type LIKE 'step.%%' "
+                           "ORDER BY seq", run_id)
+    opened: list[str] = []
+    for event in events:
+        if event["type"] == "step.started":
+            assert not opened, events
+            opened.append(event["step"])
+        else:
+            assert opened == [event["step"]], events
+            opened.clear()
+    assert opened == [] and len(events) == 8  # model, tool:2, model:3, tool:4 — each started and finished
 
 
 # --- approvals -----------------------------------------------------------------------------------------

@@ -62,7 +62,7 @@ class Execution(Protocol):
     now: datetime | None
     claimed: Claimed
     open_effect: effects.Effect | None
-    current_step: str
+    current_step: str | None
 
     def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
              data: dict[str, Any] | None = None) -> tuple[effects.Effect, Reply] | Outcome: ...
@@ -144,6 +144,7 @@ def _record(run: Execution, effect: effects.Effect | None, name: str, step: step
         if trace.change(c, "runs_step_events", {"run_id": run.run_id, "fence": run.claimed.fence}, collected,
                         now=run.now) is None:
             raise LeaseLost()
+        run.current_step = ""  # closed: a failure before the next step opens closes nothing
 
     if conn is not None:
         write(conn)

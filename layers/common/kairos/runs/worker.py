@@ -96,7 +96,9 @@ class Execution:
     open_effect: effects.Effect | None = None  # reserved and not yet closed
     call_started: bool = False
     usage: dict[str, Any] = field(default_factory=dict)
-    current_step: str = ""  # the step in flight when a tool loop opened one after the claim's
+    # The step in flight: None while it is the one the claim opened; a tool loop names the steps it
+    # opens, and "" once it has closed one and not opened the next (nothing left to close).
+    current_step: str | None = None
 
     def execute(self) -> Outcome:
         claimed = self.claimed
@@ -303,8 +305,7 @@ class Execution:
 
     def _end_cancelled(self, conn: psycopg.Connection[db.Row], events: Sequence[trace.Event] = ()) -> Outcome:
         claimed = self.claimed
-        events = [*events, trace.Event(EventType.STEP_FINISHED, self.current_step or claimed.step,
-                                       {"outcome": "cancelled", "reason_code": "cancelled"})]
+        events = [*events, *self._close_step({"outcome": "cancelled", "reason_code": "cancelled"})]
         self.probes.fire("before_finish", run_id=self.run_id, fence=claimed.fence)
         done = moves.finish_cancelled(conn, self.run_id, claimed.fence, usage=self.usage or None,
                                       events=events, now=self.now)
@@ -324,8 +325,13 @@ class Execution:
 
     def _step_failed(self, reason: str) -> list[trace.Event]:
         """``step.finished`` (failed) for the step in flight."""
-        return [trace.Event(EventType.STEP_FINISHED, self.current_step or self.claimed.step,
-                            {"outcome": "failed", "reason_code": reason})]
+        return self._close_step({"outcome": "failed", "reason_code": reason})
+
+    def _close_step(self, data: dict[str, Any]) -> list[trace.Event]:
+        """``step.finished`` for the step in flight, if one is open."""
+        if self.current_step == "":
+            return []
+        return [trace.Event(EventType.STEP_FINISHED, self.current_step or self.claimed.step, data)]
 
     def _check_stop(self) -> None:
         if self.heartbeat.lost.is_set():
