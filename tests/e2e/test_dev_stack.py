@@ -11,7 +11,6 @@ from __future__ import annotations
 import json
 import os
 import queue
-import re
 import signal
 import subprocess
 import sys
@@ -24,28 +23,11 @@ from typing import Any
 import psutil
 import pytest
 
+from tests.support.output import reader, wait_for
+
 pytestmark = pytest.mark.slow
 
 DEV_TOKEN = "dev-token-alice"
-
-
-def _reader(stream: Any, lines: queue.Queue[str], log: list[str]) -> None:
-    for line in iter(stream.readline, ""):
-        log.append(line)
-        lines.put(line)
-
-
-def _wait_for(lines: queue.Queue[str], pattern: str, log: list[str], timeout: float = 120) -> re.Match[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        match = re.search(pattern, line)
-        if match:
-            return match
-    raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(log)}")
 
 
 def _http(method: str, url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
@@ -70,10 +52,10 @@ def test_kairos_dev_runs_a_webhook_end_to_end_and_stops_cleanly(tmp_path: Path) 
     )
     lines: queue.Queue[str] = queue.Queue()
     log: list[str] = []
-    threading.Thread(target=_reader, args=(proc.stdout, lines, log), daemon=True).start()
+    threading.Thread(target=reader, args=(proc.stdout, lines, log), daemon=True).start()
     try:
-        hook_url = _wait_for(lines, r"webhook URL \(kept across restarts\): (\S+)", log).group(1)
-        _wait_for(lines, r"^running ", log)
+        hook_url = wait_for(lines, r"webhook URL \(kept across restarts\): (\S+)", log).group(1)
+        wait_for(lines, r"^running ", log)
         base = hook_url.split("/v1/hooks/")[0]
 
         status, accepted = _http("POST", hook_url, {"hello": "world"}, {"Idempotency-Key": "e2e-1"})

@@ -12,11 +12,11 @@ import signal
 import subprocess
 import sys
 import threading
-import time
 from pathlib import Path
-from typing import Any
 
 import pytest
+
+from tests.support.output import reader, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -31,25 +31,6 @@ def walkthrough() -> str:
     return match.group(1)
 
 
-def _reader(stream: Any, lines: queue.Queue[str], log: list[str]) -> None:
-    for line in iter(stream.readline, ""):
-        log.append(line)
-        lines.put(line)
-
-
-def _wait_for(lines: queue.Queue[str], pattern: str, log: list[str], timeout: float = 120) -> re.Match[str]:
-    deadline = time.monotonic() + timeout
-    while time.monotonic() < deadline:
-        try:
-            line = lines.get(timeout=max(0.1, deadline - time.monotonic()))
-        except queue.Empty:
-            break
-        match = re.search(pattern, line)
-        if match:
-            return match
-    raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(log)}")
-
-
 @pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="the walkthrough uses curl and jq")
 def test_the_readme_walkthrough_runs_against_kairos_dev(tmp_path: Path) -> None:
     env = {k: v for k, v in os.environ.items()
@@ -61,10 +42,10 @@ def test_the_readme_walkthrough_runs_against_kairos_dev(tmp_path: Path) -> None:
     )
     lines: queue.Queue[str] = queue.Queue()
     log: list[str] = []
-    threading.Thread(target=_reader, args=(proc.stdout, lines, log), daemon=True).start()
+    threading.Thread(target=reader, args=(proc.stdout, lines, log), daemon=True).start()
     try:
-        base = _wait_for(lines, r"^api\s+(http://\S+)", log).group(1).rstrip("/")
-        _wait_for(lines, r"^running ", log)
+        base = wait_for(lines, r"^api\s+(http://\S+)", log).group(1).rstrip("/")
+        wait_for(lines, r"^running ", log)
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", walkthrough()], capture_output=True, text=True,
                               env={**env, "KAIROS": base}, timeout=120, cwd=tmp_path)
         assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{''.join(log)}"
