@@ -56,10 +56,11 @@ def use_dev_env(start: Path | None = None) -> Path | None:
     path = dev_env_file(start)
     if path is None:
         return None
-    for line in path.read_text(encoding="utf-8").splitlines():
-        name, sep, value = line.partition("=")
-        if sep and name in _DEV_ENV_NAMES and not os.environ.get(name):
-            os.environ[name] = value
+    # Only the fixed names, and no variable read by a name taken from the file (``kairos.secrets``'
+    # rule): the set ones are known from the environment's own items.
+    already = {name for name, value in os.environ.items() if value}
+    found = dict(line.partition("=")[::2] for line in path.read_text(encoding="utf-8").splitlines() if "=" in line)
+    os.environ.update({name: found[name] for name in _DEV_ENV_NAMES if name in found and name not in already})
     return path
 
 
