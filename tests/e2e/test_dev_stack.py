@@ -9,12 +9,8 @@ Ctrl-C (SIGINT) stops everything, leaving no process behind.
 from __future__ import annotations
 
 import json
-import os
-import queue
 import signal
 import subprocess
-import sys
-import threading
 import time
 import urllib.request
 from pathlib import Path
@@ -23,7 +19,7 @@ from typing import Any
 import psutil
 import pytest
 
-from tests.support.output import reader, wait_for
+from tests.support.output import start_dev, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -44,15 +40,7 @@ def _http(method: str, url: str, body: dict[str, Any] | None = None, headers: di
 
 
 def test_kairos_dev_runs_a_webhook_end_to_end_and_stops_cleanly(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL", "RUN_QUEUE_URL")}
-    env["PYTHONUNBUFFERED"] = "1"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kairos", "dev", "--port", "0", "--tick-seconds", "1", "--data-dir", "state"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    log: list[str] = []
-    threading.Thread(target=reader, args=(proc.stdout, lines, log), daemon=True).start()
+    proc, lines, log = start_dev(tmp_path)
     try:
         hook_url = wait_for(lines, r"webhook URL \(kept across restarts\): (\S+)", log).group(1)
         wait_for(lines, r"^running ", log)

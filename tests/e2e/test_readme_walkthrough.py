@@ -5,18 +5,15 @@ from __future__ import annotations
 
 import json
 import os
-import queue
 import re
 import shutil
 import signal
 import subprocess
-import sys
-import threading
 from pathlib import Path
 
 import pytest
 
-from tests.support.output import reader, wait_for
+from tests.support.output import start_dev, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -33,21 +30,12 @@ def walkthrough() -> str:
 
 @pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="the walkthrough uses curl and jq")
 def test_the_readme_walkthrough_runs_against_kairos_dev(tmp_path: Path) -> None:
-    env = {k: v for k, v in os.environ.items()
-           if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL", "RUN_QUEUE_URL", "KAIROS_DEV_TOKENS")}
-    env["PYTHONUNBUFFERED"] = "1"
-    proc = subprocess.Popen(
-        [sys.executable, "-m", "kairos", "dev", "--port", "0", "--tick-seconds", "1", "--data-dir", "state"],
-        cwd=tmp_path, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
-    )
-    lines: queue.Queue[str] = queue.Queue()
-    log: list[str] = []
-    threading.Thread(target=reader, args=(proc.stdout, lines, log), daemon=True).start()
+    proc, lines, log = start_dev(tmp_path, drop=("KAIROS_DEV_TOKENS",))
     try:
         base = wait_for(lines, r"^api\s+(http://\S+)", log).group(1).rstrip("/")
         wait_for(lines, r"^running ", log)
         done = subprocess.run(["bash", "-euo", "pipefail", "-c", walkthrough()], capture_output=True, text=True,
-                              env={**env, "KAIROS": base}, timeout=120, cwd=tmp_path)
+                              env={**os.environ, "KAIROS": base}, timeout=120, cwd=tmp_path)
         assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{''.join(log)}"
         out = done.stdout.splitlines()
         # 2. three fires at 07:00 Berlin time, each with its offset (+01:00 in winter, +02:00 in summer)

@@ -1,10 +1,15 @@
-"""Reading a subprocess's output line by line while it runs (``kairos dev`` in the end-to-end tests)."""
+"""Starting ``kairos dev`` for the end-to-end tests and reading its output line by line while it runs."""
 
 from __future__ import annotations
 
+import os
 import queue
 import re
+import subprocess
+import sys
+import threading
 import time
+from pathlib import Path
 from typing import Any
 
 
@@ -27,3 +32,20 @@ def wait_for(lines: queue.Queue[str], pattern: str, log: list[str], timeout: flo
         if match:
             return match
     raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(log)}")
+
+
+def start_dev(cwd: Path, *, drop: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], queue.Queue[str], list[str]]:
+    """``kairos dev`` as a newcomer starts it, in ``cwd`` (a fresh data directory, a free port, a 1 s
+    tick, none of this process's database or queue settings, nor the ``drop`` variables), with a thread
+    reading its output into the returned queue and log. The caller stops it."""
+    unset = ("DATABASE_URL", "AWS_ENDPOINT_URL", "RUN_QUEUE_URL", *drop)
+    env = {k: v for k, v in os.environ.items() if k not in unset}
+    env["PYTHONUNBUFFERED"] = "1"
+    proc = subprocess.Popen(
+        [sys.executable, "-m", "kairos", "dev", "--port", "0", "--tick-seconds", "1", "--data-dir", "state"],
+        cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
+    )
+    lines: queue.Queue[str] = queue.Queue()
+    log: list[str] = []
+    threading.Thread(target=reader, args=(proc.stdout, lines, log), daemon=True).start()
+    return proc, lines, log

@@ -14,6 +14,7 @@ loads it.
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from typing import Annotated, Any
 from uuid import UUID
 
@@ -134,37 +135,31 @@ def list_occurrences(id: str, before: BEFORE = None, limit: LIMIT = pages.LIMIT_
     return ok(200, models.OccurrenceList, {"occurrences": [o.as_json() for o in found], "next_before": next_before})
 
 
-@router.endpoint("POST", "/v1/schedules/<id>/pause", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
-                 summary="Pause a schedule")
-def pause_schedule(id: str) -> Response[dict[str, Any]]:
+def _moved(id: str, move: Callable[..., schedules.Schedule]) -> Response[dict[str, Any]]:
+    """One guarded status move of the caller's schedule (pause, resume, cancel), answered with its last run."""
     owner = principal()
     schedule_id = parse_id(id, "schedule")
     with database().transaction() as conn:
-        schedule = schedules.pause(conn, schedule_id, owner=owner)
-        shown = last_run.one(conn, schedule, owner=owner)
+        shown = last_run.one(conn, move(conn, schedule_id, owner=owner), owner=owner)
     return ok(200, models.ScheduleEnvelope, {"schedule": shown})
+
+
+@router.endpoint("POST", "/v1/schedules/<id>/pause", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
+                 summary="Pause a schedule")
+def pause_schedule(id: str) -> Response[dict[str, Any]]:
+    return _moved(id, schedules.pause)
 
 
 @router.endpoint("POST", "/v1/schedules/<id>/resume", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
                  summary="Resume a paused schedule (clears failures, computes the next fire)")
 def resume_schedule(id: str) -> Response[dict[str, Any]]:
-    owner = principal()
-    schedule_id = parse_id(id, "schedule")
-    with database().transaction() as conn:
-        schedule = schedules.resume(conn, schedule_id, owner=owner)
-        shown = last_run.one(conn, schedule, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": shown})
+    return _moved(id, schedules.resume)
 
 
 @router.endpoint("DELETE", "/v1/schedules/<id>", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
                  summary="Cancel a schedule")
 def cancel_schedule(id: str) -> Response[dict[str, Any]]:
-    owner = principal()
-    schedule_id = parse_id(id, "schedule")
-    with database().transaction() as conn:
-        schedule = schedules.cancel(conn, schedule_id, owner=owner)
-        shown = last_run.one(conn, schedule, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": shown})
+    return _moved(id, schedules.cancel)
 
 
 @router.endpoint("POST", "/v1/schedules/<id>/token", status=200, model=models.TokenRotated,
