@@ -157,6 +157,8 @@ class ScheduleRequest(BaseModel):
     # {"on": [terminal run states], "webhook"?: {"url", "secret"}}, checked by ``validate_notify``;
     # ``parse_request`` always fills it in (the default when absent).
     notify: dict[str, Any] | None = None
+    # A corpus run's spec (DESIGN.md "Corpus runs"), checked by ``kairos.corpus.spec.validate``.
+    corpus: dict[str, Any] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -378,6 +380,15 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
             notify = validate_notify(body["notify"], owner=owner)
         except ValidationFailed as error:
             problems.extend(error.fields)
+    corpus: dict[str, Any] | None = None
+    if body.get("corpus") is not None:
+        from kairos import runtime
+        from kairos.corpus import spec as corpus_spec
+
+        try:
+            corpus = corpus_spec.validate(body["corpus"], buckets=runtime.settings().corpus_buckets)
+        except ValidationFailed as error:
+            problems.extend(error.fields)
 
     try:
         request = ScheduleRequest.model_validate(body)
@@ -392,7 +403,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     if problems:
         raise ValidationFailed(problems)
 
-    request = request.model_copy(update={"agent": agent, "signing": signing, "notify": notify})
+    request = request.model_copy(update={"agent": agent, "signing": signing, "notify": notify, "corpus": corpus})
     if request.kind in TIMED_KINDS:
         _check_frequency(request, now)
     return request

@@ -72,13 +72,14 @@ WITH changed AS (
        AND r.state = 'queued'
        AND r.blocked_by_run_id IS NULL
        AND r.cancel_requested_at IS NULL
+       AND r.paused_at IS NULL  -- a paused corpus run waits for its resume (kairos.corpus.control)
        -- The owner's running slots (KAIROS_OWNER_CONCURRENCY): race-free because every claim holds the
        -- owner's slot lock (runs_hold_owner_slots) from before this statement's snapshot to its commit.
        AND (SELECT count(*) FROM (SELECT 1 FROM runs o WHERE o.owner = r.owner AND o.state = 'running'
                                    LIMIT %(owner_slots)s) AS held) < %(owner_slots)s
     RETURNING r.id, r.occurrence_id, r.schedule_id, r.owner, r.source, r.mode, r.state, r.attempt, r.max_attempts,
               r.fence, r.lease_expires_at, r.heartbeat_at, r.conversation_id, r.source_conversation_id, r.prompt,
-              r.payload, r.agent, r.runtime_limit_seconds, r.last_seq,
+              r.payload, r.agent, r.runtime_limit_seconds, r.last_seq, r.corpus,
               CASE WHEN r.state <> 'running' THEN NULL
                    WHEN r.agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step,
               CASE WHEN r.state <> 'running' THEN r.diagnosis ->> 'reason_code' END AS refusal
@@ -378,6 +379,7 @@ SELECT id, unclaimed_handoffs
   FROM runs
  WHERE state = 'queued'
    AND blocked_by_run_id IS NULL
+   AND paused_at IS NULL  -- a paused corpus run is sent again by its resume
    AND ((handoff_at IS NULL
          AND created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s))
         OR handoff_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_seconds)s))
