@@ -12,7 +12,8 @@ from kairos.db import Database
 from kairos.runs.worker import process
 from kairos.settings import Settings
 
-from tests.db.test_corpus import EXPORTS, SOURCE, Model, rows, s3  # noqa: F401 - the s3 fixture
+from tests.db.test_corpus import EXPORTS, SOURCE, Model, rows
+from tests.db.test_corpus import s3 as s3
 from tests.support.api import Api
 
 

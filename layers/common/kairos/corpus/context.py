@@ -13,17 +13,41 @@ Must not: hold a transaction across an external call (S3, the model); write cont
 from __future__ import annotations
 
 import threading
-from collections.abc import Iterator, Sequence
+from collections.abc import Callable, Iterator, Sequence
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import TYPE_CHECKING, Any
+from datetime import datetime
+from typing import Any, Protocol
+from uuid import UUID
 
 import psycopg
 from kairos import db, trace
+from kairos.probes import Probes
+from kairos.runs.attempt import Claimed
+from kairos.runs.heartbeat import Heartbeat
 from kairos.runs.stops import LeaseLost
+from kairos.settings import Settings
 
-if TYPE_CHECKING:
-    from kairos.runs.worker import Execution
+
+class Execution(Protocol):
+    """What a corpus run needs of the worker's execution (``kairos.runs.worker.Execution``); a protocol,
+    so this package never imports the worker that calls it."""
+
+    database: db.Database
+    run_id: UUID
+    settings: Settings
+    now: datetime | None
+    probes: Probes
+    claimed: Claimed
+    heartbeat: Heartbeat
+    usage: dict[str, Any]
+
+    @property
+    def executor_factory(self) -> Callable[..., Any]: ...
+
+    def _check_stop(self) -> None: ...
+
+    def _remaining(self) -> float: ...
 
 
 @dataclass

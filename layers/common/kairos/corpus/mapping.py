@@ -222,7 +222,7 @@ def _call(c: Corpus, part: db.Row) -> str | None:
         c.events(conn, events)
     c.add_usage(usage)
     run.probes.fire("corpus_answer", run_id=c.run_id, fence=c.fence, partition=n, generation=generation)
-    return reply.content
+    return str(reply.content)
 
 
 def _reserve(c: Corpus, step: str, prepared: Any, agent: dict[str, Any], estimate: int) -> effects.Effect:

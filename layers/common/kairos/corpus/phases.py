@@ -25,11 +25,11 @@ succeeded.
 
 from __future__ import annotations
 
-from typing import TYPE_CHECKING, Any
+from typing import Any
 
 from kairos import db, trace
 from kairos.corpus import export, manifest, mapping
-from kairos.corpus.context import Corpus
+from kairos.corpus.context import Corpus, Execution
 from kairos.corpus.reduce import reduce
 from kairos.diagnosis import diagnose
 from kairos.observability import logger
@@ -37,9 +37,6 @@ from kairos.runs import moves
 from kairos.runs.attempt import Outcome
 from kairos.runs.stops import Cancelled, Failure, LeaseLost
 from kairos.states import EventType, RunState
-
-if TYPE_CHECKING:
-    from kairos.runs.worker import Execution
 
 PHASES = ("enumerate", "map", "reconcile", "reduce", "export", "publish", "complete")
 

@@ -30,6 +30,8 @@ INLINE_ITEM_MAX_BYTES = 16_384
 INLINE_ITEMS_MAX_BYTES = 48_000  # inside the API's 64 KiB body bound, with room for the rest
 INSTRUCTIONS_MAX_BYTES = 8_192
 PREFIX_MAX = 1_024
+Format = Literal["jsonl", "graphml"]
+DEFAULT_FORMATS: tuple[Format, ...] = ("jsonl",)
 
 
 class S3Source(BaseModel):
@@ -55,7 +57,7 @@ class CorpusSpec(BaseModel):
     instructions: StrictStr = Field(min_length=1)
     partition_size: StrictInt = Field(default=PARTITION_SIZE_DEFAULT, ge=1, le=PARTITION_SIZE_MAX)
     max_items: StrictInt = Field(default=MAX_ITEMS_CAP, ge=1, le=MAX_ITEMS_CAP)
-    formats: list[Literal["jsonl", "graphml"]] = Field(default_factory=lambda: ["jsonl"], min_length=1, max_length=2)
+    formats: list[Format] = Field(default_factory=lambda: list(DEFAULT_FORMATS), min_length=1, max_length=2)
 
     @field_validator("instructions")
     @classmethod
