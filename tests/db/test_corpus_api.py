@@ -12,9 +12,9 @@ from kairos.db import Database
 from kairos.runs.worker import process
 from kairos.settings import Settings
 
-from tests.db.test_corpus import EXPORTS, SOURCE, Model, rows
-from tests.db.test_corpus import s3 as s3
 from tests.support.api import Api
+from tests.support.corpus import EXPORTS, SOURCE, Model, rows
+from tests.support.corpus import s3 as s3
 
 
 @pytest.fixture

@@ -380,15 +380,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
             notify = validate_notify(body["notify"], owner=owner)
         except ValidationFailed as error:
             problems.extend(error.fields)
-    corpus: dict[str, Any] | None = None
-    if body.get("corpus") is not None:
-        from kairos import runtime
-        from kairos.corpus import spec as corpus_spec
-
-        try:
-            corpus = corpus_spec.validate(body["corpus"], buckets=runtime.settings().corpus_buckets)
-        except ValidationFailed as error:
-            problems.extend(error.fields)
+    corpus = _corpus(body.get("corpus"), problems)
 
     try:
         request = ScheduleRequest.model_validate(body)
@@ -407,6 +399,20 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     if request.kind in TIMED_KINDS:
         _check_frequency(request, now)
     return request
+
+
+def _corpus(raw: object, problems: list[FieldError]) -> dict[str, Any] | None:
+    """The checked ``corpus`` (``kairos.corpus.spec``), its problems added to ``problems``."""
+    if raw is None:
+        return None
+    from kairos import runtime
+    from kairos.corpus import spec as corpus_spec
+
+    try:
+        return corpus_spec.validate(raw, buckets=runtime.settings().corpus_buckets)
+    except ValidationFailed as error:
+        problems.extend(error.fields)
+        return None
 
 
 def _standalone_problems(body: Mapping[str, Any], reported: set[str]) -> list[FieldError]:

@@ -1,13 +1,6 @@
 -- corpus_records: what the partitions answered (corpus_outputs) and the canonical records reduce
 -- merges from them by (kind, id). Written by the run's fence holder (runs_corpus_lock held).
 
--- name: corpus_outputs_insert
--- One succeeded partition's lines (a JSON array of {line, kind, id, data}).
-INSERT INTO corpus_outputs (run_id, partition, line, kind, id, data)
-SELECT %(run_id)s, %(n)s, o.line, o.kind, o.id, o.data
-  FROM jsonb_to_recordset(%(lines)s::jsonb) AS o(line integer, kind text, id text, data jsonb)
-    ON CONFLICT (run_id, partition, line) DO NOTHING;
-
 -- name: corpus_records_reduce
 -- Reduce: one canonical record per (kind, id), fields merged with later partitions (then later
 -- lines) winning field by field; lineage lists the partitions and their item ranges. Idempotent.
