@@ -273,3 +273,36 @@ def test_concurrency_four_exports_what_concurrency_one_does(db: Database, db_url
 
     assert exported(s3, first) == exported(s3, second)
     assert set(four.calls.values()) == {1} and len(four.calls) == 10
+
+
+def test_a_scheduled_corpus_run_whose_worker_died_is_requeued_not_abandoned(
+        db: Database, db_url: str, s3: Any, sqs_queue: SqsQueue) -> None:
+    put_items(s3, 40)
+    model = Model()
+    run = factories.run(db_url, source="scheduled", corpus=json.dumps(
+        {"partition_size": 20, "max_items": 10_000, "formats": ["jsonl"], "instructions": "Summarise.",
+         **s3_spec()}))
+    run_id = uuid.UUID(str(run["id"]))
+    assert run["catch_up"] is False
+    probes = Probes()
+    crash_once(probes, "corpus_answer", lambda partition, **_: partition == 0)
+    with pytest.raises(Crash):
+        work(db, run_id, model, probes=probes)
+
+    restart(db, db_url, run_id, sqs_queue)  # requeued (a plain scheduled run would end abandoned_late)
+
+    assert work(db, run_id, model).result == "succeeded"
+    assert dict(model.calls) == {(0, 0): 1, (1, 0): 1}
+
+
+def test_map_calls_are_reserved_against_the_owners_daily_budget(db: Database, db_url: str, s3: Any) -> None:
+    put_items(s3, 40)
+    model = Model()
+    run_id = corpus_run(db_url, s3_spec())
+    poor = Settings(corpus_buckets=(SOURCE,), export_bucket=EXPORTS, owner_daily_tokens=100)
+
+    outcome = work(db, run_id, model, settings=poor)
+
+    assert (outcome.result, outcome.reason_code) == ("failed", "budget_exhausted")
+    assert sum(model.calls.values()) == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM effects WHERE run_id = %s", run_id)[0]["n"] == 0

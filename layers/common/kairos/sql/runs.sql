@@ -401,7 +401,8 @@ RETURNING id, last_seq, attempt, fence, schedule_id, unclaimed_handoffs;
 
 -- name: runs_lock_expired
 -- Locks running runs whose lease expired (their worker is presumed gone) for the rescue.
-SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_requested_at
+SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_requested_at,
+       corpus IS NOT NULL AS corpus_run  -- a corpus run resumes what it committed: never abandoned late
   FROM runs
  WHERE state = 'running'
    AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
