@@ -88,6 +88,8 @@ def test_a_chat_turn_runs_a_corpus_and_the_api_shows_progress_and_records(
     assert handle["key"] == f"exports/alice/{run_id}/records.jsonl" and handle["bucket"] == EXPORTS
     output = api.alice.get(f"/v1/runs/{run_id}/output").json["output"]
     assert output["state"] == "available" and output["corpus"]["exports"] == corpus["exports"]
+    thread = api.alice.get(f"/v1/conversations/{output['conversation_id']}").json["conversation"]["entries"]
+    assert thread[-1]["role"] == "assistant" and thread[-1]["content"].startswith("Corpus run complete: 3 of 3")
 
     seen: list[tuple[str, str]] = []
     after = None

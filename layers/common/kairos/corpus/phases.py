@@ -179,6 +179,13 @@ def handles(rows: list[db.Row]) -> list[dict[str, Any]]:
              "sha256": r["sha256"]} for r in rows if r["done"]]
 
 
+def _summary(cover: dict[str, int], exported: list[dict[str, Any]]) -> str:
+    keys = ", ".join(f"s3://{e['bucket']}/{e['key']} ({e['bytes']} bytes)" for e in exported)
+    return (f"Corpus run complete: {cover['succeeded']} of {cover['partitions_total']} partitions succeeded "
+            f"({cover['failed']} failed), {cover['items_covered']} of {cover['items_total']} items covered. "
+            f"Exports: {keys or 'none'}.")
+
+
 def _publish(c: Corpus) -> Outcome:
     """The output (coverage, export handles), phase ``complete`` and ``succeeded``: one transaction."""
     counts = _counts(c)
@@ -186,7 +193,13 @@ def _publish(c: Corpus) -> Outcome:
         if row["cancel_requested_at"] is not None:
             raise Cancelled()
         exported = handles(db.fetch_all(conn, "corpus_exports_list", {"run_id": c.run_id}))
-        output = {"corpus": {"coverage": coverage(counts), "exports": exported}, "attempt": c.run.claimed.attempt}
+        # The run's thread gets a one-line account (counts and export keys, no content), as a chat turn's answer.
+        seq = moves.append_entry(conn, c.run_id, c.fence, c.run.claimed.conversation_id, role="assistant",
+                                 content=_summary(coverage(counts), exported), now=c.run.now)
+        if seq is None:
+            raise LeaseLost()
+        output = {"corpus": {"coverage": coverage(counts), "exports": exported}, "attempt": c.run.claimed.attempt,
+                  "conversation_id": str(c.run.claimed.conversation_id), "entry_seq": seq}
         if db.fetch_one(conn, "corpus_runs_set_phase", {"run_id": c.run_id, "from_phase": "publish",
                                                          "phase": "complete", "now": c.run.now,
                                                          "items_total": None, "partitions_total": None}) is None:
