@@ -7,6 +7,7 @@ others publish; nothing exported when no partition succeeds; pause and resume; c
 from __future__ import annotations
 
 import json
+import time
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
@@ -306,3 +307,40 @@ def test_map_calls_are_reserved_against_the_owners_daily_budget(db: Database, db
     assert (outcome.result, outcome.reason_code) == ("failed", "budget_exhausted")
     assert sum(model.calls.values()) == 0
     assert rows(db_url, "SELECT count(*) AS n FROM effects WHERE run_id = %s", run_id)[0]["n"] == 0
+
+
+def test_a_partitions_lease_is_renewed_while_its_call_runs(
+        db: Database, db_url: str, s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kairos.corpus import mapping
+
+    put_items(s3, 20)
+    run_id = corpus_run(db_url, s3_spec())
+    monkeypatch.setattr(mapping, "RENEW_SECONDS", 0.05)
+    monkeypatch.setattr(mapping, "PARTITION_LEASE_SECONDS", 600)
+    renewed: list[bool] = []
+    model = Model()
+    answer = model.answer
+
+    def slow(prepared: Any, timeout: float) -> Any:
+        # Given the partition's lease as leased, when the call is in flight, then the renewer extends it.
+        [leased] = rows(db_url, "SELECT lease_expires_at FROM corpus_partitions WHERE run_id = %s", run_id)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not renewed:
+            [now] = rows(db_url, "SELECT lease_expires_at FROM corpus_partitions WHERE run_id = %s", run_id)
+            if now["lease_expires_at"] > leased["lease_expires_at"]:
+                renewed.append(True)
+            time.sleep(0.02)
+        return answer(prepared, timeout)
+
+    model.executor.on_send = slow
+    assert work(db, run_id, model).result == "succeeded"
+    assert renewed == [True]
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:  # a stale fence renews nothing
+        stale = conn.execute(
+            "UPDATE corpus_partitions SET state = 'running', lease_token = gen_random_uuid(), "
+            "lease_expires_at = now() WHERE run_id = %s RETURNING lease_token", (run_id,)).fetchone()
+        assert stale is not None
+        from kairos import db as kdb
+        assert kdb.fetch_all(conn, "corpus_partitions_renew", {
+            "run_id": run_id, "fence": 1, "tokens": [stale["lease_token"]], "now": None,
+            "lease_seconds": 120}) == []  # the run is no longer running under fence 1

@@ -65,6 +65,15 @@ def test_a_schedule_carries_its_corpus_into_its_revision(api: Api, corpus_env: A
                       created.json["schedule"]["id"])
     assert revision["definition"]["corpus"]["partition_size"] == 20
     assert revision["definition"]["corpus"]["source"] == corpus["source"]
+    schedule_id = created.json["schedule"]["id"]
+    refused = api.alice.patch(f"/v1/schedules/{schedule_id}", {
+        "corpus": {"source": {"s3": {"bucket": "someone-elses"}}, "instructions": "x"}})
+    assert refused.status == 422 and refused.json["error"]["fields"][0]["rule"] == "bucket_not_allowed"
+    renamed = api.alice.patch(f"/v1/schedules/{schedule_id}", {"name": "renamed"})
+    assert renamed.status == 200, renamed.text
+    latest = rows(api.url, "SELECT definition FROM schedule_revisions WHERE schedule_id = %s ORDER BY revision DESC "
+                           "LIMIT 1", schedule_id)[0]["definition"]
+    assert latest["corpus"]["source"] == corpus["source"]  # an edit keeps the corpus it does not name
 
 
 def test_a_chat_turn_runs_a_corpus_and_the_api_shows_progress_and_records(
