@@ -344,3 +344,18 @@ def test_a_partitions_lease_is_renewed_while_its_call_runs(
         assert kdb.fetch_all(conn, "corpus_partitions_renew", {
             "run_id": run_id, "fence": 1, "tokens": [stale["lease_token"]], "now": None,
             "lease_seconds": 120}) == []  # the run is no longer running under fence 1
+
+
+def test_a_partition_over_the_agents_input_bound_fails_without_a_call(db: Database, db_url: str, s3: Any) -> None:
+    for i in range(4):
+        s3.put_object(Bucket=SOURCE, Key=f"docs/{i:05d}.txt", Body=(b"x" * (3_000 if i < 2 else 10)))
+    model = Model()
+    run = factories.run(db_url, source="manual", agent=json.dumps({"executor": "echo", "max_input_tokens": 1_000}),
+                        corpus=json.dumps({"partition_size": 2, "max_items": 10, "formats": ["jsonl"],
+                                           "instructions": "Summarise.", **s3_spec()}))
+
+    assert work(db, uuid.UUID(str(run["id"])), model).result == "succeeded"
+
+    assert dict(model.calls) == {(1, 0): 1}  # partition 0 (6,000 characters) was never sent
+    states = rows(db_url, "SELECT n, state, error_code FROM corpus_partitions WHERE run_id = %s ORDER BY n", run["id"])
+    assert [(p["state"], p["error_code"]) for p in states] == [("failed", "input_too_large"), ("succeeded", None)]

@@ -8,7 +8,9 @@ call is an effect of the run (``effects.reserve`` + ``budgets.reserve`` under th
 after) made through the agent's executor; the completed answer is checkpointed in the transaction
 that settles the effect. The answer is then checked (``kairos.corpus.answers``): valid, its lines are
 committed and the partition succeeds; invalid, the partition's generation advances and it is requeued
-in one fenced transaction — after ``MAX_REPAIRS`` it fails. Partition leases are renewed while their
+in one fenced transaction — after ``MAX_REPAIRS`` it fails. A partition whose input is over the
+agent's ``max_input_tokens`` (characters / 4) fails ``input_too_large`` without a call, as one whose
+item changed since enumerate fails ``source_changed``. Partition leases are renewed while their
 calls run (``_Renewer``); the run's heartbeat keeps the run lease.
 
 Guarantees:
@@ -33,9 +35,11 @@ from kairos import budgets, db, effects, trace
 from kairos.corpus import answers, manifest
 from kairos.corpus.context import Corpus
 from kairos.executors.base import (
+    CHARS_PER_TOKEN,
     DEFAULT_MAX_TOKENS,
     ExecutionRequest,
     ExecutorError,
+    max_input_tokens,
     max_tokens,
 )
 from kairos.observability import logger
@@ -190,6 +194,13 @@ def _call(c: Corpus, part: db.Row) -> str | None:
         _fail_partition(c, base, n, generation, "source_changed")
         return None
     agent: dict[str, Any] = dict(run.claimed.row["agent"] or {})
+    try:
+        window = max_input_tokens(agent)
+    except ExecutorError as error:
+        raise Failure(error.reason_code) from error
+    if len(content) // CHARS_PER_TOKEN > window:  # the agent's input bound: this partition cannot be sent
+        _fail_partition(c, base, n, generation, "input_too_large")
+        return None
     request = ExecutionRequest(run_id=str(c.run_id), attempt=run.claimed.attempt, owner=c.owner, agent=agent,
                                transcript=(), prompt=content)
     try:
