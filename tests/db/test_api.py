@@ -85,7 +85,14 @@ OWNER_STATUS: dict[str, set[int]] = {"POST /v1/schedules/{id}/trigger": {202},
                                      "POST /v1/conversations/{id}/messages": {202},
                                      "POST /v1/approvals/{id}/deny": {409},
                                      "POST /v1/schedules/{id}/backfill": {202},
-                                     "POST /v1/runs/{id}/retry": {202, 409}}
+                                     "POST /v1/runs/{id}/retry": {202, 409},
+                                     # The world's run is a webhook run, not a corpus run: the corpus
+                                     # reads answer 404 and pause / resume 409 not_corpus_run
+                                     # (tests/db/test_corpus_api.py reaches them on a corpus run).
+                                     "GET /v1/runs/{id}/corpus": {404},
+                                     "GET /v1/runs/{id}/corpus/records": {404},
+                                     "POST /v1/runs/{id}/pause": {409},
+                                     "POST /v1/runs/{id}/resume": {409}}
 
 
 # ---- authorization ----------------------------------------------------------------------------
@@ -109,7 +116,7 @@ def test_another_principals_object_answers_exactly_like_a_missing_one_on_every_i
         assert foreign.headers == absent.headers, spec.key
         assert alices not in foreign.text and missing not in absent.text
         covered.add(spec.key)
-    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 21
+    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 25
     after = {t: rows(api.url, f"SELECT t::text AS row FROM {t} t ORDER BY 1") for t in ("schedules", "runs")}
     assert after == before, "bob's attempts changed nothing of alice's"
 
@@ -409,7 +416,8 @@ def spec_status(spec: RouteSpec) -> int:
     return {"POST /v1/conversations": 201, "POST /v1/schedules": 201, "POST /v1/hooks/{token}": 202,
             "POST /v1/schedules/{id}/trigger": 202, "POST /v1/schedules/{id}/backfill": 202,
             "POST /v1/runs/{id}/retry": 202, "POST /v1/conversations/{id}/messages": 202,
-            "DELETE /v1/secrets/{name}": 204}.get(spec.key, 200)
+            "DELETE /v1/secrets/{name}": 204, "POST /v1/runs/{id}/pause": 202,
+            "POST /v1/runs/{id}/resume": 202}.get(spec.key, 200)
 
 
 def test_openapi_document_describes_every_route(api: Api) -> None:

@@ -26,7 +26,8 @@ ORDER = [
     "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
     "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_list_approvals", "api_get_approval",
     "api_approve", "api_deny", "api_get_run", "api_run_events",
-    "api_run_output", "api_get_usage", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
+    "api_run_output", "api_run_corpus", "api_run_corpus_records", "api_pause_run", "api_resume_run",
+    "api_get_usage", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
 ]
 
 
@@ -61,6 +62,11 @@ def test_the_sample_events_answer_2xx_in_jwt_mode(api: Api, monkeypatch: pytest.
                        created_at=datetime(2025, 12, 1, tzinfo=UTC))
     factories.run(api.url, schedule_row=schedule, id=load("api_retry_run")["pathParameters"]["id"], state="failed",
                   fire_at=datetime(2026, 1, 5, tzinfo=UTC))
+    # The corpus samples' run: a queued corpus run of inline items (paused, then resumed).
+    factories.run(api.url, schedule_row=schedule, id=load("api_run_corpus")["pathParameters"]["id"],
+                  source="manual", fire_at=datetime(2026, 1, 4, tzinfo=UTC), corpus=json.dumps(
+                      {"source": {"items": ["a"]}, "instructions": "x", "partition_size": 20, "max_items": 1,
+                       "formats": ["jsonl"]}))
     # Two runs parked for approval: one request is approved, the other denied.
     for n, name in enumerate(("api_approve", "api_deny")):
         waiting = factories.run(api.url, schedule_row=schedule, state="awaiting_approval",

@@ -61,6 +61,10 @@ ROUTES = {
     "GET /v1/runs/{id}/events",
     "GET /v1/runs/{id}/output",
     "POST /v1/runs/{id}/cancel",
+    "GET /v1/runs/{id}/corpus",
+    "GET /v1/runs/{id}/corpus/records",
+    "POST /v1/runs/{id}/pause",
+    "POST /v1/runs/{id}/resume",
     "PUT /v1/secrets/{name}",
     "GET /v1/secrets",
     "GET /v1/usage",
@@ -399,7 +403,9 @@ def statements(function: str) -> list[dict[str, Any]]:
     assert template()["Resources"][name]["Type"] == "AWS::IAM::Role"
     found: list[dict[str, Any]] = []
     for policy in template()["Resources"][name]["Properties"]["Policies"]:
-        found.extend(policy["PolicyDocument"]["Statement"])
+        for statement in policy["PolicyDocument"]["Statement"]:
+            # A conditional statement (!If [condition, statement, AWS::NoValue]) is checked as granted.
+            found.append(statement["Fn::If"][1] if "Fn::If" in statement else statement)
     return found
 
 
@@ -451,6 +457,16 @@ def test_permissions_are_scoped_to_kairos_resources() -> None:
     assert all(granting(f, "secretsmanager:ListSecrets") == [] for f in functions if f != "ApiFunction")
     assert granting("RunFunction", "bedrock:InvokeModel")
     assert all(granting(f, "bedrock:InvokeModel") == [] for f in functions if f != "RunFunction")
+    # Corpus runs: only the run function reads the listed source buckets and writes the export bucket.
+    assert granting("RunFunction", "s3:PutObject") == [{"Fn::Sub": "${ExportBucket.Arn}/exports/*"}]
+    assert all(granting(f, "s3:PutObject") == [] and granting(f, "s3:ListBucket") == []
+               for f in functions if f != "RunFunction")
+    (sources,) = granting("RunFunction", "s3:ListBucket")
+    assert sources["Fn::Split"][0] == ","
+    export_bucket = props("ExportBucket")
+    assert export_bucket["PublicAccessBlockConfiguration"]["RestrictPublicBuckets"] is True
+    assert export_bucket["BucketEncryption"]["ServerSideEncryptionConfiguration"]
+    assert export_bucket["LifecycleConfiguration"]["Rules"][0]["Status"] == "Enabled"
 
 
 def test_migrations_run_at_deploy_through_the_custom_resource() -> None:

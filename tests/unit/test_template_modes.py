@@ -29,6 +29,7 @@ EXISTING_TYPES = {
     "AWS::Lambda::Function", "AWS::SQS::Queue", "AWS::CloudWatch::Dashboard", "AWS::ApiGatewayV2::Api",
     "AWS::Lambda::LayerVersion", "Custom::KairosMigrations", "AWS::Events::Rule", "AWS::SQS::QueuePolicy",
     "AWS::Lambda::EventInvokeConfig", "AWS::ApiGatewayV2::Stage", "AWS::Lambda::EventSourceMapping",
+    "AWS::S3::Bucket", "AWS::S3::BucketPolicy",  # corpus exports (both modes)
 }
 
 

@@ -19,6 +19,7 @@ import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC, datetime
+from typing import Any
 
 import psycopg
 
@@ -42,10 +43,11 @@ class Turn:
 
 
 def content_of(raw: object) -> str:
-    """The message of a ``{"content": "..."}`` body, or ``ValidationFailed`` naming the field and rule."""
+    """The message of a ``{"content": "...", "corpus"?}`` body, or ``ValidationFailed`` naming the field and rule."""
     if not isinstance(raw, Mapping):
         raise ValidationFailed([FieldError("body", "type", 'give the message as {"content": "..."}')])
-    problems = [FieldError(str(k), "unknown_field", f"{k} is not a message field") for k in raw if k != "content"]
+    problems = [FieldError(str(k), "unknown_field", f"{k} is not a message field")
+                for k in raw if k not in ("content", "corpus")]
     content = raw.get("content")
     if "content" not in raw:
         problems.append(FieldError("content", "required", "give the message text"))
@@ -65,6 +67,7 @@ def post(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner:
          now: datetime | None = None) -> Turn:
     """Records the turn (see the module doc); the caller commits, then hands a non-waiting run to SQS."""
     content = content_of(raw)
+    corpus = _corpus_of(raw)
     with db.atomic(conn):
         conversation = conversations.lock(conn, conversation_id, owner=owner)
         row = db.fetch_one(conn, "runs_last_chat_turn", {"conversation_id": conversation.id})
@@ -77,7 +80,17 @@ def post(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner:
             occurrence_id=occurrence_id, schedule_id=None, source=Source.CHAT,
             fire=calendar.describe(clock["now"].astimezone(UTC), "UTC"), revision=0,
             decision=Decision.DISPATCHED if blocker is None else Decision.QUEUED_BEHIND, run_id=run_id,
-            blocked_by=blocker, chat=(conversation.id, content))], now=now)
+            blocked_by=blocker, chat=(conversation.id, content), corpus=corpus)], now=now)
     logger.info("chat turn posted", extra={"action": "chat_turn_posted", "conversation_id": str(conversation.id),
                                            "run_id": str(run_id), "waiting": blocker is not None})
     return Turn(conversation.id, occurrence_id, run_id, waiting=blocker is not None)
+
+
+def _corpus_of(raw: object) -> dict[str, Any] | None:
+    """A turn's checked ``corpus`` (``kairos.corpus.spec``), or None when it carries none."""
+    if not isinstance(raw, Mapping) or raw.get("corpus") is None:
+        return None
+    from kairos import runtime
+    from kairos.corpus import spec
+
+    return spec.validate(raw["corpus"], buckets=runtime.settings().corpus_buckets)

@@ -110,6 +110,14 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "approval_expired": ("step", False, (), "A tool call of the run needed approval and nobody decided in time."),
     "replaced": ("run", False, (), "The run was cancelled: a newer fire of its schedule replaced it "
                                    "(overlap cancel_replace)."),
+    # Corpus runs (kairos.corpus).
+    "corpus_no_partition_succeeded": ("run", False, ("check_agent_config",),
+                                      "No partition of the corpus produced valid records, so nothing was "
+                                      "exported."),
+    "corpus_source_unavailable": ("target", True, ("retry_run", "check_target"),
+                                  "The corpus source could not be listed or read."),
+    "corpus_export_unavailable": ("target", True, ("retry_run", "report_issue"),
+                                  "The corpus export could not be written to the export bucket."),
     "not_replace_safe": ("run", False, (),
                          "The run was not started: the run it should have replaced had already reserved an "
                          "external change, so replacing it is not safe (overlap cancel_replace)."),
@@ -119,7 +127,8 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
 # executors' REASON_CODES; ``diagnose`` accepts both.
 RUN_REASON_CODES: frozenset[str] = frozenset(
     {"schedule_paused", "schedule_cancelled", "superseded", "expired", "undeliverable", "replaced",
-     "not_replace_safe", "approval_denied", "approval_expired"}
+     "not_replace_safe", "approval_denied", "approval_expired", "corpus_no_partition_succeeded",
+     "corpus_source_unavailable", "corpus_export_unavailable"}
 )
 def diagnose(
     reason_code: str,

@@ -189,6 +189,18 @@ class NotRetryable(Conflict):
     code = "not_retryable"
 
 
+class NotCorpusRun(Conflict):
+    """Pause and resume apply to a corpus run that is queued or running (pause) or paused (resume)."""
+
+    code = "not_corpus_run"
+
+
+class NotPaused(Conflict):
+    """Resume of a corpus run that is not paused (nor asked to pause)."""
+
+    code = "not_paused"
+
+
 class PreconditionFailed(KairosError):
     """``If-Match`` named a revision that is no longer the current one: re-read, then edit again."""
 

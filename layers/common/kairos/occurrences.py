@@ -58,6 +58,7 @@ def planned(
     payload: Any = None,
     retry_of: UUID | None = None,
     chat: tuple[UUID, str] | None = None,
+    corpus: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One row of a batch for ``record`` (JSON-ready: the batch travels as one document). A chat turn
     has no schedule: ``chat`` gives its conversation and prompt (its run appends to the conversation)."""
@@ -85,6 +86,7 @@ def planned(
         "blocked_by": None if blocked_by is None else str(blocked_by),
         "payload": payload,
         "retry_of": None if retry_of is None else str(retry_of),
+        "corpus": corpus,  # a chat turn's checked corpus (a schedule's comes from its revision)
     }
 
 

@@ -9,7 +9,10 @@ Lambda invocation, a killed process) would. One mechanism for both components:
   ``after_send`` (before the stamp); context: none;
 * the run worker (``kairos.runs``): ``after_claim``, ``heartbeat_started``, ``heartbeat``,
   ``after_reserve``, ``after_send`` (the effect went out), ``before_finish``; context: ``run_id``,
-  ``fence`` and per point ``effect``, ``heartbeat``, ``alive``, ``cancel_requested``.
+  ``fence`` and per point ``effect``, ``heartbeat``, ``alive``, ``cancel_requested``;
+* a corpus run (``kairos.corpus``): ``corpus_phase`` (a phase move committed; ``phase``),
+  ``corpus_answer`` (a partition's answer checkpointed; ``partition``, ``generation``) and
+  ``corpus_part`` (an export part uploaded and checkpointed; ``format``, ``part``).
 
 Guarantees: production passes none (``NO_PROBES``), and firing a point without handlers does nothing.
 
@@ -25,6 +28,7 @@ Point = Literal[
     "after_select", "after_cursor", "after_inserts", "after_commit",  # the tick's fire step
     "after_claim", "heartbeat_started", "heartbeat", "after_reserve", "before_finish",  # a run
     "after_send",  # both: the tick's SendMessageBatch, a run's effect
+    "corpus_phase", "corpus_answer", "corpus_part",  # a corpus run: a phase committed, an answer stored, a part
 ]
 POINTS: frozenset[str] = frozenset(get_args(Point))
 

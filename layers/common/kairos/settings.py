@@ -35,6 +35,9 @@ DEFAULT_OWNER_DAILY_TOKENS = 2_000_000
 MAX_OWNER_DAILY_TOKENS = 10**12
 DEFAULT_OWNER_DAILY_COST_USD = 50.0
 MAX_OWNER_DAILY_COST_USD = 10**9
+# Corpus runs (DESIGN.md "Corpus runs"; kairos.corpus): partitions at once per run.
+DEFAULT_CORPUS_MAX_CONCURRENCY = 1
+MAX_CORPUS_MAX_CONCURRENCY = 16
 
 
 class SettingInvalid(ValueError):
@@ -126,6 +129,10 @@ class Settings:
     owner_daily_tokens: int = DEFAULT_OWNER_DAILY_TOKENS
     owner_daily_cost_usd: float = DEFAULT_OWNER_DAILY_COST_USD
     model_prices: dict[str, tuple[float, float]] = field(default_factory=dict)
+    # Corpus runs (kairos.corpus): the buckets a corpus may read, the bucket exports go to, partitions at once.
+    corpus_buckets: tuple[str, ...] = ()
+    export_bucket: str | None = None
+    corpus_max_concurrency: int = DEFAULT_CORPUS_MAX_CONCURRENCY
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -158,6 +165,10 @@ class Settings:
             owner_daily_cost_usd=_usd("KAIROS_OWNER_DAILY_COST_USD", env.get("KAIROS_OWNER_DAILY_COST_USD"),
                                       DEFAULT_OWNER_DAILY_COST_USD, MAX_OWNER_DAILY_COST_USD),
             model_prices=_model_prices(env.get("KAIROS_MODEL_PRICES")),
+            corpus_buckets=tuple(b.strip() for b in env.get("KAIROS_CORPUS_BUCKETS", "").split(",") if b.strip()),
+            export_bucket=(env.get("KAIROS_EXPORT_BUCKET") or "").strip() or None,
+            corpus_max_concurrency=_whole("KAIROS_CORPUS_MAX_CONCURRENCY", env.get("KAIROS_CORPUS_MAX_CONCURRENCY"),
+                                          DEFAULT_CORPUS_MAX_CONCURRENCY, 1, MAX_CORPUS_MAX_CONCURRENCY, "partitions"),
         )
 
     def resolve_database_url(self) -> str:

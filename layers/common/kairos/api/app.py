@@ -39,7 +39,7 @@ from aws_lambda_powertools.event_handler import Response
 from kairos import runtime
 from kairos.api import auth, bodies, errors, models, resolver
 from kairos.api.resolver import JSON, Resolver, Routes, RouteSpec
-from kairos.api.routes import approvals, conversations, hooks, runs, schedules, secrets, usage
+from kairos.api.routes import approvals, conversations, corpus, hooks, runs, schedules, secrets, usage
 from kairos.errors import KairosError, MethodNotAllowed, NotFound
 from kairos.observability import logger
 
@@ -62,6 +62,7 @@ app.include_router(schedules.router)
 app.include_router(secrets.router)
 app.include_router(hooks.router)
 app.include_router(runs.router)
+app.include_router(corpus.router)
 app.include_router(approvals.router)
 app.include_router(usage.router)
 app.include_router(docs)

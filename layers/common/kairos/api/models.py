@@ -286,3 +286,26 @@ class Empty(_Strict):
 class OpenApiDocument(_Open):
     openapi: str
     paths: dict[str, Any]
+
+
+class CorpusOut(_Open):
+    phase: str
+    coverage: dict[str, int]
+    partitions: dict[str, int]
+    exports: list[dict[str, Any]]
+
+
+class CorpusEnvelope(_Strict):
+    corpus: CorpusOut
+
+
+class CorpusRecordOut(_Open):
+    kind: str
+    id: str
+    data: dict[str, Any]
+    lineage: dict[str, Any]
+
+
+class CorpusRecordPage(_Strict):
+    records: list[CorpusRecordOut]
+    next_after: str | None

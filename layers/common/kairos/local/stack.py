@@ -169,11 +169,16 @@ def sqs_server() -> Iterator[tuple[str, str, str]]:
             },
         )["QueueUrl"]
         arn = sqs.get_queue_attributes(QueueUrl=queue, AttributeNames=["QueueArn"])["Attributes"]["QueueArn"]
+        # Corpus exports go to a local bucket (KAIROS_EXPORT_BUCKET), so a corpus of inline items runs here.
+        boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=LOCAL_EXPORT_BUCKET)
         print(f"sqs        moto at {endpoint}")
         yield endpoint, queue, arn
     finally:
         server.stop()
         print("sqs        stopped")
+
+
+LOCAL_EXPORT_BUCKET = "kairos-exports"  # created in moto by the local stack (corpus exports)
 
 
 class Loop(threading.Thread):
@@ -372,6 +377,7 @@ def _function_environment(url: str, queue_url: str, public_url: str) -> dict[str
         "KAIROS_DEV_TOKENS": devstate.merge_dev_tokens(os.environ.get("KAIROS_DEV_TOKENS"), DEV_TOKEN, DEV_PRINCIPAL),
         "KAIROS_LOCAL": "1",  # what only the local stack refuses (kairos.agents: Bedrock)
         "KAIROS_PUBLIC_URL": public_url,
+        "KAIROS_EXPORT_BUCKET": os.environ.get("KAIROS_EXPORT_BUCKET") or LOCAL_EXPORT_BUCKET,
         "POWERTOOLS_METRICS_NAMESPACE": "Kairos",
         # EMF lines are CloudWatch's input; locally they would only bury the run lines.
         "POWERTOOLS_METRICS_DISABLED": "true",

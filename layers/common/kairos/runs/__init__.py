@@ -187,6 +187,9 @@ def output(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> dic
             projection["diagnosis"] = run.diagnosis
         return projection
     reference = run.output
+    if "corpus" in reference:  # a corpus run's output: coverage and export handles (kairos.corpus)
+        return {"state": "available", "corpus": reference["corpus"], "attempt": reference.get("attempt", run.attempt),
+                **{k: reference[k] for k in ("conversation_id", "entry_seq") if k in reference}}
     entry = None
     try:
         entry = db.fetch_one(conn, "conversation_entries_get_output",

@@ -66,6 +66,7 @@ OutcomeResult = Literal[
     "cancelled",  # this call ended the run cancelled (seen at a boundary, or queued with a cancel request)
     "awaiting_approval",  # this call parked the run for a person's decision on a tool call (lease cleared)
     "retry",  # back to queued for another attempt: re-send the id after retry_delay_seconds
+    "paused",  # a corpus run stopped at a partition boundary: queued and paused until its resume re-sends it
     "skipped",  # not claimed: another worker holds the run, it ended, or it waits behind another run
     "refused",  # the claim ended the run without any call (state and reason_code say how and why)
     "unknown",  # no such run in this database
@@ -252,6 +253,9 @@ def _not_claimed(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime |
             moves.count("RunCancelled")
             logger.info("run cancelled", extra={"action": "run_cancelled", **log})
             return Outcome(run_id, "cancelled", RunState.CANCELLED, "cancelled")
+    if state is RunState.QUEUED and row.get("paused_at") is not None:  # a paused corpus run: its resume re-sends it
+        logger.info("run paused", extra={"action": "run_paused_skip", **log})
+        return Outcome(run_id, "skipped", state)
     if state is RunState.QUEUED and row["blocked_by_run_id"] is not None:
         logger.info("run waits behind another", extra={"action": "run_blocked", **log})
         return Outcome(run_id, "skipped", state)

@@ -106,6 +106,10 @@ class Execution:
         agent: dict[str, Any] = dict(row["agent"] or {})
         step = claimed.step  # the claim wrote its step.started
         self._check_stop()
+        if row.get("corpus"):  # a corpus run: partitioned child work under this one run (kairos.corpus)
+            from kairos.corpus.phases import execute as execute_corpus
+
+            return execute_corpus(self)
         model_call = str(agent.get("executor", "")) in MODEL_EXECUTORS
         if model_call and claimed.model_input.limit is None:
             raise Failure("agent_invalid", summary="The agent's max_input_tokens is not a positive integer.")

@@ -137,6 +137,7 @@ class Schedule:
     updated_at: datetime | None = None
     max_delay_seconds: int = MAX_DELAY_DEFAULT_SECONDS
     notify: dict[str, Any] | None = None  # {"on", "webhook"?: {"url", "secret"}}: the secret is a reference
+    corpus: dict[str, Any] | None = None  # a corpus run's checked spec (kairos.corpus.spec)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:
@@ -337,6 +338,7 @@ def definition_columns(request: ScheduleRequest, *, conversation_agent: Mapping[
         "agent": Jsonb(dict(request.agent if request.agent is not None else conversation_agent)),
         "signing": None if request.signing is None else Jsonb(request.signing),
         "notify": Jsonb(request.notify or {"on": [s.value for s in NOTIFY_ON_DEFAULT]}),
+        "corpus": None if request.corpus is None else Jsonb(request.corpus),
     }
 
 

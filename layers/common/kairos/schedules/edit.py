@@ -126,6 +126,8 @@ def _as_body(current: Schedule) -> dict[str, Any]:
         body["signing"] = {k: v for k, v in current.signing.items() if v is not None}
     if current.notify is not None:  # checked again like the rest (a secret reference must still be the owner's)
         body["notify"] = current.notify
+    if current.corpus is not None:  # checked again like the rest (its bucket must still be allowed)
+        body["corpus"] = current.corpus
     return body
 
 

@@ -157,6 +157,8 @@ class ScheduleRequest(BaseModel):
     # {"on": [terminal run states], "webhook"?: {"url", "secret"}}, checked by ``validate_notify``;
     # ``parse_request`` always fills it in (the default when absent).
     notify: dict[str, Any] | None = None
+    # A corpus run's spec (DESIGN.md "Corpus runs"), checked by ``kairos.corpus.spec.validate``.
+    corpus: dict[str, Any] | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -378,6 +380,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
             notify = validate_notify(body["notify"], owner=owner)
         except ValidationFailed as error:
             problems.extend(error.fields)
+    corpus = _corpus(body.get("corpus"), problems)
 
     try:
         request = ScheduleRequest.model_validate(body)
@@ -392,10 +395,24 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     if problems:
         raise ValidationFailed(problems)
 
-    request = request.model_copy(update={"agent": agent, "signing": signing, "notify": notify})
+    request = request.model_copy(update={"agent": agent, "signing": signing, "notify": notify, "corpus": corpus})
     if request.kind in TIMED_KINDS:
         _check_frequency(request, now)
     return request
+
+
+def _corpus(raw: object, problems: list[FieldError]) -> dict[str, Any] | None:
+    """The checked ``corpus`` (``kairos.corpus.spec``), its problems added to ``problems``."""
+    if raw is None:
+        return None
+    from kairos import runtime
+    from kairos.corpus import spec as corpus_spec
+
+    try:
+        return corpus_spec.validate(raw, buckets=runtime.settings().corpus_buckets)
+    except ValidationFailed as error:
+        problems.extend(error.fields)
+        return None
 
 
 def _standalone_problems(body: Mapping[str, Any], reported: set[str]) -> list[FieldError]:

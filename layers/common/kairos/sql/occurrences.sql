@@ -19,7 +19,7 @@ WITH given AS (
                 utc_offset_seconds integer, fold smallint, timezone text, tzdata_version text, revision integer,
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
                 idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb,
-                retry_of uuid, conversation_id uuid, prompt text, mode text)
+                retry_of uuid, conversation_id uuid, prompt text, mode text, corpus jsonb)
       LEFT JOIN schedules s ON s.id = p.schedule_id
       LEFT JOIN conversations cv ON cv.id = p.conversation_id AND p.schedule_id IS NULL  -- a chat turn
 ), queued AS (
@@ -36,7 +36,7 @@ WITH given AS (
            CASE WHEN g.over THEN 'skipped_budget' ELSE g.decision END AS decision,
            g.covers_from, g.covers_until, g.covers_count, g.idempotency_key, g.key_generation,
            CASE WHEN g.over THEN NULL ELSE g.run_id END AS run_id, g.blocked_by, g.payload, g.retry_of,
-           g.conversation_id, g.prompt, g.mode
+           g.conversation_id, g.prompt, g.mode, g.corpus
       FROM (SELECT given.*,
                    coalesce(given.run_id IS NOT NULL
                             AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
@@ -55,18 +55,19 @@ WITH given AS (
 ), new_runs AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
                       payload, agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at,
-                      updated_at, retry_of)
+                      updated_at, retry_of, corpus)
     SELECT p.run_id, occ.id, s.id, c.owner, p.source, c.id, coalesce(d.mode, p.mode), coalesce(d.prompt, p.prompt),
            p.payload, coalesce(d.agent, c.agent), coalesce(d.catch_up, false), 'queued', p.blocked_by,
            CASE WHEN p.source = 'scheduled' AND NOT d.catch_up AND p.blocked_by IS NULL
                 THEN p.fire_at + make_interval(secs => d.max_delay_seconds) END,
-           1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), p.retry_of
+           1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), p.retry_of,
+           coalesce(d.corpus, p.corpus)
       FROM occ
       JOIN planned p ON p.occurrence_id = occ.id
       LEFT JOIN schedules s ON s.id = occ.schedule_id
       LEFT JOIN schedule_revisions rv ON rv.schedule_id = occ.schedule_id AND rv.revision = p.revision
       LEFT JOIN LATERAL jsonb_to_record(rv.definition)
-           AS d(mode text, prompt text, agent jsonb, catch_up boolean, max_delay_seconds integer) ON true
+           AS d(mode text, prompt text, agent jsonb, catch_up boolean, max_delay_seconds integer, corpus jsonb) ON true
       JOIN conversations c ON c.id = coalesce(s.conversation_id, p.conversation_id)
      WHERE p.run_id IS NOT NULL
         ON CONFLICT DO NOTHING

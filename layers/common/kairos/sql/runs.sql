@@ -72,13 +72,14 @@ WITH changed AS (
        AND r.state = 'queued'
        AND r.blocked_by_run_id IS NULL
        AND r.cancel_requested_at IS NULL
+       AND r.paused_at IS NULL  -- a paused corpus run waits for its resume (kairos.corpus.control)
        -- The owner's running slots (KAIROS_OWNER_CONCURRENCY): race-free because every claim holds the
        -- owner's slot lock (runs_hold_owner_slots) from before this statement's snapshot to its commit.
        AND (SELECT count(*) FROM (SELECT 1 FROM runs o WHERE o.owner = r.owner AND o.state = 'running'
                                    LIMIT %(owner_slots)s) AS held) < %(owner_slots)s
     RETURNING r.id, r.occurrence_id, r.schedule_id, r.owner, r.source, r.mode, r.state, r.attempt, r.max_attempts,
               r.fence, r.lease_expires_at, r.heartbeat_at, r.conversation_id, r.source_conversation_id, r.prompt,
-              r.payload, r.agent, r.runtime_limit_seconds, r.last_seq,
+              r.payload, r.agent, r.runtime_limit_seconds, r.last_seq, r.corpus,
               CASE WHEN r.state <> 'running' THEN NULL
                    WHEN r.agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step,
               CASE WHEN r.state <> 'running' THEN r.diagnosis ->> 'reason_code' END AS refusal
@@ -378,6 +379,7 @@ SELECT id, unclaimed_handoffs
   FROM runs
  WHERE state = 'queued'
    AND blocked_by_run_id IS NULL
+   AND paused_at IS NULL  -- a paused corpus run is sent again by its resume
    AND ((handoff_at IS NULL
          AND created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s))
         OR handoff_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_seconds)s))
@@ -399,7 +401,8 @@ RETURNING id, last_seq, attempt, fence, schedule_id, unclaimed_handoffs;
 
 -- name: runs_lock_expired
 -- Locks running runs whose lease expired (their worker is presumed gone) for the rescue.
-SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_requested_at
+SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_requested_at,
+       corpus IS NOT NULL AS corpus_run  -- a corpus run resumes what it committed: never abandoned late
   FROM runs
  WHERE state = 'running'
    AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
@@ -546,3 +549,66 @@ UPDATE runs
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND state = 'awaiting_approval'
 RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_corpus_lock
+-- The partition boundary: locks the running run while the caller's fence holds; reports a cancel
+-- and a pause request.
+SELECT id, fence, attempt, owner, cancel_requested_at, pause_requested_at
+  FROM runs
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+   FOR NO KEY UPDATE;
+
+-- name: runs_corpus_pause
+-- running -> queued at a partition boundary after a pause request, by the fence holder: the lease
+-- cleared, paused_at set (the claim skips it and the repair does not re-send it), no expiry while
+-- paused; run.paused follows in the same statement (kairos.trace.change).
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'queued',
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       paused_at = coalesce(%(now)s::timestamptz, now()),
+       pause_requested_at = NULL,
+       expires_at = NULL,
+       handoff_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
+   AND pause_requested_at IS NOT NULL AND cancel_requested_at IS NULL
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_corpus_request_pause
+-- The owner asks a running corpus run to pause: its worker stops at the next partition boundary.
+UPDATE runs
+   SET pause_requested_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND owner = %(owner)s AND state = 'running' AND corpus IS NOT NULL
+   AND cancel_requested_at IS NULL
+RETURNING *;
+
+-- name: runs_corpus_pause_queued
+-- The owner pauses a queued corpus run: it stays queued, paused (not claimed, not re-sent, no
+-- expiry), with run.paused in the same statement. A paused run answers again (idempotent) without
+-- an event: zero events, last_seq unchanged.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       paused_at = coalesce(paused_at, coalesce(%(now)s::timestamptz, now())),
+       expires_at = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND owner = %(owner)s AND state = 'queued' AND corpus IS NOT NULL
+   AND cancel_requested_at IS NULL
+RETURNING *;
+
+-- name: runs_corpus_resume
+-- The owner resumes a paused corpus run (or withdraws a pause request not yet reached): paused_at
+-- and the request cleared, run.resumed in the same statement; the caller sends a queued one to SQS.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       paused_at = NULL,
+       pause_requested_at = NULL,
+       handoff_at = NULL,
+       unclaimed_handoffs = 0,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND owner = %(owner)s AND corpus IS NOT NULL
+   AND state IN ('queued', 'running')
+   AND (paused_at IS NOT NULL OR pause_requested_at IS NOT NULL)
+RETURNING *;

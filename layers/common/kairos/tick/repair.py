@@ -180,7 +180,7 @@ class Repair:
             return _Outcome(RunState.FAILED, "ambiguous_effect")
         if int(row["restarts"]) >= self.restart_limit:
             return _Outcome(RunState.FAILED, "restart_limit")
-        if row["source"] == Source.SCHEDULED and not row["catch_up"]:
+        if row["source"] == Source.SCHEDULED and not row["catch_up"] and not row.get("corpus_run"):
             return _Outcome(RunState.ABANDONED, "abandoned_late")
         return _Outcome(RunState.QUEUED, None)
 

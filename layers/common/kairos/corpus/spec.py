@@ -1,0 +1,124 @@
+"""The ``corpus`` field of a schedule or a chat turn: its model, its server caps, its checked form.
+
+Role: ``validate`` turns the caller's ``corpus`` object into the canonical spec a run stores
+(``runs.corpus``, ``schedules.corpus``): exactly one source (``s3`` with an allow-listed bucket,
+or inline ``items``), ``instructions``, ``partition_size`` (default 20, at most 100), ``max_items``
+(at most 10,000), ``formats`` (``jsonl`` default, also ``graphml``).
+
+Guarantees: every problem is a ``FieldError`` under ``corpus.…`` naming the field and the rule
+(``bucket_not_allowed``, ``one_source``, ``max_items``, ``max_bytes``, …), all reported at once; the
+result is plain JSON with every default filled in, so a run never re-derives a default.
+
+Must not: read S3 or the database (enumeration is the run's, ``kairos.corpus.manifest``).
+"""
+
+from __future__ import annotations
+
+import json
+from collections.abc import Sequence
+from typing import Any, Literal
+
+from kairos.errors import FieldError, ValidationFailed, from_validation_error
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
+
+PARTITION_SIZE_DEFAULT = 20
+PARTITION_SIZE_MAX = 100
+MAX_ITEMS_CAP = 10_000
+INLINE_ITEMS_MAX = 1_000
+INLINE_ITEM_MAX_BYTES = 16_384
+INLINE_ITEMS_MAX_BYTES = 48_000  # inside the API's 64 KiB body bound, with room for the rest
+INSTRUCTIONS_MAX_BYTES = 8_192
+PREFIX_MAX = 1_024
+Format = Literal["jsonl", "graphml"]
+DEFAULT_FORMATS: tuple[Format, ...] = ("jsonl",)
+
+
+class S3Source(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    bucket: StrictStr = Field(min_length=3, max_length=63)
+    prefix: StrictStr = Field(default="", max_length=PREFIX_MAX)
+
+
+class Source(BaseModel):
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    s3: S3Source | None = None
+    items: list[Any] | None = Field(default=None, min_length=1, max_length=INLINE_ITEMS_MAX)
+
+
+class CorpusSpec(BaseModel):
+    """A corpus: the items a run maps one partition at a time and the instructions of each map call."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True)
+
+    source: Source
+    instructions: StrictStr = Field(min_length=1)
+    partition_size: StrictInt = Field(default=PARTITION_SIZE_DEFAULT, ge=1, le=PARTITION_SIZE_MAX)
+    max_items: StrictInt = Field(default=MAX_ITEMS_CAP, ge=1, le=MAX_ITEMS_CAP)
+    formats: list[Format] = Field(default_factory=lambda: list(DEFAULT_FORMATS), min_length=1, max_length=2)
+
+    @field_validator("instructions")
+    @classmethod
+    def _bounded(cls, value: str) -> str:
+        if not value.strip():
+            raise PydanticCustomError("empty", "give the instructions of each map call")
+        if len(value.encode("utf-8")) > INSTRUCTIONS_MAX_BYTES:
+            raise PydanticCustomError("max_length", f"at most {INSTRUCTIONS_MAX_BYTES} bytes (UTF-8)")
+        return value
+
+
+def item_text(item: Any) -> str:
+    """An inline item as the text the model reads: a string as is, anything else as canonical JSON."""
+    if isinstance(item, str):
+        return item
+    return json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+
+
+def validate(raw: object, *, buckets: Sequence[str], field: str = "corpus") -> dict[str, Any]:
+    """The canonical spec of ``raw``, or ``ValidationFailed`` listing every problem (see the module doc)."""
+    try:
+        spec = CorpusSpec.model_validate(raw)
+    except ValidationError as error:
+        raise ValidationFailed(from_validation_error(error, prefix=field)) from None
+    problems: list[FieldError] = []
+    source = spec.source
+    if (source.s3 is None) == (source.items is None):
+        problems.append(FieldError(f"{field}.source", "one_source", "give exactly one of s3 or items"))
+    if source.s3 is not None and source.s3.bucket not in buckets:
+        problems.append(FieldError(f"{field}.source.s3.bucket", "bucket_not_allowed",
+                                   "this bucket is not listed in KAIROS_CORPUS_BUCKETS"))
+    if source.items is not None:
+        problems.extend(_items_problems(source.items, field))
+        if len(source.items) > spec.max_items:
+            problems.append(FieldError(f"{field}.source.items", "max_items",
+                                       f"more items than max_items ({spec.max_items})"))
+    if len(set(spec.formats)) != len(spec.formats):
+        problems.append(FieldError(f"{field}.formats", "unique", "name each format once"))
+    if problems:
+        raise ValidationFailed(problems)
+    checked: dict[str, Any] = {"instructions": spec.instructions, "partition_size": spec.partition_size,
+                               "max_items": spec.max_items,
+                               "formats": sorted(spec.formats, key=["jsonl", "graphml"].index)}
+    if source.s3 is not None:
+        checked["source"] = {"s3": {"bucket": source.s3.bucket, "prefix": source.s3.prefix}}
+    else:
+        checked["source"] = {"items": list(source.items or [])}
+    return checked
+
+
+def _items_problems(items: list[Any], field: str) -> list[FieldError]:
+    total = 0
+    for i, item in enumerate(items):
+        if not isinstance(item, str | dict):
+            return [FieldError(f"{field}.source.items.{i}", "type", "an item is a string or an object")]
+        size = len(item_text(item).encode("utf-8"))
+        if size > INLINE_ITEM_MAX_BYTES:
+            return [FieldError(f"{field}.source.items.{i}", "max_bytes",
+                               f"an inline item is at most {INLINE_ITEM_MAX_BYTES} bytes")]
+        total += size
+    if total > INLINE_ITEMS_MAX_BYTES:
+        return [FieldError(f"{field}.source.items", "max_bytes",
+                           f"inline items are at most {INLINE_ITEMS_MAX_BYTES} bytes in all; use an s3 source")]
+    return []

@@ -1,0 +1,361 @@
+"""Corpus runs on real PostgreSQL and moto's S3, with a scripted model that answers from its input:
+the worker killed at every phase boundary, in the middle of a partition and of the export, restarted
+until done — each partition's call made once per generation and the export byte-identical to an
+uninterrupted run's; a partition whose answers stay invalid failing after two repairs while the
+others publish; nothing exported when no partition succeeds; pause and resume; cancel; concurrency."""
+
+from __future__ import annotations
+
+import json
+import time
+import uuid
+from collections.abc import Callable
+from datetime import UTC, datetime, timedelta
+from typing import Any
+
+import psycopg
+import pytest
+from kairos.corpus import control
+from kairos.db import Database
+from kairos.probes import Probes
+from kairos.runs.worker import process
+from kairos.settings import Settings
+from kairos.tick.repair import Repair
+from psycopg.rows import dict_row
+
+from tests import factories
+from tests.support.aws import SqsQueue
+from tests.support.corpus import EXPORTS, SETTINGS, SOURCE, Model, rows
+from tests.support.corpus import s3 as s3
+
+
+class Crash(BaseException):
+    """The worker process dies here."""
+
+
+def put_items(s3: Any, count: int, prefix: str = "docs/") -> None:
+    for i in range(count):
+        s3.put_object(Bucket=SOURCE, Key=f"{prefix}{i:05d}.txt", Body=f"document {i} body".encode())
+
+
+def corpus_run(url: str, spec: dict[str, Any]) -> uuid.UUID:
+    run = factories.run(url, source="manual", corpus=json.dumps(
+        {"partition_size": 20, "max_items": 10_000, "formats": ["jsonl"], "instructions": "Summarise.", **spec}))
+    return uuid.UUID(str(run["id"]))
+
+
+def s3_spec(**more: Any) -> dict[str, Any]:
+    return {"source": {"s3": {"bucket": SOURCE, "prefix": "docs/"}}, **more}
+
+
+def work(db: Database, run_id: uuid.UUID, model: Model, *, settings: Settings = SETTINGS,
+         probes: Probes | None = None) -> Any:
+    return process(db, run_id, settings=settings, executor_factory=model.executor.factory, probes=probes)
+
+
+def restart(db: Database, url: str, run_id: uuid.UUID, sqs_queue: SqsQueue) -> None:
+    """The dead worker's lease runs out; the tick's rescuer requeues the run."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (run_id,))
+    report = Repair(db, sqs_queue.client, sqs_queue.url, restart_limit=100).rescue_once()
+    assert report.requeued == 1
+
+
+def exported(s3: Any, run_id: uuid.UUID, fmt: str = "jsonl") -> bytes:
+    body: bytes = s3.get_object(Bucket=EXPORTS, Key=f"exports/alice/{run_id}/records.{fmt}")["Body"].read()
+    return body
+
+
+def crash_once(probes: Probes, point: Any, when: Callable[..., bool]) -> list[bool]:
+    fired: list[bool] = []
+
+    def handler(**context: Any) -> None:
+        if not fired and when(**context):
+            fired.append(True)
+            raise Crash(point)
+
+    probes.on(point, handler)
+    return fired
+
+
+def test_a_corpus_killed_at_every_boundary_exports_the_same_bytes_with_each_call_made_once(
+        db: Database, db_url: str, s3: Any, sqs_queue: SqsQueue) -> None:
+    put_items(s3, 1_000)
+    baseline_model, model = Model(), Model()
+    baseline = corpus_run(db_url, s3_spec())
+    assert work(db, baseline, baseline_model).result == "succeeded"
+
+    run_id = corpus_run(db_url, s3_spec())
+    kills: list[tuple[Any, Callable[..., bool]]] = [
+        ("corpus_phase", lambda phase, **_: phase == "map"),  # enumerate committed
+        ("after_reserve", lambda effect, **_: effect.step == "corpus:3:0"),  # mid-partition, before the call
+        ("corpus_answer", lambda partition, **_: partition == 7),  # mid-partition, answer stored, not committed
+        ("corpus_phase", lambda phase, **_: phase == "reconcile"),
+        ("corpus_phase", lambda phase, **_: phase == "reduce"),
+        ("corpus_phase", lambda phase, **_: phase == "export"),
+        ("corpus_part", lambda part, **_: part == 2),  # mid-export: two parts uploaded and checkpointed
+        ("corpus_phase", lambda phase, **_: phase == "publish"),
+    ]
+    for point, when in kills:
+        probes = Probes()
+        fired = crash_once(probes, point, when)
+        with pytest.raises(Crash):
+            work(db, run_id, model, probes=probes)
+        assert fired == [True]
+        restart(db, db_url, run_id, sqs_queue)
+    outcome = work(db, run_id, model)
+
+    assert outcome.result == "succeeded"
+    assert set(model.calls) == {(n, 0) for n in range(50)} and set(model.calls.values()) == {1}
+    assert exported(s3, run_id) == exported(s3, baseline)
+    [export_row] = rows(db_url, "SELECT * FROM corpus_exports WHERE run_id = %s", run_id)
+    assert len(export_row["parts"]) > 2  # the restart resumed the upload, it did not start over
+    [run] = rows(db_url, "SELECT state, attempt, output FROM runs WHERE id = %s", run_id)
+    assert run["state"] == "succeeded" and run["attempt"] == len(kills) + 1
+    assert run["output"]["corpus"]["coverage"] == {"partitions_total": 50, "succeeded": 50, "failed": 0,
+                                                   "items_total": 1000, "items_covered": 1000}
+    records = rows(db_url, "SELECT kind, count(*) AS n FROM corpus_records WHERE run_id = %s GROUP BY kind "
+                           "ORDER BY kind", run_id)
+    assert [(r["kind"], r["n"]) for r in records] == [("doc", 1000), ("topic", 7)]
+
+    # A replay of the finished run reads what it wrote and never calls the model.
+    assert work(db, run_id, model).result == "skipped"
+    assert sum(model.calls.values()) == 50
+
+
+def test_merge_keeps_every_partition_field_and_later_partitions_win(
+        db: Database, db_url: str, s3: Any) -> None:
+    put_items(s3, 40)
+    run_id = corpus_run(db_url, s3_spec())
+    assert work(db, run_id, Model()).result == "succeeded"
+    [topic] = rows(db_url, "SELECT data, lineage FROM corpus_records WHERE run_id = %s AND kind = 'topic' "
+                           "AND id = 't0'", run_id)
+    # t0 comes from items 0, 7, 14 (partition 0) and 21, 28, 35 (partition 1): the last line of the last
+    # partition wins `last`; each partition's own field stays.
+    assert topic["data"] == {"last": "docs/00035.txt", "seen_0": True, "seen_1": True}
+    assert topic["lineage"] == {"partitions": [{"n": 0, "items": [0, 19]}, {"n": 1, "items": [20, 39]}]}
+
+
+def test_a_partition_that_stays_invalid_fails_after_two_repairs_and_the_others_publish(
+        db: Database, db_url: str, s3: Any) -> None:
+    put_items(s3, 100)
+    model = Model(invalid=lambda n, g: n == 2)
+    run_id = corpus_run(db_url, s3_spec())
+
+    outcome = work(db, run_id, model)
+
+    assert outcome.result == "succeeded"
+    assert [model.calls[(2, g)] for g in range(3)] == [1, 1, 1] and (2, 3) not in model.calls
+    assert all(model.calls[(n, 0)] == 1 for n in (0, 1, 3, 4))
+    [part] = rows(db_url, "SELECT state, generation, error_code FROM corpus_partitions WHERE run_id = %s AND n = 2",
+                  run_id)
+    assert (part["state"], part["generation"], part["error_code"]) == ("failed", 2, "invalid_jsonl:not_json")
+    [run] = rows(db_url, "SELECT output FROM runs WHERE id = %s", run_id)
+    assert run["output"]["corpus"]["coverage"] == {"partitions_total": 5, "succeeded": 4, "failed": 1,
+                                                   "items_total": 100, "items_covered": 80}
+    lines = exported(s3, run_id).decode().splitlines()
+    assert len([x for x in lines if json.loads(x)["kind"] == "doc"]) == 80
+    # The three calls of partition 2 had three input identities (one effect digest each).
+    digests = rows(db_url, "SELECT DISTINCT request_digest FROM effects WHERE run_id = %s AND step LIKE 'corpus:2:%%'",
+                   run_id)
+    assert len(digests) == 3
+    events = rows(db_url, "SELECT data FROM run_events WHERE run_id = %s AND type = 'corpus.partition' "
+                          "AND data ->> 'partition' = '2' ORDER BY seq", run_id)
+    assert [(e["data"]["state"], e["data"]["generation"]) for e in events] == [
+        ("pending", 1), ("pending", 2), ("failed", 2)]
+
+
+def test_no_partition_succeeding_fails_the_run_and_exports_nothing(db: Database, db_url: str, s3: Any) -> None:
+    put_items(s3, 30)
+    run_id = corpus_run(db_url, s3_spec())
+
+    outcome = work(db, run_id, Model(invalid=lambda n, g: True))
+
+    assert (outcome.result, outcome.reason_code) == ("failed", "corpus_no_partition_succeeded")
+    assert s3.list_objects_v2(Bucket=EXPORTS).get("KeyCount", 0) == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM corpus_exports WHERE run_id = %s", run_id)[0]["n"] == 0
+
+
+def test_inline_items_export_jsonl_and_graphml(db: Database, db_url: str, s3: Any) -> None:
+    run_id = corpus_run(db_url, {"source": {"items": ["alpha", {"title": "beta"}, "gamma"]},
+                                 "formats": ["jsonl", "graphml"], "partition_size": 2})
+    assert work(db, run_id, Model()).result == "succeeded"
+    graph = exported(s3, run_id, "graphml").decode()
+    assert graph.startswith("<?xml") and graph.count("<node ") == 3 + 3 and graph.endswith("</graphml>\n")
+    [run] = rows(db_url, "SELECT output FROM runs WHERE id = %s", run_id)
+    handles = run["output"]["corpus"]["exports"]
+    assert [h["format"] for h in handles] == ["jsonl", "graphml"]
+    import hashlib
+    assert handles[0]["sha256"] == hashlib.sha256(exported(s3, run_id)).hexdigest()
+
+
+def pause_when(db_url: str, run_id: uuid.UUID, point: Any, when: Callable[..., bool], probes: Probes) -> None:
+    def handler(**context: Any) -> None:
+        if when(**context):
+            with psycopg.connect(db_url, row_factory=dict_row) as conn:
+                control.pause(conn, run_id, owner="alice")
+
+    probes.on(point, handler)
+
+
+@pytest.mark.parametrize("phase", ["map", "reconcile", "reduce", "export", "publish"])
+def test_pause_at_a_boundary_then_resume_keeps_everything_committed(
+        db: Database, db_url: str, s3: Any, phase: str) -> None:
+    put_items(s3, 60)
+    model = Model()
+    run_id = corpus_run(db_url, s3_spec())
+    probes = Probes()
+    if phase == "map":  # in the middle of map: after partition 1's answer
+        pause_when(db_url, run_id, "corpus_answer", lambda partition, **_: partition == 1, probes)
+    else:
+        pause_when(db_url, run_id, "corpus_phase", lambda **c: c["phase"] == phase, probes)
+
+    assert work(db, run_id, model, probes=probes).result == "paused"
+    [run] = rows(db_url, "SELECT state, lease_token, paused_at, expires_at FROM runs WHERE id = %s", run_id)
+    assert run["state"] == "queued" and run["lease_token"] is None and run["paused_at"] is not None
+    calls_before = sum(model.calls.values())
+    assert work(db, run_id, model).result == "skipped"  # a paused run is not claimed
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        resumed = control.resume(conn, run_id, owner="alice")
+    assert resumed.send and not resumed.run["paused"]
+
+    assert work(db, run_id, model).result == "succeeded"
+    assert set(model.calls.values()) == {1} and len(model.calls) == 3
+    assert sum(model.calls.values()) - calls_before == (1 if phase == "map" else 0)  # only partition 2 was left
+    types = [r["type"] for r in rows(db_url, "SELECT type FROM run_events WHERE run_id = %s ORDER BY seq", run_id)]
+    assert types.count("run.paused") == 1 and types.count("run.resumed") == 1
+    assert types.index("run.paused") < types.index("run.resumed") < types.index("run.succeeded")
+
+
+@pytest.mark.parametrize("phase", ["map", "reconcile", "reduce", "export", "publish"])
+def test_cancel_in_each_phase_ends_the_run_cancelled(db: Database, db_url: str, s3: Any, phase: str) -> None:
+    from kairos import runs
+
+    put_items(s3, 60)
+    run_id = corpus_run(db_url, s3_spec())
+    probes = Probes()
+
+    def cancel(**context: Any) -> None:
+        if context["phase"] == phase:
+            with psycopg.connect(db_url, row_factory=dict_row) as conn:
+                runs.cancel(conn, run_id, owner="alice")
+
+    probes.on("corpus_phase", cancel)
+    outcome = work(db, run_id, Model(), probes=probes)
+
+    assert outcome.result == "cancelled"
+    [run] = rows(db_url, "SELECT state, output FROM runs WHERE id = %s", run_id)
+    assert run["state"] == "cancelled" and run["output"] is None
+
+
+def test_a_paused_queued_run_is_not_resent_and_does_not_expire(
+        db: Database, db_url: str, s3: Any, sqs_queue: SqsQueue) -> None:
+    put_items(s3, 20)
+    run_id = corpus_run(db_url, s3_spec())
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        paused = control.pause(conn, run_id, owner="alice")
+    assert paused["paused"] and paused["state"] == "queued"
+    old = datetime.now(UTC) - timedelta(hours=1)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET handoff_at = %s, created_at = %s WHERE id = %s", (old, old, run_id))
+    report = Repair(db, sqs_queue.client, sqs_queue.url).resend_once()
+    assert report.resent == 0 and sqs_queue.run_ids() == []
+
+
+def test_concurrency_four_exports_what_concurrency_one_does(db: Database, db_url: str, s3: Any) -> None:
+    put_items(s3, 200)
+    one, four = Model(), Model()
+    first = corpus_run(db_url, s3_spec())
+    second = corpus_run(db_url, s3_spec())
+    assert work(db, first, one).result == "succeeded"
+    wide = Settings(corpus_buckets=(SOURCE,), export_bucket=EXPORTS, corpus_max_concurrency=4)
+
+    assert work(db, second, four, settings=wide).result == "succeeded"
+
+    assert exported(s3, first) == exported(s3, second)
+    assert set(four.calls.values()) == {1} and len(four.calls) == 10
+
+
+def test_a_scheduled_corpus_run_whose_worker_died_is_requeued_not_abandoned(
+        db: Database, db_url: str, s3: Any, sqs_queue: SqsQueue) -> None:
+    put_items(s3, 40)
+    model = Model()
+    run = factories.run(db_url, source="scheduled", corpus=json.dumps(
+        {"partition_size": 20, "max_items": 10_000, "formats": ["jsonl"], "instructions": "Summarise.",
+         **s3_spec()}))
+    run_id = uuid.UUID(str(run["id"]))
+    assert run["catch_up"] is False
+    probes = Probes()
+    crash_once(probes, "corpus_answer", lambda partition, **_: partition == 0)
+    with pytest.raises(Crash):
+        work(db, run_id, model, probes=probes)
+
+    restart(db, db_url, run_id, sqs_queue)  # requeued (a plain scheduled run would end abandoned_late)
+
+    assert work(db, run_id, model).result == "succeeded"
+    assert dict(model.calls) == {(0, 0): 1, (1, 0): 1}
+
+
+def test_map_calls_are_reserved_against_the_owners_daily_budget(db: Database, db_url: str, s3: Any) -> None:
+    put_items(s3, 40)
+    model = Model()
+    run_id = corpus_run(db_url, s3_spec())
+    poor = Settings(corpus_buckets=(SOURCE,), export_bucket=EXPORTS, owner_daily_tokens=100)
+
+    outcome = work(db, run_id, model, settings=poor)
+
+    assert (outcome.result, outcome.reason_code) == ("failed", "budget_exhausted")
+    assert sum(model.calls.values()) == 0
+    assert rows(db_url, "SELECT count(*) AS n FROM effects WHERE run_id = %s", run_id)[0]["n"] == 0
+
+
+def test_a_partitions_lease_is_renewed_while_its_call_runs(
+        db: Database, db_url: str, s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
+    from kairos.corpus import mapping
+
+    put_items(s3, 20)
+    run_id = corpus_run(db_url, s3_spec())
+    monkeypatch.setattr(mapping, "RENEW_SECONDS", 0.05)
+    monkeypatch.setattr(mapping, "PARTITION_LEASE_SECONDS", 600)
+    renewed: list[bool] = []
+    model = Model()
+    answer = model.answer
+
+    def slow(prepared: Any, timeout: float) -> Any:
+        # Given the partition's lease as leased, when the call is in flight, then the renewer extends it.
+        [leased] = rows(db_url, "SELECT lease_expires_at FROM corpus_partitions WHERE run_id = %s", run_id)
+        deadline = time.monotonic() + 10
+        while time.monotonic() < deadline and not renewed:
+            [now] = rows(db_url, "SELECT lease_expires_at FROM corpus_partitions WHERE run_id = %s", run_id)
+            if now["lease_expires_at"] > leased["lease_expires_at"]:
+                renewed.append(True)
+            time.sleep(0.02)
+        return answer(prepared, timeout)
+
+    model.executor.on_send = slow
+    assert work(db, run_id, model).result == "succeeded"
+    assert renewed == [True]
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:  # a stale fence renews nothing
+        stale = conn.execute(
+            "UPDATE corpus_partitions SET state = 'running', lease_token = gen_random_uuid(), "
+            "lease_expires_at = now() WHERE run_id = %s RETURNING lease_token", (run_id,)).fetchone()
+        assert stale is not None
+        from kairos import db as kdb
+        assert kdb.fetch_all(conn, "corpus_partitions_renew", {
+            "run_id": run_id, "fence": 1, "tokens": [stale["lease_token"]], "now": None,
+            "lease_seconds": 120}) == []  # the run is no longer running under fence 1
+
+
+def test_a_partition_over_the_agents_input_bound_fails_without_a_call(db: Database, db_url: str, s3: Any) -> None:
+    for i in range(4):
+        s3.put_object(Bucket=SOURCE, Key=f"docs/{i:05d}.txt", Body=(b"x" * (3_000 if i < 2 else 10)))
+    model = Model()
+    run = factories.run(db_url, source="manual", agent=json.dumps({"executor": "echo", "max_input_tokens": 1_000}),
+                        corpus=json.dumps({"partition_size": 2, "max_items": 10, "formats": ["jsonl"],
+                                           "instructions": "Summarise.", **s3_spec()}))
+
+    assert work(db, uuid.UUID(str(run["id"])), model).result == "succeeded"
+
+    assert dict(model.calls) == {(1, 0): 1}  # partition 0 (6,000 characters) was never sent
+    states = rows(db_url, "SELECT n, state, error_code FROM corpus_partitions WHERE run_id = %s ORDER BY n", run["id"])
+    assert [(p["state"], p["error_code"]) for p in states] == [("failed", "input_too_large"), ("succeeded", None)]
