@@ -181,6 +181,19 @@ def test_an_http_call_waits_for_approval_without_a_worker_and_is_applied_exactly
     assert "approval.waiting" in types and "approval.approved" in types and types[-1] == "run.succeeded"
 
 
+def test_an_approval_given_after_the_runs_delivery_deadline_still_applies_the_call(
+        api: Api, db: Database, fake_openai: FakeOpenAI, target: Peer) -> None:
+    # A scheduled run without catch-up carries expires_at (fire + max delay); it started on time.
+    run_id, approval = parked(api, db, fake_openai, target)
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET expires_at = now() - interval '1 hour' WHERE id = %s", (run_id,))
+
+    assert api.alice.post(f"/v1/approvals/{approval['id']}/approve").status == 200
+
+    assert work(db, run_id).result == "succeeded"
+    assert len(target.received) == 1 and run_row(api.url, run_id)["expires_at"] is None
+
+
 def test_two_approvers_race_and_one_wins(api: Api, db: Database, fake_openai: FakeOpenAI, target: Peer) -> None:
     _, approval = parked(api, db, fake_openai, target)
     start = threading.Barrier(2)

@@ -531,9 +531,12 @@ RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_requeue_approved
 -- awaiting_approval -> queued once its request is approved: a new attempt applies the approved call.
+-- The run started on time; its delivery deadline (expires_at) is dropped, or a run its owner took an
+-- hour to approve would be refused `expired` at the claim the approval asked for.
 UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'queued',
+       expires_at = NULL,
        handoff_at = NULL,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND state = 'awaiting_approval'
