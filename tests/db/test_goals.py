@@ -356,3 +356,14 @@ def test_the_schedules_api_cannot_loosen_a_loop(api: Api, db: Database, fake_ope
     assert (row["catch_up"], row["overlap"], row["revision"]) == (False, "skip", loop["revision"])
     assert rows(api.url, "SELECT source FROM occurrences WHERE schedule_id = %s", loop_id) == [
         {"source": "scheduled"}]
+
+
+def test_another_owners_request_is_the_same_404_bytes_as_a_missing_one(
+        api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    _, loop = make_loop(api, fake_openai)
+    _, request = park(api, db, fake_openai, loop["id"])
+    foreign = api.bob.post(f"/v1/input-requests/{request['id']}/answer", {"answer": "mine"})
+    missing = api.bob.post(f"/v1/input-requests/{uuid.uuid4()}/answer", {"answer": "mine"})
+    assert foreign.status == missing.status == 404 and foreign.text == missing.text
+    assert api.bob.get("/v1/input-requests").json["input_requests"] == []
+    assert one(api.url, "SELECT state FROM input_requests WHERE id = %s", request["id"])["state"] == "pending"
