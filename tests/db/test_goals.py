@@ -12,6 +12,7 @@ import threading
 import uuid
 from collections.abc import Callable
 from datetime import UTC, datetime, timedelta
+from functools import partial
 from typing import Any
 
 import psycopg
@@ -20,7 +21,7 @@ from kairos.runs.worker import process
 from kairos.tick import Tick
 from psycopg.rows import dict_row
 
-from tests.support.api import Api, Answer
+from tests.support.api import Answer, Api
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent, tool_call
 
 
@@ -236,9 +237,9 @@ def test_an_answer_racing_a_cancel_exactly_one_wins(api: Api, db: Database, fake
     for _ in range(3):
         _, loop = make_loop(api, fake_openai)
         run_id, request = park(api, db, fake_openai, loop["id"])
-        answer, cancel = race(
-            lambda: api.alice.post(f"/v1/input-requests/{request['id']}/answer", {"answer": "go"}),
-            lambda: api.alice.post(f"/v1/runs/{run_id}/cancel"))
+        answer_path, cancel_path = f"/v1/input-requests/{request['id']}/answer", f"/v1/runs/{run_id}/cancel"
+        answer, cancel = race(partial(api.alice.post, answer_path, {"answer": "go"}),
+                              partial(api.alice.post, cancel_path))
         assert cancel.status == 200
         state = one(api.url, "SELECT state FROM input_requests WHERE id = %s", request["id"])["state"]
         # Either the answer came first (answered, the requeued run then cancelled while queued) or the

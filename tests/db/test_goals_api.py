@@ -82,7 +82,8 @@ def test_caps_at_their_bounds_are_accepted(api: Api, fake_openai: FakeOpenAI) ->
     answer = api.alice.post("/v1/loops", body(conversation_id, ends_at=at_cap, max_occurrences=500))
     assert answer.status == 201, answer.text
     shown = answer.json["schedule"]
-    assert (shown["max_occurrences"], shown["loop"], shown["status"], shown["goal_revision"]) == (500, True, "active", 1)
+    assert (shown["max_occurrences"], shown["loop"], shown["status"], shown["goal_revision"]) == (
+        500, True, "active", 1)
 
 
 def test_a_loop_too_frequent_is_refused_like_a_schedule(api: Api, fake_openai: FakeOpenAI) -> None:
