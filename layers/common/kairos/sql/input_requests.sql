@@ -46,3 +46,14 @@ RETURNING id, run_id;
 -- name: input_requests_pending_for_schedule
 -- A loop's pending requests (its cancel or goal edit cancels them, each run locked first).
 SELECT id, run_id FROM input_requests WHERE schedule_id = %(schedule_id)s AND state = 'pending' ORDER BY created_at;
+
+-- name: input_requests_ops_list
+-- Operators: requests of every owner (or one), newest first, optionally in one state.
+SELECT * FROM input_requests
+ WHERE (%(owner)s::text IS NULL OR owner = %(owner)s) AND (%(state)s::text IS NULL OR state = %(state)s)
+ ORDER BY created_at DESC, id DESC
+ LIMIT %(limit)s;
+
+-- name: input_requests_ops_get
+-- Operators: one request whoever owns it.
+SELECT * FROM input_requests WHERE id = %(id)s;
