@@ -396,7 +396,11 @@ def _add_operator_commands(sub: Any) -> None:
     for verb in ("approve", "deny"):
         approval_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
     approval.set_defaults(func=_cmd_ops)
+    _add_goal_commands(sub, common)
 
+
+def _add_goal_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``loops create|show`` and ``input list|answer``."""
     loops = sub.add_parser("loops", help="create or show goal loops (for an owner)")
     loop_verbs = loops.add_subparsers(dest="verb", required=True)
     lc = loop_verbs.add_parser("create", parents=[common], help="a loop from a POST /v1/loops body")
