@@ -375,3 +375,21 @@ def test_another_owners_request_is_the_same_404_bytes_as_a_missing_one(
     assert foreign.status == missing.status == 404 and foreign.text == missing.text
     assert api.bob.get("/v1/input-requests").json["input_requests"] == []
     assert one(api.url, "SELECT state FROM input_requests WHERE id = %s", request["id"])["state"] == "pending"
+
+
+def test_an_answer_racing_the_loops_cancel_exactly_one_wins(
+        api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    for _ in range(3):
+        _, loop = make_loop(api, fake_openai)
+        run_id, request = park(api, db, fake_openai, loop["id"])
+        answer, cancel = race(partial(api.alice.post, f"/v1/input-requests/{request['id']}/answer", {"answer": "go"}),
+                              partial(api.alice.delete, f"/v1/schedules/{loop['id']}"))
+        assert cancel.status == 200, cancel.text
+        state = one(api.url, "SELECT state FROM input_requests WHERE id = %s", request["id"])["state"]
+        run = one(api.url, "SELECT state, diagnosis FROM runs WHERE id = %s", run_id)
+        if answer.status == 200:  # the answer first: the run is queued, and its claim finds the loop cancelled
+            assert (state, run["state"]) == ("answered", "queued")
+            assert work(db, run_id).reason_code == "schedule_cancelled"
+        else:  # the cancel first: the question and its run are cancelled, the answer refused
+            assert (state, run["state"], answer.error["code"]) == ("cancelled", "cancelled", "not_pending")
+        assert one(api.url, "SELECT state FROM runs WHERE id = %s", run_id)["state"] == "cancelled"
