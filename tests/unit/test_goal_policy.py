@@ -76,7 +76,7 @@ def test_the_envelope_binds_and_the_projection_hides_the_verification() -> None:
     assert shown["verification_digest"] == policy.digest("ci green")
     assert policy.same_goal(one, policy.Goal(outcome="ship it", constraints=["no force push"], verification="ci green"))
     assert not policy.same_goal(one, policy.Goal(outcome="ship it"))
-    assert "ci green" in policy.instructions(one) and "goal_report" in policy.instructions(one)
+    assert "ci green" in report.instructions(one) and "goal_report" in report.instructions(one)
 
 
 @pytest.mark.parametrize(("arguments", "fields"), [

@@ -11,7 +11,7 @@ other field is ``unknown_field``. Every problem is reported at once.
 ``envelope`` binds the normalized goal (outcome, constraints, verification) to the loop, its revision
 and its agent by digests; ``safe`` is what the API shows of it: the outcome, the constraints and the
 verification's digest, never the verification text (it tells the loop's runs how their work is
-checked, and is seen only by them).
+checked, and is seen only by them: ``kairos.goals.report.instructions``).
 
 Must not: read the database or the clock (the caller passes the database's ``now``).
 """
@@ -26,9 +26,10 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 from typing import Any
 
-from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, ValidationError
 
-from kairos.errors import FieldError, KairosError, LoopPolicy, ValidationFailed, from_validation_error
+from kairos.errors import FieldError, LoopPolicy, ValidationFailed, from_validation_error
+from kairos.schedules.request import Instant
 
 MAX_HORIZON_DAYS = 90
 MAX_OCCURRENCES = 500
@@ -113,10 +114,8 @@ def cap_problems(body: Mapping[str, Any], *, now: datetime) -> list[FieldError]:
         problems.append(FieldError("ends_at", "required", "a loop needs an explicit end (at most 90 days ahead)"))
     else:
         try:
-            from kairos.schedules.request import _instant
-
-            ends = _instant(body["ends_at"])
-        except (KairosError, ValueError, TypeError):
+            ends = TypeAdapter(Instant).validate_python(body["ends_at"])
+        except ValidationError:
             ends = None  # parse_request names the shape problem
         if ends is not None and ends > now + timedelta(days=MAX_HORIZON_DAYS):
             problems.append(FieldError("ends_at", "max_horizon",
@@ -189,16 +188,3 @@ def safe(goal: Mapping[str, Any] | None) -> dict[str, Any] | None:
     if goal is None:
         return None
     return {k: goal.get(k) for k in SAFE_FIELDS}
-
-
-def instructions(goal: Mapping[str, Any]) -> str:
-    """The goal as the loop run's model reads it (appended to its system prompt)."""
-    lines = ["You are working in a bounded loop toward this goal.", f"Outcome: {goal.get('outcome')}"]
-    for constraint in goal.get("constraints") or ():
-        lines.append(f"Constraint: {constraint}")
-    if goal.get("verification"):
-        lines.append(f"Verification: {goal['verification']}")
-    lines.append("End this run by calling goal_report exactly once with disposition continue (more work "
-                 "next time), complete (the outcome is reached and verified), blocked (you cannot go on), or "
-                 "needs_input (ask the owner one question).")
-    return "\n".join(lines)

@@ -25,7 +25,9 @@ Must not: log the summary, the question or the answer; write without the run's f
 
 from __future__ import annotations
 
+import json
 import uuid
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import UTC
 from typing import Any
@@ -74,6 +76,19 @@ def goal_of(conn: psycopg.Connection[db.Row], run_id: uuid.UUID) -> Goal | None:
     return Goal(row["schedule_id"], int(row["revision"]), dict(row["goal"]))
 
 
+def instructions(goal: Mapping[str, Any]) -> str:
+    """The goal as the loop run's model reads it (appended to its system prompt)."""
+    lines = ["You are working in a bounded loop toward this goal.", f"Outcome: {goal.get('outcome')}"]
+    for constraint in goal.get("constraints") or ():
+        lines.append(f"Constraint: {constraint}")
+    if goal.get("verification"):
+        lines.append(f"Verification: {goal['verification']}")
+    lines.append("End this run by calling goal_report exactly once with disposition continue (more work "
+                 "next time), complete (the outcome is reached and verified), blocked (you cannot go on), or "
+                 "needs_input (ask the owner one question).")
+    return "\n".join(lines)
+
+
 def check(arguments: dict[str, Any]) -> Report | list[dict[str, str]]:
     """The report, or the problems (field, rule, message) the model is told."""
     problems: list[dict[str, str]] = []
@@ -103,8 +118,6 @@ def check(arguments: dict[str, Any]) -> Report | list[dict[str, str]]:
 
 def answer_result(conn: psycopg.Connection[db.Row], call: ToolCall, request: db.Row) -> ToolResult:
     """The answered request as the ``goal_report`` call's result the model reads on its next attempt."""
-    import json
-
     entry = db.fetch_one(conn, "conversation_entries_find_seq",
                          {"conversation_id": request["conversation_id"], "seq": request["answer_entry_seq"]})
     text = "" if entry is None else str(entry["content"])

@@ -50,7 +50,7 @@ from kairos.executors.base import (
     ToolResult,
     digest,
 )
-from kairos.goals import policy, report
+from kairos.goals import report
 from kairos.runs import moves, steps
 from kairos.runs.attempt import Claimed, Outcome
 from kairos.runs.stops import Cancelled, Failure, LeaseLost
@@ -99,7 +99,7 @@ def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> O
         # The goal travels in the system prompt; goal_report is offered whatever the agent's tools.
         system = str(agent.get("system") or "")
         request = dataclasses.replace(request, agent={
-            **agent, "system": f"{system}\n\n{policy.instructions(goal.envelope)}".strip()})
+            **agent, "system": f"{system}\n\n{report.instructions(goal.envelope)}".strip()})
         specs = (*specs, report.SPEC)
     fresh = True  # the step the claim opened is still open and unused
     while True:
