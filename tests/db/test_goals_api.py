@@ -211,3 +211,13 @@ def test_an_answer_body_is_strict(api: Api) -> None:
         answer = api.alice.post(f"/v1/input-requests/{missing}/answer", payload)
         assert answer.status == 422 and field in [f["field"] for f in answer.error["fields"]], answer.text
     assert api.alice.get("/v1/input-requests?state=bogus").status == 422
+
+
+def test_a_retried_create_with_its_idempotency_key_makes_one_loop(api: Api, fake_openai: FakeOpenAI) -> None:
+    conversation_id = conversation(api, fake_openai)
+    payload = body(conversation_id)
+    first = api.alice.post("/v1/loops", payload, headers={"Idempotency-Key": "loop-1"})
+    again = api.alice.post("/v1/loops", payload, headers={"Idempotency-Key": "loop-1"})
+    other = api.alice.post("/v1/loops", {**payload, "max_occurrences": 3}, headers={"Idempotency-Key": "loop-1"})
+    assert (first.status, again.status, other.status) == (201, 201, 422)
+    assert first.json == again.json and count(api, "schedules") == 1
