@@ -145,13 +145,14 @@ def test_no_field_of_a_loop_can_be_patched_to_loosen_it(api: Api, fake_openai: F
 def test_patch_without_a_goal_keeps_the_goal_and_the_status(api: Api, fake_openai: FakeOpenAI) -> None:
     conversation_id = conversation(api, fake_openai)
     loop = api.alice.post("/v1/loops", body(conversation_id)).json["schedule"]
-    edited = api.alice.patch(f"/v1/loops/{loop['id']}", {"max_occurrences": 12, "cron": "0 10 * * 1-5"},
+    edited = api.alice.patch(f"/v1/loops/{loop['id']}", {"max_occurrences": 12, "cron": "0 10 * * 1-5",
+                                                         "max_delay_seconds": 900},
                              headers={"If-Match": f'"{loop["revision"]}"'})
     assert edited.status == 200, edited.text
     shown = edited.json["schedule"]
     assert (shown["status"], shown["goal_revision"], shown["max_occurrences"], shown["cron"]) == (
         "active", 1, 12, "0 10 * * 1-5")
-    assert shown["revision"] == loop["revision"] + 1
+    assert shown["revision"] == loop["revision"] + 1 and shown["max_delay_seconds"] == 900
     stale = api.alice.patch(f"/v1/loops/{loop['id']}", {"max_occurrences": 13},
                             headers={"If-Match": f'"{loop["revision"]}"'})
     assert stale.status == 412
