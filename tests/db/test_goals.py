@@ -393,3 +393,19 @@ def test_an_answer_racing_the_loops_cancel_exactly_one_wins(
         else:  # the cancel first: the question and its run are cancelled, the answer refused
             assert (state, run["state"], answer.error["code"]) == ("cancelled", "cancelled", "not_pending")
         assert one(api.url, "SELECT state FROM runs WHERE id = %s", run_id)["state"] == "cancelled"
+
+
+def test_a_waiting_run_holds_no_owner_slot(api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    import dataclasses
+
+    one_slot = dataclasses.replace(OPENAI_SETTINGS, owner_concurrency=1)
+    _, waiting_loop = make_loop(api, fake_openai)
+    fake_openai.script = [report("s1", "needs_input", "?", question="Which one?")]
+    waiting = fire(api, db, waiting_loop["id"])
+    assert waiting is not None and process(db, waiting, settings=one_slot).result == "awaiting_input"
+
+    _, other_loop = make_loop(api, fake_openai)
+    fake_openai.script = [report("s2", "continue", "meanwhile")]
+    other = fire(api, db, other_loop["id"])
+    assert other is not None
+    assert process(db, other, settings=one_slot).result == "succeeded"  # the owner's one slot was free
