@@ -136,3 +136,30 @@ def approval(url: str, *, run_row: dict[str, Any], state: str = "pending", **col
         row = conn.execute(f"INSERT INTO approvals ({cols}) VALUES ({params}) RETURNING *", values).fetchone()
     assert row is not None
     return row
+
+
+def loop(url: str, *, owner: str = "alice", conversation_id: uuid.UUID | None = None, **columns: Any) -> dict[str, Any]:
+    """A goal loop row (``POST /v1/loops``'s fixed policies), active, its goal at revision 1."""
+    goal = {"outcome": "test outcome", "constraints": [], "verification": None, "verification_digest": None,
+            "schedule_id": None, "revision": 1, "agent_digest": "0" * 64, "digest": "0" * 64}
+    values: dict[str, Any] = {
+        "loop": True, "goal": json.dumps(goal), "goal_revision": 1, "mode": "append", "overlap": "skip",
+        "catch_up": False, "ends_at": datetime.now(UTC) + timedelta(days=30), "max_occurrences": 10, **columns}
+    return schedule(url, owner=owner, conversation_id=conversation_id, **values)
+
+
+def input_request(url: str, *, run_row: dict[str, Any], state: str = "pending", **columns: Any) -> dict[str, Any]:
+    """A question of ``run_row`` (a loop run awaiting input) to its owner."""
+    values: dict[str, Any] = {
+        "id": uuid.uuid4(), "owner": run_row["owner"], "run_id": run_row["id"],
+        "attempt": max(1, int(run_row["attempt"])), "step": 2, "call_id": f"call-{uuid.uuid4().hex[:8]}",
+        "schedule_id": run_row["schedule_id"], "revision": 1, "conversation_id": run_row["source_conversation_id"],
+        "question": "Which one?", "question_digest": "0" * 64, "state": state,
+        "decided_at": None if state == "pending" else datetime.now(UTC), **columns,
+    }
+    cols = ", ".join(values)
+    params = ", ".join(f"%({k})s" for k in values)
+    with _connect(url) as conn:
+        row = conn.execute(f"INSERT INTO input_requests ({cols}) VALUES ({params}) RETURNING *", values).fetchone()
+    assert row is not None
+    return row

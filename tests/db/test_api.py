@@ -51,15 +51,24 @@ def world(api: Api) -> dict[str, Any]:
                                                           {"id": cron.json["schedule"]["id"]})[0],
                                state="awaiting_approval")
         approval = factories.approval(api.url, run_row=parked)
+        # A goal loop with a run waiting on its owner's answer (tests/db/test_goals.py makes real ones).
+        loop = factories.loop(api.url, owner=who, conversation_id=conversation["id"])
+        asking = factories.run(api.url, schedule_row=loop, state="awaiting_input", attempt=1, fence=1)
+        question = factories.input_request(api.url, run_row=asking)
         out[who] = {"conversation": conversation["id"], "schedule": cron.json["schedule"]["id"],
                     "hook": hook_schedule["id"], "token": token, "run": run.json["run_id"],
-                    "approval": str(approval["id"])}
+                    "approval": str(approval["id"]), "loop": str(loop["id"]),
+                    "input_request": str(question["id"])}
     return out
 
 
 def object_for(spec: RouteSpec, mine: dict[str, Any]) -> str:
     if spec.path.startswith("/v1/approvals"):
         return str(mine["approval"])
+    if spec.path.startswith("/v1/loops"):
+        return str(mine["loop"])
+    if spec.path.startswith("/v1/input-requests"):
+        return str(mine["input_request"])
     if spec.path.startswith("/v1/conversations"):
         return str(mine["conversation"])
     if spec.path.startswith("/v1/runs"):
@@ -74,6 +83,8 @@ BODIES: dict[str, Any] = {
     "POST /v1/schedules/{id}/token": {"overlap_seconds": 60},
     "PATCH /v1/schedules/{id}": {"name": "renamed"},
     "POST /v1/conversations/{id}/messages": {"content": "hello"},
+    "PATCH /v1/loops/{id}": {"name": "renamed"},
+    "POST /v1/input-requests/{id}/answer": {"answer": "yes"},
     "POST /v1/schedules/{id}/backfill": {"from": (datetime.now(UTC) - 2 * _DAY).isoformat(),
                                          "until": (datetime.now(UTC) - _DAY).isoformat()},
 }
@@ -116,7 +127,7 @@ def test_another_principals_object_answers_exactly_like_a_missing_one_on_every_i
         assert foreign.headers == absent.headers, spec.key
         assert alices not in foreign.text and missing not in absent.text
         covered.add(spec.key)
-    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 25
+    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 28
     after = {t: rows(api.url, f"SELECT t::text AS row FROM {t} t ORDER BY 1") for t in ("schedules", "runs")}
     assert after == before, "bob's attempts changed nothing of alice's"
 
@@ -135,10 +146,10 @@ def test_lists_return_exactly_the_callers_rows(api: Api, world: dict[str, Any]) 
         client = ApiClient(who)
         listed = {s["id"] for s in client.get("/v1/schedules").json["schedules"]}
         stored = {r["id"] for r in rows(api.url, "SELECT id::text FROM schedules WHERE owner = %(o)s", {"o": who})}
-        assert listed == stored == {world[who]["schedule"], world[who]["hook"]}
+        assert listed == stored == {world[who]["schedule"], world[who]["hook"], world[who]["loop"]}
         mine = client.get(f"/v1/schedules?conversation_id={world[who]['conversation']}").json["schedules"]
         theirs = client.get(f"/v1/schedules?conversation_id={world[other]['conversation']}")
-        assert {s["id"] for s in mine} == {world[who]["schedule"]}
+        assert {s["id"] for s in mine} == {world[who]["schedule"], world[who]["loop"]}
         assert theirs.status == 200 and theirs.json == {"schedules": []}
 
 
@@ -413,7 +424,8 @@ def test_cancel_a_queued_run(api: Api, world: dict[str, Any]) -> None:
 
 
 def spec_status(spec: RouteSpec) -> int:
-    return {"POST /v1/conversations": 201, "POST /v1/schedules": 201, "POST /v1/hooks/{token}": 202,
+    return {"POST /v1/conversations": 201, "POST /v1/schedules": 201, "POST /v1/loops": 201,
+            "POST /v1/hooks/{token}": 202,
             "POST /v1/schedules/{id}/trigger": 202, "POST /v1/schedules/{id}/backfill": 202,
             "POST /v1/runs/{id}/retry": 202, "POST /v1/conversations/{id}/messages": 202,
             "DELETE /v1/secrets/{name}": 204, "POST /v1/runs/{id}/pause": 202,

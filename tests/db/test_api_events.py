@@ -5,7 +5,7 @@ they name exist for their principal. This holds the template's sample events and
 from __future__ import annotations
 
 import json
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
 
@@ -25,7 +25,8 @@ ORDER = [
     "api_preview_schedule", "api_list_occurrences", "api_list_runs", "api_list_conversations",
     "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
     "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_list_approvals", "api_get_approval",
-    "api_approve", "api_deny", "api_get_run", "api_run_events",
+    "api_approve", "api_deny", "api_list_input_requests", "api_answer_input_request", "api_create_loop",
+    "api_get_loop", "api_edit_loop", "api_get_run", "api_run_events",
     "api_run_output", "api_run_corpus", "api_run_corpus_records", "api_pause_run", "api_resume_run",
     "api_get_usage", "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
 ]
@@ -73,8 +74,24 @@ def test_the_sample_events_answer_2xx_in_jwt_mode(api: Api, monkeypatch: pytest.
                                 fire_at=datetime(2026, 1, 6 + n, tzinfo=UTC))
         factories.approval(api.url, run_row=waiting, id=load(name)["pathParameters"]["id"])
 
+    # The loop samples: a conversation whose agent calls tools, a loop, and a run of it waiting on a question.
+    loop_conversation = json.loads(load("api_create_loop")["body"])["conversation_id"]
+    rows(api.url, "INSERT INTO conversations (id, owner, title, agent) VALUES (%(id)s, %(owner)s, 'loops', "
+                  "%(agent)s) RETURNING id",
+         {"id": loop_conversation, "owner": principal, "agent": json.dumps({
+             "executor": "openai", "model": "gpt-4o-mini", "base_url": "https://api.openai.com/v1",
+             "api_key_secret": "env:OPENAI_API_KEY"})})
+    loop = factories.loop(api.url, owner=principal, conversation_id=loop_conversation,
+                          id=load("api_get_loop")["pathParameters"]["id"])
+    asking = factories.run(api.url, schedule_row=loop, state="awaiting_input", attempt=1, fence=1,
+                           fire_at=datetime(2026, 1, 8, tzinfo=UTC))
+    factories.input_request(api.url, run_row=asking, id=load("api_answer_input_request")["pathParameters"]["id"])
+
     for name in ORDER:
         event = load(name)
+        if name == "api_create_loop":  # a loop ends at most 90 days ahead: the sample's end, moved to now
+            event["body"] = json.dumps({**json.loads(event["body"]),
+                                        "ends_at": (datetime.now(UTC) + timedelta(days=30)).isoformat()})
         answer = HANDLER(event, lambda_context)
         assert 200 <= answer["statusCode"] < 300, (name, answer["body"])
     assert rows(api.url, "SELECT state FROM runs WHERE id = %(id)s", {"id": run_id}) == [{"state": "cancelled"}]

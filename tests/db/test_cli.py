@@ -222,3 +222,38 @@ def test_an_invalid_state_is_exit_2_with_the_choices(capsys: pytest.CaptureFixtu
     assert exited.value.code == 2
     err = capsys.readouterr().err
     assert "invalid choice: 'bogus'" in err and "succeeded" in err
+
+
+def test_loops_create_show_and_input_list_answer(api: Api, capsys: pytest.CaptureFixture[str],
+                                                 monkeypatch: pytest.MonkeyPatch) -> None:
+    from datetime import timedelta
+
+    monkeypatch.setenv("RUN_QUEUE_URL", api.queue_url)
+    conversation = factories.conversation(api.url, owner="carol", agent={
+        "executor": "openai", "model": "m", "base_url": "https://api.openai.com/v1"})
+    body = {"conversation_id": str(conversation["id"]), "goal": {"outcome": "inbox zero", "verification": "secret"},
+            "interval_seconds": 3600, "ends_at": (datetime.now(UTC) + timedelta(days=5)).isoformat(),
+            "max_occurrences": 3}
+    code, out, err = run_cli(capsys, "loops", "create", "--owner", "carol", "--body", json.dumps(body), "--json")
+    assert code == 0, err
+    created = json.loads(out)
+    assert (created["loop"], created["status"], created["overlap"]) == (True, "active", "skip")
+    code, out, err = run_cli(capsys, "loops", "show", created["id"])
+    assert code == 0 and "inbox zero" in out and "secret" not in out, err
+    code, _, err = run_cli(capsys, "loops", "create", "--owner", "carol", "--body",
+                           json.dumps({**body, "catch_up": True}))
+    assert code == 1 and "catch_up: loop_policy" in err
+    plain = factories.schedule(api.url, owner="carol")
+    code, _, err = run_cli(capsys, "loops", "show", str(plain["id"]))
+    assert code == 1 and "loop not found" in err
+
+    loop = factories.loop(api.url, owner="carol", conversation_id=conversation["id"])
+    asking = factories.run(api.url, schedule_row=loop, state="awaiting_input", attempt=1, fence=1)
+    question = factories.input_request(api.url, run_row=asking)
+    code, out, err = run_cli(capsys, "input", "list", "--state", "pending", "--json")
+    assert code == 0 and [r["id"] for r in json.loads(out)] == [str(question["id"])], err
+    code, out, err = run_cli(capsys, "input", "answer", str(question["id"]), "--answer", "the blue one", "--json")
+    assert code == 0 and json.loads(out)["state"] == "answered", err
+    assert [m["run_id"] for m in api.messages()] == [str(asking["id"])]
+    code, _, err = run_cli(capsys, "input", "answer", str(question["id"]), "--answer", "again")
+    assert code == 1 and "already answered" in err

@@ -51,6 +51,7 @@ def _check_values(url: str, table: str, column: str) -> set[str]:
         ("runs", "state", states.RunState),
         ("run_events", "type", states.EventType),
         ("effects", "state", states.EffectState),
+        ("input_requests", "state", states.InputRequestState),
     ],
 )
 def test_check_constraints_match_the_enums(db_url: str, table: str, column: str, enum: type) -> None:
@@ -155,3 +156,21 @@ def test_the_pruner_may_delete_in_its_own_transaction_only(db_url: str) -> None:
         with pytest.raises(psycopg.errors.RestrictViolation):
             conn.execute("DELETE FROM run_events WHERE run_id = %s", (run["id"],))
         assert conn.execute("SELECT count(*) FROM run_events WHERE run_id = %s", (run["id"],)).fetchone() == (1,)
+
+
+@pytest.mark.parametrize("loosened", [
+    "catch_up = true", "overlap = 'allow'", "mode = 'fork'", "ends_at = NULL", "max_occurrences = NULL",
+    "max_occurrences = 501", "kind = 'once', cron = NULL, starts_at = now() + interval '1 day'", "goal = NULL",
+])
+def test_the_schema_refuses_a_loop_that_would_loosen_its_policies(db_url: str, loosened: str) -> None:
+    loop = factories.loop(db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn, pytest.raises(psycopg.errors.CheckViolation):
+        conn.execute(f"UPDATE schedules SET {loosened} WHERE id = %s", (loop["id"],))  # type: ignore[arg-type]
+
+
+def test_only_a_loop_has_a_goal_or_a_draft(db_url: str) -> None:
+    plain = factories.schedule(db_url)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        for change in ("status = 'draft'", "goal = '{}'::jsonb"):
+            with pytest.raises(psycopg.errors.CheckViolation):
+                conn.execute(f"UPDATE schedules SET {change} WHERE id = %s", (plain["id"],))  # type: ignore[arg-type]

@@ -177,7 +177,7 @@ def test_the_scan_finds_the_state_moves() -> None:
     known = {"runs_claim", "runs_succeed", "runs_end_rescued", "schedules_cancel", "schedules_advance_cursor"}
     assert known <= set(writes)
     assert writes["runs_claim"] == [("runs", {"queued"}, {"running", "abandoned", "expired", "cancelled"})]
-    assert writes["runs_cancel_waiting"] == [("runs", {"queued", "awaiting_approval"}, {"cancelled"})]
+    assert writes["runs_cancel_waiting"] == [("runs", {"queued", "awaiting_approval", "awaiting_input"}, {"cancelled"})]
     assert writes["schedules_advance_cursor"] == [("schedules", {"active"}, {"completed"})]
     # Writes that touch runs without moving state are not moves.
     assert "runs_stamp_handoff" not in writes and "runs_heartbeat" not in writes

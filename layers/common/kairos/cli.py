@@ -164,6 +164,8 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         return 0
     if what == "approvals":
         return _approvals(args, conn, operations)
+    if what in ("loops", "input"):
+        return _goals(args, conn, operations)
     if what == "schedules":
         if verb in ("edit", "trigger", "backfill"):
             return _steer_schedule(args, conn, operations)
@@ -220,6 +222,34 @@ def _approvals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
     if args.verb == "approve":
         args.sendable.append(decided.run_id)
     _print(args, decided.as_json(), [f"{decided.id}  {decided.state}  run {decided.run_id}"])
+    return 0
+
+
+def _goals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    """``kairos loops create|show`` and ``kairos input list|answer``."""
+    if args.command == "loops":
+        if args.verb == "create":
+            try:
+                raw = json.loads(Path(args.body[1:]).read_text() if args.body.startswith("@") else args.body)
+            except (OSError, ValueError):
+                print("kairos: --body must be a JSON object (or @file), e.g. '{\"conversation_id\": ...}'",
+                      file=sys.stderr)
+                return 2
+            loop = operations.create_loop(conn, owner=args.owner, raw=raw)
+        else:
+            loop = operations.get_loop(conn, args.id)
+        shown = loop.as_json()
+        _print(args, shown, [f"{k:<26} {v}" for k, v in shown.items() if k != "prompt"])
+        return 0
+    if args.verb == "list":
+        found = operations.list_input_requests(conn, owner=args.owner, state=args.state, limit=args.limit)
+        _print(args, [r.as_json() for r in found],
+               [f"{r.id}  {r.state:<9} run {r.run_id}  loop {r.schedule_id}  {r.question[:60]}" for r in found]
+               or ["no input requests"])
+        return 0
+    answered = operations.answer_input(conn, args.id, text=args.answer)
+    args.sendable.append(answered.run_id)
+    _print(args, answered.as_json(), [f"{answered.id}  {answered.state.value}  run {answered.run_id} requeued"])
     return 0
 
 
@@ -316,7 +346,8 @@ def build_parser() -> argparse.ArgumentParser:
 
 
 def _add_operator_commands(sub: Any) -> None:
-    """``status``, ``schedules``, ``runs`` and ``approvals``: operator commands over every owner's rows."""
+    """``status``, ``schedules``, ``runs``, ``approvals``, ``loops`` and ``input``: operator commands over
+    every owner's rows."""
     from kairos.states import RunState
 
     common = argparse.ArgumentParser(add_help=False)
@@ -365,6 +396,30 @@ def _add_operator_commands(sub: Any) -> None:
     for verb in ("approve", "deny"):
         approval_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
     approval.set_defaults(func=_cmd_ops)
+    _add_goal_commands(sub, common)
+
+
+def _add_goal_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``loops create|show`` and ``input list|answer``."""
+    loops = sub.add_parser("loops", help="create or show goal loops (for an owner)")
+    loop_verbs = loops.add_subparsers(dest="verb", required=True)
+    lc = loop_verbs.add_parser("create", parents=[common], help="a loop from a POST /v1/loops body")
+    lc.add_argument("--owner", required=True, help="the principal the loop belongs to")
+    lc.add_argument("--body", required=True, help="JSON object (or @file): conversation_id, goal, cron or "
+                                                  "interval_seconds, ends_at, max_occurrences, ...")
+    loop_verbs.add_parser("show", parents=[common]).add_argument("id", type=uuid.UUID)
+    loops.set_defaults(func=_cmd_ops)
+
+    questions = sub.add_parser("input", help="list goal loops' questions, answer one (every owner)")
+    question_verbs = questions.add_subparsers(dest="verb", required=True)
+    ql = question_verbs.add_parser("list", parents=[common])
+    ql.add_argument("--owner")
+    ql.add_argument("--state", help="pending, answered, cancelled or expired")
+    ql.add_argument("--limit", type=int, default=50)
+    qa = question_verbs.add_parser("answer", parents=[common], help="answer once; the run that asked resumes")
+    qa.add_argument("id", type=uuid.UUID)
+    qa.add_argument("--answer", required=True)
+    questions.set_defaults(func=_cmd_ops)
 
 
 def main(argv: Sequence[str] | None = None) -> int:

@@ -121,6 +121,12 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "not_replace_safe": ("run", False, (),
                          "The run was not started: the run it should have replaced had already reserved an "
                          "external change, so replacing it is not safe (overlap cancel_replace)."),
+    # Goal loops (kairos.goals).
+    "goal_report_missing": ("run", False, ("check_agent_config",),
+                            "The loop run ended without calling goal_report with its disposition."),
+    "goal_revised": ("run", False, ("resume_schedule",),
+                     "The run was not started: its loop's goal was edited after it was made, so it would work "
+                     "toward a goal that no longer stands."),
 }
 
 # Reasons only the run machinery gives (the claim's refusals, the tick's repair), beside the
@@ -128,7 +134,7 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
 RUN_REASON_CODES: frozenset[str] = frozenset(
     {"schedule_paused", "schedule_cancelled", "superseded", "expired", "undeliverable", "replaced",
      "not_replace_safe", "approval_denied", "approval_expired", "corpus_no_partition_succeeded",
-     "corpus_source_unavailable", "corpus_export_unavailable"}
+     "corpus_source_unavailable", "corpus_export_unavailable", "goal_report_missing", "goal_revised"}
 )
 def diagnose(
     reason_code: str,

@@ -189,6 +189,19 @@ class NotRetryable(Conflict):
     code = "not_retryable"
 
 
+class LoopPolicy(Conflict):
+    """A goal loop's fixed policies cannot be loosened through a schedule route (trigger, retry,
+    backfill, PATCH /v1/schedules): a loop is edited only through PATCH /v1/loops."""
+
+    code = "loop_policy"
+
+
+class NotPending(Conflict):
+    """An input request that is no longer pending (answered, cancelled or expired) cannot be answered."""
+
+    code = "not_pending"
+
+
 class NotCorpusRun(Conflict):
     """Pause and resume apply to a corpus run that is queued or running (pause) or paused (resume)."""
 

@@ -179,3 +179,37 @@ def decide_approval(conn: psycopg.Connection[db.Row], approval_id: UUID, *, appr
         raise NotFound("approval")
     decide = approvals.approve if approve else approvals.deny
     return decide(conn, approval_id, owner=row["owner"])
+
+
+def create_loop(conn: psycopg.Connection[db.Row], *, owner: str, raw: object) -> schedules.Schedule:
+    """A goal loop for ``owner``, through the same checks as ``POST /v1/loops``."""
+    from kairos.goals import loops
+
+    return loops.create(conn, owner=owner, raw=raw)
+
+
+def get_loop(conn: psycopg.Connection[db.Row], loop_id: UUID) -> schedules.Schedule:
+    row = db.fetch_one(conn, "schedules_ops_get", {"id": loop_id})
+    if row is None or not row["loop"]:
+        raise NotFound("loop")
+    return schedules.Schedule.from_row(row)
+
+
+def list_input_requests(conn: psycopg.Connection[db.Row], *, owner: str | None = None, state: str | None = None,
+                        limit: int = 50) -> list[Any]:
+    from kairos import input_requests
+
+    if state is not None and state not in input_requests.STATES:
+        raise ValidationFailed([FieldError("state", "enum", f"state is one of {', '.join(input_requests.STATES)}")])
+    rows = db.fetch_all(conn, "input_requests_ops_list", {"owner": owner, "state": state, "limit": limit})
+    return [input_requests.InputRequest.from_row(r) for r in rows]
+
+
+def answer_input(conn: psycopg.Connection[db.Row], request_id: UUID, *, text: str) -> Any:
+    """Answers on the owner's behalf (the answer is recorded as the owner's), once."""
+    from kairos import input_requests
+
+    row = db.fetch_one(conn, "input_requests_ops_get", {"id": request_id})
+    if row is None:
+        raise NotFound("input_request")
+    return input_requests.answer(conn, request_id, owner=row["owner"], text=text)

@@ -10,8 +10,7 @@ updates ``runs`` or ``schedules``; for each one assigning ``runs.state`` / ``sch
 reads the states written (a literal, each branch of a ``CASE``, or for a parameter the states its
 callers pass, declared in that test) and the states moved from (the top-level ``WHERE`` guard, which
 must exist), and fails on any pair these tables do not declare. It checks what statements may write,
-not that every declared move has a statement: ``awaiting_approval`` is reserved, and no statement
-moves a run into it yet (only the cancel already moves one out of it).
+not that every declared move has a statement.
 """
 
 from __future__ import annotations
@@ -20,10 +19,13 @@ from enum import StrEnum
 
 
 class ScheduleStatus(StrEnum):
+    DRAFT = "draft"  # a loop whose goal changed; out by: API resume (active) or cancel
     ACTIVE = "active"  # out by: tick fire (completed; paused when its rule no longer evaluates), settle (paused), API
-    PAUSED = "paused"  # out by: API resume (active) or cancel
+    # out by: API resume (active) or cancel; a loop also by its goal edit (draft) and by the goal report of
+    # the run it waits on (active: continue; completed: complete, or continue with nothing left to fire)
+    PAUSED = "paused"
     CANCELLED = "cancelled"  # final
-    COMPLETED = "completed"  # final: a once-schedule fired, or ends_at / max_occurrences reached
+    COMPLETED = "completed"  # final: a once-schedule fired, ends_at / max_occurrences reached, a loop's goal done
 
 
 class ScheduleKind(StrEnum):
@@ -82,7 +84,7 @@ class RunState(StrEnum):
     QUEUED = "queued"
     RUNNING = "running"  # out by: its fenced worker (terminal, queued for a retry), tick rescue
     AWAITING_APPROVAL = "awaiting_approval"  # out by: approve (queued), deny/expiry (policy_blocked), cancel
-    AWAITING_INPUT = "awaiting_input"  # reserved for a goal loop's question to its owner (not built yet)
+    AWAITING_INPUT = "awaiting_input"  # out by: the owner's answer (queued), cancel (run, loop, goal edit)
     SUCCEEDED = "succeeded"
     FAILED = "failed"
     CANCELLED = "cancelled"
@@ -121,6 +123,7 @@ RUN_MOVES: dict[RunState, frozenset[RunState]] = {
         {
             RunState.QUEUED,  # rescue after an expired lease, or a retry-safe retry
             RunState.AWAITING_APPROVAL,
+            RunState.AWAITING_INPUT,  # a loop run's goal_report: needs_input
             RunState.SUCCEEDED,
             RunState.FAILED,
             RunState.CANCELLED,
@@ -135,13 +138,23 @@ RUN_MOVES: dict[RunState, frozenset[RunState]] = {
 }
 
 SCHEDULE_MOVES: dict[ScheduleStatus, frozenset[ScheduleStatus]] = {
+    ScheduleStatus.DRAFT: frozenset({ScheduleStatus.ACTIVE, ScheduleStatus.CANCELLED}),
     ScheduleStatus.ACTIVE: frozenset(
-        {ScheduleStatus.PAUSED, ScheduleStatus.CANCELLED, ScheduleStatus.COMPLETED}
+        {ScheduleStatus.PAUSED, ScheduleStatus.CANCELLED, ScheduleStatus.COMPLETED, ScheduleStatus.DRAFT}
     ),
-    ScheduleStatus.PAUSED: frozenset({ScheduleStatus.ACTIVE, ScheduleStatus.CANCELLED}),
+    ScheduleStatus.PAUSED: frozenset(
+        {ScheduleStatus.ACTIVE, ScheduleStatus.CANCELLED, ScheduleStatus.DRAFT, ScheduleStatus.COMPLETED}
+    ),
     ScheduleStatus.CANCELLED: frozenset(),
     ScheduleStatus.COMPLETED: frozenset(),
 }
+
+
+class InputRequestState(StrEnum):
+    PENDING = "pending"  # out by: the owner's answer (answered), a cancel of its run or loop or a goal edit
+    ANSWERED = "answered"  # final
+    CANCELLED = "cancelled"  # final
+    EXPIRED = "expired"  # final (reserved: no expiry yet; a loop waiting for input holds nothing)
 
 
 class EffectState(StrEnum):
@@ -165,7 +178,6 @@ class EventType(StrEnum):
     APPROVAL_WAITING = "approval.waiting"
     APPROVAL_APPROVED = "approval.approved"
     APPROVAL_DENIED = "approval.denied"
-    # Named by the design for later features (budgets, goal loops, corpus runs): the schema accepts them.
     RUN_DEFERRED = "run.deferred"  # a claim found the owner's running slots full; the run stays queued
     INPUT_WAITING = "input.waiting"
     INPUT_ANSWERED = "input.answered"

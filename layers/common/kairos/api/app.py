@@ -1,7 +1,8 @@
 """The HTTP API: every route of DESIGN.md "API" on one Powertools resolver, and ``handle``, its entry point.
 
 ``app`` is a ``kairos.api.resolver.Resolver`` that joins the routers of ``kairos.api.routes``
-(conversations, schedules, secrets, hooks, runs, usage) and of this module (the OpenAPI document) with
+(conversations, schedules, secrets, hooks, runs, corpus, approvals, input requests, loops, usage) and
+of this module (the OpenAPI document) with
 ``include_router``, and the exception handlers of ``kairos.api.errors``. ``handle(event, context)``
 takes one API Gateway HTTP API (payload v2) event and returns its response:
 
@@ -39,7 +40,18 @@ from aws_lambda_powertools.event_handler import Response
 from kairos import runtime
 from kairos.api import auth, bodies, errors, models, resolver
 from kairos.api.resolver import JSON, Resolver, Routes, RouteSpec
-from kairos.api.routes import approvals, conversations, corpus, hooks, runs, schedules, secrets, usage
+from kairos.api.routes import (
+    approvals,
+    conversations,
+    corpus,
+    hooks,
+    input_requests,
+    loops,
+    runs,
+    schedules,
+    secrets,
+    usage,
+)
 from kairos.errors import KairosError, MethodNotAllowed, NotFound
 from kairos.observability import logger
 
@@ -64,6 +76,8 @@ app.include_router(hooks.router)
 app.include_router(runs.router)
 app.include_router(corpus.router)
 app.include_router(approvals.router)
+app.include_router(input_requests.router)
+app.include_router(loops.router)
 app.include_router(usage.router)
 app.include_router(docs)
 app.include_router(errors.router)

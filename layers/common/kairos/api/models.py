@@ -196,6 +196,55 @@ class ApprovalList(_Strict):
     approvals: list[ApprovalOut]
 
 
+class LoopGoal(_Strict):
+    """A loop's goal: what its runs work toward (``kairos.goals.policy.Goal``)."""
+
+    outcome: str = Field(min_length=1, max_length=2_000)
+    constraints: list[str] = Field(default_factory=list, max_length=20)
+    verification: str | None = Field(default=None, max_length=2_000,
+                                     description="how a run checks the outcome; shown back only as a digest")
+
+
+class LoopCreate(_Strict):
+    """``POST /v1/loops`` (documented shape; the route reads the body raw so a field that would loosen a
+    loop's fixed policies is named with rule ``loop_policy``). Always catch-up off, overlap skip, mode
+    append, no backfill; ``ends_at`` at most 90 days ahead and ``max_occurrences`` at most 500, both required."""
+
+    conversation_id: str
+    goal: LoopGoal
+    prompt: str | None = None
+    name: str | None = None
+    cron: str | None = None
+    interval_seconds: int | None = None
+    starts_at: str | None = None
+    timezone: str = "UTC"
+    ends_at: str
+    max_occurrences: int = Field(ge=1, le=500)
+
+
+class InputAnswer(_Strict):
+    """``POST /v1/input-requests/{id}/answer``: the owner's answer, appended to the run's thread."""
+
+    answer: str = Field(min_length=1, max_length=8_000)
+
+
+class InputRequestOut(_Open):
+    id: str
+    run_id: str
+    loop_id: str
+    state: str
+    question: str
+
+
+class InputRequestAnswered(_Strict):
+    input_request: InputRequestOut
+    run_id: str
+
+
+class InputRequestList(_Strict):
+    input_requests: list[InputRequestOut]
+
+
 _NEXT = "pass as `before` for the next page; null: this page is the last"
 
 

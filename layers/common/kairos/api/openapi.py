@@ -45,6 +45,13 @@ SHORTHAND = (
 )
 
 
+LOOP_POLICIES = (
+    "A goal loop's policies are fixed: catch-up off, overlap skip, mode append, no backfill. catch_up, "
+    "overlap and mode are accepted only with those values; a field that would loosen them (or backfill, "
+    "agent, signing, corpus, notify) is refused with rule `loop_policy`, any other with `unknown_field`."
+)
+
+
 def document(app: APIGatewayHttpResolver) -> dict[str, Any]:
     schema = app.get_openapi_schema(
         title="Kairos",
@@ -56,6 +63,7 @@ def document(app: APIGatewayHttpResolver) -> dict[str, Any]:
     components = doc.setdefault("components", {}).setdefault("schemas", {})
     _describe_schedule_body(doc, components)
     _describe_conversation_body(doc, components)
+    _describe_body(doc, components, "/v1/loops", models.LoopCreate, description=LOOP_POLICIES)
     _describe_hook(doc)
     _describe_idempotent_creates(doc)
     for name in ("HTTPValidationError", "ValidationError"):
@@ -109,7 +117,7 @@ def _describe_hook(doc: dict[str, Any]) -> None:
 
 
 def _describe_idempotent_creates(doc: dict[str, Any]) -> None:
-    for path in ("/v1/schedules", "/v1/conversations"):
+    for path in ("/v1/schedules", "/v1/conversations", "/v1/loops"):
         doc["paths"][path]["post"].setdefault("parameters", []).append({
             "name": "Idempotency-Key", "in": "header", "required": False, "schema": {"type": "string"},
             "description": "Printable ASCII, at most 255 characters (send a UUID). For 24 h, per caller: a retry "

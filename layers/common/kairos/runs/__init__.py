@@ -143,19 +143,21 @@ def page(conn: psycopg.Connection[db.Row], *, owner: str, schedule_id: UUID | No
 
 
 def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: datetime | None = None) -> Run:
-    """Cancels a run, durably first. ``queued`` (or awaiting approval) becomes ``cancelled`` at once;
+    """Cancels a run, durably first. ``queued`` (or awaiting approval or input) becomes ``cancelled`` at once;
     ``running`` gets ``cancel_requested`` and its worker stops at the next heartbeat or step; a run
     already cancelling or terminal is returned unchanged (idempotent)."""
     row = db.fetch_one(conn, "runs_lock_owned", {"run_id": run_id, "owner": owner})
     if row is None:
         raise NotFound("run")
     state = RunState(row["state"])
-    if state in (RunState.QUEUED, RunState.AWAITING_APPROVAL):
+    if state in (RunState.QUEUED, RunState.AWAITING_APPROVAL, RunState.AWAITING_INPUT):
         done = moves.cancel_waiting(conn, run_id, owner=owner, by="owner", now=now,
                                     diagnosis=diagnose("cancelled", summary="The run was cancelled before it ran."))
         if done is not None:
             # Its open approval requests are retired: nobody can approve a cancelled run's tool call.
             db.fetch_all(conn, "approvals_retire_for_run", {"run_id": run_id, "now": now})
+            # And its pending question: an answer after the cancel finds it cancelled (one of the two wins).
+            db.fetch_all(conn, "input_requests_cancel_for_run", {"run_id": run_id, "now": now})
             moves.count("RunCancelled")
             logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(run_id)})
             return Run.from_row(done)
@@ -178,7 +180,7 @@ def output(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> dic
     run = Run.from_row(row)
     if run.state is RunState.QUEUED:
         return {"state": "empty", "reason": "queued"}
-    if run.state in (RunState.RUNNING, RunState.AWAITING_APPROVAL):
+    if run.state in (RunState.RUNNING, RunState.AWAITING_APPROVAL, RunState.AWAITING_INPUT):
         return {"state": "empty", "reason": "running"}
     if run.state is not RunState.SUCCEEDED or not run.output:
         failed = run.state in (RunState.FAILED, RunState.ABANDONED)

@@ -65,6 +65,7 @@ OutcomeResult = Literal[
     "failed",  # this call ended the run failed
     "cancelled",  # this call ended the run cancelled (seen at a boundary, or queued with a cancel request)
     "awaiting_approval",  # this call parked the run for a person's decision on a tool call (lease cleared)
+    "awaiting_input",  # this call parked a loop run on its owner's answer to its question (lease cleared)
     "retry",  # back to queued for another attempt: re-send the id after retry_delay_seconds
     "paused",  # a corpus run stopped at a partition boundary: queued and paused until its resume re-sends it
     "skipped",  # not claimed: another worker holds the run, it ended, or it waits behind another run

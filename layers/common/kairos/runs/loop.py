@@ -16,6 +16,12 @@ transaction that records its result; a call whose arguments no longer match its 
 ``http_post`` call is sent like an executor's mutation (an unknown outcome leaves its effect
 ``ambiguous`` and the run is never replayed).
 
+Goal loops (``kairos.goals``): a loop run is offered ``goal_report`` besides its agent's tools and reads
+its revision's goal in its system prompt; its ``goal_report`` calls are handled by ``_goal_step``
+(``kairos.goals.report``: a ``needs_input`` parks the run ``awaiting_input``, lease cleared; the attempt
+after the owner's answer records the answer as that call's result and asks the model again; the other
+dispositions end the run). A loop run whose model answers without it fails ``goal_report_missing``.
+
 Trace: the claim opened the attempt's first step (``model``); a step after it opens its own
 (``model:<n>`` or ``tool:<n>``) and closes it when recorded; an attempt that resumes with a tool call
 closes the claim's step as ``folded``.
@@ -32,7 +38,7 @@ from typing import Any, Protocol
 
 import psycopg
 
-from kairos import approvals, db, effects, tools, trace
+from kairos import approvals, db, effects, input_requests, tools, trace
 from kairos.executors.base import (
     ExecutionRequest,
     Executor,
@@ -41,9 +47,11 @@ from kairos.executors.base import (
     PreparedCall,
     Reply,
     ToolCall,
+    ToolResult,
     digest,
 )
-from kairos.runs import steps
+from kairos.goals import report
+from kairos.runs import moves, steps
 from kairos.runs.attempt import Claimed, Outcome
 from kairos.runs.stops import Cancelled, Failure, LeaseLost
 from kairos.settings import Settings
@@ -63,6 +71,7 @@ class Execution(Protocol):
     claimed: Claimed
     open_effect: effects.Effect | None
     current_step: str | None
+    usage: dict[str, Any]
 
     def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
              data: dict[str, Any] | None = None) -> tuple[effects.Effect, Reply] | Outcome: ...
@@ -79,8 +88,19 @@ def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> O
     context = tools.Context(run.run_id, str(row["owner"]), str(row["source"]), row["source_conversation_id"])
     limit = min(int(agent.get("max_steps") or MAX_STEPS_DEFAULT), MAX_STEPS_CAP)
     specs = tools.specs(agent)
+    goal: report.Goal | None = None
     with run.database.connection() as conn:
         log = steps.load(conn, run.run_id)
+        if row.get("loop"):
+            goal = report.goal_of(conn, run.run_id)
+    if row.get("loop"):
+        if goal is None:  # a loop run always has its revision's goal; refuse to run without one
+            raise Failure("agent_invalid", summary="The loop run's goal could not be read.")
+        # The goal travels in the system prompt; goal_report is offered whatever the agent's tools.
+        system = str(agent.get("system") or "")
+        request = dataclasses.replace(request, agent={
+            **agent, "system": f"{system}\n\n{report.instructions(goal.envelope)}".strip()})
+        specs = (*specs, report.SPEC)
     fresh = True  # the step the claim opened is still open and unused
     while True:
         pending = steps.unanswered(log)
@@ -88,7 +108,10 @@ def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> O
             opening = [trace.Event(EventType.STEP_FINISHED, run.claimed.step,
                                    {"outcome": "folded", "steps": len(log)})] if fresh else []
             fresh = False
-            ended = _tool_step(run, agent, context, pending[0], len(log) + 1, opening)
+            if goal is not None and pending[0].name == report.NAME:
+                ended = _goal_step(run, goal, pending[0], len(log) + 1, opening)
+            else:
+                ended = _tool_step(run, agent, context, pending[0], len(log) + 1, opening)
             if isinstance(ended, Outcome):
                 return ended
             log.append(ended)
@@ -108,6 +131,11 @@ def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> O
         if isinstance(sent, Outcome):
             return sent
         effect, reply = sent
+        if not reply.tool_calls and goal is not None:
+            # A loop run must end with goal_report: the answer is recorded, the run fails.
+            _record(run, effect, name, steps.Step(n, "model", "model", None,
+                                                  steps.model_record(ModelTurn(reply.content, ()))))
+            raise Failure("goal_report_missing")
         if not reply.tool_calls:
             return run.publish(name, effect, reply)
         step = steps.Step(n, "model", "model", None, steps.model_record(ModelTurn(reply.content, reply.tool_calls)))
@@ -229,3 +257,93 @@ def _park(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace
         if approval_id is None:
             raise Cancelled()
     return Outcome(run.run_id, "awaiting_approval", RunState.AWAITING_APPROVAL)
+
+
+def _goal_step(run: Execution, goal: report.Goal, call: ToolCall, n: int,
+               opening: list[trace.Event]) -> steps.Step | Outcome:
+    """A ``goal_report`` call of a loop run (``kairos.goals.report``): a tool error for bad arguments,
+    the owner's answer on the attempt after a ``needs_input``, or the run's end."""
+
+    name = f"tool:{n}"
+    checked = report.check(call.arguments)
+    if isinstance(checked, list):
+        _open(run, name, {"step": n, "tool": call.name}, before=opening)
+        refused = tools.error(call, "validation_failed", "goal_report was called with invalid arguments", checked)
+        step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(refused))
+        _record(run, None, name, step)
+        return step
+    if checked.disposition == "needs_input":
+        with run.database.connection() as conn:
+            asked = input_requests.for_call(conn, run.run_id, n, call.id)
+        if asked is None:
+            return _ask(run, goal, call, checked, n, name, opening)
+        if asked["state"] != "answered":  # cancelled with its run: this attempt should not exist
+            raise Cancelled()
+        _open(run, name, {"step": n, "tool": call.name, "answered": True}, before=opening)
+        with run.database.transaction() as conn:
+            run.lock(conn)
+            result = report.answer_result(conn, call, asked)
+            step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(result))
+            _record(run, None, name, step, conn=conn)
+        return step
+    return _report(run, goal, call, checked, n, name, opening)
+
+
+def _ask(run: Execution, goal: report.Goal, call: ToolCall, checked: report.Report, n: int, name: str,
+         opening: list[trace.Event]) -> Outcome:
+
+    claimed = run.claimed
+    with run.database.transaction() as conn:
+        locked = run.lock(conn)
+        if locked["cancel_requested_at"] is not None:
+            raise Cancelled()
+        run.current_step = name
+        trace.change(conn, "runs_step_events", {"run_id": run.run_id, "fence": claimed.fence},
+                     [*opening, trace.Event(EventType.STEP_STARTED, name, {"step": n, "tool": call.name})],
+                     now=run.now)
+        try:
+            request_id = report.park(
+                conn, run_id=run.run_id, fence=claimed.fence, attempt=claimed.attempt, owner=str(claimed.row["owner"]),
+                goal=goal, step=n, call=call, report=checked, conversation_id=claimed.conversation_id, events=[],
+                now=run.now)
+        except report.LoopGone:
+            raise Cancelled() from None
+        if request_id is None:
+            raise LeaseLost()
+    return Outcome(run.run_id, "awaiting_input", RunState.AWAITING_INPUT)
+
+
+def _report(run: Execution, goal: report.Goal, call: ToolCall, checked: report.Report, n: int, name: str,
+            opening: list[trace.Event]) -> Outcome:
+    """``continue`` / ``complete`` / ``blocked``: the step recorded, the summary published, the loop
+    moved and the run succeeded, in one transaction."""
+
+    claimed = run.claimed
+    _open(run, name, {"step": n, "tool": call.name}, before=opening)
+    with run.database.transaction() as conn:
+        locked = run.lock(conn)
+        if locked["cancel_requested_at"] is not None:
+            raise Cancelled()
+        result = ToolResult(call.id, call.name, json.dumps({"status": "recorded", "disposition": checked.disposition}))
+        if not steps.record(conn, run.run_id, claimed.fence, steps.Step(n, "tool", call.name, call.id,
+                                                                        steps.tool_record(result)), now=run.now):
+            raise LeaseLost()
+        seq = moves.append_entry(conn, run.run_id, claimed.fence, claimed.conversation_id, role="assistant",
+                                 content=checked.summary, now=run.now)
+        if seq is None:
+            raise LeaseLost()
+        status = report.apply_final(conn, run_id=run.run_id, goal=goal, report=checked,
+                                    conversation_id=claimed.conversation_id, now=run.now)
+        events = [
+            trace.Event(EventType.OUTPUT_PUBLISHED, name, {"conversation_id": str(claimed.conversation_id),
+                                                           "entry_seq": seq, "truncated": False}),
+            trace.Event(EventType.STEP_FINISHED, name, {"outcome": "succeeded", "step": n,
+                                                        "disposition": checked.disposition, "loop_status": status}),
+        ]
+        done = moves.succeed(conn, run.run_id, claimed.fence, now=run.now, usage=run.usage, events=events,
+                             output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
+                                     "attempt": claimed.attempt, "disposition": checked.disposition})
+        if not done:
+            raise LeaseLost()
+        run.current_step = ""
+    return Outcome(run.run_id, "succeeded", RunState.SUCCEEDED)

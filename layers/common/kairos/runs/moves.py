@@ -46,6 +46,7 @@ CLAIM_REFUSALS: dict[str, RunState] = {
     "schedule_cancelled": RunState.CANCELLED,
     "superseded": RunState.ABANDONED,
     "expired": RunState.EXPIRED,
+    "goal_revised": RunState.CANCELLED,  # a loop run of a goal its owner has since edited (kairos.goals)
 }
 
 # The diagnoses of the claim's refusals as one JSON document, serialized once and sent with every

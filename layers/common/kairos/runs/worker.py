@@ -120,7 +120,10 @@ class Execution:
                                    payload=row["payload"])
         try:
             executor = self.executor_factory(str(agent.get("executor", "")), settings=self.settings)
-            if agent.get("tools") and str(agent.get("executor", "")) in TOOL_EXECUTORS:
+            if row.get("loop") and str(agent.get("executor", "")) not in TOOL_EXECUTORS:
+                raise Failure("agent_invalid", summary="A loop run needs an agent that can call tools.")
+            # A goal loop's run always runs the tool loop: it must end with goal_report (kairos.goals).
+            if (agent.get("tools") or row.get("loop")) and str(agent.get("executor", "")) in TOOL_EXECUTORS:
                 from kairos.runs.loop import run_loop
 
                 return run_loop(self, executor, request)

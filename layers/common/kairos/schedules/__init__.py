@@ -95,6 +95,8 @@ MAX_PER_CONVERSATION = 10
 # Columns the API never shows: the principal (the caller knows it), token material, internals.
 _HIDDEN = frozenset({"owner", "token_hash", "previous_token_hash", "previous_token_expires_at",
                      "created_by_run_id", "rate_limit_per_minute"})
+# A loop's own fields: a schedule that is not a loop shows none of them.
+_LOOP_ONLY = frozenset({"loop", "goal", "goal_revision", "input_run_id"})
 _ENUMS: dict[str, type[Any]] = {"kind": ScheduleKind, "status": ScheduleStatus, "mode": Mode, "overlap": Overlap,
                                 "dst_gap": DstGap, "dst_fold": DstFold}
 
@@ -138,6 +140,10 @@ class Schedule:
     max_delay_seconds: int = MAX_DELAY_DEFAULT_SECONDS
     notify: dict[str, Any] | None = None  # {"on", "webhook"?: {"url", "secret"}}: the secret is a reference
     corpus: dict[str, Any] | None = None  # a corpus run's checked spec (kairos.corpus.spec)
+    loop: bool = False  # a goal loop (kairos.goals): made by POST /v1/loops only
+    goal: dict[str, Any] | None = None  # a loop's private goal envelope; as_json shows its safe projection
+    goal_revision: int | None = None  # the revision whose goal is in force
+    input_run_id: uuid.UUID | None = None  # the run a paused loop waits on (its question to the owner)
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:
@@ -154,10 +160,14 @@ class Schedule:
         """The API shape: RFC 3339 UTC times, ids as strings, no token hashes or internal fields."""
         out: dict[str, Any] = {}
         for f in fields(self):
-            if f.name in _HIDDEN:
+            if f.name in _HIDDEN or (f.name in _LOOP_ONLY and not self.loop):
                 continue
             value = getattr(self, f.name)
-            if isinstance(value, datetime):
+            if f.name == "goal":
+                from kairos.goals import policy
+
+                value = policy.safe(value)
+            elif isinstance(value, datetime):
                 value = rfc3339(value)
             elif isinstance(value, uuid.UUID):
                 value = str(value)
@@ -386,8 +396,8 @@ def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
     with db.atomic(conn):
         clock = _clock(conn, now)
         current = get(conn, schedule_id, owner=owner)
-        if current.status is not ScheduleStatus.PAUSED:
-            raise _conflict(current, "resumed", "only a paused schedule can be resumed")
+        if current.status not in (ScheduleStatus.PAUSED, ScheduleStatus.DRAFT):
+            raise _conflict(current, "resumed", "only a paused schedule (or a loop in draft) can be resumed")
         first: datetime | None = None
         if current.kind in TIMED_KINDS:
             first = next_fire_at(current, clock)
@@ -404,10 +414,16 @@ def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
 
 def cancel(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str,
            now: datetime | None = None) -> Schedule:
-    """active or paused -> cancelled (final); runs already claimed still finish."""
-    row = db.fetch_one(conn, "schedules_cancel", {"schedule_id": schedule_id, "owner": owner, "now": now})
-    if row is None:
-        raise _refused_move(conn, schedule_id, owner, "cancelled", "it is already cancelled or completed")
+    """active, paused or draft -> cancelled (final); runs already claimed still finish. A loop's pending
+    questions are cancelled with it, and the runs that wait on them (``kairos.input_requests``)."""
+    with db.atomic(conn):
+        row = db.fetch_one(conn, "schedules_cancel", {"schedule_id": schedule_id, "owner": owner, "now": now})
+        if row is None:
+            raise _refused_move(conn, schedule_id, owner, "cancelled", "it is already cancelled or completed")
+        if row["loop"]:
+            from kairos import input_requests
+
+            input_requests.cancel_for_schedule(conn, schedule_id, reason="schedule_cancelled", now=now)
     return _moved(row, "schedule.cancelled")
 
 

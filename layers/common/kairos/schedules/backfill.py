@@ -68,6 +68,10 @@ def backfill(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner:
         row = db.fetch_one(conn, "schedules_lock_owned", {"schedule_id": schedule_id, "owner": owner, "now": now})
         if row is None:
             raise NotFound("schedule")
+        if row["loop"]:
+            from kairos.goals.policy import loop_refusal
+
+            raise loop_refusal("backfilled")
         schedule = Schedule.from_row(row)
         _check(request, schedule, row["db_now"])
         start, until = request.from_.astimezone(UTC), request.until.astimezone(UTC)

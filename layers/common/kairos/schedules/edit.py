@@ -61,6 +61,10 @@ def edit(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str
         if row is None:
             raise NotFound("schedule")
         current = Schedule.from_row(row)
+        if current.loop:
+            from kairos.goals.policy import loop_refusal
+
+            raise loop_refusal("edited")
         clock: datetime = row["db_now"].astimezone(UTC)
         if if_match is not None and if_match != current.revision:
             raise PreconditionFailed(

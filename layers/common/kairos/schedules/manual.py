@@ -96,6 +96,10 @@ def _lock_active(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, owner
     schedule = db.fetch_one(conn, "schedules_lock_owned", {"schedule_id": schedule_id, "owner": owner, "now": now})
     if schedule is None:
         raise NotFound("schedule")
+    if schedule["loop"]:
+        from kairos.goals.policy import loop_refusal
+
+        raise loop_refusal("run on demand or retried")
     if schedule["status"] != ScheduleStatus.ACTIVE.value:
         raise Conflict(f"the schedule is {schedule['status']}; only an active schedule runs",
                        fields=[FieldError("status", "active", "resume the schedule first")])

@@ -114,3 +114,9 @@ SELECT c.id,
   FROM conversations c
  WHERE c.id = %(conversation_id)s
 RETURNING seq, role, content, run_id, created_at;
+
+-- name: conversation_entries_find_seq
+-- One entry of a conversation by its seq (a loop run reads its owner's answer; kairos.goals.report).
+SELECT seq, role, content, run_id, created_at
+  FROM conversation_entries
+ WHERE conversation_id = %(conversation_id)s AND seq = %(seq)s;

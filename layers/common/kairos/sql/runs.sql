@@ -17,7 +17,8 @@
 -- hold no slot); otherwise zero rows, and the caller finds the run still queued (runs_defer).
 -- Or refuses it, decided inside this same update from the run row it updates and its schedule (no
 -- check-then-claim race), ending it without any call (DESIGN.md "The run"): `cancelled` when the
--- schedule is neither active nor completed (schedule_cancelled, else schedule_paused); `expired`
+-- schedule is neither active nor completed (schedule_cancelled, else schedule_paused; a loop run of a
+-- revision older than the loop's goal: goal_revised; the run a paused loop waits on is let through); `expired`
 -- once expires_at has passed; `abandoned` (superseded) when a newer scheduled fire of the schedule
 -- was already claimed. A refused run comes back in its terminal state with `refusal` (its reason
 -- code, NULL for a claim) and its diagnosis from the `refusals` parameter (JSON text, parsed only
@@ -53,6 +54,12 @@ WITH changed AS (
                   coalesce(%(now)s::timestamptz, now())
              FROM (SELECT CASE
                               WHEN s.status = 'cancelled' THEN 'schedule_cancelled'
+                              -- A loop run made under an older goal than the loop's (kairos.goals).
+                              WHEN s.loop AND (SELECT o.schedule_revision FROM occurrences o
+                                                WHERE o.id = r.occurrence_id) < s.goal_revision
+                                   THEN 'goal_revised'
+                              -- The run a loop paused for, requeued by its owner's answer, goes through.
+                              WHEN s.input_run_id = r.id THEN NULL
                               WHEN s.status NOT IN ('active', 'completed') THEN 'schedule_paused'
                               WHEN r.expires_at <= coalesce(%(now)s::timestamptz, now()) THEN 'expired'
                               WHEN r.source = 'scheduled' AND EXISTS (
@@ -80,6 +87,7 @@ WITH changed AS (
     RETURNING r.id, r.occurrence_id, r.schedule_id, r.owner, r.source, r.mode, r.state, r.attempt, r.max_attempts,
               r.fence, r.lease_expires_at, r.heartbeat_at, r.conversation_id, r.source_conversation_id, r.prompt,
               r.payload, r.agent, r.runtime_limit_seconds, r.last_seq, r.corpus,
+              EXISTS (SELECT 1 FROM schedules l WHERE l.id = r.schedule_id AND l.loop) AS loop,
               CASE WHEN r.state <> 'running' THEN NULL
                    WHEN r.agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step,
               CASE WHEN r.state <> 'running' THEN r.diagnosis ->> 'reason_code' END AS refusal
@@ -265,7 +273,7 @@ UPDATE runs r
 RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_cancel_waiting
--- queued (or awaiting approval) -> cancelled at once: no worker holds the run.
+-- queued (or awaiting approval or input) -> cancelled at once: no worker holds the run.
 UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'cancelled',
@@ -273,7 +281,7 @@ UPDATE runs
        diagnosis = %(diagnosis)s,
        finished_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
- WHERE id = %(run_id)s AND state IN ('queued', 'awaiting_approval')
+ WHERE id = %(run_id)s AND state IN ('queued', 'awaiting_approval', 'awaiting_input')
    AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
    AND (NOT %(requested_only)s::boolean OR cancel_requested_at IS NOT NULL)
 RETURNING *;
@@ -469,7 +477,8 @@ SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
 -- What overlap sees of a schedule outside the tick (trigger, retry): its newest active run and a
 -- queued-behind run already waiting.
 SELECT (SELECT r.id FROM runs r
-         WHERE r.schedule_id = %(schedule_id)s AND r.state IN ('queued', 'running', 'awaiting_approval')
+         WHERE r.schedule_id = %(schedule_id)s
+           AND r.state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input')
          ORDER BY r.created_at DESC, r.id DESC LIMIT 1) AS active_run_id,
        (SELECT r.id FROM runs r
          WHERE r.schedule_id = %(schedule_id)s AND r.state = 'queued' AND r.blocked_by_run_id IS NOT NULL
@@ -615,3 +624,27 @@ UPDATE runs
    AND state IN ('queued', 'running')
    AND (paused_at IS NOT NULL OR pause_requested_at IS NOT NULL)
 RETURNING *;
+
+-- name: runs_await_input
+-- running -> awaiting_input for the fence holder (a loop run's goal_report: needs_input): the lease is
+-- cleared (no worker holds the run, the owner's slot is free) until its owner answers.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'awaiting_input',
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND cancel_requested_at IS NULL
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_requeue_answered
+-- awaiting_input -> queued once its owner answered: a new attempt reads the answer. Waiting for a
+-- person is not lateness: the expiry is lifted (it was claimed in time).
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'queued',
+       expires_at = NULL,
+       handoff_at = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'awaiting_input'
+RETURNING id, last_seq, attempt, fence;

@@ -7,3 +7,11 @@ SELECT revision, definition, valid_from
   FROM schedule_revisions
  WHERE schedule_id = %(schedule_id)s
  ORDER BY revision;
+
+-- name: schedule_revisions_goal_of_run
+-- The goal a loop run works toward: the one its occurrence's revision recorded (kairos.goals.report).
+SELECT o.schedule_id, o.schedule_revision AS revision, d.definition -> 'goal' AS goal
+  FROM runs r
+  JOIN occurrences o ON o.id = r.occurrence_id
+  JOIN schedule_revisions d ON d.schedule_id = o.schedule_id AND d.revision = o.schedule_revision
+ WHERE r.id = %(run_id)s;

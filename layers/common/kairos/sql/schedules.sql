@@ -21,7 +21,7 @@ SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timez
        coalesce(%(now)s::timestamptz, now()) AS db_now,
        CASE WHEN s.overlap <> 'allow' THEN (
            SELECT r.id FROM runs r
-            WHERE r.schedule_id = s.id AND r.state IN ('queued', 'running', 'awaiting_approval')
+            WHERE r.schedule_id = s.id AND r.state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input')
             ORDER BY r.created_at DESC, r.id DESC
             LIMIT 1) END AS active_run_id,
        CASE WHEN s.overlap = 'queue_one' THEN (
@@ -166,7 +166,8 @@ SELECT *
 
 -- name: schedules_count_open
 -- Schedules of a conversation that still count against its limit (not cancelled, not completed).
-SELECT count(*) AS open FROM schedules WHERE conversation_id = %(conversation_id)s AND status IN ('active', 'paused');
+SELECT count(*) AS open FROM schedules
+ WHERE conversation_id = %(conversation_id)s AND status IN ('draft', 'active', 'paused');
 
 -- name: schedules_pause
 -- active -> paused (the API). The cursor is kept; resume recomputes it.
@@ -178,24 +179,27 @@ UPDATE schedules
 RETURNING *;
 
 -- name: schedules_resume
--- paused -> active with no failures and the next fire computed from now, for the revision read.
+-- paused (or a loop's draft) -> active with no failures and the next fire computed from now, for the
+-- revision read. A loop no longer waits on a run's question once its owner resumes it.
 UPDATE schedules
    SET status = 'active',
+       input_run_id = NULL,
        consecutive_failures = 0,
        next_fire_at = %(next_fire_at)s::timestamptz,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
- WHERE id = %(schedule_id)s AND owner = %(owner)s AND status = 'paused' AND revision = %(revision)s
+ WHERE id = %(schedule_id)s AND owner = %(owner)s AND status IN ('paused', 'draft') AND revision = %(revision)s
 RETURNING *;
 
 -- name: schedules_cancel
--- active or paused -> cancelled (final). The cursor is cleared; runs already claimed still finish.
+-- active, paused or draft -> cancelled (final). The cursor is cleared; runs already claimed still finish.
 UPDATE schedules
    SET status = 'cancelled',
        next_fire_at = NULL,
+       input_run_id = NULL,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
- WHERE id = %(schedule_id)s AND owner = %(owner)s AND status IN ('active', 'paused')
+ WHERE id = %(schedule_id)s AND owner = %(owner)s AND status IN ('active', 'paused', 'draft')
 RETURNING *;
 
 -- name: schedules_lock_owned
@@ -226,3 +230,100 @@ RETURNING *;
 -- owner serialize from here to their commit, so occurrences_insert counts every earlier queued run.
 SELECT o.owner, pg_advisory_xact_lock(hashtextextended('kairos.owner_queue:' || o.owner, 0)) IS NOT NULL AS held
   FROM (SELECT DISTINCT owner FROM schedules WHERE id = ANY(%(schedule_ids)s::uuid[]) ORDER BY owner) AS o;
+
+-- name: schedules_insert_loop
+-- Creates one goal loop (POST /v1/loops): its fixed policies, its goal at revision 1, active.
+INSERT INTO schedules (
+    id, owner, conversation_id, name, prompt, kind, cron, interval_seconds, starts_at, ends_at,
+    max_occurrences, timezone, dst_gap, dst_fold, mode, catch_up, max_delay_seconds, overlap, agent, signing,
+    notify, next_fire_at, created_at, updated_at, loop, goal, goal_revision
+) VALUES (
+    %(id)s, %(owner)s, %(conversation_id)s, %(name)s, %(prompt)s, %(kind)s, %(cron)s, %(interval_seconds)s,
+    %(starts_at)s, %(ends_at)s, %(max_occurrences)s, %(timezone)s, %(dst_gap)s, %(dst_fold)s, 'append',
+    false, %(max_delay_seconds)s, 'skip', %(agent)s, NULL, %(notify)s, %(next_fire_at)s,
+    coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), true, %(goal)s, 1
+)
+RETURNING *;
+
+-- name: schedules_edit_loop
+-- A loop's new revision (PATCH /v1/loops): its rule, prompt and bounds; with a new goal (goal given)
+-- the goal moves to this revision (schedules_loop_draft follows). Guarded by the revision read; a
+-- loop's fixed policies are not columns this statement writes.
+UPDATE schedules
+   SET name = %(name)s, prompt = %(prompt)s, kind = %(kind)s, cron = %(cron)s,
+       interval_seconds = %(interval_seconds)s, starts_at = %(starts_at)s, ends_at = %(ends_at)s,
+       max_occurrences = %(max_occurrences)s, timezone = %(timezone)s, dst_gap = %(dst_gap)s,
+       dst_fold = %(dst_fold)s, max_delay_seconds = %(max_delay_seconds)s,
+       next_fire_at = %(next_fire_at)s::timestamptz,
+       goal = coalesce(%(goal)s, goal),
+       goal_revision = CASE WHEN %(goal)s::jsonb IS NULL THEN goal_revision ELSE revision + 1 END,
+       input_run_id = CASE WHEN %(goal)s::jsonb IS NULL THEN input_run_id END,
+       revision = revision + 1,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(schedule_id)s AND owner = %(owner)s AND loop AND revision = %(revision)s
+   AND status IN ('draft', 'active', 'paused')
+RETURNING *;
+
+-- name: schedules_loop_draft
+-- active or paused -> draft after a goal edit, in the edit's own revision: nothing fires until its
+-- owner resumes it.
+UPDATE schedules
+   SET status = 'draft'
+ WHERE id = %(schedule_id)s AND owner = %(owner)s AND loop AND status IN ('active', 'paused')
+RETURNING *;
+
+-- name: schedules_lock_loop
+-- A loop locked by its run's goal report (any owner: the worker acts for the run's owner).
+SELECT *, coalesce(%(now)s::timestamptz, now()) AS db_now
+  FROM schedules WHERE id = %(schedule_id)s AND loop
+   FOR NO KEY UPDATE;
+
+-- name: schedules_loop_wait
+-- active -> paused for the run that asked its owner a question (goal_report: needs_input).
+UPDATE schedules
+   SET status = 'paused',
+       input_run_id = %(run_id)s,
+       revision = revision + 1,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(schedule_id)s AND loop AND status = 'active'
+RETURNING id, status, revision;
+
+-- name: schedules_loop_continue
+-- paused -> active at the next future fire (or completed when nothing is left to fire), once the run
+-- the loop waited on reports continue after its owner's answer.
+UPDATE schedules
+   SET status = CASE WHEN %(next_fire_at)s::timestamptz IS NULL THEN 'completed' ELSE 'active' END,
+       next_fire_at = %(next_fire_at)s::timestamptz,
+       input_run_id = NULL,
+       revision = revision + 1,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(schedule_id)s AND loop AND status = 'paused' AND input_run_id = %(run_id)s
+RETURNING id, status, revision;
+
+-- name: schedules_loop_complete
+-- active or paused -> completed: a loop run reported its goal complete. No more fires.
+UPDATE schedules
+   SET status = 'completed',
+       next_fire_at = NULL,
+       input_run_id = NULL,
+       revision = revision + 1,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(schedule_id)s AND loop AND status IN ('active', 'paused')
+RETURNING id, status, revision;
+
+-- name: schedules_loop_block
+-- active -> paused: a loop run reported its goal blocked; its owner resumes it.
+UPDATE schedules
+   SET status = 'paused',
+       revision = revision + 1,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(schedule_id)s AND loop AND status = 'active'
+RETURNING id, status, revision;
+
+-- name: schedules_loop_release
+-- A paused loop no longer waits on this run (it reported blocked after its answer): it stays paused.
+UPDATE schedules
+   SET input_run_id = NULL,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(schedule_id)s AND input_run_id = %(run_id)s
+RETURNING id, status, revision;
