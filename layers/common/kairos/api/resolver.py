@@ -90,6 +90,15 @@ class Routes(Router):
         return route
 
 
+    def page(self, rule: str, *, summary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A public ``GET`` route that answers a static file, not JSON (the console): in the route table
+        (so the template wires it) but not in the OpenAPI document, which describes the JSON API."""
+        self.specs.append(RouteSpec("GET", rule, public=True, has_body=False))
+        route: Callable[[Callable[..., Any]], Callable[..., Any]] = self.route(
+            rule, "GET", summary=summary, include_in_schema=False)
+        return route
+
+
 class Resolver(APIGatewayHttpResolver):
     """``APIGatewayHttpResolver`` whose per-request state lives in a ``threading.local`` (concurrent
     ``resolve`` calls on several threads never see each other's request) and which keeps the table of

@@ -226,3 +226,11 @@ RETURNING *;
 -- owner serialize from here to their commit, so occurrences_insert counts every earlier queued run.
 SELECT o.owner, pg_advisory_xact_lock(hashtextextended('kairos.owner_queue:' || o.owner, 0)) IS NOT NULL AS held
   FROM (SELECT DISTINCT owner FROM schedules WHERE id = ANY(%(schedule_ids)s::uuid[]) ORDER BY owner) AS o;
+
+-- name: schedules_owner_status
+-- The console's operator status (GET /v1/status): one owner's due backlog and its oldest due fire.
+SELECT count(*) AS due,
+       min(next_fire_at) AS oldest_due_at,
+       coalesce(%(now)s::timestamptz, now()) AS now
+  FROM schedules
+ WHERE owner = %(owner)s AND status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());
