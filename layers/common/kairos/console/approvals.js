@@ -35,7 +35,8 @@ async function inputs(box) {
   try {
     ({ input_requests: list } = await call("GET", `/v1/input-requests${qs({ state: "pending" })}`));
   } catch (err) {
-    replace(box, h("h2", {}, "Questions from goal loops"), errorBox(err));
+    replace(box, h("h2", {}, "Questions from goal loops"), err.status === 404
+      ? h("p", { class: "muted" }, "This deployment has no goal loops yet.") : errorBox(err));
     return;
   }
   replace(box, h("h2", {}, "Questions from goal loops"), list.length

@@ -63,6 +63,8 @@ export function toast(message, kind = "info") {
 }
 
 export function table(headers, rows, attrs = {}) {
+  // Each cell carries its column's name: a phone-width screen shows rows as labelled cards.
+  for (const row of rows) [...row.children].forEach((cell, i) => { if (headers[i]) cell.dataset.label = headers[i]; });
   return h("div", { class: "scroll" },
     h("table", attrs,
       h("thead", {}, h("tr", {}, headers.map((x) => h("th", { scope: "col" }, x)))),
