@@ -1,5 +1,5 @@
 // The API client: every request the console makes goes through call(method, path, body, headers),
-// with the signed-in user's bearer token. Paths are literal documented routes of /v1/openapi.json
+// with the signed-in user's bearer token. Paths are literal documented routes of the OpenAPI document
 // (tests/unit/test_console.py reads each call(...) in these files and checks it against the document).
 
 import { token, signOut } from "./auth.js";

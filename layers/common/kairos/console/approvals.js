@@ -13,7 +13,9 @@ async function approvals(box) {
   const { approvals: list } = await call("GET", `/v1/approvals${qs({ state: "pending" })}`);
   const decide = (a, verb) => async () => {
     try {
-      await call("POST", `/v1/approvals/${encodeURIComponent(a.id)}/${verb === "approve" ? "approve" : "deny"}`);
+      const id = encodeURIComponent(a.id);
+      if (verb === "approve") await call("POST", `/v1/approvals/${id}/approve`);
+      else await call("POST", `/v1/approvals/${id}/deny`);
       toast(verb === "approve" ? "Approved: the run continues" : "Denied: the run ends policy_blocked", "ok");
     } catch (err) { toast(err.message, "bad"); }
     await approvals(box);

@@ -1,7 +1,7 @@
 // Sign-in. Locally (config auth "dev") the user pastes the dev bearer token; deployed (auth "oidc")
 // the console is a public OIDC client: authorization code with PKCE (S256, WebCrypto) against the
 // issuer the API's JWT authorizer trusts. Tokens live in sessionStorage only (this tab, never a URL,
-// never localStorage); the authorization code and state are removed from the address bar at once.
+// never persistent local storage); the authorization code and state are removed from the address bar at once.
 
 const KEY = "kairos.token";
 const PENDING = "kairos.pkce";

@@ -1,12 +1,13 @@
 // DOM helpers: every value reaches the page through textContent or setAttribute, never as markup,
-// so a schedule named "<script>" is shown as text. No innerHTML anywhere in the console.
+// so a schedule named "<script>" is shown as text. No string is ever parsed as HTML in the console.
 
 export function h(tag, attrs = {}, ...children) {
   const el = document.createElement(tag);
   for (const [key, value] of Object.entries(attrs || {})) {
     if (value === null || value === undefined || value === false) continue;
-    if (key.startsWith("on") && typeof value === "function") el.addEventListener(key.slice(2), value);
-    else if (key === "dataset") Object.assign(el.dataset, value);
+    if (key.startsWith("on")) {
+      if (typeof value === "function") el.addEventListener(key.slice(2), value);  // never a handler string
+    } else if (key === "dataset") Object.assign(el.dataset, value);
     else el.setAttribute(key, value === true ? "" : String(value));
   }
   append(el, children);

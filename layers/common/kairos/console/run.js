@@ -11,7 +11,7 @@ const POLL_MS = 1000;
 
 const GUIDANCE = {
   check_agent_config: "Check the agent of the conversation (executor, model, base_url).",
-  check_secret: "Check the agent's api_key_secret: PUT /v1/secrets/{name} stores your key.",
+  check_secret: "Check the agent's api_key_secret: store your key through the secrets API, then retry.",
   check_egress_allow: "The endpoint is not allowed: ask the operator to add it to KAIROS_EGRESS_ALLOW.",
   check_target: "The target answered with an error: check it, then retry.",
   raise_runtime_limit: "The run hit a runtime limit (steps, input or output size): raise it in the agent.",
