@@ -1,0 +1,193 @@
+"""The console in a real headless Chromium against ``kairos dev`` (issue 16).
+
+Given the local stack and a fake model server (``tests/support/browser.py``), a user signs in with the
+dev token; creates a cron schedule in Europe/Berlin and sees its next fires with the spring DST change
+marked; watches a webhook's run go queued → running → succeeded on the timeline without a reload (the
+page reads only after the last sequence it drew); approves a parked tool call and sees the run finish;
+reads a failed run's diagnosis and its recovery actions; gets not-found for an unknown run; and sees a
+value containing ``<script>`` as text. The first load stays under 200 KB and draws the schedules page
+in under a second. Waiting is Playwright's auto-waiting ``expect``, never a sleep.
+"""
+
+from __future__ import annotations
+
+import re
+import uuid
+from typing import Any
+from urllib.parse import parse_qs, urlsplit
+
+import pytest
+from playwright.sync_api import expect
+
+from tests.support.browser import TOKEN, Model, Stack, keep, sign_in
+
+pytestmark = [pytest.mark.browser, pytest.mark.slow]
+
+
+def conversation(stack: Stack, agent: dict[str, Any], title: str) -> str:
+    return str(stack.api("POST", "/v1/conversations", {"agent": agent, "title": title})["conversation"]["id"])
+
+
+def test_sign_in_create_a_berlin_cron_schedule_and_see_the_spring_change_marked(page: Any, stack: Stack) -> None:
+    sign_in(page, stack)
+    expect(page.locator("#schedules-table")).to_be_visible()
+    page.click("text=New schedule")
+    page.fill("input[name=name]", "Monday briefing")
+    page.fill("textarea[name=prompt]", "Brief me on the week")
+    page.select_option("select[name=kind]", "cron")
+    page.fill("input[name=cron]", "0 9 * * 1")
+    page.fill("input[name=timezone]", "Europe/Berlin")
+    page.click("#schedule-form button[type=submit]")
+
+    fires = page.locator("#fires")
+    expect(fires).to_be_visible()
+    expect(fires.locator("tbody tr").first).to_contain_text("09:00:00")
+    page.click("text=Show 100 fires")  # two years of Mondays: at least one spring change whatever today is
+    expect(page.locator("#fires tbody tr")).to_have_count(100)
+    spring = page.locator("#fires tr.dst", has_text="+01:00 → +02:00").first
+    expect(spring).to_be_visible()
+    expect(spring).to_contain_text(re.compile(r"\d{4}-03-\d\d 09:00:00 DST change \+01:00 → \+02:00"))
+    expect(spring.locator("td").nth(1)).to_have_text("+02:00")  # the wall time stays 09:00, the offset moves
+    spring.scroll_into_view_if_needed()
+    keep(page, "console-fires-dst.png")
+
+    page.click("#nav a[data-page=schedules]")
+    expect(page.locator("#schedules-table")).to_contain_text("Monday briefing")
+    expect(page.locator("#schedules-table")).to_contain_text("GMT+01:00")  # next fire in local time with offset
+    keep(page, "console-schedules.png")
+
+
+def test_a_webhook_run_is_followed_live_from_queued_to_succeeded(page: Any, stack: Stack, model: Model) -> None:
+    conversation_id = conversation(stack, model.agent("slow"), "slow model")
+    created = stack.api("POST", "/v1/schedules", {"conversation_id": conversation_id, "prompt": "Summarize the push",
+                                                  "kind": "webhook", "name": "on push"})
+    model.gate.clear()
+    run_id = stack.hook(created["webhook"]["url"], {"ref": "main"})
+    reads: list[int] = []
+    page.on("request", lambda r: "/events" in r.url and reads.append(int(parse_qs(urlsplit(r.url).query)["after"][0])))
+    sign_in(page, stack, f"#/runs/{run_id}")
+    page.evaluate("window.__sameDocument = true")
+
+    timeline = page.locator("#timeline")
+    expect(timeline.locator('[data-type="run.queued"]')).to_be_visible()  # queued: the trace's first event
+    expect(page.locator("#run-state")).to_have_text("running")  # the model holds the call
+    expect(timeline.locator('[data-type="run.claimed"]')).to_be_visible()
+    expect(timeline.locator('[data-type="step.started"]')).to_contain_text("running")
+    model.gate.set()
+    expect(page.locator("#run-state")).to_have_text("succeeded")
+    expect(timeline.locator('[data-type="run.succeeded"]')).to_be_visible()
+    expect(page.locator("#output-text")).to_have_text("Good morning from the fake model.")
+    assert page.evaluate("window.__sameDocument") is True  # no reload
+    # Following reads after the last drawn sequence: the cursor only moves forward, the trace is read once.
+    assert reads[0] == 0 and reads == sorted(reads) and reads.count(0) == 1, reads
+    rows = [[int(n) for n in r.split()] for r in timeline.locator("[data-seqs]").evaluate_all(
+        "rows => rows.map(r => r.dataset.seqs)")]
+    drawn = [n for r in rows for n in r]  # a step's row holds its started and finished events
+    assert len(drawn) == len(set(drawn)) and drawn[0] == 1, rows  # each event drawn once
+    assert [r[0] for r in rows] == sorted(r[0] for r in rows), rows  # rows in server order
+    keep(page, "console-run.png")
+
+
+def test_approving_a_parked_tool_call_lets_the_run_finish(page: Any, stack: Stack, model: Model) -> None:
+    conversation_id = conversation(stack, model.agent("tool", tools=["http"]), "tool agent")
+    run_id = stack.api("POST", f"/v1/conversations/{conversation_id}/messages", {"content": "post order 42"})["run_id"]
+    sign_in(page, stack, f"#/runs/{run_id}")
+    expect(page.locator("#run-state")).to_have_text("awaiting_approval")
+    page.locator("#timeline [data-type='approval.waiting'] a").click()
+
+    row = page.locator("#approvals-table tr", has_text="http_post")
+    expect(row).to_contain_text(run_id[:8])
+    expect(row).to_contain_text("order")  # the bounded preview of the arguments
+    row.get_by_role("button", name="Approve").click()
+    expect(page.locator("#toast")).to_contain_text("Approved")
+    expect(page.locator("#approvals-table")).not_to_contain_text(run_id[:8])
+
+    page.goto(f"{stack.console}#/runs/{run_id}")
+    expect(page.locator("#run-state")).to_have_text("succeeded")
+    expect(page.locator("#timeline [data-type='approval.approved']")).to_be_visible()
+    expect(page.locator("#output-text")).to_have_text("Posted.")
+    assert len(model.hooks) == 1  # the approved call was applied once
+
+
+def test_a_failed_run_shows_its_diagnosis_and_recovery_actions(page: Any, stack: Stack, model: Model) -> None:
+    conversation_id = conversation(stack, model.agent("fail"), "refused key")
+    run_id = stack.api("POST", f"/v1/conversations/{conversation_id}/messages", {"content": "hello"})["run_id"]
+    sign_in(page, stack, f"#/runs/{run_id}")
+    expect(page.locator("#run-state")).to_have_text("failed")
+    diagnosis = page.locator("#diagnosis")
+    run = stack.api("GET", f"/v1/runs/{run_id}")["run"]
+    expected = run["diagnosis"]
+    expect(diagnosis.locator(".summary")).to_have_text(expected["summary"])
+    expect(diagnosis).to_contain_text(expected["reason_code"])
+    buttons = diagnosis.locator("button[data-action]")
+    expect(buttons).to_have_count(len(expected["recovery_actions"]))
+    assert expected["recovery_actions"], expected
+    buttons.first.click()
+    expect(page.locator("#timeline [data-type='run.failed']")).to_be_visible()
+
+
+def test_an_unknown_run_id_shows_not_found(page: Any, stack: Stack) -> None:
+    sign_in(page, stack, f"#/runs/{uuid.uuid4()}")
+    expect(page.locator("#not-found")).to_contain_text("Run not found")
+
+
+def test_a_value_containing_script_renders_as_text(page: Any, stack: Stack, model: Model) -> None:
+    hostile = '<script>window.__pwned = 1</script><img src=x onerror="window.__pwned = 2">'
+    conversation_id = conversation(stack, model.agent("ok"), hostile)
+    stack.api("POST", "/v1/schedules", {"conversation_id": conversation_id, "prompt": hostile, "name": hostile,
+                                        "cron": "0 8 * * *", "timezone": "Europe/Berlin"})
+    sign_in(page, stack)
+    expect(page.locator("#schedules-table")).to_contain_text(hostile)
+    page.locator("#schedules-table a", has_text="<script>").first.click()
+    expect(page.locator("h1")).to_have_text(hostile)
+    expect(page.locator(".facts")).to_contain_text(hostile)
+    assert page.evaluate("window.__pwned") is None
+    assert page.locator("main img, main script").count() == 0
+
+
+# Set in the page before any of its scripts: when the schedules table first exists, in ms since navigation.
+DRAWN_AT = """
+new MutationObserver((_, observer) => {
+  if (document.getElementById("schedules-table")) { window.__drawnAt = performance.now(); observer.disconnect(); }
+}).observe(document, {childList: true, subtree: true});
+"""
+
+
+def test_the_first_load_is_under_200_kb_and_draws_the_schedules_page_within_a_second(
+        browser: Any, stack: Stack) -> None:
+    context = browser.new_context(viewport={"width": 1280, "height": 900})
+    context.add_init_script(f"sessionStorage.setItem('kairos.token', JSON.stringify({{token: '{TOKEN}'}}))")
+    context.add_init_script(DRAWN_AT)
+    page = context.new_page()
+    sizes: dict[str, int] = {}
+    page.on("response", lambda r: sizes.__setitem__(r.url, len(r.body()) + sum(len(k) + len(v) for k, v in
+                                                                               r.headers.items())))
+    try:
+        page.goto(stack.console)
+        expect(page.locator("#schedules-table")).to_be_visible()
+        page.wait_for_load_state("networkidle")
+        drawn_ms = page.evaluate("window.__drawnAt")
+        transferred = page.evaluate("performance.getEntriesByType('resource').concat(performance.getEntriesByType("
+                                    "'navigation')).reduce((sum, e) => sum + e.transferSize, 0)")
+        total = sum(sizes.values())
+        print(f"\nconsole first load: {total / 1024:.1f} KB in {len(sizes)} responses (Performance API: "
+              f"{transferred / 1024:.1f} KB); schedules drawn {drawn_ms:.0f} ms after navigation")
+        assert total < 200 * 1024 and transferred < 200 * 1024, sizes
+        assert drawn_ms < 1000, drawn_ms
+        assert any(url.endswith("/v1/schedules") for url in sizes)
+    finally:
+        context.close()
+
+
+def test_the_schedules_page_fits_a_phone_width_screen(browser: Any, stack: Stack) -> None:
+    context = browser.new_context(viewport={"width": 390, "height": 844}, is_mobile=True, has_touch=True)
+    context.add_init_script(f"sessionStorage.setItem('kairos.token', JSON.stringify({{token: '{TOKEN}'}}))")
+    page = context.new_page()
+    try:
+        page.goto(stack.console)
+        expect(page.locator("#schedules-table")).to_be_visible()
+        overflow = page.evaluate("document.documentElement.scrollWidth - window.innerWidth")
+        assert overflow <= 0, overflow
+        keep(page, "console-phone.png")
+    finally:
+        context.close()
