@@ -1,5 +1,6 @@
-"""The console's browser tests' fixtures (registered by ``tests/browser/conftest.py``) and helpers: ``kairos dev`` once per session on a free port, a fake
-OpenAI-compatible model server the agents point at, and Playwright driving Debian's headless chromium.
+"""The console's browser tests' fixtures (registered by ``tests/browser/conftest.py``) and helpers:
+``kairos dev`` once per session on a free port, a fake OpenAI-compatible model server the agents
+point at, and Playwright driving Debian's headless chromium.
 
 The model server answers by the first segment of its path, so each test picks its agent's behaviour
 through ``base_url`` (one server, no shared script to race on):
@@ -206,7 +207,7 @@ def page(browser: Any, stack: Stack, request: pytest.FixtureRequest) -> Iterator
         ARTIFACTS.mkdir(exist_ok=True)
         try:
             tab.screenshot(path=str(ARTIFACTS / f"{request.node.name}.png"), full_page=True)
-        except Exception:  # noqa: BLE001 - a screenshot is evidence, never the verdict
+        except Exception:  # a screenshot is evidence, never the verdict
             pass
         context.close()
     assert errors == [], errors

@@ -1,8 +1,8 @@
 """The HTTP API: every route of DESIGN.md "API" on one Powertools resolver, and ``handle``, its entry point.
 
 ``app`` is a ``kairos.api.resolver.Resolver`` that joins the routers of ``kairos.api.routes``
-(conversations, schedules, secrets, hooks, runs, corpus, approvals, usage, status, console) and of this module (the OpenAPI document) with
-``include_router``, and the exception handlers of ``kairos.api.errors``. ``handle(event, context)``
+(conversations, schedules, secrets, hooks, runs, corpus, approvals, usage, status, console) and of
+this module (the OpenAPI document) with ``include_router``, and the exception handlers of ``kairos.api.errors``. ``handle(event, context)``
 takes one API Gateway HTTP API (payload v2) event and returns its response:
 
 1. the route is matched against the resolver's route table (``ROUTES``): no path → 404, a path
