@@ -2,13 +2,14 @@
 
 ``app`` is a ``kairos.api.resolver.Resolver`` that joins the routers of ``kairos.api.routes``
 (conversations, schedules, secrets, hooks, runs, corpus, approvals, usage, status, console) and of
-this module (the OpenAPI document) with ``include_router``, and the exception handlers of ``kairos.api.errors``. ``handle(event, context)``
-takes one API Gateway HTTP API (payload v2) event and returns its response:
+this module (the OpenAPI document) with ``include_router``, and the exception handlers of
+``kairos.api.errors``. ``handle(event, context)`` takes one API Gateway HTTP API (payload v2) event
+and returns its response:
 
 1. the route is matched against the resolver's route table (``ROUTES``): no path → 404, a path
    under another method → 405 with ``Allow``;
-2. every route except the webhook trigger, the OpenAPI document and the console's static files needs a principal
-   (``kairos.api.auth``): none → 401, before any validation or database work;
+2. every route except the webhook trigger, the OpenAPI document and the console's static files
+   needs a principal (``kairos.api.auth``): none → 401, before any validation or database work;
 3. bodies of the routes that take one are screened (``kairos.api.bodies``): another media type →
    415, not UTF-8 or not JSON → 400, nesting deeper than 64 levels or text PostgreSQL cannot store → 422;
 4. the resolver validates parameters and bodies against ``kairos.api.models`` (``enable_validation``)
