@@ -111,19 +111,26 @@ def test_approving_a_parked_tool_call_lets_the_run_finish(page: Any, stack: Stac
 
 def test_a_failed_run_shows_its_diagnosis_and_recovery_actions(page: Any, stack: Stack, model: Model) -> None:
     conversation_id = conversation(stack, model.agent("fail"), "refused key")
-    run_id = stack.api("POST", f"/v1/conversations/{conversation_id}/messages", {"content": "hello"})["run_id"]
+    created = stack.api("POST", "/v1/schedules", {"conversation_id": conversation_id, "prompt": "Summarize",
+                                                  "kind": "webhook", "name": "failing hook"})
+    run_id = stack.hook(created["webhook"]["url"], {"n": 1})
     sign_in(page, stack, f"#/runs/{run_id}")
     expect(page.locator("#run-state")).to_have_text("failed")
     diagnosis = page.locator("#diagnosis")
-    run = stack.api("GET", f"/v1/runs/{run_id}")["run"]
-    expected = run["diagnosis"]
+    expected = stack.api("GET", f"/v1/runs/{run_id}")["run"]["diagnosis"]
     expect(diagnosis.locator(".summary")).to_have_text(expected["summary"])
     expect(diagnosis).to_contain_text(expected["reason_code"])
+    expect(page.locator("#timeline [data-type='run.failed']")).to_be_visible()
     buttons = diagnosis.locator("button[data-action]")
     expect(buttons).to_have_count(len(expected["recovery_actions"]))
-    assert expected["recovery_actions"], expected
-    buttons.first.click()
-    expect(page.locator("#timeline [data-type='run.failed']")).to_be_visible()
+    assert "retry_run" in expected["recovery_actions"], expected  # a refused model call is retry-safe
+
+    diagnosis.locator("button[data-action=retry_run]").click()  # the recovery action is a button that acts
+    expect(page).not_to_have_url(re.compile(re.escape(run_id)))
+    retried = page.url.rsplit("/", 1)[-1]
+    again = stack.api("GET", f"/v1/runs/{retried}")["run"]
+    assert (again["schedule_id"], again["source"]) == (created["schedule"]["id"], "manual"), again
+    expect(page.locator("#run-state")).to_have_text("failed")  # the same refusing model, a new run
 
 
 def test_an_unknown_run_id_shows_not_found(page: Any, stack: Stack) -> None:
