@@ -198,3 +198,41 @@ def test_the_schedules_page_fits_a_phone_width_screen(browser: Any, stack: Stack
         keep(page, "console-phone.png")
     finally:
         context.close()
+
+
+def test_the_schedule_controls_pause_resume_edit_backfill_and_rotate_the_token(
+        page: Any, stack: Stack, model: Model) -> None:
+    conversation_id = conversation(stack, model.agent("ok"), "controls")
+    cron = stack.api("POST", "/v1/schedules", {"conversation_id": conversation_id, "prompt": "Daily digest",
+                                               "name": "digest", "cron": "30 6 * * *", "timezone": "Europe/Berlin"})
+    hook = stack.api("POST", "/v1/schedules", {"conversation_id": conversation_id, "prompt": "On push",
+                                               "kind": "webhook", "name": "push hook"})
+    sign_in(page, stack, f"#/schedules/{cron['schedule']['id']}")
+    page.get_by_role("button", name="Pause").click()
+    expect(page.locator(".head .badge")).to_have_text("paused")
+    page.get_by_role("button", name="Resume").click()
+    expect(page.locator(".head .badge")).to_have_text("active")
+
+    revision = int(page.locator(".facts dd").nth(2).text_content() or "0")
+    page.get_by_role("link", name="Edit").click()
+    page.fill("textarea[name=prompt]", "Daily digest, shorter")
+    page.click("#schedule-form button[type=submit]")
+    expect(page.locator(".facts")).to_contain_text("Daily digest, shorter")
+    expect(page.locator(".facts dd").nth(2)).to_have_text(str(revision + 1))  # a new revision
+
+    page.locator("summary", has_text="Backfill").click()
+    page.fill("input[name=from]", "2026-01-01T00:00")
+    page.fill("input[name=until]", "2026-01-02T00:00")
+    page.get_by_role("button", name="Backfill", exact=True).click()
+    expect(page.locator("#toast")).to_contain_text("backfill occurrences")  # none before the schedule existed
+
+    page.goto(f"{stack.console}#/schedules/{hook['schedule']['id']}")
+    page.get_by_role("button", name="Rotate token").click()
+    shown = page.locator("#webhook-url code")
+    expect(shown).to_contain_text("/v1/hooks/")
+    new_url = shown.text_content() or ""
+    assert new_url != hook["webhook"]["url"]
+    assert stack.hook(new_url, {"n": 1}) and stack.hook(hook["webhook"]["url"], {"n": 2})  # the old one overlaps
+    page.reload()
+    expect(page.locator(".facts")).to_be_visible()
+    expect(page.locator("#webhook-url")).to_have_count(0)  # shown once
