@@ -6,20 +6,26 @@ marked; watches a webhook's run go queued → running → succeeded on the timel
 page reads only after the last sequence it drew); approves a parked tool call and sees the run finish;
 reads a failed run's diagnosis and its recovery actions; gets not-found for an unknown run; and sees a
 value containing ``<script>`` as text. The first load stays under 200 KB and draws the schedules page
-in under a second. Waiting is Playwright's auto-waiting ``expect``, never a sleep.
+in under a second, and fits a phone's width. Deployed, the page signs in with OIDC authorization code
++ PKCE against the issuer and keeps the token out of the URL. Waiting is Playwright's auto-waiting
+``expect``, never a sleep.
 """
 
 from __future__ import annotations
 
 import re
 import uuid
+from collections.abc import Mapping
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
+from kairos import runtime
+from kairos.local import apigw
 from playwright.sync_api import expect
 
-from tests.support.browser import TOKEN, Model, Stack, keep, sign_in
+from tests.support.api import HANDLER, Api
+from tests.support.browser import TOKEN, Model, Provider, Stack, keep, sign_in
 
 pytestmark = [pytest.mark.browser, pytest.mark.slow]
 
@@ -236,3 +242,30 @@ def test_the_schedule_controls_pause_resume_edit_backfill_and_rotate_the_token(
     page.reload()
     expect(page.locator(".facts")).to_be_visible()
     expect(page.locator("#webhook-url")).to_have_count(0)  # shown once
+
+
+def test_deployed_the_console_signs_in_with_oidc_pkce_and_keeps_the_token_out_of_the_url(
+        page: Any, api: Api, provider: Provider, monkeypatch: pytest.MonkeyPatch) -> None:
+    # Given the API as deployed (JWT mode: the authorizer's claims; here a stand-in that trusts the
+    # provider's one token) with the console configured for that issuer and client.
+    monkeypatch.setenv("KAIROS_AUTH", "jwt")
+    monkeypatch.setenv("KAIROS_CONSOLE_ISSUER", provider.issuer)
+    monkeypatch.setenv("KAIROS_CONSOLE_CLIENT_ID", provider.client_id)
+    runtime.reset()
+
+    def claims(headers: Mapping[str, str]) -> dict[str, str] | None:
+        value = next((v for k, v in headers.items() if k.lower() == "authorization"), "")
+        return {"sub": "carol"} if value == f"Bearer {provider.access_token}" else None
+
+    server = apigw.ApiGatewayServer(HANDLER, claims=claims).start()
+    try:
+        page.goto(f"{server.url}/console/#/schedules")
+        page.get_by_role("button", name="Sign in").click()  # to the provider and back with a code
+        expect(page.locator("#schedules-table")).to_have_text("No schedules yet.")  # carol's (empty) list
+        assert len(provider.exchanged) == 1  # the code was exchanged with the verifier of its challenge
+        assert "code=" not in page.url and provider.access_token not in page.url, page.url
+        assert page.url.endswith("/console/#/schedules"), page.url
+        assert provider.access_token in page.evaluate("sessionStorage.getItem('kairos.token')")
+        assert page.evaluate("localStorage.length") == 0
+    finally:
+        server.stop()

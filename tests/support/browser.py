@@ -229,3 +229,89 @@ def keep(page: Any, name: str) -> Path:
     path = ARTIFACTS / name
     page.screenshot(path=str(path), full_page=False)
     return path
+
+
+# --- a fake OIDC provider ---------------------------------------------------------------------------------
+
+
+@dataclass
+class Provider:
+    """An OIDC issuer on 127.0.0.1 for the console's PKCE sign-in: discovery, ``/authorize`` (redirects
+    straight back with a code, as a signed-in user's provider would) and ``/token`` (checks the client,
+    the code, the redirect URI and that SHA-256 of the verifier is the challenge it was given)."""
+
+    client_id: str = "console-test"
+    access_token: str = "oidc-access-token-1"
+    port: int = 0
+    challenges: dict[str, tuple[str, str]] = field(default_factory=dict)  # code -> (challenge, redirect uri)
+    exchanged: list[str] = field(default_factory=list)  # codes exchanged with a matching verifier
+
+    @property
+    def issuer(self) -> str:
+        return f"http://127.0.0.1:{self.port}"
+
+
+def _provider_handler(state: Provider) -> type[BaseHTTPRequestHandler]:
+    import base64
+    import hashlib
+    import secrets as token_bytes
+    from urllib.parse import parse_qs, urlencode, urlsplit
+
+    class Handler(BaseHTTPRequestHandler):
+        def _json(self, status: int, body: dict[str, Any]) -> None:
+            raw = json.dumps(body).encode()
+            self.send_response(status)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Access-Control-Allow-Origin", "*")
+            self.send_header("Content-Length", str(len(raw)))
+            self.end_headers()
+            self.wfile.write(raw)
+
+        def do_GET(self) -> None:
+            parts = urlsplit(self.path)
+            query = {k: v[0] for k, v in parse_qs(parts.query).items()}
+            if parts.path == "/.well-known/openid-configuration":
+                self._json(200, {"issuer": state.issuer, "authorization_endpoint": f"{state.issuer}/authorize",
+                                 "token_endpoint": f"{state.issuer}/token"})
+                return
+            ok = (parts.path == "/authorize" and query.get("client_id") == state.client_id
+                  and query.get("response_type") == "code" and query.get("code_challenge_method") == "S256")
+            if not ok:
+                self._json(400, {"error": "invalid_request"})
+                return
+            code = token_bytes.token_urlsafe(16)
+            state.challenges[code] = (query["code_challenge"], query["redirect_uri"])
+            self.send_response(302)
+            back = urlencode({"code": code, "state": query["state"]})
+            self.send_header("Location", f"{query['redirect_uri']}?{back}")
+            self.end_headers()
+
+        def do_POST(self) -> None:
+            form = {k: v[0] for k, v in parse_qs(self.rfile.read(int(self.headers["Content-Length"])).decode()).items()}
+            challenge, redirect = state.challenges.pop(form.get("code", ""), ("", ""))
+            digest = hashlib.sha256(form.get("code_verifier", "").encode()).digest()
+            proof = base64.urlsafe_b64encode(digest).decode().rstrip("=")
+            if (form.get("grant_type") != "authorization_code" or form.get("client_id") != state.client_id
+                    or not challenge or proof != challenge or form.get("redirect_uri") != redirect):
+                self._json(400, {"error": "invalid_grant"})
+                return
+            state.exchanged.append(form["code"])
+            self._json(200, {"access_token": state.access_token, "token_type": "Bearer", "expires_in": 3600})
+
+        def log_message(self, format: str, *args: Any) -> None:
+            pass
+
+    return Handler
+
+
+@pytest.fixture
+def provider() -> Iterator[Provider]:
+    state = Provider()
+    server = ThreadingHTTPServer(("127.0.0.1", 0), _provider_handler(state))
+    state.port = server.server_address[1]
+    threading.Thread(target=server.serve_forever, daemon=True).start()
+    try:
+        yield state
+    finally:
+        server.shutdown()
+        server.server_close()

@@ -1,6 +1,6 @@
 // The console's shell: sign-in, the hash router (#/page/id?filters) and the navigation. Each page is
-// its own module, loaded when first visited; render(main, route) may return a cleanup function (a
-// live run's follower stops when the user leaves the page).
+// its own module, loaded when first visited; render(view, route) draws into a fresh view and may
+// return a cleanup function (a live run's follower stops when the user leaves the page).
 
 import { h, replace, errorBox } from "./dom.js";
 import { finishOidc, loadConfig, signedIn, signOut, startOidc, useDevToken, whenSignedOut } from "./auth.js";
@@ -41,14 +41,19 @@ async function route() {
     const active = link.dataset.page === current.page || (current.page === "run" && link.dataset.page === "runs");
     if (active) link.setAttribute("aria-current", "page"); else link.removeAttribute("aria-current");
   }
+  // Each visit renders into its own view: a request of the page left behind that answers late
+  // writes into a detached element, never over the page now shown.
+  const view = h("div", { class: "view" });
+  replace(main, view);
   const module = PAGES[current.page];
-  if (!module) { replace(main, errorBox({ status: 404, message: "No such page." })); return; }
+  if (!module) { replace(view, errorBox({ status: 404, message: "No such page." })); return; }
   try {
     const page = await import(module);
-    const done = await page.render(main, current);
-    cleanup = typeof done === "function" ? done : null;
+    const done = await page.render(view, current);
+    if (view.isConnected) cleanup = typeof done === "function" ? done : null;
+    else if (typeof done === "function") done();
   } catch (err) {
-    replace(main, errorBox(err));
+    replace(view, errorBox(err));
   }
 }
 

@@ -59,7 +59,8 @@ export async function startOidc() {
   const verifier = random(32);
   const state = random(16);
   const challenge = b64url(await crypto.subtle.digest("SHA-256", new TextEncoder().encode(verifier)));
-  sessionStorage.setItem(PENDING, JSON.stringify({ verifier, state }));
+  // The page the user was on comes back after the sign-in (the provider returns to the bare redirect URI).
+  sessionStorage.setItem(PENDING, JSON.stringify({ verifier, state, hash: location.hash }));
   const q = new URLSearchParams({
     response_type: "code", client_id: config.client_id, redirect_uri: redirectUri(), scope: config.scopes,
     state, code_challenge: challenge, code_challenge_method: "S256",
@@ -72,8 +73,9 @@ export async function finishOidc() {
   const params = new URLSearchParams(location.search);
   const code = params.get("code");
   if (!code) return false;
-  history.replaceState(null, "", redirectUri() + location.hash);  // the code leaves the address bar
   const pending = JSON.parse(sessionStorage.getItem(PENDING) || "null");
+  // The code leaves the address bar at once; the page the sign-in started from comes back.
+  history.replaceState(null, "", redirectUri() + ((pending && pending.hash) || location.hash));
   sessionStorage.removeItem(PENDING);
   if (!pending || pending.state !== params.get("state")) throw new Error("sign-in state mismatch; try again");
   const meta = await discovery();
