@@ -269,3 +269,33 @@ def test_deployed_the_console_signs_in_with_oidc_pkce_and_keeps_the_token_out_of
         assert page.evaluate("localStorage.length") == 0
     finally:
         server.stop()
+
+
+def test_usage_status_inbox_and_runs_pages_draw_from_the_api(page: Any, stack: Stack, model: Model) -> None:
+    conversation_id = conversation(stack, model.agent("ok"), "usage")
+    run_id = stack.api("POST", f"/v1/conversations/{conversation_id}/messages", {"content": "hi"})["run_id"]
+    sign_in(page, stack, f"#/runs/{run_id}")
+    expect(page.locator("#run-state")).to_have_text("succeeded")  # one model call: 21 + 7 tokens today
+
+    page.goto(f"{stack.console}#/usage?days=7")
+    chart = page.locator("#usage-chart")
+    expect(chart.locator("g")).to_have_count(7)  # one bar group per UTC day of the window
+    heights = chart.locator("g").last.locator("rect").evaluate_all("rs => rs.map(r => +r.getAttribute('height'))")
+    assert all(h > 0 for h in heights), heights  # today's input and output bars are drawn
+
+    page.click("#nav a[data-page=status]")
+    status = stack.api("GET", "/v1/status")["status"]
+    expect(page.locator("#due-backlog .value")).to_have_text(str(status["due_backlog"]))
+    expect(page.locator("#dlq-depth .value")).to_have_text("n/a")  # no RUN_DLQ_URL locally
+
+    page.click("#nav a[data-page=inbox]")
+    expect(page.locator("#inbox")).to_be_visible()
+
+    page.click("#nav a[data-page=runs]")
+    expect(page.locator("#runs-table")).to_be_visible()
+    page.select_option("#filter-source", "chat")
+    page.click("#run-filters button[type=submit]")
+    expect(page).to_have_url(re.compile(r"#/runs\?source=chat$"))
+    expect(page.locator("#runs-table")).to_contain_text(run_id[:8])
+    sources = page.locator("#runs-table tbody td:nth-child(3)")
+    assert set(sources.all_text_contents()) == {"chat"}
