@@ -209,6 +209,12 @@ def test_every_api_call_the_console_makes_is_a_documented_route() -> None:
     assert undocumented == PENDING_ROUTES, undocumented
 
 
+def test_only_the_api_client_and_the_sign_in_fetch() -> None:
+    # api.js: call() itself; auth.js: config.json, the issuer's discovery document, its token endpoint.
+    fetching = {name: text.count("fetch(") for name, text in scripts().items() if "fetch(" in text}
+    assert fetching == {"api.js": 1, "auth.js": 3}, fetching
+
+
 def test_the_pending_routes_are_the_designs_input_request_routes() -> None:
     # Still pending: once they are documented, this fails and PENDING_ROUTES goes (see the module doc).
     assert not PENDING_ROUTES & documented()

@@ -94,7 +94,8 @@ def _file(name: str) -> Response[str]:
 
 
 def config() -> dict[str, Any]:
-    """How the page signs in (no secret: a public OIDC client with PKCE)."""
+    """How the page signs in (no secret: a public OIDC client with PKCE). The page calls the API on
+    its own origin (``connect-src 'self'``), so no API base is configured."""
     settings = runtime.settings()
     oidc = settings.auth == "jwt" and bool(settings.console_issuer and settings.console_client_id)
     return {
@@ -104,7 +105,6 @@ def config() -> dict[str, Any]:
         "scopes": settings.console_scopes,
         "authorization_endpoint": settings.console_authorize_url if oidc else None,
         "token_endpoint": settings.console_token_url if oidc else None,
-        "api_base": settings.public_url or "",
     }
 
 
