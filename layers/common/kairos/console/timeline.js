@@ -64,7 +64,9 @@ export class Timeline {
     const key = `${e.attempt}/${e.step}`;
     if (e.step && e.type === "step.finished" && this.steps.has(key)) {
       const row = this.steps.get(key);
-      row.status.textContent = `finished ${e.data && e.data.outcome ? e.data.outcome : ""}`.trim();
+      const took = (new Date(e.at).getTime() - row.at) / 1000;
+      const outcome = e.data && e.data.outcome ? ` ${e.data.outcome}` : "";
+      row.status.textContent = `finished${outcome}${Number.isFinite(took) ? ` in ${took.toFixed(1)}s` : ""}`;
       row.el.classList.add("done");
       row.el.dataset.seqs += ` ${e.seq}`;
       return;
@@ -77,7 +79,7 @@ export class Timeline {
       const status = h("span", { class: "status" }, "running");
       const progress = e.progress_count ? h("span", { class: "muted" }, ` · ${e.progress_count} progress`) : null;
       el.append(" ", status, progress || "");
-      this.steps.set(key, { el, status });
+      this.steps.set(key, { el, status, at: new Date(e.at).getTime() });
     } else {
       const text = details(e.data);
       if (text) el.append(h("span", { class: "muted detail" }, ` ${text}`));
