@@ -196,11 +196,13 @@ def browser() -> Iterator[Any]:
 @pytest.fixture
 def page(browser: Any, stack: Stack, request: pytest.FixtureRequest) -> Iterator[Any]:
     """A fresh tab (its own session storage: signed out) at 1280 px; a screenshot of the end state is
-    kept in the artifacts as <test name>.png."""
+    kept in the artifacts as <test name>.png. A script error or a CSP refusal in the page fails the test."""
     context = browser.new_context(viewport={"width": 1280, "height": 900})
     tab = context.new_page()
     errors: list[str] = []
     tab.on("pageerror", lambda error: errors.append(str(error)))
+    # The strict policy must refuse nothing the console itself does.
+    tab.on("console", lambda m: m.type == "error" and "Content Security Policy" in m.text and errors.append(m.text))
     try:
         yield tab
     finally:

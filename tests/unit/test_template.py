@@ -691,6 +691,7 @@ def test_built_layer_carries_the_package_data_and_dependencies() -> None:
         pytest.skip(f"no sam build output in {build}")
     assert sorted((layer / "kairos" / "sql").glob("*.sql")), "layer has no named queries"
     assert (layer / "kairos" / "migrations" / "0001_init.sql").is_file()
+    assert (layer / "kairos" / "console" / "index.html").is_file(), "the console's files are not in the layer"
     assert not (layer / "kairos" / "local").exists(), "the local tooling ships in the layer"
     for dependency in ("tzdata", "psycopg", "psycopg_binary", "psycopg_pool", "pydantic", "croniter",
                        "aws_lambda_powertools", "aws_xray_sdk"):
