@@ -1,5 +1,6 @@
 // Waiting for you: pending tool-call approvals (approve, deny) and a goal loop's input requests
-// (answer). Each shows its run; deciding one requeues that run (or ends it policy_blocked).
+// (answer), refreshed every 5 s. Each shows its run; deciding one requeues that run (or ends it
+// policy_blocked).
 
 import { call, qs } from "./api.js";
 import { errorBox, h, replace, table, toast, when } from "./dom.js";
@@ -67,4 +68,17 @@ export async function render(main) {
   const q = h("section", {});
   replace(main, h("div", { class: "head" }, h("h1", {}, "Waiting for you")), a, q);
   await Promise.all([approvals(a), inputs(q)]);
+  // New requests appear without a reload; a form being filled in is left alone.
+  let stopped = false;
+  let timer = null;
+  const again = async () => {
+    if (stopped) return;
+    const typing = main.contains(document.activeElement) && /^(TEXTAREA|INPUT)$/.test(document.activeElement.tagName);
+    if (!typing) {
+      await Promise.all([approvals(a), inputs(q)]).catch(() => {});
+    }
+    if (!stopped) timer = setTimeout(again, 5000);
+  };
+  timer = setTimeout(again, 5000);
+  return () => { stopped = true; clearTimeout(timer); };
 }
