@@ -124,10 +124,19 @@ export async function render(main, route) {
     }
   };
 
+  // An open step's started row, alone: the server folds its step.progress events into it.
+  const readProgress = async () => {
+    const seq = timeline.openStep();
+    if (seq === null) return;
+    const page = await call("GET", `/v1/runs/${id}/events${qs({ after: seq - 1, limit: 1 })}`);
+    for (const e of page.events) timeline.fold(e);
+  };
+
   const follow = async () => {
     if (stopped) return;
     try {
       const grew = await readTrace();
+      if (!grew && !FINISHED.has(run.state)) await readProgress();
       if (grew || !FINISHED.has(run.state)) await refreshRun();
       // Terminal replay ends only once the durable terminal event is drawn and the run says so too.
       if (sawTerminal && FINISHED.has(run.state)) { await output(run, out); return; }

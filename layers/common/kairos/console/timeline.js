@@ -1,7 +1,8 @@
 // The run trace drawn as a timeline, in server sequence order: one lane per attempt; within it a row
 // per step (started / finished folded together, with its folded progress count), per effect
 // (reserved / settled), per approval or input wait, and the terminal event, marked. add(events)
-// extends the drawing with a page read after the last sequence: nothing already drawn is re-read.
+// extends the drawing with a page read after the last sequence: nothing already drawn is re-read,
+// except an open step's own started row (one event), whose folded progress count moves while it runs.
 
 import { h } from "./dom.js";
 
@@ -59,11 +60,26 @@ export class Timeline {
     }
   }
 
+  // The open step's row, if any: its step.started seq (re-read alone to fold its newest progress).
+  openStep() {
+    for (const row of this.steps.values()) if (row.open) return row.seq;
+    return null;
+  }
+
+  // Folds a re-read step.started row's progress count into its drawn row (progress is never listed).
+  fold(e) {
+    const row = this.steps.get(`${e.attempt}/${e.step}`);
+    if (!row || e.type !== "step.started") return;
+    row.progress.textContent = e.progress_count
+      ? ` · ${e.progress_count} progress, last ${new Date(e.last_progress_at).toLocaleTimeString()}` : "";
+  }
+
   draw(e) {
     const lane = this.lane(e.attempt);
     const key = `${e.attempt}/${e.step}`;
     if (e.step && e.type === "step.finished" && this.steps.has(key)) {
       const row = this.steps.get(key);
+      row.open = false;
       const took = (new Date(e.at).getTime() - row.at) / 1000;
       const outcome = e.data && e.data.outcome ? ` ${e.data.outcome}` : "";
       row.status.textContent = `finished${outcome}${Number.isFinite(took) ? ` in ${took.toFixed(1)}s` : ""}`;
@@ -77,9 +93,10 @@ export class Timeline {
       h("span", { class: "label" }, e.type === "step.started" ? `step ${e.step}` : e.type));
     if (e.type === "step.started") {
       const status = h("span", { class: "status" }, "running");
-      const progress = e.progress_count ? h("span", { class: "muted" }, ` · ${e.progress_count} progress`) : null;
-      el.append(" ", status, progress || "");
-      this.steps.set(key, { el, status, at: new Date(e.at).getTime() });
+      const progress = h("span", { class: "muted progress" });
+      el.append(" ", status, progress);
+      this.steps.set(key, { el, status, progress, seq: e.seq, open: true, at: new Date(e.at).getTime() });
+      this.fold(e);
     } else {
       const text = details(e.data);
       if (text) el.append(h("span", { class: "muted detail" }, ` ${text}`));
