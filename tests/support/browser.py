@@ -185,6 +185,9 @@ def browser() -> Iterator[Any]:
         pytest.skip(message)
     playwright_api = pytest.importorskip("playwright.sync_api", reason="pip install -e '.[dev]' (playwright)")
     args = ["--no-sandbox"] if hasattr(os, "geteuid") and os.geteuid() == 0 else []
+    # A run's next state comes from kairos dev's 1 s tick and worker on a shared machine: expectations
+    # wait up to 20 s for it (they return as soon as it holds; Playwright's default is 5 s).
+    playwright_api.expect.set_options(timeout=20_000)
     with playwright_api.sync_playwright() as playwright:
         chromium = playwright.chromium.launch(executable_path=CHROMIUM, headless=True, args=args)
         try:
