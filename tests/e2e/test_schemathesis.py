@@ -106,5 +106,5 @@ def test_the_served_document_is_the_tested_one_and_lists_every_operation(served:
     assert served_document == json.loads(json.dumps(openapi_document()))
     loaded = schemathesis.openapi.from_dict(served_document)
     operations = {f"{op.ok().method.upper()} {op.ok().path}" for op in loaded.get_all_operations()}
-    assert operations == {spec.key for spec in ROUTES}
+    assert operations == {spec.key for spec in ROUTES if not spec.page}  # the console's files are no JSON API
     assert uuid.UUID(served["run"])

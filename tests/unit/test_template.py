@@ -31,7 +31,8 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
 EVENTS = ROOT / "events"
 
-# DESIGN.md "API", plus the token rotation route the API's issue adds.
+# DESIGN.md "API", plus the token rotation route the API's issue adds, the console's operator status
+# and the console's static files (issue 16).
 ROUTES = {
     "POST /v1/conversations",
     "GET /v1/conversations",
@@ -75,8 +76,13 @@ ROUTES = {
     "GET /v1/usage",
     "DELETE /v1/secrets/{name}",
     "GET /v1/openapi.json",
+    "GET /v1/status",
+    "GET /console",
+    "GET /console/",
+    "GET /console/{file}",
 }
-PUBLIC_ROUTES = {"POST /v1/hooks/{token}", "GET /v1/openapi.json"}
+CONSOLE_ROUTES = {"GET /console", "GET /console/", "GET /console/{file}"}
+PUBLIC_ROUTES = {"POST /v1/hooks/{token}", "GET /v1/openapi.json", *CONSOLE_ROUTES}
 SQS_MAX_VISIBILITY = 43200
 
 
@@ -100,7 +106,11 @@ def props(name: str) -> dict[str, Any]:
 
 
 def function_setting(name: str, key: str) -> Any:
-    """A function's property, falling back to Globals the way SAM merges them."""
+    """A function's property, falling back to Globals the way SAM merges them (environment variables
+    merge, the function's winning)."""
+    if key == "Environment" and key in props(name):
+        merged = dict(template()["Globals"]["Function"][key]["Variables"])
+        return {"Variables": {**merged, **props(name)[key]["Variables"]}}
     if key in props(name):
         return props(name)[key]
     return template()["Globals"]["Function"][key]
@@ -379,6 +389,7 @@ def test_the_layer_build_copies_the_package_without_the_local_tooling(tmp_path: 
     assert not (built / "local").exists()
     assert (built / "cli.py").is_file() and sorted((built / "sql").glob("*.sql"))
     assert (built / "migrations" / "0001_init.sql").is_file()
+    assert (built / "console" / "index.html").is_file() and (built / "console" / "app.js").is_file()
     tag = sys.implementation.cache_tag
     for source in built.rglob("*.py"):
         assert (source.parent / "__pycache__" / f"{source.stem}.{tag}.pyc").is_file(), source
@@ -504,6 +515,20 @@ def test_functions_get_the_contract_environment() -> None:
     assert proxy[:2] == ["CreateDatabase", {"Fn::GetAtt": ["DatabaseProxy", "Endpoint"]}]
     assert proxy[2]["Fn::If"][0] == "HasProxy"
     assert "DATABASE_URL" not in variables  # deployed code reads the secret
+
+
+def test_the_console_signs_in_against_the_authorizers_issuer_and_reads_the_dlq() -> None:
+    variables = props("ApiFunction")["Environment"]["Variables"]
+    issuer = props("HttpApi")["Auth"]["Authorizers"]["KairosJwt"]["JwtConfiguration"]["issuer"]
+    assert variables["KAIROS_CONSOLE_ISSUER"] == issuer
+    assert variables["KAIROS_CONSOLE_CLIENT_ID"] == {
+        "Fn::If": ["UseCognito", {"Ref": "UserPoolClient"}, {"Ref": "ConsoleClientId"}]}
+    assert variables["KAIROS_CONSOLE_SCOPES"] == {"Ref": "ConsoleScopes"}
+    assert variables["RUN_DLQ_URL"] == {"Ref": "RunDeadLetterQueue"}
+    statements = props("ApiRole")["Policies"][0]["PolicyDocument"]["Statement"]
+    [depth] = [s for s in statements if isinstance(s, dict) and s.get("Sid") == "DeadLetterDepth"]
+    assert depth["Action"] == "sqs:GetQueueAttributes"
+    assert depth["Resource"] == {"Fn::GetAtt": ["RunDeadLetterQueue", "Arn"]}
 
 
 def test_retention_is_a_bounded_parameter_every_function_reads() -> None:
@@ -671,6 +696,7 @@ def test_built_layer_carries_the_package_data_and_dependencies() -> None:
         pytest.skip(f"no sam build output in {build}")
     assert sorted((layer / "kairos" / "sql").glob("*.sql")), "layer has no named queries"
     assert (layer / "kairos" / "migrations" / "0001_init.sql").is_file()
+    assert (layer / "kairos" / "console" / "index.html").is_file(), "the console's files are not in the layer"
     assert not (layer / "kairos" / "local").exists(), "the local tooling ships in the layer"
     for dependency in ("tzdata", "psycopg", "psycopg_binary", "psycopg_pool", "pydantic", "croniter",
                        "aws_lambda_powertools", "aws_xray_sdk"):

@@ -3,7 +3,9 @@
 Reads here are deliberately not owner-scoped (an operator holds the database credentials anyway);
 actions (pause, resume, cancel) look up the row's owner and then go through the same owner-scoped
 library functions the API uses, so an operator cannot move a row in a way a user could not.
-Nothing here prints prompts, payloads, outputs' text or token hashes.
+Nothing here prints prompts, payloads, outputs' text or token hashes. The one exception to "every
+owner" is ``owner_status``, the console's operator status (``GET /v1/status``): the same figures for
+one owner's rows, and the run queue's dead-letter depth (which belongs to no owner).
 """
 
 from __future__ import annotations
@@ -18,6 +20,7 @@ import psycopg
 
 from kairos import db, runs, schedules
 from kairos.errors import FieldError, NotFound, ValidationFailed
+from kairos.instants import rfc3339
 
 
 @dataclass(frozen=True)
@@ -64,6 +67,51 @@ def status(conn: psycopg.Connection[db.Row], *, sqs: Any = None, queue_url: str 
         handoff_pending=int(run["handoff_pending"]),
         dlq_depth=dlq_depth(sqs, queue_url) if sqs is not None and queue_url else None,
     )
+
+
+@dataclass(frozen=True)
+class OwnerStatus:
+    now: datetime
+    due: int
+    oldest_due_at: datetime | None
+    queued: int
+    running: int
+    awaiting_approval: int
+    awaiting_input: int
+    oldest_queued_at: datetime | None
+    dlq_depth: int | None  # None when RUN_DLQ_URL is not set (the local stack) or it cannot be read
+
+    def as_json(self) -> dict[str, Any]:
+        def iso(value: datetime | None) -> str | None:
+            return None if value is None else rfc3339(value)
+
+        lag = 0.0 if self.oldest_due_at is None else max(0.0, (self.now - self.oldest_due_at).total_seconds())
+        return {
+            "now": iso(self.now), "due_backlog": self.due, "oldest_due_at": iso(self.oldest_due_at),
+            "fire_lag_seconds": round(lag, 3), "queued": self.queued, "running": self.running,
+            "awaiting_approval": self.awaiting_approval, "awaiting_input": self.awaiting_input,
+            "oldest_queued_at": iso(self.oldest_queued_at), "dlq_depth": self.dlq_depth,
+        }
+
+
+def owner_status(conn: psycopg.Connection[db.Row], *, owner: str, dlq_depth: int | None,
+                 now: datetime | None = None) -> OwnerStatus:
+    """One owner's due backlog (active schedules whose next fire has passed; the fire lag is how long
+    the oldest of them has waited) and runs in flight, with the DLQ depth the caller read."""
+    sched = db.fetch_one(conn, "schedules_owner_status", {"owner": owner, "now": now}) or {}
+    run = db.fetch_one(conn, "runs_owner_status", {"owner": owner}) or {}
+    return OwnerStatus(
+        now=sched["now"], due=int(sched["due"]), oldest_due_at=sched["oldest_due_at"],
+        queued=int(run["queued"]), running=int(run["running"]),
+        awaiting_approval=int(run["awaiting_approval"]), awaiting_input=int(run["awaiting_input"]),
+        oldest_queued_at=run["oldest_queued_at"], dlq_depth=dlq_depth,
+    )
+
+
+def dlq_messages(sqs: Any, dlq_url: str) -> int:
+    """Visible messages in the dead-letter queue at ``dlq_url``."""
+    depth = sqs.get_queue_attributes(QueueUrl=dlq_url, AttributeNames=["ApproximateNumberOfMessages"])
+    return int(depth["Attributes"]["ApproximateNumberOfMessages"])
 
 
 def dlq_depth(sqs: Any, queue_url: str) -> int | None:

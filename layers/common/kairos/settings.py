@@ -133,6 +133,17 @@ class Settings:
     corpus_buckets: tuple[str, ...] = ()
     export_bucket: str | None = None
     corpus_max_concurrency: int = DEFAULT_CORPUS_MAX_CONCURRENCY
+    # The console's sign-in (kairos.api.routes.console): the OIDC issuer the JWT authorizer trusts, the
+    # console's client id and scopes (none set: the console asks for a bearer token), and the DLQ the
+    # operator status reads (kairos.api.routes.status).
+    console_issuer: str | None = None
+    console_client_id: str | None = None
+    console_scopes: str = "openid"
+    # Set when the issuer's discovery document is not reachable from a browser (Cognito: the hosted
+    # domain serves both); otherwise the console reads them from <issuer>/.well-known/openid-configuration.
+    console_authorize_url: str | None = None
+    console_token_url: str | None = None
+    run_dlq_url: str | None = None
 
     @classmethod
     def from_env(cls, env: dict[str, str] | None = None) -> Settings:
@@ -169,6 +180,13 @@ class Settings:
             export_bucket=(env.get("KAIROS_EXPORT_BUCKET") or "").strip() or None,
             corpus_max_concurrency=_whole("KAIROS_CORPUS_MAX_CONCURRENCY", env.get("KAIROS_CORPUS_MAX_CONCURRENCY"),
                                           DEFAULT_CORPUS_MAX_CONCURRENCY, 1, MAX_CORPUS_MAX_CONCURRENCY, "partitions"),
+            console_issuer=(env.get("KAIROS_CONSOLE_ISSUER") or "").strip().rstrip("/") or None,
+            console_client_id=(env.get("KAIROS_CONSOLE_CLIENT_ID") or "").strip() or None,
+            console_scopes=" ".join((env.get("KAIROS_CONSOLE_SCOPES") or "openid").replace(",", " ").split())
+            or "openid",
+            console_authorize_url=(env.get("KAIROS_CONSOLE_AUTHORIZE_URL") or "").strip() or None,
+            console_token_url=(env.get("KAIROS_CONSOLE_TOKEN_URL") or "").strip() or None,
+            run_dlq_url=env.get("RUN_DLQ_URL") or None,
         )
 
     def resolve_database_url(self) -> str:

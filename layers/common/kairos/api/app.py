@@ -1,15 +1,15 @@
 """The HTTP API: every route of DESIGN.md "API" on one Powertools resolver, and ``handle``, its entry point.
 
 ``app`` is a ``kairos.api.resolver.Resolver`` that joins the routers of ``kairos.api.routes``
-(conversations, schedules, secrets, hooks, runs, corpus, approvals, input requests, loops, usage) and
-of this module (the OpenAPI document) with
-``include_router``, and the exception handlers of ``kairos.api.errors``. ``handle(event, context)``
-takes one API Gateway HTTP API (payload v2) event and returns its response:
+(conversations, schedules, secrets, hooks, runs, corpus, approvals, input requests, loops, usage, status,
+console) and of this module (the OpenAPI document) with ``include_router``, and the exception handlers of
+``kairos.api.errors``. ``handle(event, context)`` takes one API Gateway HTTP API (payload v2) event
+and returns its response:
 
 1. the route is matched against the resolver's route table (``ROUTES``): no path → 404, a path
    under another method → 405 with ``Allow``;
-2. every route except the webhook trigger and the OpenAPI document needs a principal
-   (``kairos.api.auth``): none → 401, before any validation or database work;
+2. every route except the webhook trigger, the OpenAPI document and the console's static files
+   needs a principal (``kairos.api.auth``): none → 401, before any validation or database work;
 3. bodies of the routes that take one are screened (``kairos.api.bodies``): another media type →
    415, not UTF-8 or not JSON → 400, nesting deeper than 64 levels or text PostgreSQL cannot store → 422;
 4. the resolver validates parameters and bodies against ``kairos.api.models`` (``enable_validation``)
@@ -42,6 +42,7 @@ from kairos.api import auth, bodies, errors, models, resolver
 from kairos.api.resolver import JSON, Resolver, Routes, RouteSpec
 from kairos.api.routes import (
     approvals,
+    console,
     conversations,
     corpus,
     hooks,
@@ -50,6 +51,7 @@ from kairos.api.routes import (
     runs,
     schedules,
     secrets,
+    status,
     usage,
 )
 from kairos.errors import KairosError, MethodNotAllowed, NotFound
@@ -79,6 +81,8 @@ app.include_router(approvals.router)
 app.include_router(input_requests.router)
 app.include_router(loops.router)
 app.include_router(usage.router)
+app.include_router(status.router)
+app.include_router(console.router)
 app.include_router(docs)
 app.include_router(errors.router)
 

@@ -332,6 +332,19 @@ class Empty(_Strict):
     """No body (204)."""
 
 
+class StatusOut(_Open):
+    now: str
+    due_backlog: int = Field(description="your active schedules whose next fire has passed")
+    fire_lag_seconds: float = Field(description="how long the oldest of them has waited (0 without any)")
+    queued: int
+    running: int
+    dlq_depth: int | None = Field(description="messages in the run queue's dead-letter queue; null when unknown")
+
+
+class StatusEnvelope(_Strict):
+    status: StatusOut
+
+
 class OpenApiDocument(_Open):
     openapi: str
     paths: dict[str, Any]

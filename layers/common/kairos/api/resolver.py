@@ -51,6 +51,7 @@ class RouteSpec:
     rule: str  # Powertools form: /v1/schedules/<id>
     public: bool
     has_body: bool
+    page: bool = False  # a static page (the console): in the route table, not in the OpenAPI document
 
     @property
     def path(self) -> str:
@@ -87,6 +88,15 @@ class Routes(Router):
         route: Callable[[Callable[..., Any]], Callable[..., Any]] = self.route(
             rule, method, summary=summary, responses=responses, status_code=status,
             security=None if public else [{"bearer": []}])
+        return route
+
+
+    def page(self, rule: str, *, summary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
+        """A public ``GET`` route that answers a static file, not JSON (the console): in the route table
+        (so the template wires it) but not in the OpenAPI document, which describes the JSON API."""
+        self.specs.append(RouteSpec("GET", rule, public=True, has_body=False, page=True))
+        route: Callable[[Callable[..., Any]], Callable[..., Any]] = self.route(
+            rule, "GET", summary=summary, include_in_schema=False)
         return route
 
 

@@ -13,8 +13,8 @@ What runs (all stopped cleanly on Ctrl-C or SIGTERM, nothing left behind):
 * a watcher printing runs as they change state.
 
 It creates a demo conversation (``echo`` executor), a cron schedule and a webhook schedule, prints
-the webhook URL and a curl line, and the next fires. Lambda-only parts (JWT authorizer, X-Ray) are
-replaced by ``KAIROS_AUTH=dev`` with a printed bearer token, added to the user's own
+the console URL (``/console/``), the webhook URL and a curl line, and the next fires. Lambda-only
+parts (JWT authorizer, X-Ray) are replaced by ``KAIROS_AUTH=dev`` with a printed bearer token, added to the user's own
 ``KAIROS_DEV_TOKENS`` (so a second principal can be tried).
 
 Between starts and for the CLI (``kairos.local.devstate``, files 0600 in ``--data-dir``): the embedded
@@ -457,6 +457,7 @@ def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHa
     api.target = load_handler("webhook")
     server.start()
     print(f"api        {public_url}  (Authorization: Bearer {DEV_TOKEN})")
+    print(f"console    {public_url}/console/  (sign in with the bearer token above)")
     data_dir = Path(args.data_dir).resolve()
     env_file = devstate.write_env(data_dir, _cli_environment(url, queue_url))
     stack.callback(devstate.remove_env, data_dir)

@@ -648,3 +648,13 @@ UPDATE runs
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND state = 'awaiting_input'
 RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_owner_status
+-- The console's operator status (GET /v1/status): one owner's queued, running and waiting runs.
+SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
+       count(*) FILTER (WHERE state = 'running') AS running,
+       count(*) FILTER (WHERE state = 'awaiting_approval') AS awaiting_approval,
+       count(*) FILTER (WHERE state = 'awaiting_input') AS awaiting_input,
+       min(created_at) FILTER (WHERE state = 'queued') AS oldest_queued_at
+  FROM runs
+ WHERE owner = %(owner)s AND state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input');

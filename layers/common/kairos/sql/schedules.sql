@@ -327,3 +327,11 @@ UPDATE schedules
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND input_run_id = %(run_id)s
 RETURNING id, status, revision;
+
+-- name: schedules_owner_status
+-- The console's operator status (GET /v1/status): one owner's due backlog and its oldest due fire.
+SELECT count(*) AS due,
+       min(next_fire_at) AS oldest_due_at,
+       coalesce(%(now)s::timestamptz, now()) AS now
+  FROM schedules
+ WHERE owner = %(owner)s AND status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());

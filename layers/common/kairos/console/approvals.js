@@ -1,0 +1,83 @@
+// Waiting for you: pending tool-call approvals (approve, deny) and a goal loop's input requests
+// (answer), refreshed every 5 s. Each shows its run; deciding one requeues that run (or ends it
+// policy_blocked).
+
+import { call, qs } from "./api.js";
+import { errorBox, h, replace, table, toast, when } from "./dom.js";
+
+function preview(value) {
+  if (value === null || value === undefined) return "";
+  return typeof value === "string" ? value : JSON.stringify(value);
+}
+
+async function approvals(box) {
+  const { approvals: list } = await call("GET", `/v1/approvals${qs({ state: "pending" })}`);
+  const decide = (a, verb) => async () => {
+    try {
+      const id = encodeURIComponent(a.id);
+      if (verb === "approve") await call("POST", `/v1/approvals/${id}/approve`);
+      else await call("POST", `/v1/approvals/${id}/deny`);
+      toast(verb === "approve" ? "Approved: the run continues" : "Denied: the run ends policy_blocked", "ok");
+    } catch (err) { toast(err.message, "bad"); }
+    await approvals(box);
+  };
+  replace(box, h("h2", {}, "Tool calls waiting for approval"), list.length
+    ? table(["Tool", "Arguments", "Run", "Expires", ""], list.map((a) => h("tr", { dataset: { approval: a.id } },
+      h("td", {}, a.tool),
+      h("td", {}, h("code", { class: "wrap" }, preview(a.preview))),
+      h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(a.run_id)}` }, a.run_id.slice(0, 8))),
+      h("td", {}, when(a.expires_at)),
+      h("td", {}, h("div", { class: "actions" },
+        h("button", { type: "button", class: "primary", onclick: decide(a, "approve") }, "Approve"),
+        h("button", { type: "button", class: "danger", onclick: decide(a, "deny") }, "Deny"))))), { id: "approvals-table" })
+    : h("p", { class: "muted", id: "approvals-table" }, "Nothing waits for approval."));
+}
+
+async function inputs(box) {
+  let list;
+  try {
+    ({ input_requests: list } = await call("GET", `/v1/input-requests${qs({ state: "pending" })}`));
+  } catch (err) {
+    replace(box, h("h2", {}, "Questions from goal loops"), errorBox(err));
+    return;
+  }
+  replace(box, h("h2", {}, "Questions from goal loops"), list.length
+    ? h("ul", { class: "cards", id: "input-requests" }, list.map((q) => {
+      const answer = h("textarea", { name: "answer", rows: 2, required: true });
+      const form = h("form", { class: "card" },
+        h("p", { class: "pre" }, q.question),
+        h("p", { class: "muted" }, "run ", h("a", { href: `#/runs/${encodeURIComponent(q.run_id)}` }, q.run_id.slice(0, 8)),
+          ` · asked ${when(q.created_at)}`),
+        answer, h("button", { type: "submit", class: "primary" }, "Answer"));
+      form.addEventListener("submit", async (event) => {
+        event.preventDefault();
+        try {
+          await call("POST", `/v1/input-requests/${encodeURIComponent(q.id)}/answer`, { answer: answer.value });
+          toast("Answered: the run continues", "ok");
+        } catch (err) { toast(err.message, "bad"); }
+        await inputs(box);
+      });
+      return h("li", {}, form);
+    }))
+    : h("p", { class: "muted", id: "input-requests" }, "No open questions."));
+}
+
+export async function render(main) {
+  const a = h("section", {});
+  const q = h("section", {});
+  replace(main, h("div", { class: "head" }, h("h1", {}, "Waiting for you")), a, q);
+  await Promise.all([approvals(a), inputs(q)]);
+  // New requests appear without a reload; a form being filled in is left alone.
+  let stopped = false;
+  let timer = null;
+  const again = async () => {
+    if (stopped) return;
+    const typing = main.contains(document.activeElement) && /^(TEXTAREA|INPUT)$/.test(document.activeElement.tagName);
+    if (!typing) {
+      await Promise.all([approvals(a), inputs(q)]).catch(() => {});
+    }
+    if (!stopped) timer = setTimeout(again, 5000);
+  };
+  timer = setTimeout(again, 5000);
+  return () => { stopped = true; clearTimeout(timer); };
+}

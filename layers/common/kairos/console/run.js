@@ -1,0 +1,152 @@
+// One run: its state, the trace as a timeline that follows a live run by reading only after the last
+// sequence it has drawn (never the whole trace again), the output projection, and a failed run's
+// diagnosis with its recovery actions as buttons. A missing or foreign run is the API's 404.
+
+import { call, qs } from "./api.js";
+import { badge, errorBox, h, replace, toast, when } from "./dom.js";
+import { isTerminalEvent, Timeline } from "./timeline.js";
+
+const FINISHED = new Set(["succeeded", "failed", "cancelled", "expired", "abandoned", "policy_blocked"]);
+const POLL_MS = 1000;
+
+const GUIDANCE = {
+  check_agent_config: "Check the agent of the conversation (executor, model, base_url).",
+  check_secret: "Check the agent's api_key_secret: store your key through the secrets API, then retry.",
+  check_egress_allow: "The endpoint is not allowed: ask the operator to add it to KAIROS_EGRESS_ALLOW.",
+  check_target: "The target answered with an error: check it, then retry.",
+  raise_runtime_limit: "The run hit a runtime limit (steps, input or output size): raise it in the agent.",
+  report_issue: "This looks like a Kairos fault: report it with the run id.",
+};
+
+function facts(run) {
+  const usage = run.usage || {};
+  return h("dl", { class: "facts" },
+    h("dt", {}, "Source"), h("dd", {}, run.source),
+    h("dt", {}, "Schedule"), h("dd", {}, run.schedule_id
+      ? h("a", { href: `#/schedules/${encodeURIComponent(run.schedule_id)}` }, run.schedule_id.slice(0, 8)) : "—"),
+    h("dt", {}, "Attempt"), h("dd", {}, `${run.attempt} of ${run.max_attempts ?? "?"}`),
+    h("dt", {}, "Created"), h("dd", {}, when(run.created_at)),
+    h("dt", {}, "Finished"), h("dd", {}, when(run.finished_at)),
+    h("dt", {}, "Usage"), h("dd", {}, `${usage.input_tokens ?? 0} in · ${usage.output_tokens ?? 0} out · ` +
+      `${usage.calls ?? 0} calls · $${Number(usage.cost_usd ?? 0).toFixed(4)}`));
+}
+
+function diagnosis(run, refresh) {
+  const d = run.diagnosis;
+  if (!d) return null;
+  const hint = h("p", { class: "muted", id: "guidance" });
+  const buttons = (d.recovery_actions || []).map((action) => {
+    if (action === "retry_run" && !run.schedule_id) {  // a chat turn is retried by posting it again
+      return h("button", { type: "button", dataset: { action },
+        onclick: () => { hint.textContent = "A chat turn is retried by posting the message again."; } }, "retry run");
+    }
+    if (action === "retry_run") {
+      return h("button", { type: "button", class: "primary", dataset: { action }, onclick: async () => {
+        try {
+          const retried = await call("POST", `/v1/runs/${encodeURIComponent(run.id)}/retry`);
+          location.hash = `#/runs/${encodeURIComponent(retried.run_id)}`;
+        } catch (err) { toast(err.message, "bad"); }
+      } }, "Retry run");
+    }
+    if (action === "resume_schedule" && run.schedule_id) {
+      return h("button", { type: "button", dataset: { action }, onclick: async () => {
+        try {
+          await call("POST", `/v1/schedules/${encodeURIComponent(run.schedule_id)}/resume`);
+          toast("Schedule resumed", "ok");
+          refresh();
+        } catch (err) { toast(err.message, "bad"); }
+      } }, "Resume schedule");
+    }
+    return h("button", { type: "button", dataset: { action },
+      onclick: () => { hint.textContent = GUIDANCE[action] || action; } }, action.replaceAll("_", " "));
+  });
+  return h("section", { class: "card diagnosis", id: "diagnosis" },
+    h("h2", {}, "Diagnosis"),
+    h("p", { class: "summary" }, d.summary),
+    h("p", { class: "muted" }, `reason ${d.reason_code} · scope ${d.scope} · `,
+      d.retry_eligible ? "retry-safe" : "not retry-eligible"),
+    h("div", { class: "actions" }, buttons), hint);
+}
+
+async function output(run, box) {
+  const { output: o } = await call("GET", `/v1/runs/${encodeURIComponent(run.id)}/output`);
+  replace(box, h("h2", {}, "Output"),
+    o.state === "available" && typeof o.text === "string"
+      ? h("pre", { class: "output", id: "output-text" }, o.text, o.truncated ? "\n…" : "")
+      : h("p", { class: "muted", id: "output-text" }, `${o.state}${o.reason ? ` (${o.reason})` : ""}`));
+}
+
+export async function render(main, route) {
+  const id = encodeURIComponent(route.id);
+  let run;
+  try {
+    run = (await call("GET", `/v1/runs/${id}`)).run;
+  } catch (err) {
+    replace(main, h("h1", {}, "Run"), err.status === 404
+      ? h("div", { class: "error", role: "alert", id: "not-found" }, "Run not found: no run of yours has this id.")
+      : errorBox(err));
+    return null;
+  }
+  const state = h("span", { id: "run-state" }, badge(run.state));
+  const info = h("div", {}, facts(run));
+  const controls = h("div", { class: "actions" });
+  const diag = h("div", {});
+  const out = h("div", {});
+  const trace = h("section", { class: "card" }, h("h2", {}, "Trace"));
+  replace(main, h("div", { class: "head" }, h("h1", {}, `Run ${run.id.slice(0, 8)}`), state),
+    info, controls, diag, trace, out);
+  const timeline = new Timeline(trace);
+  let stopped = false;
+  let timer = null;
+  let sawTerminal = false;
+
+  const show = (r) => {
+    run = r;
+    replace(state, badge(r.state));
+    replace(info, facts(r));
+    replace(controls, FINISHED.has(r.state) ? null : h("button", { type: "button", class: "danger", onclick: async () => {
+      try { await call("POST", `/v1/runs/${id}/cancel`); toast("Cancel requested", "ok"); } catch (err) { toast(err.message, "bad"); }
+    } }, "Cancel run"));
+    replace(diag, diagnosis(r, refreshRun));
+  };
+  const refreshRun = async () => show((await call("GET", `/v1/runs/${id}`)).run);
+
+  // Reads every page after the last drawn sequence; true when something new arrived.
+  const readTrace = async () => {
+    let grew = false;
+    for (;;) {
+      const page = await call("GET", `/v1/runs/${id}/events${qs({ after: timeline.last, limit: 200 })}`);
+      if (!page.events.length) return grew;
+      grew = true;
+      timeline.add(page.events);
+      if (page.events.some((e) => isTerminalEvent(e.type))) sawTerminal = true;
+      if (page.events.length < 200) return grew;
+    }
+  };
+
+  // An open step's started row, alone: the server folds its step.progress events into it.
+  const readProgress = async () => {
+    const seq = timeline.openStep();
+    if (seq === null) return;
+    const page = await call("GET", `/v1/runs/${id}/events${qs({ after: seq - 1, limit: 1 })}`);
+    for (const e of page.events) timeline.fold(e);
+  };
+
+  const follow = async () => {
+    if (stopped) return;
+    try {
+      const grew = await readTrace();
+      if (!grew && !FINISHED.has(run.state)) await readProgress();
+      if (grew || !FINISHED.has(run.state)) await refreshRun();
+      // Terminal replay ends only once the durable terminal event is drawn and the run says so too.
+      if (sawTerminal && FINISHED.has(run.state)) { await output(run, out); return; }
+    } catch (err) {
+      toast(err.message, "bad");
+    }
+    if (!stopped) timer = setTimeout(follow, POLL_MS);
+  };
+  show(run);
+  await output(run, out);
+  await follow();
+  return () => { stopped = true; clearTimeout(timer); };
+}

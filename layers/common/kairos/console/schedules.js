@@ -1,0 +1,240 @@
+// Schedules: the list (status, last run, next fire in the schedule's zone), one schedule (its next
+// fires in local time with offset and fold, DST changes marked; occurrences; pause, resume, trigger,
+// edit, backfill, cancel, rotate a webhook token showing the new URL once), and the create form.
+
+import { call, qs } from "./api.js";
+import { badge, errorBox, field, h, replace, table, toast, when } from "./dom.js";
+
+// "2026-12-07T09:00:00Z" in zone -> "Mon 7 Dec 2026, 10:00 GMT+01:00"
+export function inZone(iso, zone) {
+  if (!iso) return "—";
+  try {
+    return new Intl.DateTimeFormat(undefined, {
+      timeZone: zone, weekday: "short", year: "numeric", month: "short", day: "numeric",
+      hour: "2-digit", minute: "2-digit", timeZoneName: "longOffset",
+    }).format(new Date(iso));
+  } catch { return when(iso); }
+}
+
+function rule(s) {
+  if (s.kind === "cron") return `cron ${s.cron}`;
+  if (s.kind === "interval") return `every ${s.interval_seconds}s`;
+  if (s.kind === "once") return `once at ${when(s.starts_at)}`;
+  return s.kind;
+}
+
+function act(label, action, cls = "") {
+  return h("button", { type: "button", class: cls, onclick: action }, label);
+}
+
+async function run(action, done, message) {
+  try {
+    const answer = await action();
+    if (message) toast(typeof message === "function" ? message(answer) : message, "ok");
+    await done(answer);
+  } catch (err) {
+    toast(err.message, "bad");
+  }
+}
+
+function controls(s, done) {
+  const id = encodeURIComponent(s.id);
+  const buttons = [];
+  if (s.status === "active") {
+    buttons.push(act("Pause", () => run(() => call("POST", `/v1/schedules/${id}/pause`), done, "Paused")));
+  }
+  if (s.status === "paused" || s.status === "draft") {
+    buttons.push(act("Resume", () => run(() => call("POST", `/v1/schedules/${id}/resume`), done, "Resumed")));
+  }
+  if (s.status === "active" || s.status === "paused") {
+    buttons.push(act("Trigger", () => run(() => call("POST", `/v1/schedules/${id}/trigger`), done,
+      (a) => `Run ${a.run_id} queued`)));
+  }
+  if (s.status !== "cancelled" && s.status !== "completed") {
+    buttons.push(act("Cancel", () => {
+      if (!window.confirm(`Cancel schedule "${s.name || s.id}"? This cannot be undone.`)) return;
+      run(() => call("DELETE", `/v1/schedules/${id}`), done, "Cancelled");
+    }, "danger"));
+  }
+  return h("div", { class: "actions" }, buttons);
+}
+
+async function renderList(main) {
+  const { schedules } = await call("GET", "/v1/schedules");
+  const rows = schedules.map((s) => h("tr", {},
+    h("td", {}, h("a", { href: `#/schedules/${encodeURIComponent(s.id)}` }, s.name || s.id.slice(0, 8))),
+    h("td", {}, rule(s), h("div", { class: "muted" }, s.timezone)),
+    h("td", {}, badge(s.status)),
+    h("td", {}, s.last_run
+      ? [h("a", { href: `#/runs/${encodeURIComponent(s.last_run.id)}` }, badge(s.last_run.state)), " ",
+        h("span", { class: "muted" }, s.last_run.source)]
+      : h("span", { class: "muted" }, "none")),
+    h("td", {}, s.next_fire_at ? inZone(s.next_fire_at, s.timezone) : "—"),
+    h("td", {}, controls(s, () => renderList(main)))));
+  replace(main,
+    h("div", { class: "head" }, h("h1", {}, "Schedules"),
+      h("a", { class: "button primary", href: "#/schedules/new" }, "New schedule")),
+    schedules.length
+      ? table(["Name", "Rule", "Status", "Last run", "Next fire (local)", ""], rows, { id: "schedules-table" })
+      : h("p", { id: "schedules-table", class: "muted" }, "No schedules yet."));
+}
+
+// Marks each fire whose UTC offset differs from the fire before it (a DST change between them).
+export function markDst(fires) {
+  return fires.map((f, i) => ({ ...f, change: i > 0 && fires[i - 1].utc_offset !== f.utc_offset
+    ? `${fires[i - 1].utc_offset} → ${f.utc_offset}` : null }));
+}
+
+function firesTable(fires) {
+  const rows = markDst(fires).map((f) => h("tr", { class: f.change ? "dst" : null },
+    h("td", {}, f.local_time.replace("T", " "),
+      f.change ? h("span", { class: "dst-mark", title: "UTC offset changes before this fire" },
+        ` DST change ${f.change}`) : null),
+    h("td", {}, f.utc_offset),
+    h("td", {}, String(f.fold)),
+    h("td", { class: "muted" }, f.fire_at)));
+  return table(["Local time", "Offset", "Fold", "UTC"], rows, { id: "fires" });
+}
+
+function shownOnce(webhook) {
+  return h("div", { class: "card once", id: "webhook-url" },
+    h("strong", {}, "Webhook URL — shown once, copy it now"),
+    h("code", { class: "wrap" }, webhook.url));
+}
+
+async function renderOne(main, id, shown) {
+  const sid = encodeURIComponent(id);
+  const { schedule: s } = await call("GET", `/v1/schedules/${sid}`);
+  const again = () => renderOne(main, id);
+  const fireBox = h("div", {});
+  const more = async (count) => {
+    if (!s.next_fire_at) { replace(fireBox, h("p", { class: "muted" }, "No future fires.")); return; }
+    const { fires } = await call("GET", `/v1/schedules/${sid}/preview${qs({ count })}`);
+    replace(fireBox, firesTable(fires), count < 100
+      ? h("button", { type: "button", onclick: () => more(100) }, "Show 100 fires") : null);
+  };
+  const extra = [];
+  if (s.kind === "webhook" && (s.status === "active" || s.status === "paused")) {
+    extra.push(act("Rotate token", () => run(
+      () => call("POST", `/v1/schedules/${sid}/token`, { overlap_seconds: 3600 }),
+      (a) => renderOne(main, id, a.webhook), "New token; the old one works for 1 hour")));
+  }
+  const occurrences = h("div", {});
+  replace(main,
+    h("div", { class: "head" }, h("h1", {}, s.name || "Schedule"), badge(s.status)),
+    shown ? shownOnce(shown) : null,
+    h("dl", { class: "facts" },
+      h("dt", {}, "Rule"), h("dd", {}, rule(s)),
+      h("dt", {}, "Zone"), h("dd", {}, `${s.timezone} (gap ${s.dst_gap}, fold ${s.dst_fold})`),
+      h("dt", {}, "Revision"), h("dd", {}, String(s.revision)),
+      h("dt", {}, "Prompt"), h("dd", { class: "pre" }, s.prompt || ""),
+      h("dt", {}, "Last run"), h("dd", {}, s.last_run
+        ? h("a", { href: `#/runs/${encodeURIComponent(s.last_run.id)}` }, `${s.last_run.state} · ${when(s.last_run.created_at)}`)
+        : "none"),
+      h("dt", {}, "Failures"), h("dd", {}, String(s.consecutive_failures ?? 0))),
+    h("div", { class: "actions" }, controls(s, again), extra,
+      h("a", { class: "button", href: `#/schedules/${sid}/edit` }, "Edit"),
+      h("a", { class: "button", href: `#/runs?schedule_id=${sid}` }, "Runs")),
+    s.kind !== "webhook" ? backfillForm(s, again) : null,
+    h("h2", {}, "Next fires"), fireBox,
+    h("h2", {}, "Occurrences"), occurrences);
+  await more(25);
+  const { occurrences: list } = await call("GET", `/v1/schedules/${sid}/occurrences${qs({ limit: 10 })}`);
+  replace(occurrences, list.length ? table(["Fire (local)", "Source", "Decision", "Rev", "Run"], list.map((o) => h("tr", {},
+    h("td", {}, `${o.local_time.replace("T", " ")} ${o.utc_offset}`), h("td", {}, o.source), h("td", {}, o.decision),
+    h("td", {}, String(o.schedule_revision)),
+    h("td", {}, o.run_id ? h("a", { href: `#/runs/${encodeURIComponent(o.run_id)}` }, o.run_id.slice(0, 8)) : "—"))))
+    : h("p", { class: "muted" }, "None yet."));
+}
+
+function backfillForm(s, done) {
+  const from = h("input", { type: "datetime-local", name: "from", required: true });
+  const until = h("input", { type: "datetime-local", name: "until", required: true });
+  const max = h("input", { type: "number", name: "max", min: 1, max: 100, value: 10 });
+  const form = h("form", { class: "inline card" }, h("strong", {}, "Backfill"),
+    field("From (your time)", from), field("Until", until), field("At most", max),
+    h("button", { type: "submit" }, "Backfill"));
+  form.addEventListener("submit", (event) => {
+    event.preventDefault();
+    const body = { from: new Date(from.value).toISOString(), until: new Date(until.value).toISOString(),
+      max: Number(max.value) };
+    run(() => call("POST", `/v1/schedules/${encodeURIComponent(s.id)}/backfill`, body), done,
+      (a) => `${a.occurrences.length} backfill occurrences`);
+  });
+  return h("details", {}, h("summary", {}, "Backfill past fires"), form);
+}
+
+const KINDS = ["cron", "interval", "once", "webhook"];
+
+function select(name, options, value) {
+  return h("select", { name }, options.map((o) => h("option", { value: o, selected: o === value }, o)));
+}
+
+async function renderForm(main, id) {
+  const editing = Boolean(id);
+  const s = editing ? (await call("GET", `/v1/schedules/${encodeURIComponent(id)}`)).schedule : {};
+  const zone = s.timezone || Intl.DateTimeFormat().resolvedOptions().timeZone || "UTC";
+  const inputs = {
+    name: h("input", { name: "name", value: s.name || "", maxlength: 200 }),
+    prompt: h("textarea", { name: "prompt", required: true, rows: 3 }, s.prompt || ""),
+    kind: select("kind", KINDS, s.kind || "cron"),
+    cron: h("input", { name: "cron", value: s.cron || "0 7 * * 1-5", placeholder: "0 7 * * 1-5" }),
+    interval_seconds: h("input", { name: "interval_seconds", type: "number", min: 300, value: s.interval_seconds || "" }),
+    starts_at: h("input", { name: "starts_at", type: "datetime-local" }),
+    timezone: h("input", { name: "timezone", value: zone }),
+    dst_gap: select("dst_gap", ["auto", "shift_forward", "skip"], s.dst_gap || "auto"),
+    dst_fold: select("dst_fold", ["auto", "first", "last", "both"], s.dst_fold || "auto"),
+    mode: select("mode", ["fork", "append", "fresh"], s.mode || "fork"),
+    overlap: select("overlap", ["allow", "skip", "queue_one", "cancel_replace"], s.overlap || "allow"),
+  };
+  let conversation = null;
+  if (!editing) {
+    const { conversations } = await call("GET", `/v1/conversations${qs({ limit: 100 })}`);
+    conversation = select("conversation_id", conversations.map((c) => c.id), conversations[0]?.id);
+    for (const [i, c] of conversations.entries()) conversation.options[i].textContent = `${c.title || "untitled"} · ${c.id.slice(0, 8)}`;
+  }
+  const problem = h("div", {});
+  const form = h("form", { class: "card", id: "schedule-form" },
+    h("h1", {}, editing ? `Edit ${s.name || "schedule"}` : "New schedule"),
+    conversation ? field("Conversation", conversation) : null,
+    field("Name", inputs.name), field("Prompt", inputs.prompt), field("Kind", inputs.kind),
+    field("Cron (5 fields, wall clock of the zone)", inputs.cron), field("Interval seconds", inputs.interval_seconds),
+    field("Starts at (once / interval anchor)", inputs.starts_at), field("Time zone (IANA)", inputs.timezone),
+    h("div", { class: "row" }, field("DST gap", inputs.dst_gap), field("DST fold", inputs.dst_fold),
+      field("Mode", inputs.mode), field("Overlap", inputs.overlap)),
+    problem, h("button", { type: "submit", class: "primary" }, editing ? "Save" : "Create"));
+  form.addEventListener("submit", async (event) => {
+    event.preventDefault();
+    const kind = inputs.kind.value;
+    const body = { name: inputs.name.value, prompt: inputs.prompt.value, kind, timezone: inputs.timezone.value,
+      dst_gap: inputs.dst_gap.value, dst_fold: inputs.dst_fold.value, mode: inputs.mode.value,
+      overlap: inputs.overlap.value };
+    if (kind === "cron") body.cron = inputs.cron.value;
+    if (kind === "interval") body.interval_seconds = Number(inputs.interval_seconds.value);
+    if (inputs.starts_at.value) body.starts_at = new Date(inputs.starts_at.value).toISOString();
+    try {
+      if (editing) {
+        await call("PATCH", `/v1/schedules/${encodeURIComponent(id)}`, body, { "If-Match": `"${s.revision}"` });
+        toast("Saved", "ok");
+        location.hash = `#/schedules/${encodeURIComponent(id)}`;
+      } else {
+        body.conversation_id = conversation.value;
+        const created = await call("POST", "/v1/schedules", body);
+        toast("Created", "ok");
+        await renderOne(main, created.schedule.id, created.webhook);
+        history.replaceState(null, "", `#/schedules/${encodeURIComponent(created.schedule.id)}`);
+      }
+    } catch (err) {
+      replace(problem, errorBox(err));
+    }
+  });
+  replace(main, form);
+}
+
+export async function render(main, route) {
+  if (route.id === "new") return renderForm(main, null);
+  const sub = location.hash.split("?")[0].split("/")[3];
+  if (route.id && sub === "edit") return renderForm(main, route.id);
+  if (route.id) return renderOne(main, route.id);
+  return renderList(main);
+}
