@@ -3,7 +3,8 @@
 Given the local stack and a fake model server (``tests/support/browser.py``), a user signs in with the
 dev token; creates a cron schedule in Europe/Berlin and sees its next fires with the spring DST change
 marked; watches a webhook's run go queued → running → succeeded on the timeline without a reload (the
-page reads only after the last sequence it drew); approves a parked tool call and sees the run finish;
+page reads only after the last sequence it drew); approves a parked tool call and sees the run finish; answers a goal loop's question and sees its
+run finish;
 reads a failed run's diagnosis and its recovery actions; gets not-found for an unknown run; and sees a
 value containing ``<script>`` as text. The first load stays under 200 KB and draws the schedules page
 in under a second, and fits a phone's width. Deployed, the page signs in with OIDC authorization code
@@ -16,6 +17,7 @@ from __future__ import annotations
 import re
 import uuid
 from collections.abc import Mapping
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
@@ -123,6 +125,29 @@ def test_approving_a_parked_tool_call_lets_the_run_finish(page: Any, stack: Stac
     expect(page.locator("#timeline [data-type='approval.approved']")).to_be_visible()
     expect(page.locator("#output-text")).to_have_text("Posted.")
     assert len(model.hooks) == 1  # the approved call was applied once
+
+
+def test_answering_a_goal_loops_question_lets_its_run_finish(page: Any, stack: Stack, model: Model) -> None:
+    conversation_id = conversation(stack, model.agent("goal"), "goal loop")
+    now = datetime.now(UTC)
+    loop = stack.api("POST", "/v1/loops", {  # anchored so that its first fire is due two seconds from now
+        "conversation_id": conversation_id, "prompt": "Tidy the backlog", "interval_seconds": 300,
+        "starts_at": (now - timedelta(seconds=298)).isoformat(), "goal": {"outcome": "No stale issues"},
+        "ends_at": (now + timedelta(days=7)).isoformat(), "max_occurrences": 3})["schedule"]
+    sign_in(page, stack, "#/approvals")
+
+    card = page.locator("#input-requests li", has_text="Close the 3 stale issues?")
+    expect(card).to_be_visible()  # the loop fired on the next tick and its run parked on the question
+    [waiting] = stack.api("GET", "/v1/input-requests?state=pending")["input_requests"]
+    assert stack.api("GET", f"/v1/runs/{waiting['run_id']}")["run"]["state"] == "awaiting_input"
+    card.locator("textarea").fill("Yes, close them")
+    card.get_by_role("button", name="Answer").click()
+    expect(page.locator("#toast")).to_contain_text("Answered")
+
+    page.goto(f"{stack.console}#/runs/{waiting['run_id']}")
+    expect(page.locator("#run-state")).to_have_text("succeeded")
+    expect(page.locator("#timeline [data-type='input.answered']")).to_be_visible()
+    assert stack.api("GET", f"/v1/loops/{loop['id']}")["schedule"]["status"] == "completed"
 
 
 def test_a_failed_run_shows_its_diagnosis_and_recovery_actions(page: Any, stack: Stack, model: Model) -> None:

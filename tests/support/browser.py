@@ -8,7 +8,8 @@ through ``base_url`` (one server, no shared script to race on):
 * ``/ok/v1`` answers at once; ``/slow/v1`` holds each request until the test opens ``model.gate``
   (so a run stays ``running`` while the page watches); ``/fail/v1`` answers 401 (a failed run with a
   diagnosis); ``/tool/v1`` asks for one ``http_post`` tool call to ``/target/hook`` on the same server
-  and, once the transcript carries the tool's result, answers "Posted.".
+  and, once the transcript carries the tool's result, answers "Posted."; ``/goal/v1`` is a goal
+  loop's agent: it reports ``needs_input`` with a question, and once it has the answer, ``complete``.
 
 Chromium: ``/usr/bin/chromium`` (``scripts/test`` installs Debian's package when it is missing);
 Playwright's own browser download is never used. Without it the tests skip locally and fail in CI.
@@ -83,6 +84,14 @@ def _answer(model: Model, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         call = {"id": "post-1", "type": "function", "function": {
             "name": "http_post",
             "arguments": json.dumps({"url": f"http://127.0.0.1:{model.port}/target/hook", "body": {"order": 42}})}}
+        return 200, _completion({"role": "assistant", "content": None, "tool_calls": [call]})
+    if scenario == "goal":  # a goal loop's run: asks its owner first, then reports the goal complete
+        answered = any(m.get("role") == "tool" for m in body.get("messages", []))
+        report = ({"disposition": "complete", "summary": "Closed the stale issues"} if answered else
+                  {"disposition": "needs_input", "summary": "Found 3 stale issues",
+                   "question": "Close the 3 stale issues?"})
+        call = {"id": "goal-2" if answered else "goal-1", "type": "function",
+                "function": {"name": "goal_report", "arguments": json.dumps(report)}}
         return 200, _completion({"role": "assistant", "content": None, "tool_calls": [call]})
     text = "Posted." if scenario == "tool" else "Good morning from the fake model."
     return 200, _completion({"role": "assistant", "content": text})
