@@ -3,14 +3,12 @@
 Given the local stack and a fake model server (``tests/support/browser.py``), a user signs in with the
 dev token; creates a cron schedule in Europe/Berlin and sees its next fires with the spring DST change
 marked; watches a webhook's run go queued → running → succeeded on the timeline without a reload (the
-page reads only after the last sequence it drew); approves a parked tool call and sees the run finish; answers a goal loop's question and sees its
-run finish;
-reads a failed run's diagnosis and its recovery actions; gets not-found for an unknown run; and sees a
-value containing ``<script>`` as text. The first load stays under 200 KB and draws the schedules page
-in under a second, and fits a phone's width. Deployed, the page signs in with OIDC authorization code
-+ PKCE against the issuer and keeps the token out of the URL. Waiting is Playwright's auto-waiting
-``expect``, never a sleep.
-"""
+page reads only after the last sequence it drew); approves a parked tool call and sees the run finish;
+answers a goal loop's question and sees its run finish; reads a failed run's diagnosis and its recovery
+actions; gets not-found for an unknown run; and sees a value containing ``<script>`` as text. The first
+load stays under 200 KB and draws the schedules page in under a second, and fits a phone's width.
+Deployed, the page signs in with OIDC authorization code + PKCE against the issuer and keeps the token
+out of the URL. Waiting is Playwright's auto-waiting ``expect``, never a sleep."""
 
 from __future__ import annotations
 
