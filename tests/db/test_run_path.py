@@ -1,0 +1,110 @@
+"""What one echo run costs the database, counted on the wire: round trips, statements, commits.
+
+The run path's budget (issue 14) is held here: a change that adds a round trip or a commit to a
+plain run fails a test, and must say why in the number it changes. Round trips and statements are
+counted by a proxy in front of the server (``tests.support.wire``); commits as the distinct
+transactions (``xmin``) that wrote the run's rows. Also: a crash between the combined statements
+leaves a consistent row (kairos.probes, as the crash tests of test_runs_fencing.py).
+"""
+
+from __future__ import annotations
+
+import uuid
+from collections.abc import Iterator
+from typing import Any
+
+import psycopg
+import pytest
+from kairos.db import Database
+from kairos.probes import Probes
+from kairos.runs.worker import process
+from kairos.settings import Settings
+from psycopg.rows import dict_row
+
+from tests import factories
+from tests.support.wire import WireCounter, wire_counter
+
+SETTINGS = Settings()
+
+# One echo run in fork mode, first attempt, from the claim to the terminal state.
+ROUND_TRIPS = 21
+STATEMENTS = 21
+COMMITS = 3
+
+
+@pytest.fixture
+def counter(db_url: str) -> Iterator[WireCounter]:
+    with wire_counter(db_url) as wire:
+        yield wire
+
+
+@pytest.fixture
+def db(counter: WireCounter) -> Iterator[Database]:
+    database = Database(counter.url, max_size=4)
+    try:
+        yield database
+    finally:
+        database.close()
+
+
+def _warm(db: Database, url: str) -> None:
+    """A warm container: its pool's connection is open and has prepared the hot statements (one run)."""
+    assert process(db, fork_run(url)["id"], settings=SETTINGS).result == "succeeded"
+
+
+def fork_run(url: str) -> dict[str, Any]:
+    conversation = factories.conversation(url, entries=[("user", "hello"), ("assistant", "echo: hello")])
+    schedule = factories.schedule(url, conversation_id=conversation["id"], mode="fork")
+    return factories.run(url, schedule_row=schedule)
+
+
+def commits_of(url: str, run_id: uuid.UUID) -> int:
+    """The transactions that wrote the run: every one of them traces (a state change and its events
+    are one statement, kairos.trace), so they are the distinct ``xmin`` of the run's events; the run's
+    other rows must have been written by those same transactions."""
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT (SELECT array_agg(DISTINCT xmin::text) FROM run_events WHERE run_id = %(r)s) AS traced,
+                      (SELECT array_agg(DISTINCT x) FROM (
+                           SELECT xmin::text AS x FROM runs WHERE id = %(r)s
+                           UNION ALL SELECT xmin::text FROM conversation_entries WHERE run_id = %(r)s
+                           UNION ALL SELECT xmin::text FROM conversations WHERE origin_run_id = %(r)s
+                           UNION ALL SELECT xmin::text FROM effects WHERE run_id = %(r)s
+                           UNION ALL SELECT xmin::text FROM usage_reservations WHERE run_id = %(r)s) AS w) AS rows
+            """, {"r": run_id}).fetchone()
+    assert row is not None
+    assert set(row["rows"]) <= set(row["traced"]), row
+    return len(row["traced"])
+
+
+def test_an_echo_run_costs_its_counted_round_trips_statements_and_commits(
+        db: Database, db_url: str, counter: WireCounter) -> None:
+    run = fork_run(db_url)
+    _warm(db, db_url)
+    counter.reset()
+
+    outcome = process(db, run["id"], settings=SETTINGS)
+
+    assert outcome.result == "succeeded"
+    print(f"round trips {counter.round_trips}, statements {counter.statements}, "
+          f"commits {commits_of(db_url, run['id'])}")
+    for text in counter.texts:
+        print("  ", " ".join(text.split())[:110])
+    assert (counter.round_trips, counter.statements, commits_of(db_url, run["id"])) == (
+        ROUND_TRIPS, STATEMENTS, COMMITS)
+
+
+def test_the_counter_sees_a_round_trip_per_statement_outside_a_pipeline(db: Database, counter: WireCounter) -> None:
+    with db.connection() as conn:
+        conn.execute("SELECT 1")
+    counter.reset()
+    with db.transaction() as conn:
+        conn.execute("SELECT 1")
+        conn.execute("SELECT 2")
+    assert (counter.round_trips, counter.statements) == (4, 4)  # BEGIN, two selects, COMMIT
+    counter.reset()
+    with db.transaction() as conn, conn.pipeline():
+        conn.execute("SELECT 1")
+        conn.execute("SELECT 2")
+    assert counter.statements == 4 and counter.round_trips == 1
+    assert isinstance(Probes(), Probes)
