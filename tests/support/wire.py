@@ -5,7 +5,9 @@ the frontend protocol as it passes. It counts, over all connections, from its la
 
 * ``round_trips``: the times a client sent after the server had answered (a burst of client bytes
   between two answers is one trip, however many messages or TCP segments it holds) — what latency
-  multiplies, independent of how the client library batches (pipeline mode included);
+  multiplies, independent of how the client library batches. The server speaks only when asked
+  (``Sync``, ``Flush``, a simple ``Query``), so in pipeline mode the statements sent before one such
+  request and the answer to it are one trip;
 * ``statements``: the statements executed (extended-protocol ``Execute`` and simple ``Query``
   messages; ``BEGIN`` and ``COMMIT`` count);
 * ``texts``: the statements' texts where the wire names them (``Parse`` and ``Query``; a prepared

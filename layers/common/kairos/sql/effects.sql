@@ -21,6 +21,7 @@ SELECT DISTINCT run_id
 -- name: effects_reserve (prepared)
 -- Reserves one external effect for the current fence holder, unless a cancel was requested, and
 -- traces effect.reserved (with the caller's extra counts, e.g. the model input window), in one statement (zero rows: the fence is stale or the run is cancelling).
+-- The id is the caller's when it names one (effect_id), so the budget's reservation can be sent with it.
 WITH authority AS (
     UPDATE runs
        SET last_seq = last_seq + 1
@@ -29,7 +30,8 @@ WITH authority AS (
     RETURNING id, last_seq, attempt, fence
 ), reserved AS (
     INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, created_at)
-    SELECT gen_random_uuid(), a.id, a.fence, a.attempt, %(step)s, %(kind)s, %(mutation)s, %(target)s, %(digest)s,
+    SELECT coalesce(%(effect_id)s::uuid, gen_random_uuid()), a.id, a.fence, a.attempt, %(step)s, %(kind)s,
+           %(mutation)s, %(target)s, %(digest)s,
            coalesce(%(now)s::timestamptz, now())
       FROM authority a
     RETURNING id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state, usage, error_code,
@@ -43,7 +45,7 @@ WITH authority AS (
 )
 SELECT * FROM reserved;
 
--- name: effects_close
+-- name: effects_close (prepared)
 -- Moves one reserved effect of the fence holder to settled, failed or ambiguous.
 WITH authority AS (
     SELECT id FROM runs
@@ -57,7 +59,8 @@ UPDATE effects e
        settled_at = coalesce(%(now)s::timestamptz, now())
   FROM authority a
  WHERE e.id = %(effect_id)s AND e.run_id = a.id AND e.fence = %(fence)s AND e.state = 'reserved'
-RETURNING e.*;
+RETURNING e.id, e.run_id, e.fence, e.attempt, e.step, e.kind, e.mutation, e.target, e.request_digest, e.state,
+          e.usage, e.error_code, e.created_at, e.settled_at;
 
 -- name: effects_close_stale
 -- On a new claim: effects left reserved by an earlier fence become ambiguous (mutations) or failed.
