@@ -116,3 +116,76 @@ def test_the_counter_sees_a_round_trip_per_statement_outside_a_pipeline(db: Data
         conn.execute("SELECT 2")
         kairos_db.commit(conn)
     assert (counter.round_trips, counter.statements) == (1, 4)
+
+
+class Crash(BaseException):
+    """The end of the invocation (a killed process): nothing in the worker catches it."""
+
+
+def _crash(**_: Any) -> None:
+    raise Crash()
+
+
+def _state(url: str, run_id: uuid.UUID) -> dict[str, Any]:
+    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
+        row = conn.execute(
+            """SELECT r.state, r.fence, r.conversation_id, r.output, r.last_seq,
+                      (SELECT max(seq) FROM run_events e WHERE e.run_id = r.id) AS max_seq,
+                      (SELECT count(*) FROM run_events e WHERE e.run_id = r.id) AS events,
+                      (SELECT array_agg(role ORDER BY seq) FROM conversation_entries e WHERE e.run_id = r.id) AS roles,
+                      (SELECT c.parent_id FROM conversations c WHERE c.origin_run_id = r.id) AS thread_parent,
+                      (SELECT array_agg(state) FROM effects f WHERE f.run_id = r.id) AS effects,
+                      (SELECT count(*) FROM usage_reservations u WHERE u.run_id = r.id) AS reservations
+                 FROM runs r WHERE r.id = %s""", (run_id,)).fetchone()
+    assert row is not None
+    return row
+
+
+def test_a_crash_after_the_claim_leaves_the_thread_and_prompt_committed_with_it(db: Database, db_url: str) -> None:
+    run = fork_run(db_url)
+    with pytest.raises(Crash):
+        process(db, run["id"], settings=SETTINGS, probes=Probes().on("after_claim", _crash))
+    row = _state(db_url, run["id"])
+    assert (row["state"], row["fence"], row["roles"]) == ("running", 1, ["user"])
+    assert row["thread_parent"] == run["source_conversation_id"] and row["conversation_id"] is not None
+    assert row["last_seq"] == row["max_seq"] == row["events"] == 2  # run.claimed, step.started: no gap
+    assert row["effects"] is None and row["reservations"] == 0
+
+
+def test_a_crash_after_the_reservation_leaves_the_effect_and_its_charge_committed_together(
+        db: Database, db_url: str) -> None:
+    run = fork_run(db_url)
+    with pytest.raises(Crash):
+        process(db, run["id"], settings=SETTINGS, probes=Probes().on("after_reserve", _crash))
+    row = _state(db_url, run["id"])
+    assert (row["state"], row["effects"], row["reservations"], row["roles"]) == ("running", ["reserved"], 1, ["user"])
+    assert row["last_seq"] == row["max_seq"] == row["events"] == 3
+
+
+def test_a_crash_between_the_answer_batch_and_the_terminal_update_writes_none_of_them(
+        db: Database, db_url: str) -> None:
+    """The first trip of the publish transaction (run lock, settlement, answer entry) ran; the crash
+    before the terminal statement rolls all of it back: no answer, the effect still reserved."""
+    run = fork_run(db_url)
+    with pytest.raises(Crash):
+        process(db, run["id"], settings=SETTINGS, probes=Probes().on("before_finish", _crash))
+    row = _state(db_url, run["id"])
+    assert (row["state"], row["output"], row["roles"], row["effects"]) == ("running", None, ["user"], ["reserved"])
+    assert row["last_seq"] == row["max_seq"] == row["events"] == 3
+    with db.connection() as conn:  # the pooled connection came back usable, with no transaction open
+        assert conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+        assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE
+
+
+def test_without_pipeline_mode_the_same_run_costs_a_round_trip_per_statement(db_url: str,
+                                                                            counter: WireCounter) -> None:
+    database = Database(counter.url, max_size=4, pipeline=False)
+    try:
+        _warm(database, db_url)
+        run = fork_run(db_url)
+        counter.reset()
+        assert process(database, run["id"], settings=SETTINGS).result == "succeeded"
+        assert (counter.round_trips, counter.statements, commits_of(db_url, run["id"])) == (
+            STATEMENTS, STATEMENTS, COMMITS)
+    finally:
+        database.close()
