@@ -1,29 +1,31 @@
-"""Run-worker throughput: Kairos run lifecycles per second beside two baselines on the same server.
+"""Run-path throughput: whole run-function invocations per second beside two baselines on the same server.
 
-What is measured (all on one PostgreSQL server, one database each, same run):
+What is measured (all on one PostgreSQL server, one database each, same run, rounds interleaved):
 
 1. **pgbench** ``-b simple-update -c 8 -j 2 -T 10`` (scale 1): the server's own transaction rate
    for a small update transaction, the ceiling any job system on this box works under.
-2. **Kairos run lifecycle** with 8 worker processes (how Lambda runs it: one container, one
-   process, one run at a time), with 8 threads of one process (the local stack), and with 1: N
-   queued runs (inserted up front, not timed), each taken through the real library functions, as
-   ``runs.worker.process`` writes them — (1) ``runs.moves.claim``: the guarded claim, ``run.claimed`` and
-   ``step.started`` in one statement; (2) one heartbeat (``Heartbeat.beat_once``, its own pooled
-   connection); (3) ``moves.succeed``: the fenced terminal update with ``step.finished`` and
-   ``run.succeeded`` in one statement. Three commits, four trace events, one connection per run.
-   No executor call, no conversation entries and no SQS: this is the database work of the lifecycle.
+2. **The run handler** (the headline): ``functions/run/app.py``'s ``handler`` — its Powertools
+   decorators, the SQS batch adapter, ``runs.worker.process`` with the ``echo`` executor in fork mode
+   (claim with the fork thread and prompt entry, transcript window, effect and budget reserved,
+   answer entry, terminal state), EMF metrics and logs written (to /dev/null) — in 8 worker
+   processes (8 Lambda containers, one run at a time each), fed one SQS-shaped event per run (the
+   template's batch size), as Lambda would; SQS itself is not involved. ``--owners`` deals the runs
+   over that many owners (one owner's claims serialize on its slot lock by design).
 3. **Procrastinate** (``App`` + ``PsycopgConnector``, its schema in a third database) with 8
    concurrent coroutines: the equivalent job cycle ``defer`` → ``fetch_job`` → ``finish_job``
-   (its ``JobManager`` directly, without its worker's polling, sleeps and middleware, which would
-   only slow it down). Reported both for the full cycle (defer + fetch + finish, three commits)
-   and for fetch + finish alone.
+   (its ``JobManager`` directly, without its worker's polling, sleeps and middleware), reported
+   both for the full cycle (three commits) and for fetch + finish alone.
+4. **The lifecycle subset**, kept for comparison: the claim, one heartbeat and the terminal update
+   (``moves.claim``, ``Heartbeat.beat_once``, ``moves.succeed``: three statements, three commits, no
+   executor, no entries), 8 processes and 8 threads.
 
-Targets: Kairos lifecycles/s ÷ pgbench TPS ≥ 0.2; Kairos ≥ Procrastinate's cycle.
+Targets: the handler's runs/s ÷ pgbench TPS ≥ 0.2; the handler ≥ Procrastinate's cycle.
+``--profile PREFIX`` cProfiles the handler processes of the last round and prints the top entries.
 
 The server is ``DATABASE_URL``'s when set (its databases ``kairos_bench*`` are dropped and
 recreated), else an embedded one started here with default durability settings (fsync on).
 
-Run: ``.venv/bin/python bench/run.py [--runs N] [--seconds S]``.
+Run: ``.venv/bin/python bench/run.py [--runs N] [--seconds S] [--rounds R] [--owners K]``.
 """
 
 from __future__ import annotations
@@ -50,7 +52,6 @@ from kairos import migrations, trace
 from kairos.db import Database
 from kairos.runs import moves
 from kairos.runs.heartbeat import Heartbeat
-from kairos.runs.worker import process
 from kairos.settings import Settings
 from kairos.states import EventType
 
@@ -77,32 +78,39 @@ SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily
 # --- Kairos --------------------------------------------------------------------------------------------
 
 
-def seed_runs(url: str, count: int, mode: str = "append") -> list[uuid.UUID]:
-    """One conversation (with two entries, the transcript a fork reads) and schedule, ``count``
-    occurrences and queued runs (not timed)."""
+def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1) -> list[uuid.UUID]:
+    """Per owner one conversation (with two entries, the transcript a fork reads) and schedule; ``count``
+    occurrences and queued runs in all, dealt round-robin over the owners and interleaved in the
+    order the workers take them (not timed)."""
+    per_owner: list[list[uuid.UUID]] = []
     with psycopg.connect(url, autocommit=True) as conn:
-        conv, sched = uuid.uuid4(), uuid.uuid4()
-        conn.execute("INSERT INTO conversations (id, owner, agent) VALUES (%s, 'bench', '{\"executor\": \"echo\"}')",
-                     (conv,))
-        conn.execute("""INSERT INTO conversation_entries (conversation_id, seq, role, content)
-                        VALUES (%s, 1, 'user', 'hello'), (%s, 2, 'assistant', 'echo: hello')""", (conv, conv))
-        conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, token_hash)
-                        VALUES (%s, 'bench', %s, 'p', 'webhook', md5(random()::text))""", (sched, conv))
-        rows = conn.execute(
-            """WITH o AS (
-                   INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, timezone,
-                                            tzdata_version, schedule_revision, decision, idempotency_key)
-                   SELECT gen_random_uuid(), %(s)s, 'webhook', now(), now()::timestamp, interval '0', 'UTC', 'b', 1,
-                          'dispatched', g::text
-                     FROM generate_series(1, %(n)s) g
-                   RETURNING id)
-               INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
-                                 conversation_id, mode, prompt, agent)
-               SELECT gen_random_uuid(), o.id, %(s)s, 'bench', 'webhook', %(c)s,
-                      CASE WHEN %(m)s = 'append' THEN %(c)s END, %(m)s, 'p', '{"executor": "echo"}'
-                 FROM o
-               RETURNING id""", {"s": sched, "c": conv, "n": count, "m": mode}).fetchall()
-    return [r[0] for r in rows]
+        for k in range(owners):
+            owner = "bench" if owners == 1 else f"bench-{k}"
+            n = count // owners + (1 if k < count % owners else 0)
+            conv, sched = uuid.uuid4(), uuid.uuid4()
+            conn.execute("INSERT INTO conversations (id, owner, agent) VALUES (%s, %s, '{\"executor\": \"echo\"}')",
+                         (conv, owner))
+            conn.execute("""INSERT INTO conversation_entries (conversation_id, seq, role, content)
+                            VALUES (%s, 1, 'user', 'hello'), (%s, 2, 'assistant', 'echo: hello')""", (conv, conv))
+            conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, token_hash)
+                            VALUES (%s, %s, %s, 'p', 'webhook', md5(random()::text))""", (sched, owner, conv))
+            rows = conn.execute(
+                """WITH o AS (
+                       INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, timezone,
+                                                tzdata_version, schedule_revision, decision, idempotency_key)
+                       SELECT gen_random_uuid(), %(s)s, 'webhook', now(), now()::timestamp, interval '0', 'UTC', 'b',
+                              1, 'dispatched', g::text
+                         FROM generate_series(1, %(n)s) g
+                       RETURNING id)
+                   INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
+                                     conversation_id, mode, prompt, agent)
+                   SELECT gen_random_uuid(), o.id, %(s)s, %(w)s, 'webhook', %(c)s,
+                          CASE WHEN %(m)s = 'append' THEN %(c)s END, %(m)s, 'p', '{"executor": "echo"}'
+                     FROM o
+                   RETURNING id""", {"s": sched, "c": conv, "n": n, "m": mode, "w": owner}).fetchall()
+            per_owner.append([r[0] for r in rows])
+    dealt = [ids[i] for i in range(max(map(len, per_owner), default=0)) for ids in per_owner if i < len(ids)]
+    return dealt
 
 
 def lifecycle(database: Database, run_id: uuid.UUID) -> None:
@@ -118,14 +126,6 @@ def lifecycle(database: Database, run_id: uuid.UUID) -> None:
                             usage={"calls": 1},
                             events=[trace.Event(EventType.STEP_FINISHED, "model", {"outcome": "succeeded"})])
         assert done
-
-
-def full_process(database: Database, run_id: uuid.UUID) -> None:
-    """One run through ``runs.worker.process`` with the ``echo`` executor: everything the run Lambda does
-    per run except SQS — claim, prompt entry, transcript read, heartbeat thread, effect reserved and
-    settled, answer entry, terminal state."""
-    outcome = process(database, run_id, settings=SETTINGS)
-    assert outcome.result == "succeeded", outcome
 
 
 def _thread_workers(url: str, ids: list[uuid.UUID], workers: int,
@@ -280,11 +280,11 @@ def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str 
     return ended - started
 
 
-def handler_rate(url: str, count: int, workers: int, profile: str | None = None) -> float:
+def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1) -> float:
     """Whole run-function invocations per second: ``functions/run/app.py``'s handler (its Powertools
     decorators, the SQS batch adapter, ``runs.worker.process`` with the echo executor, fork mode), one
     SQS-shaped event per run, ``workers`` processes (Lambda containers); SQS itself is not involved."""
-    ids = seed_runs(url, count, "fork")
+    ids = seed_runs(url, count, "fork", owners)
     elapsed = _handler_workers(url, ids, workers, profile)
     with psycopg.connect(url) as conn:
         done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
@@ -311,15 +311,12 @@ def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
     return ended - started
 
 
-def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False, full: bool = False) -> float:
+def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False) -> float:
     """Lifecycles (or, with ``full``, whole ``runs.worker.process`` calls) per second over ``count`` fresh
     runs, with ``workers`` threads or processes."""
     # A full run in append mode would read the one shared transcript, growing with every run.
-    ids = seed_runs(url, count, "fresh" if full else "append")
-    if full:
-        elapsed = _thread_workers(url, ids, workers, full_process)
-    else:
-        elapsed = (_process_workers if processes else _thread_workers)(url, ids, workers)
+    ids = seed_runs(url, count, "append")
+    elapsed = (_process_workers if processes else _thread_workers)(url, ids, workers)
     with psycopg.connect(url) as conn:
         done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
     assert done is not None and done[0] == count, done
@@ -394,6 +391,9 @@ def main() -> None:
     parser.add_argument("--seconds", type=int, default=10, help="pgbench duration")
     parser.add_argument("--rounds", type=int, default=3,
                         help="rounds of every series, interleaved; medians are reported")
+    parser.add_argument("--owners", type=int, default=1,
+                        help="owners the handler series' runs are dealt over (one owner's claims serialize on "
+                             "its slot lock, and its model calls on its day's budget row)")
     parser.add_argument("--profile", metavar="PREFIX", default=None,
                         help="cProfile the handler processes of the last round into PREFIX.<pid> and print the top")
     args = parser.parse_args()
@@ -411,7 +411,7 @@ def main() -> None:
             load = _load()
             tps = pgbench_tps(pgbench_binary, pgbench_url, args.seconds)
             last = n == max(1, args.rounds) - 1
-            handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None)
+            handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None, args.owners)
             full, fetch_finish = asyncio.run(procrastinate_rates(
                 recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS))
             procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
@@ -446,8 +446,9 @@ def main() -> None:
     print("|---|---:|---:|---:|")
     print(f"| pgbench simple-update, -c 8 -j 2 -T {args.seconds} (TPS) | "
           f"{tps if tps is not None else float('nan'):.0f} | 1.00 | {ratio(handler, tps)} |")
-    print(f"| **Kairos run handler** (`functions/run/app.py`, one SQS event per run, echo, fork mode), "
-          f"8 processes | {handler:.0f} | {ratio(handler, tps)} | 1.00 |")
+    print(f"| **Kairos run handler** (`functions/run/app.py`, one SQS event per run, echo, fork mode, "
+          f"{args.owners} owner{'s' if args.owners > 1 else ''}), 8 processes | {handler:.0f} | "
+          f"{ratio(handler, tps)} | 1.00 |")
     print(f"| Procrastinate defer + fetch + finish, 8 coroutines | {full:.0f} | {ratio(full, tps)} | "
           f"{ratio(handler, full)} |")
     print(f"| Procrastinate fetch + finish only, 8 coroutines | {fetch_finish or float('nan'):.0f} | "
