@@ -164,11 +164,13 @@ class Database:
     def explicit(self) -> Iterator[psycopg.Connection[Row]]:
         """An autocommit connection for a transaction the caller spells out (``begin`` … ``commit``
         as statements, so that a pipeline sends them with the statements around them). Should the
-        block raise with the transaction open, it is rolled back here."""
-        with self._pool.connection() as conn:
+        block raise with the transaction open, it is rolled back here. Built on ``transaction()`` (so
+        a pool that wraps that — a test injecting a fault — wraps this too): nothing is open yet when
+        the connection is switched to autocommit."""
+        with self.transaction() as conn:
             conn.autocommit = True
             try:
-                yield cast("psycopg.Connection[Row]", conn)
+                yield conn
             except BaseException:
                 _roll_back_open(conn)
                 raise
@@ -178,7 +180,6 @@ class Database:
             finally:
                 if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE:
                     conn.autocommit = False
-                _mark_returned(conn)
 
     def batch(self, conn: psycopg.Connection[Row]) -> AbstractContextManager[Any]:
         """Pipeline mode on ``conn`` (see the module doc), unless this pool was built without it."""
