@@ -31,11 +31,12 @@ SETTINGS = Settings()
 # Before issue 14: 22 round trips, 22 statements (BEGIN and COMMIT included), 3 commits — the claim
 # transaction alone was 11 statements (slot lock, claim, a savepoint around the fork and the run's
 # conversation update, the conversation lock and the prompt entry, the window), each its own trip.
-# Now: the claim writes the thread and the prompt entry itself, and every transaction is two trips in
-# pipeline mode — [BEGIN, slot lock, claim] [window, COMMIT]; [BEGIN, effect, budget] [COMMIT];
-# [BEGIN, run lock, settle, conversation lock, answer] [terminal update, COMMIT].
-ROUND_TRIPS = 6
-STATEMENTS = 16
+# Now: the claim writes the thread and the prompt entry itself; the claim and the answer are two trips
+# each in pipeline mode — [BEGIN, slot lock, claim] [window, COMMIT] and [BEGIN, run lock, settle,
+# conversation lock, answer] [terminal update, COMMIT] — and the effect with its budget charge is one
+# statement in autocommit (effects_reserve_charged): one trip, its own commit.
+ROUND_TRIPS = 5
+STATEMENTS = 13
 COMMITS = 3  # the claim; the effect reserved before the call; the answer with the terminal state
 
 

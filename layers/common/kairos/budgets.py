@@ -32,7 +32,7 @@ Must not: call anything outside the database; read prompts or replies (only coun
 from __future__ import annotations
 
 import random
-from collections.abc import Callable, Mapping
+from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -95,24 +95,21 @@ def price(settings: Settings, model: object, input_tokens: int, output_tokens: i
 def reserve(conn: psycopg.Connection[db.Row], *, effect_id: UUID, run_id: UUID, owner: str, model: object,
             input_tokens: int, max_output_tokens: int, settings: Settings, now: datetime | None = None) -> bool:
     """Charges the estimate (``input_tokens`` + ``max_output_tokens``, and their price) to the owner's
-    UTC day against both ceilings; False, with nothing charged, when either would be passed (or when
-    the effect does not exist)."""
-    return send_reserve(conn, effect_id=effect_id, run_id=run_id, owner=owner, model=model,
-                        input_tokens=input_tokens, max_output_tokens=max_output_tokens, settings=settings, now=now)()
+    UTC day against both ceilings; False, with nothing charged, when either would be passed."""
+    row = db.fetch_one(conn, "usage_ledger_reserve", {
+        "effect_id": effect_id, "run_id": run_id, "owner": owner,
+        **charge(model=model, input_tokens=input_tokens, max_output_tokens=max_output_tokens, settings=settings),
+        "now": now})
+    return row is not None
 
 
-def send_reserve(conn: psycopg.Connection[db.Row], *, effect_id: UUID, run_id: UUID, owner: str, model: object,
-                 input_tokens: int, max_output_tokens: int, settings: Settings,
-                 now: datetime | None = None) -> Callable[[], bool]:
-    """``reserve`` sent now (queued in a pipeline, behind the effect's own reservation); the function
-    returned reads whether it was charged."""
+def charge(*, model: object, input_tokens: int, max_output_tokens: int, settings: Settings) -> dict[str, Any]:
+    """The parameters of a model call's charge (``usage_ledger_reserve``, ``effects_reserve_charged``):
+    the estimate's tokens and price, and the owner's daily ceilings."""
     tokens = max(0, input_tokens) + max(0, max_output_tokens)
     cost = price(settings, model, max(0, input_tokens), max(0, max_output_tokens))
-    cursor = db.send(conn, "usage_ledger_reserve", {
-        "effect_id": effect_id, "run_id": run_id, "owner": owner, "tokens": tokens,
-        "cost_usd": Decimal(f"{cost:.9f}"), "max_tokens": settings.owner_daily_tokens,
-        "max_cost_usd": Decimal(f"{settings.owner_daily_cost_usd:.9f}"), "now": now})
-    return lambda: cursor.fetchone() is not None
+    return {"tokens": tokens, "cost_usd": Decimal(f"{cost:.9f}"), "max_tokens": settings.owner_daily_tokens,
+            "max_cost_usd": Decimal(f"{settings.owner_daily_cost_usd:.9f}")}
 
 
 def priced(usage: Mapping[str, Any], model: object, settings: Settings) -> dict[str, Any]:

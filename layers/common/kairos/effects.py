@@ -135,6 +135,47 @@ def send_reserve(
     return read
 
 
+def reserve_charged(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    attempt: int,
+    step: str,
+    kind: str,
+    mutation: bool,
+    target: str,
+    digest: str,
+    *,
+    effect_id: UUID,
+    charge: Mapping[str, Any],
+    data: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> tuple[bool, Effect | None]:
+    """``reserve`` and the budget charge of a model call (``kairos.budgets.charge``) in one statement:
+    (authorized, the effect). Not authorized — the fence no longer holds or a cancel was requested —
+    or authorized without an effect — the charge would pass a daily ceiling —: nothing was written."""
+    row = db.fetch_one(
+        conn,
+        "effects_reserve_charged",
+        {
+            "run_id": run_id,
+            "fence": fence,
+            "attempt": attempt,
+            "step": step,
+            "kind": kind,
+            "mutation": mutation,
+            "target": recorded_target(target),
+            "digest": digest,
+            "data": None if data is None else Jsonb(dict(data)),
+            "now": now,
+            "effect_id": effect_id,
+            **charge,
+        },
+    )
+    assert row is not None  # one row always
+    return bool(row["authorized"]), None if row["id"] is None else Effect.from_row(row)
+
+
 def settle(
     conn: psycopg.Connection[db.Row],
     effect: Effect,

@@ -144,31 +144,28 @@ class Execution:
         remaining = self._remaining()
         if remaining <= 0:
             raise Failure("runtime_limit")
-        # The effect and its budget reservation commit together: BEGIN, both statements (the effect's id
-        # is chosen here, so the charge can travel with it) in one trip, then COMMIT in a second.
-        effect_id = uuid.uuid4()
-        with self.database.explicit() as conn:
-            with self.database.batch(conn):
-                db.begin(conn)
-                reserved = effects.send_reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
-                                                prepared.mutation, prepared.url, prepared.digest, now=self.now,
-                                                data=data, effect_id=effect_id)
-                charged = None
-                if prepared.kind == "model_call":
-                    # A tool loop's later turns carry more than the claim's window: estimate from what is sent.
-                    estimate = max(int(claimed.model_input.record["estimated_tokens"]), len(prepared.body) // 4)
-                    charged = self._send_budget(conn, effect_id, agent, estimate)
-                effect = reserved()
-                if effect is None:  # the fence moved on, or a cancel was requested: which one decides the end
-                    current = db.fetch_one(conn, "runs_get", {"run_id": self.run_id})
-                    if (current is not None and current["state"] == RunState.RUNNING
-                            and int(current["fence"]) == claimed.fence
-                            and current["cancel_requested_at"] is not None):
-                        raise Cancelled()
-                    raise LeaseLost()
-                if charged is not None and not charged():
-                    self._budget_exhausted(agent, estimate)  # raises; the effect is rolled back with it
-                db.commit(conn)
+        # One statement on an autocommit connection: the effect and, for a model call, its budget
+        # charge commit together, in one round trip (effects_reserve_charged).
+        with self.database.connection() as conn:
+            if prepared.kind == "model_call":
+                # A tool loop's later turns carry more than the claim's window: estimate from what is sent.
+                estimate = max(int(claimed.model_input.record["estimated_tokens"]), len(prepared.body) // 4)
+                charge = budgets.charge(model=agent.get("model"), input_tokens=estimate,
+                                        max_output_tokens=_output_tokens(agent), settings=self.settings)
+                authorized, effect = effects.reserve_charged(
+                    conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind, prepared.mutation,
+                    prepared.url, prepared.digest, effect_id=uuid.uuid4(), charge=charge, data=data, now=self.now)
+                if authorized and effect is None:
+                    self._budget_exhausted(agent, estimate)  # raises: nothing was reserved or charged
+            else:
+                effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
+                                         prepared.mutation, prepared.url, prepared.digest, now=self.now, data=data)
+            if effect is None:  # the fence moved on, or a cancel was requested: which one decides the end
+                current = db.fetch_one(conn, "runs_get", {"run_id": self.run_id})
+                if (current is not None and current["state"] == RunState.RUNNING
+                        and int(current["fence"]) == claimed.fence and current["cancel_requested_at"] is not None):
+                    raise Cancelled()
+                raise LeaseLost()
         self.open_effect = effect
         self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
         self._check_stop()
@@ -188,15 +185,6 @@ class Execution:
                                                      self.settings))
         self.probes.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
         return effect, reply
-
-    def _send_budget(self, conn: psycopg.Connection[db.Row], effect_id: UUID, agent: dict[str, Any],
-                     input_tokens: int) -> Callable[[], bool]:
-        """Sends the charge of a model call's estimate (input + the agent's max_tokens) to the owner's
-        day, in the transaction that reserves its effect; the function returned says whether it fit."""
-        return budgets.send_reserve(conn, effect_id=effect_id, run_id=self.run_id,
-                                    owner=str(self.claimed.row["owner"]), model=agent.get("model"),
-                                    input_tokens=input_tokens, max_output_tokens=_output_tokens(agent),
-                                    settings=self.settings, now=self.now)
 
     def _budget_exhausted(self, agent: dict[str, Any], input_tokens: int) -> None:
         logger.info("daily budget exhausted", extra={"action": "budget_exhausted", "run_id": str(self.run_id),

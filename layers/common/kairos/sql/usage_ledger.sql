@@ -13,9 +13,6 @@ WITH want AS (
     INSERT INTO usage_ledger AS l (owner, day, reserved_tokens, reserved_cost_usd)
     SELECT owner, day, tokens, cost_usd FROM want
      WHERE tokens <= %(max_tokens)s::bigint AND cost_usd <= %(max_cost_usd)s::numeric
-       -- Only for an effect that exists: the worker sends this with the effect's reservation, which
-       -- reserves nothing when the fence moved on (then nothing is charged either).
-       AND EXISTS (SELECT 1 FROM effects e WHERE e.id = %(effect_id)s::uuid)
         ON CONFLICT (owner, day) DO UPDATE
        SET reserved_tokens = l.reserved_tokens + EXCLUDED.reserved_tokens,
            reserved_cost_usd = l.reserved_cost_usd + EXCLUDED.reserved_cost_usd
