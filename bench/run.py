@@ -1,44 +1,50 @@
-"""Run-worker throughput: Kairos run lifecycles per second beside two baselines on the same server.
+"""Run-path throughput: whole run-function invocations per second beside two baselines on the same server.
 
-What is measured (all on one PostgreSQL server, one database each, same run):
+What is measured (all on one PostgreSQL server, one database each, same run, rounds interleaved):
 
 1. **pgbench** ``-b simple-update -c 8 -j 2 -T 10`` (scale 1): the server's own transaction rate
    for a small update transaction, the ceiling any job system on this box works under.
-2. **Kairos run lifecycle** with 8 worker processes (how Lambda runs it: one container, one
-   process, one run at a time), with 8 threads of one process (the local stack), and with 1: N
-   queued runs (inserted up front, not timed), each taken through the real library functions, as
-   ``runs.worker.process`` writes them — (1) ``runs.moves.claim``: the guarded claim, ``run.claimed`` and
-   ``step.started`` in one statement; (2) one heartbeat (``Heartbeat.beat_once``, its own pooled
-   connection); (3) ``moves.succeed``: the fenced terminal update with ``step.finished`` and
-   ``run.succeeded`` in one statement. Three commits, four trace events, one connection per run.
-   No executor call, no conversation entries and no SQS: this is the database work of the lifecycle.
+2. **The run handler** (the headline): ``functions/run/app.py``'s ``handler`` — its Powertools
+   decorators, the SQS batch adapter, ``runs.worker.process`` with the ``echo`` executor in fork mode
+   (claim with the fork thread and prompt entry, transcript window, effect and budget reserved,
+   answer entry, terminal state), EMF metrics and logs written (to /dev/null) — in 8 worker
+   processes (8 Lambda containers, one run at a time each), fed one SQS-shaped event per run (the
+   template's batch size), as Lambda would; SQS itself is not involved. ``--owners`` deals the runs
+   over that many owners (one owner's claims serialize on its slot lock by design).
 3. **Procrastinate** (``App`` + ``PsycopgConnector``, its schema in a third database) with 8
    concurrent coroutines: the equivalent job cycle ``defer`` → ``fetch_job`` → ``finish_job``
-   (its ``JobManager`` directly, without its worker's polling, sleeps and middleware, which would
-   only slow it down). Reported both for the full cycle (defer + fetch + finish, three commits)
-   and for fetch + finish alone.
+   (its ``JobManager`` directly, without its worker's polling, sleeps and middleware), reported
+   both for the full cycle (three commits) and for fetch + finish alone.
+4. **The lifecycle subset**, kept for comparison: the claim, one heartbeat and the terminal update
+   (``moves.claim``, ``Heartbeat.beat_once``, ``moves.succeed``: three statements, three commits, no
+   executor, no entries), 8 processes and 8 threads.
 
-Targets: Kairos lifecycles/s ÷ pgbench TPS ≥ 0.2; Kairos ≥ Procrastinate's cycle.
+Targets: the handler's runs/s ÷ pgbench TPS ≥ 0.2; the handler ≥ Procrastinate's cycle.
+``--profile PREFIX`` cProfiles the handler processes of the last round and prints the top entries.
 
 The server is ``DATABASE_URL``'s when set (its databases ``kairos_bench*`` are dropped and
 recreated), else an embedded one started here with default durability settings (fsync on).
 
-Run: ``.venv/bin/python bench/run.py [--runs N] [--seconds S]``.
+Run: ``.venv/bin/python bench/run.py [--runs N] [--seconds S] [--rounds R] [--owners K]``.
 """
 
 from __future__ import annotations
 
 import argparse
 import asyncio
+import cProfile
+import json
 import logging
 import multiprocessing
+import os
 import queue
 import statistics
+import sys
 import threading
 import time
 import uuid
 from collections.abc import Callable
-from typing import Any
+from typing import Any, NamedTuple
 
 import psycopg
 from baseline import pgbench_tps, recreate, server
@@ -46,11 +52,21 @@ from kairos import migrations, trace
 from kairos.db import Database
 from kairos.runs import moves
 from kairos.runs.heartbeat import Heartbeat
-from kairos.runs.worker import process
 from kairos.settings import Settings
 from kairos.states import EventType
 
 WORKERS = 8
+
+
+class Round(NamedTuple):
+    load: str
+    tps: float | None
+    handler: float
+    procrastinate: float
+    fetch_finish: float
+    procs: float
+    threads: float
+
 # One owner ('bench') runs every worker's runs: its budgets must not be what is measured.
 SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily_tokens=10**12,
                     owner_daily_cost_usd=10**9)
@@ -62,29 +78,39 @@ SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily
 # --- Kairos --------------------------------------------------------------------------------------------
 
 
-def seed_runs(url: str, count: int, mode: str = "append") -> list[uuid.UUID]:
-    """One conversation and schedule, ``count`` occurrences and queued runs (not timed)."""
+def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1) -> list[uuid.UUID]:
+    """Per owner one conversation (with two entries, the transcript a fork reads) and schedule; ``count``
+    occurrences and queued runs in all, dealt round-robin over the owners and interleaved in the
+    order the workers take them (not timed)."""
+    per_owner: list[list[uuid.UUID]] = []
     with psycopg.connect(url, autocommit=True) as conn:
-        conv, sched = uuid.uuid4(), uuid.uuid4()
-        conn.execute("INSERT INTO conversations (id, owner, agent) VALUES (%s, 'bench', '{\"executor\": \"echo\"}')",
-                     (conv,))
-        conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, token_hash)
-                        VALUES (%s, 'bench', %s, 'p', 'webhook', md5(random()::text))""", (sched, conv))
-        rows = conn.execute(
-            """WITH o AS (
-                   INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, timezone,
-                                            tzdata_version, schedule_revision, decision, idempotency_key)
-                   SELECT gen_random_uuid(), %(s)s, 'webhook', now(), now()::timestamp, interval '0', 'UTC', 'b', 1,
-                          'dispatched', g::text
-                     FROM generate_series(1, %(n)s) g
-                   RETURNING id)
-               INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
-                                 conversation_id, mode, prompt, agent)
-               SELECT gen_random_uuid(), o.id, %(s)s, 'bench', 'webhook', %(c)s,
-                      CASE WHEN %(m)s = 'append' THEN %(c)s END, %(m)s, 'p', '{"executor": "echo"}'
-                 FROM o
-               RETURNING id""", {"s": sched, "c": conv, "n": count, "m": mode}).fetchall()
-    return [r[0] for r in rows]
+        for k in range(owners):
+            owner = "bench" if owners == 1 else f"bench-{k}"
+            n = count // owners + (1 if k < count % owners else 0)
+            conv, sched = uuid.uuid4(), uuid.uuid4()
+            conn.execute("INSERT INTO conversations (id, owner, agent) VALUES (%s, %s, '{\"executor\": \"echo\"}')",
+                         (conv, owner))
+            conn.execute("""INSERT INTO conversation_entries (conversation_id, seq, role, content)
+                            VALUES (%s, 1, 'user', 'hello'), (%s, 2, 'assistant', 'echo: hello')""", (conv, conv))
+            conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, token_hash)
+                            VALUES (%s, %s, %s, 'p', 'webhook', md5(random()::text))""", (sched, owner, conv))
+            rows = conn.execute(
+                """WITH o AS (
+                       INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, timezone,
+                                                tzdata_version, schedule_revision, decision, idempotency_key)
+                       SELECT gen_random_uuid(), %(s)s, 'webhook', now(), now()::timestamp, interval '0', 'UTC', 'b',
+                              1, 'dispatched', g::text
+                         FROM generate_series(1, %(n)s) g
+                       RETURNING id)
+                   INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
+                                     conversation_id, mode, prompt, agent)
+                   SELECT gen_random_uuid(), o.id, %(s)s, %(w)s, 'webhook', %(c)s,
+                          CASE WHEN %(m)s = 'append' THEN %(c)s END, %(m)s, 'p', '{"executor": "echo"}'
+                     FROM o
+                   RETURNING id""", {"s": sched, "c": conv, "n": n, "m": mode, "w": owner}).fetchall()
+            per_owner.append([r[0] for r in rows])
+    dealt = [ids[i] for i in range(max(map(len, per_owner), default=0)) for ids in per_owner if i < len(ids)]
+    return dealt
 
 
 def lifecycle(database: Database, run_id: uuid.UUID) -> None:
@@ -100,14 +126,6 @@ def lifecycle(database: Database, run_id: uuid.UUID) -> None:
                             usage={"calls": 1},
                             events=[trace.Event(EventType.STEP_FINISHED, "model", {"outcome": "succeeded"})])
         assert done
-
-
-def full_process(database: Database, run_id: uuid.UUID) -> None:
-    """One run through ``runs.worker.process`` with the ``echo`` executor: everything the run Lambda does
-    per run except SQS — claim, prompt entry, transcript read, heartbeat thread, effect reserved and
-    settled, answer entry, terminal state."""
-    outcome = process(database, run_id, settings=SETTINGS)
-    assert outcome.result == "succeeded", outcome
 
 
 def _thread_workers(url: str, ids: list[uuid.UUID], workers: int,
@@ -147,6 +165,7 @@ def _thread_workers(url: str, ids: list[uuid.UUID], workers: int,
 
 
 def _process_worker(url: str, ids: list[uuid.UUID], next_index: Any, start_line: Any, finished: Any) -> None:
+    _quiet()  # its EMF metrics, as Lambda's would go to CloudWatch
     logging.getLogger("kairos").setLevel(logging.WARNING)
     database = Database(url, max_size=2)
     with database.connection() as conn:
@@ -161,6 +180,116 @@ def _process_worker(url: str, ids: list[uuid.UUID], next_index: Any, start_line:
         lifecycle(database, ids[index])
     finished.put(time.monotonic())  # before the process's own teardown, which is not run work
     database.close()
+
+
+def _quiet() -> None:
+    """A worker process writes its logs and metrics to /dev/null (Lambda writes them to CloudWatch)."""
+    devnull = os.open(os.devnull, os.O_WRONLY)
+    os.dup2(devnull, 1)
+    os.dup2(devnull, 2)
+
+
+class _Context:
+    """The LambdaContext attributes the run handler and Powertools read (ten minutes left)."""
+
+    function_name = "kairos-bench-run"
+    function_version = "$LATEST"
+    memory_limit_in_mb = 512
+    invoked_function_arn = "arn:aws:lambda:us-east-1:123456789012:function:kairos-bench-run"
+    log_group_name = "/aws/lambda/kairos-bench-run"
+    log_stream_name = "2026/01/01/[$LATEST]bench"
+
+    def __init__(self) -> None:
+        self.aws_request_id = str(uuid.uuid4())
+
+    def get_remaining_time_in_millis(self) -> int:
+        return 600_000
+
+
+def _sqs_event(run_id: uuid.UUID) -> dict[str, Any]:
+    """One SQS record (the template's ``RunBatchSize`` is 1), shaped as Lambda delivers it."""
+    return {"Records": [{
+        "messageId": str(uuid.uuid4()), "receiptHandle": "bench", "body": json.dumps({"run_id": str(run_id)}),
+        "attributes": {"ApproximateReceiveCount": "1", "SentTimestamp": "1767592801500",
+                       "SenderId": "AROAEXAMPLEROLEID:kairos-TickFunction", "ApproximateFirstReceiveTimestamp":
+                       "1767592801510"},
+        "messageAttributes": {}, "md5OfBody": "", "eventSource": "aws:sqs",
+        "eventSourceARN": "arn:aws:sqs:us-east-1:123456789012:kairos-RunQueue", "awsRegion": "us-east-1"}]}
+
+
+def _handler_env(url: str) -> None:
+    """The run function's environment, as the template sets it (no queue: nothing here retries)."""
+    os.environ.update({"DATABASE_URL": url, "KAIROS_OWNER_CONCURRENCY": str(SETTINGS.owner_concurrency),
+                       "KAIROS_OWNER_QUEUE_MAX": str(SETTINGS.owner_queue_max),
+                       "KAIROS_OWNER_DAILY_TOKENS": str(SETTINGS.owner_daily_tokens),
+                       "KAIROS_OWNER_DAILY_COST_USD": str(SETTINGS.owner_daily_cost_usd),
+                       "POWERTOOLS_METRICS_NAMESPACE": "Kairos", "POWERTOOLS_SERVICE_NAME": "kairos",
+                       "LOG_LEVEL": "INFO"})
+    os.environ.pop("RUN_QUEUE_URL", None)
+
+
+def _handler_worker(url: str, ids: list[uuid.UUID], next_index: Any, start_line: Any, finished: Any,
+                    profile: str | None) -> None:
+    """One Lambda container: the run function's ``handler`` called with one SQS event per run. Its
+    logs and EMF metrics are written (to /dev/null), as Lambda writes them to CloudWatch."""
+    _quiet()
+    _handler_env(url)
+    from kairos.local.stack import load_function
+
+    app = load_function("run")
+    runtime_database = app.runtime.database()
+    with runtime_database.connection() as conn:  # a warm container: its connection is open
+        conn.execute("SELECT 1")
+    profiler = cProfile.Profile(time.process_time) if profile else None  # CPU, not wall time
+    start_line.wait()
+    if profiler is not None:
+        profiler.enable()
+    while True:
+        with next_index.get_lock():
+            index = next_index.value
+            next_index.value += 1
+        if index >= len(ids):
+            break
+        response = app.handler(_sqs_event(ids[index]), _Context())
+        if response != {"batchItemFailures": []}:
+            raise RuntimeError(f"record failed: {response}")
+    if profiler is not None:
+        profiler.disable()
+        profiler.dump_stats(f"{profile}.{os.getpid()}")
+    finished.put(time.monotonic())
+    runtime_database.close()
+
+
+def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str | None = None) -> float:
+    context = multiprocessing.get_context("spawn")
+    start_line = context.Barrier(workers + 1)
+    finished = context.Queue()
+    next_index = context.Value("i", 0)
+    children = [context.Process(target=_handler_worker,
+                                args=(url, ids, next_index, start_line, finished, profile))
+                for _ in range(workers)]
+    for child in children:
+        child.start()
+    start_line.wait()
+    started = time.monotonic()
+    ended: float = max(finished.get(timeout=3600) for _ in children)
+    for child in children:
+        child.join()
+    if any(child.exitcode != 0 for child in children):
+        raise RuntimeError("a handler process failed")
+    return ended - started
+
+
+def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1) -> float:
+    """Whole run-function invocations per second: ``functions/run/app.py``'s handler (its Powertools
+    decorators, the SQS batch adapter, ``runs.worker.process`` with the echo executor, fork mode), one
+    SQS-shaped event per run, ``workers`` processes (Lambda containers); SQS itself is not involved."""
+    ids = seed_runs(url, count, "fork", owners)
+    elapsed = _handler_workers(url, ids, workers, profile)
+    with psycopg.connect(url) as conn:
+        done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
+    assert done is not None and done[0] == count, done
+    return count / elapsed
 
 
 def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
@@ -182,15 +311,12 @@ def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
     return ended - started
 
 
-def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False, full: bool = False) -> float:
+def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False) -> float:
     """Lifecycles (or, with ``full``, whole ``runs.worker.process`` calls) per second over ``count`` fresh
     runs, with ``workers`` threads or processes."""
     # A full run in append mode would read the one shared transcript, growing with every run.
-    ids = seed_runs(url, count, "fresh" if full else "append")
-    if full:
-        elapsed = _thread_workers(url, ids, workers, full_process)
-    else:
-        elapsed = (_process_workers if processes else _thread_workers)(url, ids, workers)
+    ids = seed_runs(url, count, "append")
+    elapsed = (_process_workers if processes else _thread_workers)(url, ids, workers)
     with psycopg.connect(url) as conn:
         done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
     assert done is not None and done[0] == count, done
@@ -240,12 +366,36 @@ async def procrastinate_rates(url: str, count: int, workers: int) -> tuple[float
 # --- main ----------------------------------------------------------------------------------------------
 
 
+def _load() -> str:
+    return "/".join(f"{x:.1f}" for x in os.getloadavg())
+
+
+def _print_profile(prefix: str, top: int) -> None:
+    import glob
+    import pstats
+
+    files = glob.glob(f"{prefix}.*")
+    if not files:
+        return
+    stats = pstats.Stats(files[0], stream=sys.stdout)
+    for extra in files[1:]:
+        stats.add(extra)
+    print(f"cProfile (process CPU time) of the {len(files)} handler processes (one round), top {top}:")
+    stats.sort_stats("tottime").print_stats(top)
+    stats.sort_stats("cumulative").print_stats(top)
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--runs", type=int, default=2000, help="runs (and jobs) per measurement")
     parser.add_argument("--seconds", type=int, default=10, help="pgbench duration")
     parser.add_argument("--rounds", type=int, default=3,
-                        help="rounds of pgbench, 8 processes and 8 threads, interleaved; medians are reported")
+                        help="rounds of every series, interleaved; medians are reported")
+    parser.add_argument("--owners", type=int, default=1,
+                        help="owners the handler series' runs are dealt over (one owner's claims serialize on "
+                             "its slot lock, and its model calls on its day's budget row)")
+    parser.add_argument("--profile", metavar="PREFIX", default=None,
+                        help="cProfile the handler processes of the last round into PREFIX.<pid> and print the top")
     args = parser.parse_args()
     logging.getLogger("kairos").setLevel(logging.WARNING)  # the library logs every claim at INFO
     logging.getLogger("procrastinate").setLevel(logging.ERROR)
@@ -255,54 +405,66 @@ def main() -> None:
         migrations.apply(kairos_url)
         pgbench_url = recreate(admin_url, "kairos_bench_pgbench")
         # The machine's noise moves every series by 10-20 % from one minute to the next: interleave
-        # the three compared series and report each one's median (and the ratio of every round).
-        rounds: list[tuple[float | None, float, float]] = []
-        for _ in range(max(1, args.rounds)):
-            rounds.append((pgbench_tps(pgbench_binary, pgbench_url, args.seconds),
-                           kairos_rate(kairos_url, args.runs, WORKERS, processes=True),
-                           kairos_rate(kairos_url, args.runs, WORKERS)))
-        measured = [r[0] for r in rounds if r[0] is not None]
-        tps = statistics.median(measured) if measured else None
-        kairos_8 = statistics.median(r[1] for r in rounds)
-        kairos_8_threads = statistics.median(r[2] for r in rounds)
-        kairos_1 = kairos_rate(kairos_url, max(200, args.runs // 4), 1)
-        kairos_full = kairos_rate(kairos_url, args.runs, WORKERS, full=True)
-        full, fetch_finish = asyncio.run(procrastinate_rates(recreate(admin_url, "kairos_bench_procrastinate"),
-                                                              args.runs, WORKERS))
+        # the compared series and report each one's median (and the ratios of every round).
+        rounds: list[Round] = []
+        for n in range(max(1, args.rounds)):
+            load = _load()
+            tps = pgbench_tps(pgbench_binary, pgbench_url, args.seconds)
+            last = n == max(1, args.rounds) - 1
+            handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None, args.owners)
+            full, fetch_finish = asyncio.run(procrastinate_rates(
+                recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS))
+            procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
+            threads = kairos_rate(kairos_url, args.runs, WORKERS)
+            rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads))
 
-    def ratio(value: float, base: float | None) -> str:
-        return "n/a" if not base else f"{value / base:.2f}"
+    def med(values: list[float | None]) -> float | None:
+        known = [v for v in values if v is not None]
+        return statistics.median(known) if known else None
+
+    def ratio(value: float | None, base: float | None) -> str:
+        return "n/a" if not base or value is None else f"{value / base:.2f}"
 
     print()
-    print(f"Run lifecycles: {args.runs} runs/jobs, {WORKERS} concurrent clients unless noted; pgbench and the")
-    print(f"8-worker series are medians of {len(rounds)} interleaved rounds.")
+    print(f"Run path: {args.runs} runs/jobs per series, {WORKERS} concurrent clients; {len(rounds)} interleaved "
+          f"rounds, medians below; load average (1/5/15 min) taken at each round's start.")
     print()
-    for i, (round_tps, procs, threads) in enumerate(rounds, 1):
-        print(f"round {i}: pgbench {round_tps or float('nan'):.0f} TPS, processes {procs:.0f}/s "
-              f"({ratio(procs, round_tps)}), threads {threads:.0f}/s ({ratio(threads, round_tps)})")
+    for i, r in enumerate(rounds, 1):
+        print(f"round {i} (load {r.load}): pgbench {r.tps or float('nan'):.0f} TPS, handler {r.handler:.0f}/s "
+              f"({ratio(r.handler, r.tps)} of pgbench, {ratio(r.handler, r.procrastinate)} of Procrastinate "
+              f"{r.procrastinate:.0f}/s), lifecycle processes {r.procs:.0f}/s ({ratio(r.procs, r.tps)}), "
+              f"threads {r.threads:.0f}/s ({ratio(r.threads, r.tps)})")
+    tps = med([r.tps for r in rounds])
+    handler = med([r.handler for r in rounds])
+    full = med([r.procrastinate for r in rounds])
+    fetch_finish = med([r.fetch_finish for r in rounds])
+    procs = med([r.procs for r in rounds])
+    threads = med([r.threads for r in rounds])
+    assert handler is not None and full is not None
     print()
-    print("| measure | per second | vs pgbench TPS | Kairos (8 workers) ÷ this |")
+    print("| measure | per second | ÷ pgbench TPS | handler ÷ this |")
     print("|---|---:|---:|---:|")
     print(f"| pgbench simple-update, -c 8 -j 2 -T {args.seconds} (TPS) | "
-          f"{tps if tps is not None else float('nan'):.0f} | 1.00 | {ratio(kairos_8, tps)} |")
-    print(f"| Kairos lifecycle (claim, heartbeat, 2 events, terminal), 8 worker processes | {kairos_8:.0f} | "
-          f"{ratio(kairos_8, tps)} | 1.00 |")
-    print(f"| Kairos lifecycle, 8 worker threads in one process | {kairos_8_threads:.0f} | "
-          f"{ratio(kairos_8_threads, tps)} | {ratio(kairos_8, kairos_8_threads)} |")
-    print(f"| Kairos lifecycle, 1 worker | {kairos_1:.0f} | {ratio(kairos_1, tps)} | {ratio(kairos_8, kairos_1)} |")
-    print(f"| Kairos `runs.worker.process` (echo executor: entries, effect ledger, heartbeat thread), 8 threads | "
-          f"{kairos_full:.0f} | {ratio(kairos_full, tps)} | {ratio(kairos_8, kairos_full)} |")
+          f"{tps if tps is not None else float('nan'):.0f} | 1.00 | {ratio(handler, tps)} |")
+    print(f"| **Kairos run handler** (`functions/run/app.py`, one SQS event per run, echo, fork mode, "
+          f"{args.owners} owner{'s' if args.owners > 1 else ''}), 8 processes | {handler:.0f} | "
+          f"{ratio(handler, tps)} | 1.00 |")
     print(f"| Procrastinate defer + fetch + finish, 8 coroutines | {full:.0f} | {ratio(full, tps)} | "
-          f"{ratio(kairos_8, full)} |")
-    print(f"| Procrastinate fetch + finish only, 8 coroutines | {fetch_finish:.0f} | {ratio(fetch_finish, tps)} | "
-          f"{ratio(kairos_8, fetch_finish)} |")
+          f"{ratio(handler, full)} |")
+    print(f"| Procrastinate fetch + finish only, 8 coroutines | {fetch_finish or float('nan'):.0f} | "
+          f"{ratio(fetch_finish, tps)} | {ratio(handler, fetch_finish)} |")
+    print(f"| Kairos lifecycle subset (claim, heartbeat, terminal), 8 processes | {procs or float('nan'):.0f} | "
+          f"{ratio(procs, tps)} | {ratio(handler, procs)} |")
+    print(f"| Kairos lifecycle subset, 8 threads of one process | {threads or float('nan'):.0f} | "
+          f"{ratio(threads, tps)} | {ratio(handler, threads)} |")
     print()
-    def verdict(value: float) -> str:
-        return "met" if tps is not None and value / tps >= 0.2 else "NOT met"
-
-    print(f"Targets: Kairos ÷ pgbench ≥ 0.2: {verdict(kairos_8_threads)} with 8 threads, {verdict(kairos_8)} with 8 "
-          f"processes (on this machine their Python competes with the server for the same cores); "
-          f"Kairos ≥ Procrastinate cycle: {'met' if min(kairos_8, kairos_8_threads) >= full else 'NOT met'}.")
+    met_pg = tps is not None and handler / tps >= 0.2
+    print(f"Targets (run handler, medians): ÷ pgbench ≥ 0.2: {'met' if met_pg else 'NOT met'} "
+          f"({ratio(handler, tps)}); ≥ 1.0x Procrastinate's cycle: {'met' if handler >= full else 'NOT met'} "
+          f"({ratio(handler, full)}x).")
+    if args.profile:
+        print()
+        _print_profile(args.profile, 25)
 
 
 if __name__ == "__main__":

@@ -55,7 +55,7 @@ DEFAULT_USAGE_DAYS = 30
 
 def hold_slots(conn: psycopg.Connection[db.Row], run_id: UUID) -> None:
     """Takes the slot lock of the run's owner until the caller's transaction ends (before the claim)."""
-    db.fetch_one(conn, "runs_hold_owner_slots", {"run_id": run_id})
+    db.send(conn, "runs_hold_owner_slots", {"run_id": run_id})  # unread: in a pipeline it rides with the claim
 
 
 def defer(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner_slots: int, now: datetime | None = None) -> bool:
@@ -96,13 +96,20 @@ def reserve(conn: psycopg.Connection[db.Row], *, effect_id: UUID, run_id: UUID, 
             input_tokens: int, max_output_tokens: int, settings: Settings, now: datetime | None = None) -> bool:
     """Charges the estimate (``input_tokens`` + ``max_output_tokens``, and their price) to the owner's
     UTC day against both ceilings; False, with nothing charged, when either would be passed."""
+    row = db.fetch_one(conn, "usage_ledger_reserve", {
+        "effect_id": effect_id, "run_id": run_id, "owner": owner,
+        **charge(model=model, input_tokens=input_tokens, max_output_tokens=max_output_tokens, settings=settings),
+        "now": now})
+    return row is not None
+
+
+def charge(*, model: object, input_tokens: int, max_output_tokens: int, settings: Settings) -> dict[str, Any]:
+    """The parameters of a model call's charge (``usage_ledger_reserve``, ``effects_reserve_charged``):
+    the estimate's tokens and price, and the owner's daily ceilings."""
     tokens = max(0, input_tokens) + max(0, max_output_tokens)
     cost = price(settings, model, max(0, input_tokens), max(0, max_output_tokens))
-    row = db.fetch_one(conn, "usage_ledger_reserve", {
-        "effect_id": effect_id, "run_id": run_id, "owner": owner, "tokens": tokens,
-        "cost_usd": Decimal(f"{cost:.9f}"), "max_tokens": settings.owner_daily_tokens,
-        "max_cost_usd": Decimal(f"{settings.owner_daily_cost_usd:.9f}"), "now": now})
-    return row is not None
+    return {"tokens": tokens, "cost_usd": Decimal(f"{cost:.9f}"), "max_tokens": settings.owner_daily_tokens,
+            "max_cost_usd": Decimal(f"{settings.owner_daily_cost_usd:.9f}")}
 
 
 def priced(usage: Mapping[str, Any], model: object, settings: Settings) -> dict[str, Any]:

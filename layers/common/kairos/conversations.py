@@ -27,7 +27,7 @@ Must not: log or return secrets; log prompts or entry contents; rewrite or delet
 from __future__ import annotations
 
 import uuid
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -279,13 +279,26 @@ def window(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, budg
     """As many of the newest entries of the merged transcript as fit ``budget_chars``, each costing
     its length plus ``entry_overhead``, leaving out ``exclude_run``'s own entries. Chosen in SQL: only
     the entries that fit are read into memory, however long the transcript."""
+    return send_window(conn, conversation_id, budget_chars=budget_chars, entry_overhead=entry_overhead,
+                       exclude_run=exclude_run)()
+
+
+def send_window(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, budget_chars: int,
+                entry_overhead: int, exclude_run: uuid.UUID | None = None) -> Callable[[], Window]:
+    """``window`` in two halves: the query is sent now (queued, in a pipeline) and the returned
+    function reads its answer (after the pipeline's sync)."""
     if entry_overhead < 1:
         raise ValueError("entry_overhead must be positive")
-    rows = db.fetch_all(conn, "conversation_entries_window",
-                        {"conversation_id": conversation_id, "run_id": exclude_run,
-                         "budget": max(0, budget_chars), "overhead": entry_overhead})
-    kept = tuple(Entry.from_row(r) for r in rows if r["seq"] is not None)
-    return Window(kept, int(rows[0]["elided"]) if rows else 0)
+    cursor = db.send(conn, "conversation_entries_window",
+                     {"conversation_id": conversation_id, "run_id": exclude_run,
+                      "budget": max(0, budget_chars), "overhead": entry_overhead})
+
+    def read() -> Window:
+        rows = cursor.fetchall()
+        kept = tuple(Entry.from_row(r) for r in rows if r["seq"] is not None)
+        return Window(kept, int(rows[0]["elided"]) if rows else 0)
+
+    return read
 
 
 def latest_seq(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID) -> int:

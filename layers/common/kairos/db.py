@@ -16,6 +16,13 @@ columns — never ``*`` of a table — so a migration that adds columns cannot i
 running container. Every other query is never prepared. With ``prepared_statements=False`` (behind
 RDS Proxy, which pins a session that prepares) nothing is.
 
+Batches: the run worker's hot transactions are spelled out (``BEGIN`` … ``COMMIT`` as statements on
+an autocommit connection, ``Database.explicit``) and sent in pipeline mode (``batch``): statements
+whose answers the code does not need before sending the next travel together and cost one round
+trip. psycopg syncs after every ``BEGIN`` it issues itself and after ``commit()`` in a pipeline;
+spelled-out ``BEGIN`` and ``COMMIT`` ride with the statements around them. With ``pipeline=False``
+the same code runs statement by statement (one round trip each), same results.
+
 Connections: one small pool per process (a Lambda container uses one connection at a time; the
 local stack and tests call handlers from several threads, which must never share a connection).
 A broken connection is discarded by the pool's check and replaced on the next call.
@@ -30,7 +37,7 @@ import re
 import threading
 import time
 from collections.abc import Iterator, Mapping
-from contextlib import contextmanager, nullcontext
+from contextlib import AbstractContextManager, contextmanager, nullcontext
 from importlib import resources
 from typing import Any, LiteralString, cast
 
@@ -117,9 +124,11 @@ _ONLY_WHEN_ASKED = 2**31 - 1
 class Database:
     """A small thread-safe pool of autocommit-off connections returning dict rows."""
 
-    def __init__(self, url: str, *, max_size: int = 4, prepared_statements: bool = True) -> None:
+    def __init__(self, url: str, *, max_size: int = 4, prepared_statements: bool = True,
+                 pipeline: bool = True) -> None:
         self.url = url
         self.prepared_statements = prepared_statements
+        self.pipeline = pipeline
         self._pool = ConnectionPool(
             url,
             min_size=0,
@@ -151,8 +160,59 @@ class Database:
                 conn.autocommit = False
                 _mark_returned(conn)
 
+    @contextmanager
+    def explicit(self) -> Iterator[psycopg.Connection[Row]]:
+        """An autocommit connection for a transaction the caller spells out (``begin`` … ``commit``
+        as statements, so that a pipeline sends them with the statements around them). Should the
+        block raise with the transaction open, it is rolled back here. Built on ``transaction()`` (so
+        a pool that wraps that — a test injecting a fault — wraps this too): nothing is open yet when
+        the connection is switched to autocommit."""
+        with self.transaction() as conn:
+            conn.autocommit = True
+            try:
+                yield conn
+            except BaseException:
+                _roll_back_open(conn)
+                raise
+            else:
+                if _roll_back_open(conn):
+                    raise RuntimeError("an explicit transaction was left open (rolled back)")
+            finally:
+                if conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+                    conn.autocommit = False
+
+    def batch(self, conn: psycopg.Connection[Row]) -> AbstractContextManager[Any]:
+        """Pipeline mode on ``conn`` (see the module doc), unless this pool was built without it."""
+        return conn.pipeline() if self.pipeline else nullcontext()
+
     def close(self) -> None:
         self._pool.close()
+
+
+def _roll_back_open(conn: psycopg.Connection[Any]) -> bool:
+    """Rolls back a transaction left open on a usable connection; whether there was one."""
+    if conn.pgconn.status != psycopg.pq.ConnStatus.OK \
+            or conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE:
+        return False
+    conn.execute("ROLLBACK")
+    return True
+
+
+def begin(conn: psycopg.Connection[Row]) -> None:
+    """``BEGIN`` as a statement (``Database.explicit``): queued in a pipeline, not synced alone."""
+    conn.execute("BEGIN")
+
+
+def commit(conn: psycopg.Connection[Row]) -> None:
+    """``COMMIT`` as a statement (``Database.explicit``): in a pipeline it travels with the statements
+    before it, and the pipeline's end waits for it (a failed commit raises there)."""
+    conn.execute("COMMIT")
+
+
+def send(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> psycopg.Cursor[Row]:
+    """Runs one named statement and returns its cursor without reading it: in a pipeline the statement
+    is queued, and its rows (``fetchone`` / ``fetchall``) are read after a later sync."""
+    return conn.cursor().execute(q(name), params or {}, prepare=name in PREPARED)
 
 
 def fetch_one(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> Row | None:
@@ -172,10 +232,10 @@ _databases: dict[str, Database] = {}
 _lock = threading.Lock()
 
 
-def shared(url: str, *, prepared_statements: bool = True) -> Database:
+def shared(url: str, *, prepared_statements: bool = True, pipeline: bool = True) -> Database:
     """The process-wide pool for ``url`` (one per Lambda container, reused across invocations)."""
     with _lock:
         db = _databases.get(url)
         if db is None:
-            db = _databases[url] = Database(url, prepared_statements=prepared_statements)
+            db = _databases[url] = Database(url, prepared_statements=prepared_statements, pipeline=pipeline)
         return db

@@ -19,7 +19,7 @@ and input counts and reason codes. Events carry no target URL or digest (trace d
 
 from __future__ import annotations
 
-from collections.abc import Mapping
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -83,12 +83,34 @@ def reserve(
     *,
     data: Mapping[str, Any] | None = None,
     now: datetime | None = None,
+    effect_id: UUID | None = None,
 ) -> Effect | None:
     """Reserves one effect and traces ``effect.reserved`` (one statement); None when the fence no
     longer holds or a cancel was requested (no call may start after one). ``target`` is kept without
     userinfo, query or fragment (``recorded_target``), whatever the executor passed. ``data`` adds
-    keys to the event (counts only, never content), e.g. ``{"input": …}`` for a model call's window."""
-    row = db.fetch_one(
+    keys to the event (counts only, never content), e.g. ``{"input": …}`` for a model call's window.
+    ``effect_id`` names the new effect (else the database picks one)."""
+    return send_reserve(conn, run_id, fence, attempt, step, kind, mutation, target, digest, data=data, now=now,
+                        effect_id=effect_id)()
+
+
+def send_reserve(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    attempt: int,
+    step: str,
+    kind: str,
+    mutation: bool,
+    target: str,
+    digest: str,
+    *,
+    data: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+    effect_id: UUID | None = None,
+) -> Callable[[], Effect | None]:
+    """``reserve`` sent now (queued, in a pipeline); the function returned reads its answer."""
+    cursor = db.send(
         conn,
         "effects_reserve",
         {
@@ -102,9 +124,56 @@ def reserve(
             "digest": digest,
             "data": None if data is None else Jsonb(dict(data)),
             "now": now,
+            "effect_id": effect_id,
         },
     )
-    return None if row is None else Effect.from_row(row)
+
+    def read() -> Effect | None:
+        row = cursor.fetchone()
+        return None if row is None else Effect.from_row(row)
+
+    return read
+
+
+def reserve_charged(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    attempt: int,
+    step: str,
+    kind: str,
+    mutation: bool,
+    target: str,
+    digest: str,
+    *,
+    effect_id: UUID,
+    charge: Mapping[str, Any],
+    data: Mapping[str, Any] | None = None,
+    now: datetime | None = None,
+) -> tuple[bool, Effect | None]:
+    """``reserve`` and the budget charge of a model call (``kairos.budgets.charge``) in one statement:
+    (authorized, the effect). Not authorized — the fence no longer holds or a cancel was requested —
+    or authorized without an effect — the charge would pass a daily ceiling —: nothing was written."""
+    row = db.fetch_one(
+        conn,
+        "effects_reserve_charged",
+        {
+            "run_id": run_id,
+            "fence": fence,
+            "attempt": attempt,
+            "step": step,
+            "kind": kind,
+            "mutation": mutation,
+            "target": recorded_target(target),
+            "digest": digest,
+            "data": None if data is None else Jsonb(dict(data)),
+            "now": now,
+            "effect_id": effect_id,
+            **charge,
+        },
+    )
+    assert row is not None  # one row always
+    return bool(row["authorized"]), None if row["id"] is None else Effect.from_row(row)
 
 
 def settle(
@@ -163,7 +232,37 @@ def _close(
     """Closes a reserved effect under the fence and traces ``effect.settled`` — appended now, or,
     with ``trace_into``, added to that list for the caller's state change to write (``trace.change``)
     in the same transaction."""
-    row = db.fetch_one(
+    closed = _send_close(conn, effect, fence=fence, state=state, usage=usage, error_code=error_code, now=now)()
+    if closed is None:
+        return None
+    data = _settled_data(closed, error_code)
+    if trace_into is not None:
+        trace_into.append(trace.Event(EventType.EFFECT_SETTLED, effect.step, data))
+    else:
+        trace.append(conn, effect.run_id, EventType.EFFECT_SETTLED, data=data, fence=fence, step=effect.step,
+                     now=now)
+    return closed
+
+
+def send_settle(conn: psycopg.Connection[db.Row], effect: Effect, *, fence: int, usage: Mapping[str, int] | None,
+                trace_into: list[trace.Event], now: datetime | None = None) -> Callable[[], Effect | None]:
+    """``settle`` sent now (queued, in a pipeline); the function returned reads its answer and adds
+    ``effect.settled`` to ``trace_into`` (for the caller's state change to write)."""
+    read = _send_close(conn, effect, fence=fence, state=EffectState.SETTLED, usage=usage, error_code=None, now=now)
+
+    def settled() -> Effect | None:
+        closed = read()
+        if closed is not None:
+            trace_into.append(trace.Event(EventType.EFFECT_SETTLED, effect.step, _settled_data(closed, None)))
+        return closed
+
+    return settled
+
+
+def _send_close(conn: psycopg.Connection[db.Row], effect: Effect, *, fence: int, state: EffectState,
+                usage: Mapping[str, int] | None, error_code: str | None,
+                now: datetime | None) -> Callable[[], Effect | None]:
+    cursor = db.send(
         conn,
         "effects_close",
         {
@@ -176,18 +275,19 @@ def _close(
             "now": now,
         },
     )
-    if row is None:
-        return None
-    closed = Effect.from_row(row)
+
+    def read() -> Effect | None:
+        row = cursor.fetchone()
+        return None if row is None else Effect.from_row(row)
+
+    return read
+
+
+def _settled_data(closed: Effect, error_code: str | None) -> dict[str, Any]:
     data: dict[str, Any] = {"effect_id": str(closed.id), "state": closed.state.value}
     if error_code:
         data["reason_code"] = error_code
-    if trace_into is not None:
-        trace_into.append(trace.Event(EventType.EFFECT_SETTLED, effect.step, data))
-    else:
-        trace.append(conn, effect.run_id, EventType.EFFECT_SETTLED, data=data, fence=fence, step=effect.step,
-                     now=now)
-    return closed
+    return data
 
 
 def close_stale(

@@ -34,7 +34,7 @@ def settings() -> Settings:
 
 def database() -> db.Database:
     s = settings()
-    return db.shared(s.resolve_database_url(), prepared_statements=s.prepared_statements)
+    return db.shared(s.resolve_database_url(), prepared_statements=s.prepared_statements, pipeline=s.pipeline)
 
 
 def sqs() -> Any:

@@ -121,6 +121,8 @@ class Settings:
     # The worker's hot statements run prepared (kairos.db) unless KAIROS_PREPARED_STATEMENTS=off or
     # the database is reached through RDS Proxy, which pins every session that prepares.
     prepared_statements: bool = True
+    # The worker batches a transaction's statements in pipeline mode (kairos.db) unless KAIROS_PIPELINE=off.
+    pipeline: bool = True
     # How long run threads and webhook payloads of ended runs are kept (kairos.tick.prune).
     retention_days: int = DEFAULT_RETENTION_DAYS
     # Per-owner budgets (kairos.budgets): running slots, queued runs, daily tokens and cost, prices.
@@ -160,6 +162,7 @@ class Settings:
             database_proxy_host=env.get("DATABASE_PROXY_HOST") or None,
             prepared_statements=not env.get("DATABASE_PROXY_HOST")
             and env.get("KAIROS_PREPARED_STATEMENTS", "on").strip().lower() not in ("off", "false", "0"),
+            pipeline=env.get("KAIROS_PIPELINE", "on").strip().lower() not in ("off", "false", "0"),
             auth="dev" if env.get("KAIROS_AUTH", "jwt") == "dev" else "jwt",
             dev_tokens=tokens,
             public_url=(env.get("KAIROS_PUBLIC_URL") or "").rstrip("/") or None,

@@ -22,7 +22,7 @@ through ``kairos.runs.get`` (owner-scoped) first.
 
 from __future__ import annotations
 
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, LiteralString, NamedTuple
 from uuid import UUID
@@ -111,6 +111,18 @@ def change(
     ``id, last_seq, attempt, fence``; the events carry the updated row's attempt and fence and the
     database time (or ``now``). A prepared query's change runs prepared too.
     """
+    return send_change(conn, query, params, events, now=now)()
+
+
+def send_change(
+    conn: psycopg.Connection[db.Row],
+    query: str,
+    params: Mapping[str, Any],
+    events: Sequence[Event],
+    *,
+    now: datetime | None = None,
+) -> Callable[[], db.Row | None]:
+    """``change`` sent now (queued, in a pipeline); the function returned reads its row."""
     for event in events:
         assert_safe(event.data or {})
     return conn.execute(  # built only from shipped named queries, never from input
@@ -123,7 +135,7 @@ def change(
             "now": now,
         },
         prepare=query in db.PREPARED,
-    ).fetchone()
+    ).fetchone
 
 
 MAX_PAGE = 200

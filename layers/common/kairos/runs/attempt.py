@@ -24,7 +24,8 @@ Must not: call anything outside the database; write a claimed run without its fe
 from __future__ import annotations
 
 import math
-from collections.abc import Mapping
+import uuid
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
@@ -120,38 +121,68 @@ class Claimed:
 
 def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: Probes,
           owner_slots: int = DEFAULT_OWNER_CONCURRENCY) -> Claimed | Outcome:
-    """Claims the run and prepares its attempt, in one transaction (see the module doc)."""
-    with database.transaction() as conn:
-        budgets.hold_slots(conn, run_id)  # claims of one owner serialize until this one commits
-        row = moves.claim(conn, run_id, now=now, owner_slots=owner_slots)
-        if row is None:
-            return _not_claimed(conn, run_id, now, owner_slots)
-        if row["refusal"] is not None:
-            return _refused(run_id, row)
-        moves.count("Claims")
-        claimed = _prepare(conn, run_id, row, now)
+    """Claims the run and prepares its attempt, in one transaction (see the module doc).
+
+    Sent in pipeline mode: ``BEGIN``, the owner's slot lock and the claim travel together; a fork
+    run's first attempt gets its thread and prompt entry from the claim statement itself, and its
+    model input is read in the trip that commits. Two round trips for such a run."""
+    thread_id = uuid.uuid4()
+    read: Callable[[], ModelInput] | None = None
+    with database.explicit() as conn:
+        with database.batch(conn):
+            db.begin(conn)
+            budgets.hold_slots(conn, run_id)  # claims of one owner serialize until this one commits
+            row = moves.claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
+            if row is None:
+                claimed: Claimed | Outcome = _not_claimed(conn, run_id, now, owner_slots)
+            elif row["refusal"] is not None:
+                claimed = _refused(run_id, row)
+            elif row["forked"]:  # the claim wrote the thread and the prompt entry: read the window, commit
+                moves.count("Claims")
+                log = _log_claimed(run_id, row)
+                logger.info("conversation forked", extra={"action": "conversation_forked", **log,
+                                                           "conversation_id": str(thread_id),
+                                                           "parent_id": str(row["source_conversation_id"])})
+                read = _send_model_input(conn, run_id, row, thread_id)
+            else:
+                moves.count("Claims")
+                claimed = _prepare(conn, run_id, row, now)
+            db.commit(conn)
+        if read is not None:  # answered by the pipeline's sync, which waited for the commit too
+            assert row is not None
+            claimed = Claimed(row, int(row["fence"]), int(row["attempt"]), thread_id, read())
     if isinstance(claimed, Claimed):
         probes.fire("after_claim", run_id=run_id, fence=claimed.fence)
     return claimed
 
 
+def _log_claimed(run_id: UUID, row: db.Row) -> dict[str, Any]:
+    log = {"run_id": str(run_id), "schedule_id": str(row["schedule_id"]),
+           "occurrence_id": str(row["occurrence_id"]), "fence": int(row["fence"]), "attempt": int(row["attempt"])}
+    logger.info("run claimed", extra={"action": "run_claimed", **log})
+    return log
+
+
 def _prepare(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, now: datetime | None) -> Claimed | Outcome:
     """The claimed run's target conversation, prompt entry and model input; or its failure."""
     fence, attempt = int(row["fence"]), int(row["attempt"])
-    log = {"run_id": str(run_id), "schedule_id": str(row["schedule_id"]),
-           "occurrence_id": str(row["occurrence_id"]), "fence": fence, "attempt": attempt}
-    logger.info("run claimed", extra={"action": "run_claimed", **log})
+    log = _log_claimed(run_id, row)
     blockers: list[effects.Effect] = []
     if attempt > 1:  # effects and a prompt entry can only come from an earlier attempt
         # Effects an earlier fence left reserved can no longer be settled by anyone: close them.
         effects.close_stale(conn, run_id, fence, now=now)
         blockers = effects.replay_blockers(conn, run_id)
     conversation_id: UUID | None = None
+    # A savepoint, spelled out (the transaction is, kairos.db.Database.explicit): a refused target
+    # leaves the claim standing.
+    conn.execute("SAVEPOINT run_target")
     try:
-        with conn.transaction():  # a savepoint: a refused target leaves the claim standing
-            conversation_id = _resolve_conversation(conn, run_id, row, fence, now)
+        conversation_id = _resolve_conversation(conn, run_id, row, fence, now)
     except KairosError:
+        conn.execute("ROLLBACK TO SAVEPOINT run_target")
         logger.warning("run target refused", extra={"action": "run_target_refused", **log})
+    else:
+        conn.execute("RELEASE SAVEPOINT run_target")
     if conversation_id is None:
         return _fail(conn, run_id, row, "agent_invalid", now,
                      summary="The run's target conversation could not be prepared from its agent.")
@@ -168,7 +199,7 @@ def _prepare(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, now: d
                                  content=_prompt_entry(run_id, row), now=now)
         if seq is None:
             raise RuntimeError("fence changed while the run row was locked")
-    return Claimed(row, fence, attempt, conversation_id, _model_input(conn, run_id, row, conversation_id))
+    return Claimed(row, fence, attempt, conversation_id, _send_model_input(conn, run_id, row, conversation_id)())
 
 
 def _fail(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, reason: str, now: datetime | None, *,
@@ -181,10 +212,12 @@ def _fail(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, reason: s
     return Outcome(run_id, "failed", RunState.FAILED if failed else None, reason)
 
 
-def _model_input(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, conversation_id: UUID) -> ModelInput:
+def _send_model_input(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row,
+                      conversation_id: UUID) -> Callable[[], ModelInput]:
     """The system prompt, the run's user turn and as many of the newest transcript entries as fit
     ``max_input_tokens`` (characters / 4); older entries are left out behind one marker. The
-    window is chosen in SQL (``conversations.window``): the rest of the transcript is never read."""
+    window is chosen in SQL (``conversations.window``): the rest of the transcript is never read.
+    Its query is sent now; the function returned reads the answer (after a pipeline's sync)."""
     agent: dict[str, Any] = dict(row["agent"] or {})
     try:
         limit: int | None = max_input_tokens(agent)
@@ -193,19 +226,24 @@ def _model_input(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, co
     budget = (limit or DEFAULT_MAX_INPUT_TOKENS) * CHARS_PER_TOKEN
     system = agent.get("system")
     fixed = (len(system) if isinstance(system, str) else 0) + len(user_content(str(row["prompt"]), row["payload"]))
-    window = conversations.window(conn, conversation_id, budget_chars=budget - fixed - _MARKER_CHARS,
-                                  entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
-    transcript = [Message(e.role, e.content) for e in window.entries]
-    used = fixed + sum(len(e.content) + ENTRY_OVERHEAD_CHARS for e in window.entries)
-    if window.elided:
-        marker = elision_marker(window.elided)
-        if used + len(marker) + ENTRY_OVERHEAD_CHARS <= budget:
-            transcript.insert(0, Message("system", marker))
-            used += len(marker) + ENTRY_OVERHEAD_CHARS
-    record = {"max_input_tokens": limit or DEFAULT_MAX_INPUT_TOKENS,
-              "estimated_tokens": math.ceil(used / CHARS_PER_TOKEN),
-              "entries": len(window.entries), "elided": window.elided}
-    return ModelInput(tuple(transcript), limit, fixed > budget, record)
+    read_window = conversations.send_window(conn, conversation_id, budget_chars=budget - fixed - _MARKER_CHARS,
+                                            entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
+
+    def read() -> ModelInput:
+        window = read_window()
+        transcript = [Message(e.role, e.content) for e in window.entries]
+        used = fixed + sum(len(e.content) + ENTRY_OVERHEAD_CHARS for e in window.entries)
+        if window.elided:
+            marker = elision_marker(window.elided)
+            if used + len(marker) + ENTRY_OVERHEAD_CHARS <= budget:
+                transcript.insert(0, Message("system", marker))
+                used += len(marker) + ENTRY_OVERHEAD_CHARS
+        record = {"max_input_tokens": limit or DEFAULT_MAX_INPUT_TOKENS,
+                  "estimated_tokens": math.ceil(used / CHARS_PER_TOKEN),
+                  "entries": len(window.entries), "elided": window.elided}
+        return ModelInput(tuple(transcript), limit, fixed > budget, record)
+
+    return read
 
 
 def _resolve_conversation(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, fence: int,

@@ -2,7 +2,9 @@
 
 Role: while the worker is in an external call, a daemon thread extends the run's lease every
 ``HEARTBEAT_SECONDS`` under the fence (``runs_heartbeat``, each beat on its own pooled connection)
-and reads ``cancel_requested_at``. It writes ``step.progress`` (no content) for the step in flight
+and reads ``cancel_requested_at``. That thread starts only when the first beat is due (one
+dispatcher thread per process keeps the due times): a run that ends within one interval starts no
+thread and borrows no connection. It writes ``step.progress`` (no content) for the step in flight
 at most once per ``PROGRESS_MIN_SECONDS``.
 
 Guarantees: a cancel request or a lost lease sets ``cancel_requested`` / ``lost`` and fires
@@ -17,6 +19,8 @@ Must not: share a connection with the worker; write anything but the lease and p
 
 from __future__ import annotations
 
+import heapq
+import itertools
 import threading
 import time
 from collections.abc import Callable
@@ -71,6 +75,7 @@ class Heartbeat:
         self._step_mark = 0.0  # clock of the step's start or its last progress event
         self._step_started = 0.0
         self._thread: threading.Thread | None = None
+        self._starting = threading.Lock()  # start (by the dispatcher) and stop never cross
 
     @property
     def should_stop(self) -> bool:
@@ -123,17 +128,32 @@ class Heartbeat:
         return not self.lost.is_set()
 
     def start(self) -> Heartbeat:
-        self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{self.run_id}", daemon=True)
-        self._thread.start()
+        """Beats every ``interval`` from one interval on, until ``stop``. Lazily: the run's beat thread
+        is started only once the first beat is due (by the process's one ``_Dispatcher``), so a run
+        that ends sooner — most runs — costs no thread and no connection."""
+        _DISPATCHER.add(self, self._clock_due())
         return self
 
     def stop(self) -> None:
-        self._stopped.set()
-        if self._thread is not None and self._thread is not threading.current_thread():
-            self._thread.join()
+        with self._starting:
+            self._stopped.set()
+            thread = self._thread
+        if thread is not None and thread is not threading.current_thread():
+            thread.join()
+
+    def _clock_due(self) -> float:
+        return time.monotonic() + self.interval
+
+    def _begin(self) -> None:
+        """The first beat is due: the run's beat thread starts (unless the run was stopped meanwhile)."""
+        with self._starting:
+            if self._stopped.is_set():
+                return
+            self._thread = threading.Thread(target=self._loop, name=f"heartbeat-{self.run_id}", daemon=True)
+            self._thread.start()
 
     def _loop(self) -> None:
-        while not self._stopped.wait(self.interval):
+        while not self._stopped.is_set():
             try:
                 if not self.beat_once():
                     return
@@ -142,3 +162,45 @@ class Heartbeat:
                 # lease that expired meanwhile safe.
                 logger.exception("heartbeat failed", extra={"action": "heartbeat_failed",
                                                              "run_id": str(self.run_id), "fence": self.fence})
+            if self._stopped.wait(self.interval):
+                return
+
+
+class _Dispatcher:
+    """The process's one timer thread for heartbeats: it starts a run's beat thread when that run's
+    first beat falls due. Started heartbeats wait in a heap by due time; a stopped one is dropped when
+    it reaches the top. Adding one wakes the thread only when it becomes the earliest due."""
+
+    def __init__(self) -> None:
+        self._cond = threading.Condition()
+        self._heap: list[tuple[float, int, Heartbeat]] = []
+        self._order = itertools.count()
+        self._thread: threading.Thread | None = None
+
+    def add(self, heartbeat: Heartbeat, due: float) -> None:
+        with self._cond:
+            heapq.heappush(self._heap, (due, next(self._order), heartbeat))
+            if self._thread is None or not self._thread.is_alive():
+                self._thread = threading.Thread(target=self._run, name="heartbeat-dispatcher", daemon=True)
+                self._thread.start()
+            elif self._heap[0][2] is heartbeat:
+                self._cond.notify()
+
+    def _run(self) -> None:
+        while True:
+            with self._cond:
+                while True:
+                    while self._heap and self._heap[0][2]._stopped.is_set():
+                        heapq.heappop(self._heap)
+                    if not self._heap:
+                        self._cond.wait()
+                        continue
+                    wait = self._heap[0][0] - time.monotonic()
+                    if wait <= 0:
+                        heartbeat = heapq.heappop(self._heap)[2]
+                        break
+                    self._cond.wait(wait)
+            heartbeat._begin()
+
+
+_DISPATCHER = _Dispatcher()

@@ -21,7 +21,7 @@ Must not: decide which move applies (the worker and the API do); call anything o
 from __future__ import annotations
 
 import json
-from collections.abc import Mapping, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any
 from uuid import UUID
@@ -60,7 +60,7 @@ def count(name: str) -> None:
 
 
 def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None,
-          owner_slots: int = DEFAULT_OWNER_CONCURRENCY) -> db.Row | None:
+          owner_slots: int = DEFAULT_OWNER_CONCURRENCY, thread_id: UUID | None = None) -> db.Row | None:
     """``queued -> running`` for exactly one caller, with ``run.claimed`` and the first step's
     ``step.started`` (the row's ``first_step``); the claimed row, or None (not claimable).
 
@@ -70,14 +70,41 @@ def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | Non
     ``refusal`` set to the reason code (``refusal`` is None on a claim).
 
     Only while the owner has fewer than ``owner_slots`` runs running; the caller holds the owner's
-    slot lock (``kairos.budgets.hold_slots``) so that count is exact."""
+    slot lock (``kairos.budgets.hold_slots``) so that count is exact.
+
+    With ``thread_id``, a fork run's first attempt gets that thread (a fork of its source) and its
+    prompt entry from the same statement; the row then says ``forked``."""
     return db.fetch_one(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now,
-                                             "refusals": _REFUSALS_JSON, "owner_slots": owner_slots})
+                                             "refusals": _REFUSALS_JSON, "owner_slots": owner_slots,
+                                             "thread_id": thread_id})
 
 
 def lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> db.Row | None:
     """The step boundary: locks the run while ``fence`` holds; the row tells of a cancel request."""
     return db.fetch_one(conn, "runs_lock_fenced", {"run_id": run_id, "fence": fence})
+
+
+def send_lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> Callable[[], db.Row | None]:
+    """``lock`` sent now (queued, in a pipeline); the function returned reads the row."""
+    cursor = db.send(conn, "runs_lock_fenced", {"run_id": run_id, "fence": fence})
+    return cursor.fetchone
+
+
+def send_answer(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, conversation_id: UUID, *, content: str,
+                now: datetime | None = None) -> Callable[[], int | None]:
+    """The run's answer entry (``append_entry``'s two statements, sent now, queued in a pipeline
+    behind the caller's ``send_lock``), written only while no cancel is requested; the function
+    returned reads its seq (None: not written — fenced out, or a cancel was requested)."""
+    db.send(conn, "conversations_lock_fenced", {"run_id": run_id, "fence": fence, "conversation_id": conversation_id})
+    cursor = db.send(conn, "conversation_entries_append_answer",
+                     {"run_id": run_id, "fence": fence, "conversation_id": conversation_id, "content": content,
+                      "now": now})
+
+    def read() -> int | None:
+        row = cursor.fetchone()
+        return None if row is None else int(row["seq"])
+
+    return read
 
 
 def append_entry(
@@ -145,6 +172,33 @@ def succeed(
     return _end(conn, "runs_succeed", run_id, fence, {"output": Jsonb(dict(output))}, usage, events,
                 trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")}), "RunSucceeded",
                 now)
+
+
+def send_succeed(
+    conn: psycopg.Connection[db.Row],
+    run_id: UUID,
+    fence: int,
+    *,
+    output: Mapping[str, Any],
+    usage: Mapping[str, Any] | None,
+    events: Sequence[trace.Event] = (),
+    now: datetime | None = None,
+) -> Callable[[], bool]:
+    """``succeed`` sent now (queued, in a pipeline, with the ``COMMIT`` after it); the function
+    returned reads whether it was written."""
+    ending = trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")})
+    read = trace.send_change(conn, "runs_succeed",
+                             {"run_id": run_id, "fence": fence, "output": Jsonb(dict(output)),
+                              "usage": None if usage is None else Jsonb(dict(usage))},
+                             [*events, ending], now=now)
+
+    def done() -> bool:
+        if read() is None:
+            return False
+        count("RunSucceeded")
+        return True
+
+    return done
 
 
 def fail(

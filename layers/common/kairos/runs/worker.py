@@ -35,6 +35,7 @@ from __future__ import annotations
 
 import dataclasses
 import time
+import uuid
 from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
@@ -146,19 +147,28 @@ class Execution:
         remaining = self._remaining()
         if remaining <= 0:
             raise Failure("runtime_limit")
-        with self.database.transaction() as conn:  # the effect and its budget reservation commit together
-            effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
-                                     prepared.mutation, prepared.url, prepared.digest, now=self.now, data=data)
+        # One statement on an autocommit connection: the effect and, for a model call, its budget
+        # charge commit together, in one round trip (effects_reserve_charged).
+        with self.database.connection() as conn:
+            if prepared.kind == "model_call":
+                # A tool loop's later turns carry more than the claim's window: estimate from what is sent.
+                estimate = max(int(claimed.model_input.record["estimated_tokens"]), len(prepared.body) // 4)
+                charge = budgets.charge(model=agent.get("model"), input_tokens=estimate,
+                                        max_output_tokens=_output_tokens(agent), settings=self.settings)
+                authorized, effect = effects.reserve_charged(
+                    conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind, prepared.mutation,
+                    prepared.url, prepared.digest, effect_id=uuid.uuid4(), charge=charge, data=data, now=self.now)
+                if authorized and effect is None:
+                    self._budget_exhausted(agent, estimate)  # raises: nothing was reserved or charged
+            else:
+                effect = effects.reserve(conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind,
+                                         prepared.mutation, prepared.url, prepared.digest, now=self.now, data=data)
             if effect is None:  # the fence moved on, or a cancel was requested: which one decides the end
                 current = db.fetch_one(conn, "runs_get", {"run_id": self.run_id})
                 if (current is not None and current["state"] == RunState.RUNNING
                         and int(current["fence"]) == claimed.fence and current["cancel_requested_at"] is not None):
                     raise Cancelled()
                 raise LeaseLost()
-            if prepared.kind == "model_call":
-                # A tool loop's later turns carry more than the claim's window: estimate from what is sent.
-                estimate = max(int(claimed.model_input.record["estimated_tokens"]), len(prepared.body) // 4)
-                self._reserve_budget(conn, effect, agent, estimate)
         self.open_effect = effect
         self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
         self._check_stop()
@@ -178,6 +188,11 @@ class Execution:
                                                      self.settings))
         self.probes.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
         return effect, reply
+
+    def _budget_exhausted(self, agent: dict[str, Any], input_tokens: int) -> None:
+        logger.info("daily budget exhausted", extra={"action": "budget_exhausted", "run_id": str(self.run_id),
+                                                     "estimated_tokens": input_tokens + _output_tokens(agent)})
+        raise Failure("budget_exhausted")
 
     def _reserve_budget(self, conn: psycopg.Connection[db.Row], effect: effects.Effect, agent: dict[str, Any],
                         input_tokens: int) -> None:
@@ -200,28 +215,39 @@ class Execution:
     def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
         claimed = self.claimed
         fence = claimed.fence
-        # One update of the run row: the effect's settlement, the answer and the terminal state are
-        # traced by the terminal statement itself (kairos.trace.change).
+        # One transaction in two trips: BEGIN, the run's lock, the effect's settlement, the
+        # conversation's lock and the answer entry (written only while no cancel is requested) travel
+        # together; then the terminal update and COMMIT. The effect's settlement, the answer and the
+        # terminal state are traced by the terminal statement itself (kairos.trace.change).
         events: list[trace.Event] = []
-        with self.database.transaction() as conn:
-            locked = self.lock(conn)
-            if effects.settle(conn, effect, fence=fence, usage=self.usage, trace_into=events, now=self.now) is None:
-                raise LeaseLost()
-            self.open_effect = None
-            if locked["cancel_requested_at"] is not None:
-                return self._end_cancelled(conn, events)
-            seq = moves.append_entry(conn, self.run_id, fence, claimed.conversation_id, role="assistant",
-                                     content=reply.content, now=self.now)
-            if seq is None:
-                raise LeaseLost()
-            events.append(trace.Event(EventType.OUTPUT_PUBLISHED, step, {
-                "conversation_id": str(claimed.conversation_id), "entry_seq": seq, "truncated": reply.truncated}))
-            events.append(trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"}))
-            self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
-            done = moves.succeed(conn, self.run_id, fence, now=self.now, usage=self.usage, events=events,
-                                 output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
-                                         "attempt": claimed.attempt})
-            if not done:  # cannot happen while the row is locked; never publish without it
+        with self.database.explicit() as conn:
+            with self.database.batch(conn):
+                db.begin(conn)
+                lock = moves.send_lock(conn, self.run_id, fence)
+                settled = effects.send_settle(conn, effect, fence=fence, usage=self.usage, trace_into=events,
+                                              now=self.now)
+                answered = moves.send_answer(conn, self.run_id, fence, claimed.conversation_id,
+                                             content=reply.content, now=self.now)
+                locked = lock()
+                if locked is None or settled() is None:
+                    raise LeaseLost()
+                self.open_effect = None
+                seq = answered()
+                if locked["cancel_requested_at"] is not None:  # the answer was not written
+                    outcome = self._end_cancelled(conn, events)
+                    db.commit(conn)
+                    return outcome
+                if seq is None:
+                    raise LeaseLost()
+                events.append(trace.Event(EventType.OUTPUT_PUBLISHED, step, {
+                    "conversation_id": str(claimed.conversation_id), "entry_seq": seq, "truncated": reply.truncated}))
+                events.append(trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"}))
+                self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
+                done = moves.send_succeed(conn, self.run_id, fence, now=self.now, usage=self.usage, events=events,
+                                          output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
+                                                  "attempt": claimed.attempt})
+                db.commit(conn)
+            if not done():  # cannot happen while the row is locked under the fence with no cancel request
                 raise LeaseLost()
         logger.info("run succeeded", extra={"action": "run_succeeded", "run_id": str(self.run_id),
                                             "attempt": claimed.attempt, "entry_seq": seq})
@@ -427,6 +453,13 @@ def _run(run: Execution) -> Outcome:
         except LeaseLost:
             moves.count("LeasesLost")
             return Outcome(run_id, "lease_lost")
+
+
+def _output_tokens(agent: dict[str, Any]) -> int:
+    try:
+        return max_tokens(agent)
+    except ExecutorError:
+        return DEFAULT_MAX_TOKENS
 
 
 def _add(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:

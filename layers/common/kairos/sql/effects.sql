@@ -21,6 +21,7 @@ SELECT DISTINCT run_id
 -- name: effects_reserve (prepared)
 -- Reserves one external effect for the current fence holder, unless a cancel was requested, and
 -- traces effect.reserved (with the caller's extra counts, e.g. the model input window), in one statement (zero rows: the fence is stale or the run is cancelling).
+-- The id is the caller's when it names one (effect_id), so the budget's reservation can be sent with it.
 WITH authority AS (
     UPDATE runs
        SET last_seq = last_seq + 1
@@ -29,7 +30,8 @@ WITH authority AS (
     RETURNING id, last_seq, attempt, fence
 ), reserved AS (
     INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, created_at)
-    SELECT gen_random_uuid(), a.id, a.fence, a.attempt, %(step)s, %(kind)s, %(mutation)s, %(target)s, %(digest)s,
+    SELECT coalesce(%(effect_id)s::uuid, gen_random_uuid()), a.id, a.fence, a.attempt, %(step)s, %(kind)s,
+           %(mutation)s, %(target)s, %(digest)s,
            coalesce(%(now)s::timestamptz, now())
       FROM authority a
     RETURNING id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state, usage, error_code,
@@ -43,7 +45,64 @@ WITH authority AS (
 )
 SELECT * FROM reserved;
 
--- name: effects_close
+-- name: effects_reserve_charged (prepared)
+-- effects_reserve for a model call, with its budget charge (as usage_ledger_reserve) in the same
+-- statement, so that on an autocommit connection the reservation, the charge and their commit are one
+-- round trip. Writes nothing at all unless the fence holds, no cancel was requested and the charge
+-- fits both of the owner's daily ceilings. One row always: `authorized` (the fence held and no cancel
+-- was requested) and the reserved effect's columns (NULL when nothing was reserved: not authorized,
+-- or the budget is exhausted). The owner's day row of the ledger is locked from the upsert to the
+-- commit, as with usage_ledger_reserve; the run row first, as every worker statement.
+WITH authority AS (
+    SELECT id, owner
+      FROM runs
+     WHERE id = %(run_id)s AND fence = %(fence)s AND attempt = %(attempt)s AND state = 'running'
+       AND cancel_requested_at IS NULL
+       FOR NO KEY UPDATE
+), want AS (
+    SELECT a.owner, (coalesce(%(now)s::timestamptz, now()) AT TIME ZONE 'UTC')::date AS day,
+           %(tokens)s::bigint AS tokens, %(cost_usd)s::numeric AS cost_usd
+      FROM authority a
+), booked AS (
+    INSERT INTO usage_ledger AS l (owner, day, reserved_tokens, reserved_cost_usd)
+    SELECT owner, day, tokens, cost_usd FROM want
+     WHERE tokens <= %(max_tokens)s::bigint AND cost_usd <= %(max_cost_usd)s::numeric
+        ON CONFLICT (owner, day) DO UPDATE
+       SET reserved_tokens = l.reserved_tokens + EXCLUDED.reserved_tokens,
+           reserved_cost_usd = l.reserved_cost_usd + EXCLUDED.reserved_cost_usd
+     WHERE l.reserved_tokens + l.input_tokens + l.output_tokens + EXCLUDED.reserved_tokens <= %(max_tokens)s::bigint
+       AND l.reserved_cost_usd + l.cost_usd + EXCLUDED.reserved_cost_usd <= %(max_cost_usd)s::numeric
+    RETURNING l.owner, l.day
+), bumped AS (
+    UPDATE runs r
+       SET last_seq = r.last_seq + 1
+      FROM authority a
+     WHERE r.id = a.id AND EXISTS (SELECT 1 FROM booked)
+    RETURNING r.id, r.last_seq, r.attempt, r.fence
+), reserved AS (
+    INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, created_at)
+    SELECT %(effect_id)s::uuid, a.id, a.fence, a.attempt, %(step)s, %(kind)s, %(mutation)s, %(target)s, %(digest)s,
+           coalesce(%(now)s::timestamptz, now())
+      FROM bumped a
+    RETURNING id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state, usage, error_code,
+              created_at, settled_at
+), held AS (
+    INSERT INTO usage_reservations (effect_id, run_id, owner, day, tokens, cost_usd)
+    SELECT r.id, r.run_id, b.owner, b.day, w.tokens, w.cost_usd
+      FROM reserved r CROSS JOIN booked b CROSS JOIN want w
+), traced AS (
+    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
+    SELECT a.id, a.last_seq, 'effect.reserved', coalesce(%(now)s::timestamptz, now()), a.attempt, a.fence, r.step,
+           jsonb_build_object('effect_id', r.id, 'kind', r.kind, 'mutation', r.mutation)
+               || coalesce(%(data)s::jsonb, '{}'::jsonb)
+      FROM bumped a CROSS JOIN reserved r
+)
+SELECT EXISTS (SELECT 1 FROM authority) AS authorized, r.id, r.run_id, r.fence, r.attempt, r.step, r.kind, r.mutation,
+       r.target, r.request_digest, r.state, r.usage, r.error_code, r.created_at, r.settled_at
+  FROM (SELECT 1) AS one
+  LEFT JOIN reserved r ON true;
+
+-- name: effects_close (prepared)
 -- Moves one reserved effect of the fence holder to settled, failed or ambiguous.
 WITH authority AS (
     SELECT id FROM runs
@@ -57,7 +116,8 @@ UPDATE effects e
        settled_at = coalesce(%(now)s::timestamptz, now())
   FROM authority a
  WHERE e.id = %(effect_id)s AND e.run_id = a.id AND e.fence = %(fence)s AND e.state = 'reserved'
-RETURNING e.*;
+RETURNING e.id, e.run_id, e.fence, e.attempt, e.step, e.kind, e.mutation, e.target, e.request_digest, e.state,
+          e.usage, e.error_code, e.created_at, e.settled_at;
 
 -- name: effects_close_stale
 -- On a new claim: effects left reserved by an earlier fence become ambiguous (mutations) or failed.

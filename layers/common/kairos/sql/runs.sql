@@ -11,8 +11,13 @@
 -- name: runs_claim (prepared)
 -- Moves one queued run to running for exactly one caller: fence + 1, attempt + 1, a fresh lease,
 -- with run.claimed and the first step's step.started, in one statement (one row version of the
--- run; see kairos.trace). An append run targets its source conversation from here on; fork and
--- fresh get theirs from the worker. first_step names the step the run's executor performs.
+-- run; see kairos.trace). An append run targets its source conversation from here on. A fork run's
+-- first attempt gets its thread here too, when the worker names one (`thread_id`) and the source
+-- still exists: the thread (a fork of the source at its latest entry) and the run's prompt entry in
+-- it are inserted by this same statement (`forked` comes back true) — nobody else can write to a
+-- thread that does not exist before this commits, so no conversation lock is needed. Otherwise
+-- (fresh, a later attempt, no thread_id) the worker prepares the target. first_step names the step
+-- the run's executor performs.
 -- Only while the owner has fewer than owner_slots runs running (awaiting_approval and awaiting_input
 -- hold no slot); otherwise zero rows, and the caller finds the run still queued (runs_defer).
 -- Or refuses it, decided inside this same update from the run row it updates and its schedule (no
@@ -45,7 +50,8 @@ WITH changed AS (
                   CASE WHEN v.refusal IS NULL THEN coalesce(r.started_at, coalesce(%(now)s::timestamptz, now()))
                        ELSE r.started_at END,
                   CASE WHEN v.refusal IS NULL
-                       THEN coalesce(r.conversation_id, CASE WHEN r.mode = 'append' THEN r.source_conversation_id END)
+                       THEN coalesce(r.conversation_id, CASE WHEN r.mode = 'append' THEN r.source_conversation_id
+                                                             WHEN v.forks THEN %(thread_id)s::uuid END)
                        ELSE r.conversation_id END,
                   CASE WHEN v.refusal IS NULL THEN 0 ELSE r.unclaimed_handoffs END,
                   CASE WHEN v.refusal IS NULL THEN r.diagnosis ELSE %(refusals)s::text::jsonb -> v.refusal END,
@@ -71,7 +77,11 @@ WITH changed AS (
                                          JOIN runs n ON n.occurrence_id = newer.id
                                         WHERE mine.id = r.occurrence_id
                                           AND n.started_at IS NOT NULL) THEN 'superseded'
-                          END AS refusal
+                          END AS refusal,
+                          %(thread_id)s::uuid IS NOT NULL AND r.mode = 'fork' AND r.attempt = 0
+                              AND r.conversation_id IS NULL
+                              AND EXISTS (SELECT 1 FROM conversations src WHERE src.id = r.source_conversation_id)
+                              AS forks
                      FROM (SELECT 1) AS one
                      LEFT JOIN schedules s ON s.id = r.schedule_id  -- a chat turn has no schedule
                    OFFSET 0) AS v)
@@ -90,7 +100,27 @@ WITH changed AS (
               EXISTS (SELECT 1 FROM schedules l WHERE l.id = r.schedule_id AND l.loop) AS loop,
               CASE WHEN r.state <> 'running' THEN NULL
                    WHEN r.agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step,
-              CASE WHEN r.state <> 'running' THEN r.diagnosis ->> 'reason_code' END AS refusal
+              CASE WHEN r.state <> 'running' THEN r.diagnosis ->> 'reason_code' END AS refusal,
+              coalesce(r.state = 'running' AND r.conversation_id = %(thread_id)s::uuid, false) AS forked
+), thread AS (
+    -- The fork run's thread: the source at its latest entry (as conversations_fork), no entry copied.
+    INSERT INTO conversations (id, owner, title, agent, parent_id, fork_seq, origin_run_id, created_at)
+    SELECT c.conversation_id, s.owner, s.title, s.agent, s.id,
+           coalesce((SELECT max(e.seq) FROM conversation_entries e WHERE e.conversation_id = s.id), s.fork_seq, 0),
+           c.id, coalesce(%(now)s::timestamptz, now())
+      FROM changed c
+      JOIN conversations s ON s.id = c.source_conversation_id
+     WHERE c.forked
+    RETURNING id, fork_seq
+), prompted AS (
+    -- The run's prompt entry, first in its new thread (the text as kairos.runs.attempt._prompt_entry).
+    INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
+    SELECT f.id, f.fork_seq + 1, 'user',
+           CASE WHEN c.payload IS NULL OR c.payload = 'null'::jsonb THEN c.prompt
+                ELSE c.prompt || E'\n\n[webhook payload: kept with run ' || c.id::text || ']' END,
+           c.id, coalesce(%(now)s::timestamptz, now())
+      FROM changed c
+     CROSS JOIN thread f
 ), changed_events AS (
     -- A claim: run.claimed and step.started. A refusal: its one terminal event.
     INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
