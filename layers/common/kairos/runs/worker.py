@@ -194,24 +194,6 @@ class Execution:
                                                      "estimated_tokens": input_tokens + _output_tokens(agent)})
         raise Failure("budget_exhausted")
 
-    def _reserve_budget(self, conn: psycopg.Connection[db.Row], effect: effects.Effect, agent: dict[str, Any],
-                        input_tokens: int) -> None:
-        """Charges a model call's estimate (input + the agent's max_tokens) to the owner's day, in the
-        transaction that reserves its effect; over a daily ceiling the run fails ``budget_exhausted``
-        and, the transaction rolling back, no effect is left reserved and nothing is called."""
-        if effect.kind != "model_call":
-            return
-        try:
-            output_tokens = max_tokens(agent)
-        except ExecutorError:
-            output_tokens = DEFAULT_MAX_TOKENS
-        if not budgets.reserve(conn, effect_id=effect.id, run_id=self.run_id, owner=str(self.claimed.row["owner"]),
-                               model=agent.get("model"), input_tokens=input_tokens, max_output_tokens=output_tokens,
-                               settings=self.settings, now=self.now):
-            logger.info("daily budget exhausted", extra={"action": "budget_exhausted", "run_id": str(self.run_id),
-                                                         "estimated_tokens": input_tokens + output_tokens})
-            raise Failure("budget_exhausted")
-
     def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
         claimed = self.claimed
         fence = claimed.fence
