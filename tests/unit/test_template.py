@@ -667,7 +667,7 @@ def test_built_layer_carries_the_package_data_and_dependencies() -> None:
     assert sorted((layer / "kairos" / "sql").glob("*.sql")), "layer has no named queries"
     assert (layer / "kairos" / "migrations" / "0001_init.sql").is_file()
     assert not (layer / "kairos" / "local").exists(), "the local tooling ships in the layer"
-    for dependency in ("tzdata", "psycopg", "psycopg_binary", "psycopg_pool", "pydantic", "croniter",
+    for dependency in ("tzdata", "psycopg", "psycopg_binary", "psycopg_pool", "pydantic",
                        "aws_lambda_powertools", "aws_xray_sdk"):
         assert (layer / dependency).is_dir(), f"layer lacks {dependency}"
     # /opt is read-only on Lambda: without shipped bytecode every cold start compiles what it imports.
