@@ -348,7 +348,7 @@ def _check_field(text: str, index: int) -> tuple[str, frozenset[int], list[str]]
     return ",".join(parts), frozenset(values | starred), errors
 
 
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16384)  # a tick of 10,000 distinct rules compiles each once per container
 def _compile(expression: str) -> _Cron:
     """Validate and prepare a cron expression; raises ``ValidationFailed`` on the ``cron`` field."""
     fields = expression.split()
@@ -428,11 +428,17 @@ def _check_fires(spec: _Cron, expression: str) -> None:
 
 
 def _policies(spec: _Cron, gap: DstGap, fold: DstFold) -> tuple[DstGap, DstFold]:
+    return _policy_pair(spec.real_time, gap, fold)
+
+
+@lru_cache(maxsize=64)
+def _policy_pair(real_time: bool, gap: DstGap, fold: DstFold) -> tuple[DstGap, DstFold]:
+    """The two DST policies with ``auto`` resolved for an expression that does (not) follow real time."""
     gap, fold = DstGap(gap), DstFold(fold)
     if gap is DstGap.AUTO:
-        gap = DstGap.SKIP if spec.real_time else DstGap.SHIFT_FORWARD
+        gap = DstGap.SKIP if real_time else DstGap.SHIFT_FORWARD
     if fold is DstFold.AUTO:
-        fold = DstFold.BOTH if spec.real_time else DstFold.FIRST
+        fold = DstFold.BOTH if real_time else DstFold.FIRST
     return gap, fold
 
 
@@ -489,9 +495,8 @@ def _resolve_zoned(
     last: datetime | None = None
 
     for wall in walls:
-        first = wall.replace(tzinfo=zone)
-        off_first = first.utcoffset()
-        off_second = wall.replace(tzinfo=zone, fold=1).utcoffset()
+        off_first = zone.utcoffset(wall)  # the zone's offset for the wall time's first and second pass
+        off_second = zone.utcoffset(wall.replace(fold=1))
         assert off_first is not None and off_second is not None
         if off_first == off_second:  # an ordinary wall time
             fire = Fire((wall - off_first).replace(tzinfo=utc), wall, off_first, 0, name, version)
