@@ -42,10 +42,29 @@ def sqs() -> Any:
     global _sqs
     with _lock:
         if _sqs is None:
-            import botocore.session
-
-            _sqs = botocore.session.get_session().create_client("sqs")
+            _sqs = _new_sqs_client()
         return _sqs
+
+
+def _new_sqs_client() -> Any:
+    import botocore.session
+    from botocore.config import Config
+
+    from kairos.handoff import MAX_PARALLEL_CALLS
+
+    # One pooled connection per call the handoff may have in flight (botocore's default is 10).
+    config = Config(max_pool_connections=MAX_PARALLEL_CALLS)
+    return botocore.session.get_session().create_client("sqs", config=config)
+
+
+def close_sqs() -> None:
+    """Closes the SQS client's pooled connections and forgets it (the next ``sqs()`` builds a new one):
+    SnapStart's before-snapshot hook, so that no connection is captured in a snapshot."""
+    global _sqs
+    with _lock:
+        old, _sqs = _sqs, None
+    if old is not None:
+        old.close()
 
 
 class LazySqs:
