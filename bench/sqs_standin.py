@@ -9,7 +9,8 @@ as the client overlaps them), accepts every entry (``Successful`` with the MD5 o
   (a whole-call ``ClientError``, which botocore does not retry).
 
 It records what a test or bench observes: calls, entries, the bodies accepted, and the largest number
-of calls in flight at once (``max_in_flight``). No other SQS action is served (answered 400).
+of calls in flight at once (``max_in_flight``; also ``GET /stats`` for a bench that runs the stand-in
+in its own process, off its GIL). No other SQS action is served (answered 400).
 
 Use: ``with SqsStandin(delay_ms=20) as standin: client = standin.client()`` (a botocore client pointed
 at it, connection pool sized ``pool``), or ``python bench/sqs_standin.py --port 9324 --delay-ms 20``.
@@ -65,6 +66,17 @@ class SqsStandin:
                 self.end_headers()
                 self.wfile.write(data)
 
+            def do_GET(self) -> None:  # /stats: what the stand-in observed (for a bench in another process)
+                stats = standin.stats
+                with stats.lock:
+                    data = json.dumps({"calls": stats.calls, "entries": stats.entries,
+                                       "max_in_flight": stats.max_in_flight}).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(data)))
+                self.end_headers()
+                self.wfile.write(data)
+
             def log_message(self, format: str, *args: Any) -> None:  # quiet
                 return
 
@@ -88,7 +100,7 @@ class SqsStandin:
         config = Config(max_pool_connections=pool, retries={"max_attempts": 1, "mode": "standard"})
         return botocore.session.get_session().create_client(
             "sqs", region_name="us-east-1", endpoint_url=self.url, aws_access_key_id="standin",
-            aws_secret_access_key="standin", config=config)  # noqa: S106 - a local stand-in
+            aws_secret_access_key="standin", config=config)
 
     def _answer(self, target: str, payload: dict[str, Any]) -> tuple[int, dict[str, Any]]:
         stats = self.stats
@@ -112,7 +124,7 @@ class SqsStandin:
                                    "Message": "try again"})
                     continue
                 ok.append({"Id": entry["Id"], "MessageId": str(uuid.uuid4()),
-                           "MD5OfMessageBody": hashlib.md5(text.encode()).hexdigest()})  # noqa: S324 - SQS's own
+                           "MD5OfMessageBody": hashlib.md5(text.encode()).hexdigest()})
             with stats.lock:
                 stats.entries += len(entries)
                 stats.accepted.extend(e["MessageBody"] for e in entries
@@ -135,6 +147,50 @@ class SqsStandin:
 
     def __exit__(self, *exc: object) -> None:
         self.stop()
+
+
+class StandinProcess:
+    """The stand-in in a child process (``python bench/sqs_standin.py``): its threads never compete with
+    the measured process for the GIL. ``client()``, ``queue_url`` and ``stats()`` as in-process."""
+
+    def __init__(self, *, delay_ms: float = 0.0) -> None:
+        import socket
+        import subprocess
+        import sys
+
+        with socket.socket() as sock:
+            sock.bind(("127.0.0.1", 0))
+            self.port = sock.getsockname()[1]
+        self.process = subprocess.Popen([sys.executable, __file__, "--port", str(self.port), "--delay-ms",
+                                         str(delay_ms)], stdout=subprocess.PIPE, text=True)
+        assert self.process.stdout is not None
+        self.process.stdout.readline()  # the ready line
+
+    url = SqsStandin.url
+    queue_url = SqsStandin.queue_url
+
+    @property
+    def server(self) -> Any:  # what SqsStandin.url reads
+        class Address:
+            server_address = ("127.0.0.1", self.port)
+
+        return Address
+
+    def client(self, pool: int = 16) -> Any:
+        return SqsStandin.client(self, pool)  # type: ignore[arg-type]
+
+    def stats(self) -> dict[str, int]:
+        import urllib.request
+
+        with urllib.request.urlopen(f"{self.url}/stats", timeout=5) as answer:
+            return dict(json.loads(answer.read()))
+
+    def __enter__(self) -> StandinProcess:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.process.terminate()
+        self.process.wait(5)
 
 
 def main() -> None:
