@@ -312,6 +312,12 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
         # The previous workload's schedules become history (their rows stay, as in a live database).
         conn.execute("UPDATE schedules SET status = 'cancelled' WHERE status = 'active'")
         conn.execute("VACUUM ANALYZE schedules")  # each workload starts from the same clean table
+        # The tick must end within the minute its schedules are due: a rule that fires every minute
+        # would otherwise fire again (more fires than schedules, and no longer the same workload).
+        row = conn.execute("SELECT extract(second FROM now())").fetchone()
+        assert row is not None
+        if float(row[0]) > 30:
+            time.sleep(61 - float(row[0]))
         row = conn.execute("SELECT date_trunc('minute', now())").fetchone()
     assert row is not None
     due: datetime = row[0]

@@ -57,14 +57,15 @@ def _new_sqs_client() -> Any:
     return botocore.session.get_session().create_client("sqs", config=config)
 
 
-def close_sqs() -> None:
-    """Closes the SQS client's pooled connections and forgets it (the next ``sqs()`` builds a new one):
-    SnapStart's before-snapshot hook, so that no connection is captured in a snapshot."""
-    global _sqs
+def drop_sqs_connections() -> bool:
+    """Closes the SQS client's pooled HTTP connections, keeping the client (its next call connects
+    anew); whether there was a client. SnapStart's hooks: no connection is captured in a snapshot."""
     with _lock:
-        old, _sqs = _sqs, None
-    if old is not None:
-        old.close()
+        client = _sqs
+    if client is None:
+        return False
+    client.close()
+    return True
 
 
 class LazySqs:
