@@ -307,7 +307,8 @@ def held_snapshot(url: str) -> Iterator[None]:
 
 
 def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[[datetime], list[dict[str, Any]]],
-            count: int, *, snapshot: bool = False, keyset: bool = True, profile: bool = False) -> Result:
+            count: int, *, snapshot: bool = False, keyset: bool = True, profile: bool = False,
+            fire_workers: int = FIRE_WORKERS) -> Result:
     with psycopg.connect(url, autocommit=True) as conn:
         # The previous workload's schedules become history (their rows stay, as in a live database).
         conn.execute("UPDATE schedules SET status = 'cancelled' WHERE status = 'active'")
@@ -329,7 +330,8 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
         with psycopg.connect(url) as conn:
             start_row = conn.execute("SELECT clock_timestamp()").fetchone()
         assert start_row is not None
-        tick = Tick(database, sqs, queue_url, metrics=None, batch_size=BATCH, grace=timedelta(hours=1))
+        tick = Tick(database, sqs, queue_url, metrics=None, batch_size=BATCH, grace=timedelta(hours=1),
+                    fire_workers=fire_workers)
         if not keyset:
             whole = tick.fire.run_once
             tick.fire.run_once = lambda now=None, after=None: whole(now)  # type: ignore[method-assign]
@@ -360,7 +362,7 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(18)
-        print(f"\n### cProfile, {label} (top entries by own time; the tick's threads are not profiled)\n")
+        print(f"\n### cProfile, {label} (top entries by own time)\n")
         print("```\n" + "\n".join(out.getvalue().strip().splitlines()[:40]) + "\n```")
     return Result(label, report.dispatched, seconds, report.fire_db_seconds, report.fire_sqs_seconds,
                   float(lag[0]), float(lag[1]), client_cpu, server_cpu)
@@ -422,8 +424,9 @@ def main() -> int:
                 series.setdefault(result.label, []).append(result)
         results = [median_result(rounds) for rounds in series.values()]
         if args.profile:
-            measure("stub SQS, distinct rules (profiled)", url, StubSqs(), "stub",
-                    lambda due: distinct_rules(due, n), n, profile=True)
+            # One fire worker, so that the whole tick runs in the profiled thread.
+            measure("stub SQS, distinct rules, 1 fire worker (profiled)", url, StubSqs(), "stub",
+                    lambda due: distinct_rules(due, n), n, profile=True, fire_workers=1)
         if args.moto:
             with moto_sqs() as (client, queue_url):
                 rotating = RotatingQueues(client)
@@ -451,16 +454,34 @@ def main() -> int:
     print(f"| pgbench simple-update, 8 clients (rounds) | {runs_text} TPS | 1.00 | {args.seconds} each "
           "| | | | | | |")
     print("\nDB + decisions and SQS are summed over the batches in flight, so they can exceed the wall time.")
+    def per_round(a: str, b: str, key: Callable[[Result], float]) -> str:
+        return ", ".join(f"{key(x) / key(y):.2f}" for x, y in zip(series[a], series[b], strict=True))
+
+    def wall(r: Result) -> float:
+        return r.seconds
+
+    def rate(r: Result) -> float:
+        return r.fires_per_second
+
+    stub, held_label = "stub SQS, shared rules", "held snapshot, shared rules"
+    old_label, fast_label = "held snapshot, shared rules, no keyset cursor", "SQS stand-in 0 ms, shared rules"
+    slow_label = "SQS stand-in 20 ms a call, shared rules"
+
     fast_r, slow_r = by["SQS stand-in 0 ms, shared rules"], by["SQS stand-in 20 ms a call, shared rules"]
     print(f"SQS 20 ms a call vs 0 ms: wall {slow_r.seconds:.2f} s vs {fast_r.seconds:.2f} s = "
           f"{slow_r.seconds / fast_r.seconds:.2f}x (target ≤ 1.5x); the stand-in saw at most "
           f"{max_in_flight} "
-          f"calls in flight (bound {handoff.MAX_PARALLEL_CALLS}).")
+          f"calls in flight (bound {handoff.MAX_PARALLEL_CALLS}); per round: "
+          f"{per_round(slow_label, fast_label, wall)}.")
     base, held = by["stub SQS, shared rules"], by["held snapshot, shared rules"]
     old = by["held snapshot, shared rules, no keyset cursor"]
     print(f"Held snapshot: {held.fires_per_second:,.0f} fires/s vs {base.fires_per_second:,.0f} without it = "
           f"{held.fires_per_second / base.fires_per_second:.2f} (target ≥ 0.9); without the keyset cursor "
-          f"{old.fires_per_second / base.fires_per_second:.2f}.")
+          f"{old.fires_per_second / base.fires_per_second:.2f}; per round (same-round ratio): "
+          f"{per_round(held_label, stub, rate)}; without the cursor {per_round(old_label, stub, rate)}.")
+    distinct = series["stub SQS, distinct rules"]
+    print("Distinct rules ÷ pgbench per round: "
+          + ", ".join(f"{r.fires_per_second / t:.2f}" for r, t in zip(distinct, tps_runs, strict=False)) + ".")
     for r in results:
         if r.delivered is not None:
             print(f"{r.label}: moto holds {r.delivered:,} messages for {r.dispatched:,} runs.")
