@@ -90,6 +90,7 @@ class Context:
 if name != "baseline":
     event, context = json.loads(sys.argv[3]), Context(f"kairos-{name}")
 t0 = time.perf_counter()
+snapshot_ms = 0.0
 if name == "baseline":
     import boto3  # noqa: F401
     t1 = t2 = time.perf_counter()
@@ -98,7 +99,6 @@ else:
     module = importlib.util.module_from_spec(spec)
     spec.loader.exec_module(module)
     t1 = time.perf_counter()
-    snapshot_ms = 0.0
     if sys.argv[5] == "snapstart":
         # What the Lambda runtime does for a SnapStart version: the before-snapshot hooks end the init
         # (then the snapshot); a restored copy runs the after-restore hooks, then the invocation.
