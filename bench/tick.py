@@ -1,6 +1,7 @@
 """Tick throughput: fires per second for 10,000 due schedules, beside pgbench on the same server.
 
-What is measured (one PostgreSQL server, one database per workload, all in the same run):
+What is measured (one PostgreSQL server, one database per workload, all in the same run, ``--rounds``
+rounds with pgbench before each round's workloads; medians of the rounds are reported):
 
 1. **Kairos tick**, ``Tick.run()`` on 10,000 schedules all due at the same minute (the "07:00 burst"),
    real database time, the tick's defaults (batches of 500, two batches in flight), grace widened to
@@ -9,33 +10,47 @@ What is measured (one PostgreSQL server, one database per workload, all in the s
      real schedules look; the decision memoizes per (rule, cursor, now), so each rule is evaluated once.
    * *distinct rules*: every schedule has its own rule (a zone x day-field variant of a cron that fires
      at that minute): the calendar runs 10,000 times — the worst case.
-   SQS is either a stub (an in-process client whose ``send_message_batch`` accepts everything: the
-   tick's own cost) or moto's server in another process, with a fresh queue every 200 messages (moto
-   scans the whole queue on every send, which would otherwise dominate). With moto the SQS wall time
-   is reported separately from the database-and-decision time: moto is no measure of SQS speed.
-2. **pgbench** ``-b simple-update -c 8 -j 2 -T 10`` (scale 1) in a separate database: the server's
+   * *SQS stand-in 0 ms / 20 ms*: shared rules, the handoff's real botocore client against
+     ``bench/sqs_standin.py`` in its own process (SQS's JSON protocol over local HTTP) answering each
+     SendMessageBatch at once or after 20 ms (target: the 20 ms tick's wall time within 1.5x of the
+     0 ms one: the calls overlap on the handoff's bounded pool).
+   * *held snapshot*: shared rules while another connection holds a REPEATABLE READ transaction that
+     has read ``schedules`` (its snapshot keeps every row version the tick replaces); beside it the
+     same with the keyset cursor disabled (every batch scans from the oldest due key: what the tick
+     did before). Target: fire rate with the snapshot ≥ 0.9 of the same round's shared-rules rate.
+   The other workloads use a stub SQS (an in-process client accepting everything: the tick's own cost).
+   ``--moto`` adds moto's server in another process, a fresh queue every 200 messages (moto scans
+   the whole queue on every send): moto is no measure of SQS speed.
+2. **pgbench** ``-b simple-update -c 8 -j 2 -T S`` (scale 1) in a separate database: the server's
    own rate for a small update transaction.
 
 Reported: fires/s (dispatched runs ÷ wall time of the tick), the ratio to pgbench TPS (target ≥ 1:
-one commit per batch of 500 fires instead of one per fire), and the fire lag p50/p99 — from the
-tick's start (database clock) to each run's ``handoff_at`` (its id accepted by SQS and stamped).
+one commit per batch of 500 fires instead of one per fire), the fire lag p50/p99 — from the tick's
+start (database clock) to each run's ``handoff_at`` — and where the time went: the bench process's
+CPU seconds (the tick's Python: client CPU) and the server backends' CPU seconds (read from the
+postmaster's reaped children, so only with a local server). ``--profile`` prints cProfile's top
+entries for one distinct-rules tick.
 
 The server is ``DATABASE_URL``'s when set (databases ``kairos_bench_tick*`` are dropped and
 recreated; pgbench is ``/usr/lib/postgresql/15/bin/pgbench``), else an embedded one started here with
 default durability settings (fsync on).
 
-Run: ``.venv/bin/python bench/tick.py [--schedules N] [--seconds S] [--skip-moto]``.
+Run: ``.venv/bin/python bench/tick.py [--schedules N] [--seconds S] [--rounds R] [--moto] [--profile]``.
 """
 
 
 from __future__ import annotations
 
 import argparse
+import cProfile
+import io
 import json
 import logging
 import multiprocessing
 import os
+import pstats
 import socket
+import statistics
 import sys
 import threading
 import time
@@ -45,17 +60,19 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
+from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the tick logs every batch: keep the table readable
 
 import psycopg
 from baseline import pgbench_tps, recreate, server
-from kairos import calendar, migrations
+from kairos import calendar, handoff, migrations
 from kairos.db import Database
 from kairos.states import ScheduleKind
 from kairos.tick import FIRE_WORKERS, Tick
 from kairos.tick.fire import DEFAULT_BATCH
+from sqs_standin import StandinProcess
 
 BATCH = DEFAULT_BATCH
 AGENT = {"executor": "echo", "model": "echo", "system": "bench"}
@@ -255,6 +272,8 @@ class Result:
     sqs_seconds: float
     lag_p50: float
     lag_p99: float
+    client_cpu: float = 0.0
+    server_cpu: float | None = None
     delivered: int | None = None
 
     @property
@@ -262,23 +281,70 @@ class Result:
         return self.dispatched / self.seconds
 
 
+def _server_children_cpu(url: str) -> float | None:
+    """CPU seconds of the server's exited backends (the postmaster's reaped children), or None."""
+    try:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SHOW data_directory").fetchone()
+        assert row is not None
+        pid = int((Path(row[0]) / "postmaster.pid").read_text().split()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+    except (OSError, ValueError, psycopg.Error, AssertionError):
+        return None
+
+
+@contextmanager
+def held_snapshot(url: str) -> Iterator[None]:
+    """A REPEATABLE READ transaction that has read ``schedules``, open until the block ends."""
+    with psycopg.connect(url) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute("SELECT count(*) FROM schedules").fetchone()
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
 def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[[datetime], list[dict[str, Any]]],
-            count: int) -> Result:
+            count: int, *, snapshot: bool = False, keyset: bool = True, profile: bool = False,
+            fire_workers: int = FIRE_WORKERS) -> Result:
     with psycopg.connect(url, autocommit=True) as conn:
         # The previous workload's schedules become history (their rows stay, as in a live database).
         conn.execute("UPDATE schedules SET status = 'cancelled' WHERE status = 'active'")
+        conn.execute("VACUUM ANALYZE schedules")  # each workload starts from the same clean table
+        # The tick must end within the minute its schedules are due: a rule that fires every minute
+        # would otherwise fire again (more fires than schedules, and no longer the same workload).
+        row = conn.execute("SELECT extract(second FROM now())").fetchone()
+        assert row is not None
+        if float(row[0]) > 30:
+            time.sleep(61 - float(row[0]))
         row = conn.execute("SELECT date_trunc('minute', now())").fetchone()
     assert row is not None
     due: datetime = row[0]
     populate(url, rules_for(due), count, due)
     database = Database(url, max_size=4)  # what runtime.database() gives a container
+    server_before = _server_children_cpu(url)
+    profiler = cProfile.Profile() if profile else None
     try:
         with psycopg.connect(url) as conn:
             start_row = conn.execute("SELECT clock_timestamp()").fetchone()
         assert start_row is not None
-        started = time.perf_counter()
-        report = Tick(database, sqs, queue_url, metrics=None, batch_size=BATCH, grace=timedelta(hours=1)).run()
-        seconds = time.perf_counter() - started
+        tick = Tick(database, sqs, queue_url, metrics=None, batch_size=BATCH, grace=timedelta(hours=1),
+                    fire_workers=fire_workers)
+        if not keyset:
+            whole = tick.fire.run_once
+            tick.fire.run_once = lambda now=None, after=None: whole(now)  # type: ignore[method-assign]
+        with held_snapshot(url) if snapshot else _nothing():
+            cpu = time.process_time()
+            started = time.perf_counter()
+            if profiler:
+                profiler.enable()
+            report = tick.run()
+            if profiler:
+                profiler.disable()
+            seconds = time.perf_counter() - started
+            client_cpu = time.process_time() - cpu
     finally:
         database.close()
     with psycopg.connect(url) as conn:
@@ -290,21 +356,48 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
     assert lag is not None
     if report.dispatched != count or lag[2]:
         raise RuntimeError(f"{label}: dispatched {report.dispatched} of {count}, {lag[2]} not handed off")
+    time.sleep(0.2)  # the pool's backends exit and are reaped
+    server_after = _server_children_cpu(url)
+    server_cpu = server_after - server_before if server_before is not None and server_after is not None else None
+    if profiler:
+        out = io.StringIO()
+        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(18)
+        print(f"\n### cProfile, {label} (top entries by own time)\n")
+        print("```\n" + "\n".join(out.getvalue().strip().splitlines()[:40]) + "\n```")
     return Result(label, report.dispatched, seconds, report.fire_db_seconds, report.fire_sqs_seconds,
-                  float(lag[0]), float(lag[1]))
+                  float(lag[0]), float(lag[1]), client_cpu, server_cpu)
+
+
+@contextmanager
+def _nothing() -> Iterator[None]:
+    yield
+
+
+def median_result(results: list[Result]) -> Result:
+    """The median of each figure over the rounds (fires/s from the median wall time)."""
+    def med(values: list[float]) -> float:
+        return statistics.median(values)
+
+    servers = [r.server_cpu for r in results if r.server_cpu is not None]
+    return Result(results[0].label, results[0].dispatched, med([r.seconds for r in results]),
+                  med([r.db_seconds for r in results]), med([r.sqs_seconds for r in results]),
+                  med([r.lag_p50 for r in results]), med([r.lag_p99 for r in results]),
+                  med([r.client_cpu for r in results]), med(servers) if servers else None)
 
 
 def main() -> int:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0] if __doc__ else None)
     parser.add_argument("--schedules", type=int, default=10_000)
-    parser.add_argument("--seconds", type=int, default=10, help="pgbench duration")
-    parser.add_argument("--skip-moto", action="store_true")
+    parser.add_argument("--seconds", type=int, default=8, help="pgbench duration per round")
+    parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--moto", action="store_true", help="add a round-less series against moto's server")
+    parser.add_argument("--profile", action="store_true", help="cProfile one distinct-rules tick")
     args = parser.parse_args()
+    n = args.schedules
+    load_start = os.getloadavg()
 
-    with server() as (admin_url, pgbench_binary):
-        # pgbench runs before and after the tick workloads (the box may be busy with other work); the
-        # ratio uses their mean.
-        tps_runs = [pgbench_tps(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds)]
+    with server() as (admin_url, pgbench_binary), StandinProcess() as fast, \
+            StandinProcess(delay_ms=20) as slow:
         url = recreate(admin_url, "kairos_bench_tick")
         migrations.apply(url)
         seed_history(url, 20_000)
@@ -312,34 +405,87 @@ def main() -> int:
             settings = {r[0]: r[1] for r in conn.execute(
                 "SELECT name, setting FROM pg_settings"
                 " WHERE name IN ('fsync', 'synchronous_commit', 'server_version')")}
-        results = [
-            measure("stub SQS, shared rules", url, StubSqs(), "stub", shared_rules, args.schedules),
-            measure("stub SQS, distinct rules", url, StubSqs(), "stub",
-                    lambda due: distinct_rules(due, args.schedules), args.schedules),
-        ]
-        if not args.skip_moto:
+        fast_client, slow_client = (fast.client(handoff.MAX_PARALLEL_CALLS), slow.client(handoff.MAX_PARALLEL_CALLS))
+        series: dict[str, list[Result]] = {}
+        tps_runs: list[float] = []
+        # A discarded warm-up tick: the first tick on a fresh database pays for its caches and for the
+        # seeded history's first visibility checks, which no later workload does.
+        measure("warm-up", url, StubSqs(), "stub", shared_rules, n)
+        for _ in range(args.rounds):
+            tps = pgbench_tps(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds)
+            if tps:
+                tps_runs.append(tps)
+            # Each comparison's two sides run back to back (the load of the shared machine drifts).
+            for result in (
+                measure("stub SQS, shared rules", url, StubSqs(), "stub", shared_rules, n),
+                measure("held snapshot, shared rules", url, StubSqs(), "stub", shared_rules, n, snapshot=True),
+                measure("held snapshot, shared rules, no keyset cursor", url, StubSqs(), "stub", shared_rules, n,
+                        snapshot=True, keyset=False),
+                measure("stub SQS, distinct rules", url, StubSqs(), "stub", lambda due: distinct_rules(due, n), n),
+                measure("SQS stand-in 0 ms, shared rules", url, fast_client, fast.queue_url, shared_rules, n),
+                measure("SQS stand-in 20 ms a call, shared rules", url, slow_client, slow.queue_url, shared_rules, n),
+            ):
+                series.setdefault(result.label, []).append(result)
+        results = [median_result(rounds) for rounds in series.values()]
+        if args.profile:
+            # One fire worker, so that the whole tick runs in the profiled thread.
+            measure("stub SQS, distinct rules, 1 fire worker (profiled)", url, StubSqs(), "stub",
+                    lambda due: distinct_rules(due, n), n, profile=True, fire_workers=1)
+        if args.moto:
             with moto_sqs() as (client, queue_url):
                 rotating = RotatingQueues(client)
-                result = measure("moto SQS, shared rules", url, rotating, queue_url, shared_rules, args.schedules)
+                result = measure("moto SQS, shared rules", url, rotating, queue_url, shared_rules, n)
                 result.delivered = rotating.delivered()
                 results.append(result)
-        tps_runs.append(pgbench_tps(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds))
 
-    measured = [t for t in tps_runs if t]
-    tps = sum(measured) / len(measured) if measured else None
-    print(f"\nTick: {args.schedules:,} schedules due at the same minute, batches of {BATCH}, {FIRE_WORKERS} in "
-          f"flight; PostgreSQL {settings.get('server_version')}, fsync={settings.get('fsync')}, "
-          f"synchronous_commit={settings.get('synchronous_commit')}\n")
-    print("| workload | fires/s | ÷ pgbench TPS | wall s | DB + decisions s | SQS s | lag p50 s | lag p99 s |")
-    print("|---|---:|---:|---:|---:|---:|---:|---:|")
+        max_in_flight = slow.stats()["max_in_flight"]
+    tps = statistics.median(tps_runs) if tps_runs else None
+    by = {r.label: r for r in results}
+    print(f"\nTick: {n:,} schedules due at the same minute, batches of {BATCH}, {FIRE_WORKERS} in flight, "
+          f"handoff pool {handoff.MAX_PARALLEL_CALLS}; PostgreSQL {settings.get('server_version')}, "
+          f"fsync={settings.get('fsync')}, synchronous_commit={settings.get('synchronous_commit')}; medians of "
+          f"{args.rounds} rounds; load average {' '.join(f'{x:.2f}' for x in load_start)} at the start, "
+          f"{' '.join(f'{x:.2f}' for x in os.getloadavg())} at the end\n")
+    print("| workload | fires/s | ÷ pgbench TPS | wall s | DB + decisions s | SQS s | client CPU s | server CPU s "
+          "| lag p50 s | lag p99 s |")
+    print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         ratio = f"{r.fires_per_second / tps:.2f}" if tps else "n/a"
+        server_cpu = f"{r.server_cpu:.2f}" if r.server_cpu is not None else "n/a"
         print(f"| {r.label} | {r.fires_per_second:,.0f} | {ratio} | {r.seconds:.2f} | {r.db_seconds:.2f} | "
-              f"{r.sqs_seconds:.2f} | {r.lag_p50:.2f} | {r.lag_p99:.2f} |")
-    runs_text = " / ".join(f"{t:,.0f}" for t in measured) or "n/a"
-    print(f"| pgbench simple-update, 8 clients (before / after) | {runs_text} TPS | 1.00 | {args.seconds} each "
-          "| | | | |")
+              f"{r.sqs_seconds:.2f} | {r.client_cpu:.2f} | {server_cpu} | {r.lag_p50:.2f} | {r.lag_p99:.2f} |")
+    runs_text = " / ".join(f"{t:,.0f}" for t in tps_runs) or "n/a"
+    print(f"| pgbench simple-update, 8 clients (rounds) | {runs_text} TPS | 1.00 | {args.seconds} each "
+          "| | | | | | |")
     print("\nDB + decisions and SQS are summed over the batches in flight, so they can exceed the wall time.")
+    def per_round(a: str, b: str, key: Callable[[Result], float]) -> str:
+        return ", ".join(f"{key(x) / key(y):.2f}" for x, y in zip(series[a], series[b], strict=True))
+
+    def wall(r: Result) -> float:
+        return r.seconds
+
+    def rate(r: Result) -> float:
+        return r.fires_per_second
+
+    stub, held_label = "stub SQS, shared rules", "held snapshot, shared rules"
+    old_label, fast_label = "held snapshot, shared rules, no keyset cursor", "SQS stand-in 0 ms, shared rules"
+    slow_label = "SQS stand-in 20 ms a call, shared rules"
+
+    fast_r, slow_r = by["SQS stand-in 0 ms, shared rules"], by["SQS stand-in 20 ms a call, shared rules"]
+    print(f"SQS 20 ms a call vs 0 ms: wall {slow_r.seconds:.2f} s vs {fast_r.seconds:.2f} s = "
+          f"{slow_r.seconds / fast_r.seconds:.2f}x (target ≤ 1.5x); the stand-in saw at most "
+          f"{max_in_flight} "
+          f"calls in flight (bound {handoff.MAX_PARALLEL_CALLS}); per round: "
+          f"{per_round(slow_label, fast_label, wall)}.")
+    base, held = by["stub SQS, shared rules"], by["held snapshot, shared rules"]
+    old = by["held snapshot, shared rules, no keyset cursor"]
+    print(f"Held snapshot: {held.fires_per_second:,.0f} fires/s vs {base.fires_per_second:,.0f} without it = "
+          f"{held.fires_per_second / base.fires_per_second:.2f} (target ≥ 0.9); without the keyset cursor "
+          f"{old.fires_per_second / base.fires_per_second:.2f}; per round (same-round ratio): "
+          f"{per_round(held_label, stub, rate)}; without the cursor {per_round(old_label, stub, rate)}.")
+    distinct = series["stub SQS, distinct rules"]
+    print("Distinct rules ÷ pgbench per round: "
+          + ", ".join(f"{r.fires_per_second / t:.2f}" for r, t in zip(distinct, tps_runs, strict=False)) + ".")
     for r in results:
         if r.delivered is not None:
             print(f"{r.label}: moto holds {r.delivered:,} messages for {r.dispatched:,} runs.")

@@ -2,16 +2,19 @@
 
 Thin by design: the per-container pool and settings go to ``kairos.runs.sqs.handle_batch``, which
 reports partial batch failures (``ReportBatchItemFailures`` on the event source mapping) so one bad
-or failing record never sends the good records of its batch back to the queue.
+or failing record never sends the good records of its batch back to the queue. SnapStart hooks:
+``kairos.snapstart`` (the run machinery is imported before the snapshot).
 """
 
 from __future__ import annotations
 
 from typing import Any
 
-from kairos import runtime
+from kairos import runtime, snapstart
 from kairos.observability import logger, metrics, tracer
 from kairos.runs import sqs
+
+snapstart.register("run")
 
 
 @logger.inject_lambda_context

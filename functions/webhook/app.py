@@ -3,7 +3,8 @@
 The event is never logged (it carries the webhook token in its path and bodies carry prompts); the
 tracer does not record responses (a created webhook schedule's response carries its token once).
 Metrics are flushed under a lock: Lambda runs one invocation per container at a time, but the local
-stack and the tests call this handler from several threads.
+stack and the tests call this handler from several threads. SnapStart hooks: ``kairos.snapstart``
+(the webhook path, which hands runs to SQS, is imported before the snapshot).
 """
 
 from __future__ import annotations
@@ -11,8 +12,16 @@ from __future__ import annotations
 import threading
 from typing import Any
 
+from kairos import snapstart
 from kairos.api.app import handle
 from kairos.observability import logger, metrics, tracer
+
+
+def _warm_api() -> None:
+    import kairos.webhooks  # noqa: F401 - loaded on first use otherwise (the webhook delivery path)
+
+
+snapstart.register("api", warm=(_warm_api,))
 
 _flush_lock = threading.Lock()
 

@@ -698,7 +698,7 @@ def test_built_layer_carries_the_package_data_and_dependencies() -> None:
     assert (layer / "kairos" / "migrations" / "0001_init.sql").is_file()
     assert (layer / "kairos" / "console" / "index.html").is_file(), "the console's files are not in the layer"
     assert not (layer / "kairos" / "local").exists(), "the local tooling ships in the layer"
-    for dependency in ("tzdata", "psycopg", "psycopg_binary", "psycopg_pool", "pydantic", "croniter",
+    for dependency in ("tzdata", "psycopg", "psycopg_binary", "psycopg_pool", "pydantic",
                        "aws_lambda_powertools", "aws_xray_sdk"):
         assert (layer / dependency).is_dir(), f"layer lacks {dependency}"
     # /opt is read-only on Lambda: without shipped bytecode every cold start compiles what it imports.

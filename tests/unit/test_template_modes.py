@@ -30,6 +30,7 @@ EXISTING_TYPES = {
     "AWS::Lambda::LayerVersion", "Custom::KairosMigrations", "AWS::Events::Rule", "AWS::SQS::QueuePolicy",
     "AWS::Lambda::EventInvokeConfig", "AWS::ApiGatewayV2::Stage", "AWS::Lambda::EventSourceMapping",
     "AWS::S3::Bucket", "AWS::S3::BucketPolicy",  # corpus exports (both modes)
+    "AWS::Lambda::Version", "AWS::Lambda::Alias",  # SnapStart: published versions behind the alias `live`
 }
 
 

@@ -4,8 +4,9 @@ Preview and dispatch both call this module, so what a user previews is exactly w
 
 Rules (DESIGN.md "Time"):
 
-* ``cron``: five Vixie fields (minute hour day-of-month month day-of-week) matched by croniter on the
-  *local wall clock* of an IANA zone; every wall time is then resolved to UTC through ``zoneinfo``
+* ``cron``: five Vixie fields (minute hour day-of-month month day-of-week) matched on the *local
+  wall clock* of an IANA zone (each expression compiled once into sorted allowed values per field,
+  walked month → day → hour → minute); every wall time is then resolved to UTC through ``zoneinfo``
   under two explicit policies. ``dst_gap``: ``shift_forward`` (a wall time inside a spring-forward
   gap fires at the first instant after the gap; several such matches collapse into that one fire) or
   ``skip``. ``dst_fold``: ``first``, ``last`` or ``both`` instances of a repeated wall time.
@@ -30,10 +31,9 @@ Bad rules raise ``ValidationFailed`` naming field and rule (``starts_at`` and ``
 'PST8PDT', ...) are refused with the location to use instead. ``min_spacing`` measures the real
 (DST-aware) shortest gap for the frequency limit.
 
-Must not: touch the database, read the clock (callers pass ``after``), or parse cron itself beyond
-the syntax checks that give precise messages; croniter does the matching. croniter (and the dateutil
-it pulls in) is imported at the first cron expression evaluated, so cold starts that handle no cron
-rule (interval, once and webhook schedules, reads) never load it.
+Must not: touch the database or read the clock (callers pass ``after``). croniter is not a
+dependency of the layer: it is the test oracle (dev extra) that ``_croniter_walls`` wraps and the
+differential tests compare ``_field_walls`` with.
 """
 
 from __future__ import annotations
@@ -44,6 +44,7 @@ import difflib
 import heapq
 import math
 import re
+from bisect import bisect_left
 from collections.abc import Callable, Iterable, Iterator
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
@@ -246,9 +247,10 @@ _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # the most each 
 
 @dataclass(frozen=True, slots=True)
 class _Cron:
-    """A validated cron expression: what croniter evaluates plus the structure others reason with."""
+    """A validated cron expression compiled once (cached by expression): per-field sorted allowed
+    values that ``_field_walls`` walks, and the canonical text the croniter test oracle reads."""
 
-    text: str  # canonical expression handed to croniter (numbers, single spaces)
+    text: str  # canonical expression (numbers, single spaces): what croniter gets in the tests
     day_or: bool  # croniter's day_or: True only when Vixie would OR the day fields
     real_time: bool  # minute or hour begins with '*': follows real time under `auto`
     minutes: tuple[int, ...]
@@ -257,6 +259,7 @@ class _Cron:
     months: frozenset[int]
     dows: frozenset[int]  # 0 = Sunday .. 6
     day_and: bool  # Vixie: a day must match both day fields (else either)
+    month_list: tuple[int, ...] = ()  # the months, ascending (the field walk's outer loop)
 
     def day_matches(self, day: date) -> bool:
         if day.month not in self.months:
@@ -284,17 +287,20 @@ def _field_value(token: str, index: int, errors: list[str]) -> int | None:
     return value
 
 
-def _check_field(text: str, index: int) -> tuple[str, list[str]]:
+def _check_field(text: str, index: int) -> tuple[str, frozenset[int], list[str]]:
     """Vixie syntax of one field: comma-separated ``*``, ``a``, ``a-b``, each with an optional ``/step``;
     ``a/step`` means ``a-max/step``.
 
-    Returns the field for croniter (``*`` parts as written, everything else as explicit numbers) and
-    the problems found (one message each).
+    Returns the field in canonical form (``*`` parts as written, everything else as explicit
+    numbers: what the croniter test oracle reads), the values it allows (``*`` and ``*/N`` expanded
+    over the field's range, day-of-week 0-6 with 7 read as 0) and the problems found (one message
+    each).
     """
     name, low, high = _FIELDS[index]
     errors: list[str] = []
     parts: list[str] = []
-    values: set[int] = set()
+    values: set[int] = set()  # the explicit (non-'*') parts' values
+    starred: set[int] = set()  # what the '*' and '*/N' parts allow
     for part in text.split(","):
         match = _PART.match(part)
         if match is None:
@@ -317,6 +323,7 @@ def _check_field(text: str, index: int) -> tuple[str, list[str]]:
             continue
         if match["star"]:
             parts.append(part)
+            starred.update(range(low, (6 if index == 4 else high) + 1, int(step or 1)))
             continue
         a = _field_value(match["a"], index, errors)
         b = _field_value(match["b"], index, errors) if match["b"] is not None else None
@@ -334,21 +341,14 @@ def _check_field(text: str, index: int) -> tuple[str, list[str]]:
                 a, b = a % 7, 6
             else:
                 b = high
-        # Ranges and steps go to croniter as explicit values: it reads a one-value range ('5-5',
-        # '1-1/1') as the whole field, and values leave nothing to interpret.
+        # Ranges and steps are written out as explicit values: croniter (the test oracle) reads a
+        # one-value range ('5-5', '1-1/1') as the whole field, and values leave nothing to interpret.
         values.update(v % 7 if index == 4 else v for v in range(a, (a if b is None else b) + 1, int(step or 1)))
     parts.extend(str(v) for v in sorted(values))
-    return ",".join(parts), errors
+    return ",".join(parts), frozenset(values | starred), errors
 
 
-def _expanded(values: list[int | str], index: int) -> tuple[int, ...]:
-    _, low, high = _FIELDS[index]
-    if values == ["*"]:
-        return tuple(range(low, min(high, 6 if index == 4 else high) + 1))
-    return tuple(sorted({int(v) % 7 if index == 4 else int(v) for v in values}))
-
-
-@lru_cache(maxsize=4096)
+@lru_cache(maxsize=16384)  # a tick of 10,000 distinct rules compiles each once per container
 def _compile(expression: str) -> _Cron:
     """Validate and prepare a cron expression; raises ``ValidationFailed`` on the ``cron`` field."""
     fields = expression.split()
@@ -369,27 +369,24 @@ def _compile(expression: str) -> _Cron:
             ]
         )
     canonical: list[str] = []
+    expanded: list[frozenset[int]] = []
     problems: list[FieldError] = []
     for index, text in enumerate(fields):
-        field_text, errors = _check_field(text, index)
+        field_text, values, errors = _check_field(text, index)
         canonical.append(field_text)
+        expanded.append(values)
         problems.extend(FieldError("cron", "cron_syntax", message) for message in errors)
     if problems:
         raise ValidationFailed(problems)
-    from croniter import croniter  # imported on first use: interval, once and webhook paths never need it
-
-    try:
-        probe = croniter(" ".join(canonical), datetime(2000, 1, 1))
-    except (ValueError, KeyError, TypeError) as exc:  # croniter's errors subclass ValueError
-        raise ValidationFailed([FieldError("cron", "cron_syntax", f"cron {expression!r} is not valid: {exc}")]) from exc
-    minutes, hours, doms, months, dows = (_expanded(probe.expanded[i], i) for i in range(5))
+    minute_set, hour_set, doms, months, dows = expanded
+    minutes, hours = tuple(sorted(minute_set)), tuple(sorted(hour_set))
     day_and = fields[2].startswith("*") or fields[4].startswith("*")
     day_or = not day_and
     if day_or and (len(doms) == 31 or len(dows) == 7):
         # Vixie ORs the day fields, and one of them matches every day: every day matches. croniter
-        # would instead AND a full field, so hand it the equivalent '*' for both.
+        # (the test oracle) would instead AND a full field, so it gets the equivalent '*' for both.
         canonical[2] = canonical[4] = "*"
-        doms, dows = tuple(range(1, 32)), tuple(range(7))
+        doms, dows = frozenset(range(1, 32)), frozenset(range(7))
         day_and, day_or = True, False
     spec = _Cron(
         text=" ".join(canonical),
@@ -397,10 +394,11 @@ def _compile(expression: str) -> _Cron:
         real_time=fields[0].startswith("*") or fields[1].startswith("*"),
         minutes=minutes,
         hours=hours,
-        doms=frozenset(doms),
-        months=frozenset(months),
-        dows=frozenset(dows),
+        doms=doms,
+        months=months,
+        dows=dows,
         day_and=day_and,
+        month_list=tuple(sorted(months)),
     )
     _check_fires(spec, expression)
     return spec
@@ -430,11 +428,17 @@ def _check_fires(spec: _Cron, expression: str) -> None:
 
 
 def _policies(spec: _Cron, gap: DstGap, fold: DstFold) -> tuple[DstGap, DstFold]:
+    return _policy_pair(spec.real_time, gap, fold)
+
+
+@lru_cache(maxsize=64)
+def _policy_pair(real_time: bool, gap: DstGap, fold: DstFold) -> tuple[DstGap, DstFold]:
+    """The two DST policies with ``auto`` resolved for an expression that does (not) follow real time."""
     gap, fold = DstGap(gap), DstFold(fold)
     if gap is DstGap.AUTO:
-        gap = DstGap.SKIP if spec.real_time else DstGap.SHIFT_FORWARD
+        gap = DstGap.SKIP if real_time else DstGap.SHIFT_FORWARD
     if fold is DstFold.AUTO:
-        fold = DstFold.BOTH if spec.real_time else DstFold.FIRST
+        fold = DstFold.BOTH if real_time else DstFold.FIRST
     return gap, fold
 
 
@@ -491,9 +495,8 @@ def _resolve_zoned(
     last: datetime | None = None
 
     for wall in walls:
-        first = wall.replace(tzinfo=zone)
-        off_first = first.utcoffset()
-        off_second = wall.replace(tzinfo=zone, fold=1).utcoffset()
+        off_first = zone.utcoffset(wall)  # the zone's offset for the wall time's first and second pass
+        off_second = zone.utcoffset(wall.replace(fold=1))
         assert off_first is not None and off_second is not None
         if off_first == off_second:  # an ordinary wall time
             fire = Fire((wall - off_first).replace(tzinfo=utc), wall, off_first, 0, name, version)
@@ -543,20 +546,65 @@ def _describe(instant: datetime, zone: ZoneInfo) -> Fire:
     )
 
 
+@lru_cache(maxsize=65536)
+def _month_days(doms: frozenset[int], dows: frozenset[int], day_and: bool, year: int, month: int) -> tuple[int, ...]:
+    """The days of one month that match the day fields (Vixie AND / OR), ascending; cached per month."""
+    first_weekday, length = _gregorian.monthrange(year, month)  # Monday = 0
+    if day_and:
+        return tuple(d for d in range(1, length + 1) if d in doms and (first_weekday + d) % 7 in dows)
+    return tuple(d for d in range(1, length + 1) if d in doms or (first_weekday + d) % 7 in dows)
+
+
+def _field_walls(spec: _Cron, start: datetime) -> Iterator[datetime]:
+    """Wall times the expression matches strictly after the naive ``start``, ascending, to year 9999.
+
+    A walk over the compiled fields, month → day → hour → minute, in local wall time: each level
+    starts at the start's own value (found by bisection) only while every level above is still on the
+    start's, else at its first allowed value. No per-minute iteration and no date arithmetic beyond
+    building each match; ``_croniter_walls`` is the oracle it is tested against.
+    """
+    try:
+        first = start.replace(second=0, microsecond=0) + _MINUTE
+    except OverflowError:
+        return
+    year, month0, day0, hour0, minute0 = first.year, first.month, first.day, first.hour, first.minute
+    months, hours, minutes = spec.month_list, spec.hours, spec.minutes
+    doms, dows, day_and = spec.doms, spec.dows, spec.day_and
+    on_start = True  # every level above the current one is still at the start's value
+    while year <= 9999:
+        for month in months[bisect_left(months, month0) if on_start else 0:]:
+            if on_start and month != month0:
+                on_start = False
+            days = _month_days(doms, dows, day_and, year, month)
+            for day in days[bisect_left(days, day0) if on_start else 0:]:
+                if on_start and day != day0:
+                    on_start = False
+                for hour in hours[bisect_left(hours, hour0) if on_start else 0:]:
+                    if on_start and hour != hour0:
+                        on_start = False
+                    for minute in minutes[bisect_left(minutes, minute0) if on_start else 0:]:
+                        yield datetime(year, month, day, hour, minute)
+                    on_start = False
+                on_start = False
+            on_start = False
+        on_start = False
+        year += 1
+
+
 @lru_cache(maxsize=4096)
 def _prototype(text: str, day_or: bool) -> croniter:
-    """A parsed croniter per expression; iterations copy it (parsing is most of croniter's start-up cost).
-
-    Never advanced itself: ``_calc_next`` copies the expanded fields before touching them, so shallow
-    copies in several threads share it safely.
-    """
+    """A parsed croniter per expression (the test oracle only; croniter is a dev dependency)."""
     from croniter import croniter
 
     return croniter(text, datetime(2000, 1, 1), ret_type=datetime, day_or=day_or)
 
 
 def _croniter_walls(spec: _Cron, start: datetime) -> Iterator[datetime]:
-    """Wall times croniter matches strictly after the naive ``start``, ascending, until it gives up."""
+    """The test oracle: wall times croniter matches strictly after the naive ``start``, ascending.
+
+    Nothing in the layer calls it and the layer does not ship croniter (it is in the dev extra): the
+    differential tests hold ``_field_walls`` and ``_walls_between`` to it.
+    """
     it = copy.copy(_prototype(spec.text, spec.day_or))
     it.set_current(start, force=True)
     while True:
@@ -736,11 +784,26 @@ def _needs_starts_at(rule: Rule, what: str) -> list[FieldError]:
 def iter_fires(rule: Rule, after: datetime) -> Iterator[Fire]:
     """Fires strictly after ``after`` (aware), ascending, unique ``fire_at``; ends at ``ends_at``.
 
-    Validates eagerly (raises before the first ``next``).
+    Validates eagerly (raises before the first ``next``); a rule found valid once is not checked
+    again (``_checked``: the tick asks for the next fire of the same rules every minute).
     """
-    check_rule(rule)
+    _checked(rule)
     _require_aware(after, "after")
     return _iter_checked(rule, after.astimezone(UTC))
+
+
+def _checked(rule: Rule) -> None:
+    """``check_rule``, remembered for valid rules (equal rules are equally valid: the checks compare
+    instants, never their offsets); a rule that cannot be hashed is checked every time."""
+    try:
+        _check_valid(rule)
+    except TypeError:
+        check_rule(rule)
+
+
+@lru_cache(maxsize=16384)
+def _check_valid(rule: Rule) -> None:
+    check_rule(rule)  # raises for an invalid rule: lru_cache keeps only returns
 
 
 def _iter_checked(rule: Rule, after: datetime) -> Iterator[Fire]:
@@ -761,7 +824,7 @@ def _iter_checked(rule: Rule, after: datetime) -> Iterator[Fire]:
     lower = after
     if rule.starts_at is not None and rule.starts_at - _MICRO > after:
         lower = rule.starts_at.astimezone(UTC) - _MICRO
-    return _resolve(_croniter_walls(spec, _wall_start(zone, lower)), zone, gap, fold, lower, upper)
+    return _resolve(_field_walls(spec, _wall_start(zone, lower)), zone, gap, fold, lower, upper)
 
 
 def _wall_start(zone: ZoneInfo, lower: datetime) -> datetime:

@@ -239,3 +239,14 @@ def shared(url: str, *, prepared_statements: bool = True, pipeline: bool = True)
         if db is None:
             db = _databases[url] = Database(url, prepared_statements=prepared_statements, pipeline=pipeline)
         return db
+
+
+def close_shared() -> int:
+    """Closes every process-wide pool and forgets it (the next ``shared`` opens a new one); returns how
+    many were closed. SnapStart's hooks call it: no connection may be captured in a snapshot."""
+    with _lock:
+        pools = list(_databases.values())
+        _databases.clear()
+    for pool in pools:
+        pool.close()
+    return len(pools)

@@ -9,7 +9,14 @@ Guarantees:
   claim the run). Messages go out with ``SendMessageBatch`` in chunks of 10, entry ``Id`` = the run
   id's hex (unique within a chunk).
 * ``send_batch`` never raises for SQS trouble: an exception for a chunk, or an entry listed under
-  ``Failed``, puts those runs in ``HandoffResult.failed`` (logged, counted as ``HandoffFailures``).
+  ``Failed``, puts those runs in ``HandoffResult.failed`` (logged, counted as ``HandoffFailures``);
+  the other chunks' outcomes are kept whatever one chunk does.
+* The chunks of a send go out overlapped on one bounded pool per container (``MAX_PARALLEL_CALLS``
+  threads, shared by every caller, so the two fire workers together never have more calls in
+  flight): SQS latency is paid once per ``MAX_PARALLEL_CALLS`` chunks, not once per chunk. The pool
+  holds threads, never connections (the SQS client's own pool, sized to match, holds those);
+  ``close_pool`` ends it (SnapStart's before-snapshot hook, ``kairos.snapstart``) and the next send
+  builds a new one.
 * ``stamp`` records ``handoff_at`` / ``handoff_count`` only for runs SQS accepted, so a run whose send
   failed keeps ``handoff_at`` NULL and the tick's repair step sends it again. Sending twice is
   harmless: the worker's claim is a guarded update and a second message finds nothing to claim.
@@ -22,6 +29,7 @@ duty: a worker could otherwise see an unknown run and drop the message); decide 
 from __future__ import annotations
 
 import json
+import threading
 import time
 from collections.abc import Sequence
 from concurrent.futures import ThreadPoolExecutor
@@ -37,7 +45,30 @@ from kairos import db
 from kairos.observability import logger, metrics
 
 BATCH = 10  # SendMessageBatch's own limit
-MAX_PARALLEL_CALLS = 4  # a large fire batch (hundreds of runs) is sent over a few concurrent calls
+# SendMessageBatch calls in flight at once per container (the SQS client's connection pool matches:
+# kairos.runtime); a fire batch of 500 runs is 50 calls, so at 20 ms a call it waits ~4 round trips.
+MAX_PARALLEL_CALLS = 16
+
+_pool_lock = threading.Lock()
+_pool: ThreadPoolExecutor | None = None
+
+
+def pool() -> ThreadPoolExecutor:
+    """The container's bounded pool for SQS calls (built on first use, or by the SnapStart hook)."""
+    global _pool
+    with _pool_lock:
+        if _pool is None:
+            _pool = ThreadPoolExecutor(max_workers=MAX_PARALLEL_CALLS, thread_name_prefix="kairos-handoff")
+        return _pool
+
+
+def close_pool() -> None:
+    """Ends the pool's threads (waiting for calls in flight); the next send builds a new pool."""
+    global _pool
+    with _pool_lock:
+        old, _pool = _pool, None
+    if old is not None:
+        old.shutdown(wait=True)
 
 
 @dataclass(frozen=True)
@@ -54,7 +85,7 @@ def body(run_id: UUID) -> str:
 
 def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID]) -> tuple[list[UUID], list[UUID], str | None]:
     # Imported here, not at the top: a caller with nothing to send (most ticks) never loads botocore.
-    from botocore.exceptions import BotoCoreError, ClientError
+    from botocore.exceptions import ClientError
 
     by_entry = {run_id.hex: run_id for run_id in chunk}
     entries = [{"Id": key, "MessageBody": body(run_id)} for key, run_id in by_entry.items()]
@@ -62,7 +93,7 @@ def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID]) -> tuple[list[U
         response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
     except ClientError as exc:
         return [], list(chunk), str(exc.response.get("Error", {}).get("Code", "ClientError"))
-    except BotoCoreError as exc:
+    except Exception as exc:  # noqa: BLE001 - BotoCoreError or anything else: this chunk fails, repair resends it
         return [], list(chunk), type(exc).__name__
     ok = [by_entry[e["Id"]] for e in response.get("Successful", []) if e.get("Id") in by_entry]
     failed_entries = response.get("Failed", [])
@@ -78,6 +109,20 @@ def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID]) -> tuple[list[U
     return ok, failed, code
 
 
+def _overlapped(sqs: Any, queue_url: str, chunks: list[list[UUID]],
+                width: int) -> list[tuple[list[UUID], list[UUID], str | None]]:
+    """Each chunk sent on the pool, at most ``width`` of them in flight; results in chunk order."""
+    gate = threading.BoundedSemaphore(width)
+
+    def one(chunk: list[UUID]) -> tuple[list[UUID], list[UUID], str | None]:
+        with gate:
+            return _send_chunk(sqs, queue_url, chunk)
+
+    executor = pool()
+    futures = [executor.submit(one, chunk) for chunk in chunks]
+    return [future.result() for future in futures]
+
+
 def send_batch(sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
                parallel: int = MAX_PARALLEL_CALLS) -> HandoffResult:
     """Sends each run id once, in chunks of 10 (no database): returns which ones SQS accepted."""
@@ -89,9 +134,9 @@ def send_batch(sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
     if len(chunks) == 1 or parallel <= 1:
         results = [_send_chunk(sqs, queue_url, chunk) for chunk in chunks]
     else:
-        # boto3 clients are thread-safe; a few concurrent calls cut the wall time of a big batch.
-        with ThreadPoolExecutor(max_workers=min(parallel, len(chunks))) as pool:
-            results = list(pool.map(lambda chunk: _send_chunk(sqs, queue_url, chunk), chunks))
+        # botocore clients are thread-safe. The shared pool bounds the calls in flight per container;
+        # ``parallel`` (at most the pool's size) bounds this send's share of it.
+        results = _overlapped(sqs, queue_url, chunks, min(parallel, MAX_PARALLEL_CALLS))
     elapsed = time.perf_counter() - started
     sent = [run_id for ok, _, _ in results for run_id in ok]
     failed = [run_id for _, bad, _ in results for run_id in bad]

@@ -15,7 +15,8 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now,
  WHERE status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());
 
 -- name: schedules_lock_due
--- Locks a batch of due schedules (oldest cursor first, skipping held ones) with their newest active run.
+-- Locks a batch of due schedules (oldest cursor first, skipping held ones) with their newest active run,
+-- in (next_fire_at, id) order after the keyset cursor (after_at, after_id): '-infinity' for a full scan.
 SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timezone, s.dst_gap, s.dst_fold,
        s.catch_up, s.overlap, s.revision, s.next_fire_at, s.fire_count, s.max_occurrences, s.conversation_id,
        coalesce(%(now)s::timestamptz, now()) AS db_now,
@@ -31,7 +32,8 @@ SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timez
   FROM schedules s
  WHERE s.status = 'active'
    AND s.next_fire_at <= coalesce(%(now)s::timestamptz, now())
- ORDER BY s.next_fire_at
+   AND (s.next_fire_at, s.id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+ ORDER BY s.next_fire_at, s.id
  LIMIT %(limit)s
    FOR NO KEY UPDATE OF s SKIP LOCKED;
 

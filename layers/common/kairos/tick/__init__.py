@@ -47,7 +47,7 @@ from kairos.probes import NO_PROBES, Probes
 from kairos.settings import DEFAULT_RETENTION_DAYS
 from kairos.tick.decision import GRACE
 from kairos.tick.deliver import Deliver, DeliverReport
-from kairos.tick.fire import DEFAULT_BATCH, Fire, FireReport
+from kairos.tick.fire import DEFAULT_BATCH, Fire, FireReport, Key
 from kairos.tick.prune import Prune, PruneReport
 from kairos.tick.repair import Repair, RepairReport
 from kairos.tick.settle import Settle, SettleReport
@@ -225,10 +225,20 @@ class Tick:
 
     def _fire_all(self, now: datetime | None, time_left: Callable[[], bool], reports: list[FireReport]) -> bool:
         """Fire batches until none is due; with several workers, batches overlap (SKIP LOCKED splits them),
-        so one batch's SQS calls and Python work run while another waits on the database."""
+        so one batch's SQS calls and Python work run while another waits on the database.
+
+        The workers share a keyset cursor: each batch resumes after the largest ``(next_fire_at, id)``
+        claimed so far, so it never walks back over the index entries (and, under a long-running
+        snapshot, the unprunable dead row versions) of schedules fired earlier in this tick. When a
+        resumed batch finds nothing, one batch from the start picks up what the cursor passed (rows
+        another tick held, schedules due earlier than the cursor since); the tick ends when a batch
+        from the start finds nothing.
+        """
         stopped: list[bool] = []
         failures: list[BaseException] = []
         halt = threading.Event()
+        lock = threading.Lock()
+        cursor: list[Key | None] = [None]
 
         def loop() -> None:
             try:
@@ -236,10 +246,19 @@ class Tick:
                     if not time_left():
                         stopped.append(True)
                         return
-                    fired = self.fire.run_once(now)
+                    with lock:
+                        after = cursor[0]
+                    fired = self.fire.run_once(now, after=after)
                     reports.append(fired)
-                    if fired.locked == 0:
-                        return
+                    with lock:
+                        if fired.last_key is not None:
+                            if cursor[0] is None or fired.last_key > cursor[0]:
+                                cursor[0] = fired.last_key
+                            continue
+                        if after is None:
+                            return  # a batch from the start found nothing due
+                        if cursor[0] == after:
+                            cursor[0] = None  # this pass is done: next, one batch from the start
             except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread below
                 failures.append(exc)
                 halt.set()

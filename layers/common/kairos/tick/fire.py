@@ -1,7 +1,10 @@
 """The fire step: due schedules become occurrences and runs, exactly once per due fire.
 
 Role: one ``run_once`` handles one bounded batch. In one transaction it locks up to ``batch_size``
-due schedules (``FOR NO KEY UPDATE SKIP LOCKED``, by database time), decides each
+due schedules (``FOR NO KEY UPDATE SKIP LOCKED``, by database time, in ``(next_fire_at, id)`` order
+after an optional keyset cursor ``after``: the tick resumes each batch after the last key the
+previous ones claimed, so no batch rescans the index entries — and the dead row versions behind
+them — of schedules already fired; the report's ``last_key`` is the key to resume after), decides each
 (``kairos.tick.decision``), moves the cursors first (guarded by the value read: a schedule whose
 cursor someone else moved is dropped from the batch), then records the occurrences, runs and
 ``run.queued`` events in one statement. After the commit it sends the new run ids to SQS and stamps
@@ -32,7 +35,7 @@ import json
 import statistics
 import time
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from typing import Any
 from uuid import UUID
 
@@ -47,6 +50,8 @@ from kairos.tick.decision import GRACE, Due, Plan, decide
 from kairos.tick.pause import pause_with_note
 
 DEFAULT_BATCH = 500
+Key = tuple[datetime, UUID]  # (next_fire_at, id) of a due schedule: the keyset cursor
+START: Key = (datetime(1, 1, 1, tzinfo=UTC), UUID(int=0))  # before every key: a full scan
 
 
 @dataclass(frozen=True)
@@ -65,6 +70,7 @@ class FireReport:
     lags: tuple[float, ...] = field(default=(), repr=False)  # now - fire_at of dispatched fires, seconds
     db_seconds: float = 0.0
     sqs_seconds: float = 0.0
+    last_key: Key | None = None  # the last (next_fire_at, id) locked: where the next batch may resume
 
 
 class Fire:
@@ -79,10 +85,13 @@ class Fire:
         self.grace = grace
         self.probes = probes
 
-    def run_once(self, now: datetime | None = None) -> FireReport:
+    def run_once(self, now: datetime | None = None, after: Key | None = None) -> FireReport:
+        """One batch: the due schedules after the key ``after`` (all due ones when None)."""
         started = time.perf_counter()
+        after_at, after_id = after or START
         with self.db.transaction() as conn:
-            rows = db.fetch_all(conn, "schedules_lock_due", {"now": now, "limit": self.batch_size})
+            rows = db.fetch_all(conn, "schedules_lock_due", {"now": now, "limit": self.batch_size,
+                                                             "after_at": after_at, "after_id": after_id})
             if not rows:
                 return FireReport()
             db_now: datetime = rows[0]["db_now"]
@@ -197,6 +206,7 @@ class Fire:
                     )
         report = FireReport(
             locked=len(rows),
+            last_key=(rows[-1]["next_fire_at"], rows[-1]["id"]),
             dispatched=dispatched,
             skipped=skipped,
             queued_behind=queued_behind,
