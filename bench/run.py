@@ -19,7 +19,11 @@ What is measured (all on one PostgreSQL server, one database each, same run, rou
    (``moves.claim``, ``Heartbeat.beat_once``, ``moves.succeed``: three statements, three commits, no
    executor, no entries), 8 processes and 8 threads.
 
-Targets: the handler's runs/s ÷ pgbench TPS ≥ 0.2; the handler ≥ Procrastinate's cycle.
+5. **MVCC pressure**: the handler series again while another connection holds a REPEATABLE READ
+   transaction that has read ``runs`` (vacuum must keep every row version the runs write).
+
+Targets: the handler's runs/s ÷ pgbench TPS ≥ 0.2; the handler ≥ Procrastinate's cycle; under the
+held snapshot ≥ 0.9 of the same round's handler rate.
 ``--profile PREFIX`` cProfiles the handler processes of the last round and prints the top entries.
 
 The server is ``DATABASE_URL``'s when set (its databases ``kairos_bench*`` are dropped and
@@ -43,7 +47,8 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Iterator
+from contextlib import contextmanager
 from typing import Any, NamedTuple
 
 import psycopg
@@ -66,6 +71,7 @@ class Round(NamedTuple):
     fetch_finish: float
     procs: float
     threads: float
+    held: float  # the handler series again while another connection holds a REPEATABLE READ snapshot
 
 # One owner ('bench') runs every worker's runs: its budgets must not be what is measured.
 SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily_tokens=10**12,
@@ -292,6 +298,19 @@ def handler_rate(url: str, count: int, workers: int, profile: str | None = None,
     return count / elapsed
 
 
+@contextmanager
+def held_snapshot(url: str) -> Iterator[None]:
+    """A REPEATABLE READ transaction that has read ``runs``, open until the block ends: every row version
+    the runs write meanwhile stays visible to it, so vacuum keeps them (MVCC pressure)."""
+    with psycopg.connect(url) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute("SELECT count(*) FROM runs").fetchone()
+        try:
+            yield
+        finally:
+            conn.rollback()
+
+
 def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
     context = multiprocessing.get_context("spawn")
     start_line = context.Barrier(workers + 1)
@@ -411,12 +430,21 @@ def main() -> None:
             load = _load()
             tps = pgbench_tps(pgbench_binary, pgbench_url, args.seconds)
             last = n == max(1, args.rounds) - 1
+            # The held-snapshot series goes first in odd rounds and last in even ones: the runs table grows
+            # with every series, so a fixed order would charge the growth to one side.
+            held_first = n % 2 == 1
+            if held_first:
+                with held_snapshot(kairos_url):
+                    held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
             handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None, args.owners)
             full, fetch_finish = asyncio.run(procrastinate_rates(
                 recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS))
             procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
             threads = kairos_rate(kairos_url, args.runs, WORKERS)
-            rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads))
+            if not held_first:
+                with held_snapshot(kairos_url):
+                    held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
+            rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held))
 
     def med(values: list[float | None]) -> float | None:
         known = [v for v in values if v is not None]
@@ -433,13 +461,16 @@ def main() -> None:
         print(f"round {i} (load {r.load}): pgbench {r.tps or float('nan'):.0f} TPS, handler {r.handler:.0f}/s "
               f"({ratio(r.handler, r.tps)} of pgbench, {ratio(r.handler, r.procrastinate)} of Procrastinate "
               f"{r.procrastinate:.0f}/s), lifecycle processes {r.procs:.0f}/s ({ratio(r.procs, r.tps)}), "
-              f"threads {r.threads:.0f}/s ({ratio(r.threads, r.tps)})")
+              f"threads {r.threads:.0f}/s ({ratio(r.threads, r.tps)}), handler under a held snapshot "
+              f"{r.held:.0f}/s ({ratio(r.held, r.handler)} of the same round's handler)")
     tps = med([r.tps for r in rounds])
     handler = med([r.handler for r in rounds])
     full = med([r.procrastinate for r in rounds])
     fetch_finish = med([r.fetch_finish for r in rounds])
     procs = med([r.procs for r in rounds])
     threads = med([r.threads for r in rounds])
+    held = med([r.held for r in rounds])
+    held_ratio = statistics.median(r.held / r.handler for r in rounds)
     assert handler is not None and full is not None
     print()
     print("| measure | per second | ÷ pgbench TPS | handler ÷ this |")
@@ -457,7 +488,11 @@ def main() -> None:
           f"{ratio(procs, tps)} | {ratio(handler, procs)} |")
     print(f"| Kairos lifecycle subset, 8 threads of one process | {threads or float('nan'):.0f} | "
           f"{ratio(threads, tps)} | {ratio(handler, threads)} |")
+    print(f"| Kairos run handler while a REPEATABLE READ snapshot is held open, 8 processes | "
+          f"{held or float('nan'):.0f} | {ratio(held, tps)} | {ratio(handler, held)} |")
     print()
+    print(f"MVCC pressure (run handler under a held snapshot ÷ without it, median of the rounds' ratios): "
+          f"{held_ratio:.2f} (target ≥ 0.9: {'met' if held_ratio >= 0.9 else 'NOT met'}).")
     met_pg = tps is not None and handler / tps >= 0.2
     print(f"Targets (run handler, medians): ÷ pgbench ≥ 0.2: {'met' if met_pg else 'NOT met'} "
           f"({ratio(handler, tps)}); ≥ 1.0x Procrastinate's cycle: {'met' if handler >= full else 'NOT met'} "
