@@ -117,12 +117,14 @@ def test_fork_of_an_empty_conversation_and_of_a_missing_one(db: Database) -> Non
 
 
 def _run_two_appenders(db_url: str, cid: uuid.UUID, *, first_holds: bool) -> list[int]:
-    """Two writers append to one conversation; returns the seqs they got, in commit order.
+    """Two writers append to one conversation; returns the seqs they got, the first writer's first
+    (each thread records its own: their commits are ordered by the lock, their bookkeeping after the
+    commit is not).
 
     With ``first_holds``, the first writer appends and keeps its transaction open until the second
     is seen waiting on a lock, then commits: the exact interleaving that collides without the lock.
     """
-    results: list[int] = []
+    results: dict[str, int] = {}
     errors: list[BaseException] = []
     appended = threading.Event()
     second_done = threading.Event()
@@ -135,7 +137,7 @@ def _run_two_appenders(db_url: str, cid: uuid.UUID, *, first_holds: bool) -> lis
             appended.set()
             release.wait(30)
             conn.commit()
-            results.append(entry.seq)
+            results["first"] = entry.seq
 
     def second() -> None:
         try:
@@ -144,7 +146,7 @@ def _run_two_appenders(db_url: str, cid: uuid.UUID, *, first_holds: bool) -> lis
                 appended.wait(30)
                 entry = conversations.append(conn, cid, role="user", content="second")
                 conn.commit()
-                results.append(entry.seq)
+                results["second"] = entry.seq
         except BaseException as exc:  # reported by the test
             errors.append(exc)
         finally:
@@ -162,7 +164,7 @@ def _run_two_appenders(db_url: str, cid: uuid.UUID, *, first_holds: bool) -> lis
     for t in threads:
         t.join(30)
     assert not errors, errors
-    return results
+    return [results["first"], results["second"]]
 
 
 def test_a_second_appender_waits_for_the_first_and_takes_the_next_seq(db_url: str) -> None:
