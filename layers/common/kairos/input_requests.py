@@ -100,10 +100,15 @@ def get(conn: psycopg.Connection[db.Row], request_id: uuid.UUID, *, owner: str) 
 
 def list_for(conn: psycopg.Connection[db.Row], *, owner: str, state: str | None = None,
              limit: int = 100) -> list[InputRequest]:
-    if state is not None and state not in STATES:
-        raise ValidationFailed([FieldError("state", "enum", f"state is one of {', '.join(STATES)}")])
+    check_state(state)
     rows = db.fetch_all(conn, "input_requests_list", {"owner": owner, "state": state, "limit": limit})
     return [InputRequest.from_row(r) for r in rows]
+
+
+def check_state(state: str | None) -> None:
+    """A list filter's ``state``: None or one of the request states (422 naming the field otherwise)."""
+    if state is not None and state not in STATES:
+        raise ValidationFailed([FieldError("state", "enum", f"state is one of {', '.join(STATES)}")])
 
 
 def answer(conn: psycopg.Connection[db.Row], request_id: uuid.UUID, *, owner: str, text: str,

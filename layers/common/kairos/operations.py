@@ -247,8 +247,7 @@ def list_input_requests(conn: psycopg.Connection[db.Row], *, owner: str | None =
                         limit: int = 50) -> list[Any]:
     from kairos import input_requests
 
-    if state is not None and state not in input_requests.STATES:
-        raise ValidationFailed([FieldError("state", "enum", f"state is one of {', '.join(input_requests.STATES)}")])
+    input_requests.check_state(state)
     rows = db.fetch_all(conn, "input_requests_ops_list", {"owner": owner, "state": state, "limit": limit})
     return [input_requests.InputRequest.from_row(r) for r in rows]
 

@@ -169,9 +169,7 @@ def succeed(
 ) -> bool:
     """``running -> succeeded`` unless fenced out or a cancel was requested; ``events`` and then
     ``run.succeeded`` are written by the same statement."""
-    return _end(conn, "runs_succeed", run_id, fence, {"output": Jsonb(dict(output))}, usage, events,
-                trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")}), "RunSucceeded",
-                now)
+    return send_succeed(conn, run_id, fence, output=output, usage=usage, events=events, now=now)()
 
 
 def send_succeed(
