@@ -4,6 +4,7 @@
 pgbench, or an embedded server (with the pgbench its wheel ships) started and stopped here.
 ``pgbench_tps`` runs ``pgbench -b simple-update`` with 8 clients in its own database of the same
 server, so Kairos and the baseline share the machine, the server and its settings in one run.
+``held_snapshot`` holds a REPEATABLE READ snapshot open (the MVCC-pressure series).
 """
 
 from __future__ import annotations
@@ -75,3 +76,16 @@ def pgbench_tps(binary: str | None, url: str, seconds: int) -> float | None:
                           *common, dbname], check=True, env=env, capture_output=True, text=True).stdout
     match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
     return float(match.group(1)) if match else None
+
+
+@contextmanager
+def held_snapshot(url: str, table: str) -> Iterator[None]:
+    """A REPEATABLE READ transaction that has read ``table``, open until the block ends: vacuum must keep
+    every row version written meanwhile."""
+    with psycopg.connect(url) as conn:
+        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
+        conn.execute(sql.SQL("SELECT count(*) FROM {}").format(sql.Identifier(table))).fetchone()
+        try:
+            yield
+        finally:
+            conn.rollback()

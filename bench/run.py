@@ -47,12 +47,11 @@ import sys
 import threading
 import time
 import uuid
-from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import psycopg
-from baseline import pgbench_tps, recreate, server
+from baseline import held_snapshot, pgbench_tps, recreate, server
 from kairos import migrations, trace
 from kairos.db import Database
 from kairos.runs import moves
@@ -298,19 +297,6 @@ def handler_rate(url: str, count: int, workers: int, profile: str | None = None,
     return count / elapsed
 
 
-@contextmanager
-def held_snapshot(url: str) -> Iterator[None]:
-    """A REPEATABLE READ transaction that has read ``runs``, open until the block ends: every row version
-    the runs write meanwhile stays visible to it, so vacuum keeps them (MVCC pressure)."""
-    with psycopg.connect(url) as conn:
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        conn.execute("SELECT count(*) FROM runs").fetchone()
-        try:
-            yield
-        finally:
-            conn.rollback()
-
-
 def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
     context = multiprocessing.get_context("spawn")
     start_line = context.Barrier(workers + 1)
@@ -434,7 +420,7 @@ def main() -> None:
             # with every series, so a fixed order would charge the growth to one side.
             held_first = n % 2 == 1
             if held_first:
-                with held_snapshot(kairos_url):
+                with held_snapshot(kairos_url, "runs"):
                     held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
             handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None, args.owners)
             full, fetch_finish = asyncio.run(procrastinate_rates(
@@ -442,7 +428,7 @@ def main() -> None:
             procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
             threads = kairos_rate(kairos_url, args.runs, WORKERS)
             if not held_first:
-                with held_snapshot(kairos_url):
+                with held_snapshot(kairos_url, "runs"):
                     held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
             rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held))
 

@@ -66,7 +66,7 @@ from typing import Any
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the tick logs every batch: keep the table readable
 
 import psycopg
-from baseline import pgbench_tps, recreate, server
+from baseline import held_snapshot, pgbench_tps, recreate, server
 from kairos import calendar, handoff, migrations
 from kairos.db import Database
 from kairos.states import ScheduleKind
@@ -294,18 +294,6 @@ def _server_children_cpu(url: str) -> float | None:
         return None
 
 
-@contextmanager
-def held_snapshot(url: str) -> Iterator[None]:
-    """A REPEATABLE READ transaction that has read ``schedules``, open until the block ends."""
-    with psycopg.connect(url) as conn:
-        conn.isolation_level = psycopg.IsolationLevel.REPEATABLE_READ
-        conn.execute("SELECT count(*) FROM schedules").fetchone()
-        try:
-            yield
-        finally:
-            conn.rollback()
-
-
 def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[[datetime], list[dict[str, Any]]],
             count: int, *, snapshot: bool = False, keyset: bool = True, profile: bool = False,
             fire_workers: int = FIRE_WORKERS) -> Result:
@@ -335,7 +323,7 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
         if not keyset:
             whole = tick.fire.run_once
             tick.fire.run_once = lambda now=None, after=None: whole(now)  # type: ignore[method-assign]
-        with held_snapshot(url) if snapshot else _nothing():
+        with held_snapshot(url, "schedules") if snapshot else _nothing():
             cpu = time.process_time()
             started = time.perf_counter()
             if profiler:
