@@ -99,6 +99,11 @@ def jsonable(value: Any) -> Any:
     return value
 
 
+def etag(revision: int) -> dict[str, str]:
+    """A schedule's (or loop's) revision as a strong ETag: what ``PATCH`` takes back in ``If-Match``."""
+    return {"ETag": f'"{revision}"'}
+
+
 def header(event: Mapping[str, Any], name: str) -> str | None:
     """One request header of a v2 event (names are case-insensitive), or None."""
     wanted = name.lower()

@@ -15,17 +15,12 @@ from typing import Annotated, Any
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body
 
-from kairos import schedules
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
-from kairos.api.routes import database, header, idempotent, ok, parse_id
+from kairos.api.routes import database, etag, header, idempotent, ok, parse_id
 from kairos.schedules import last_run
 
 router = Routes()
-
-
-def _etag(schedule: schedules.Schedule) -> dict[str, str]:
-    return {"ETag": f'"{schedule.revision}"'}
 
 
 @router.endpoint("POST", "/v1/loops", status=201, model=models.ScheduleEnvelope, errors=(400, 403, 404, 415),
@@ -39,7 +34,7 @@ def create_loop(body: Annotated[dict[str, Any], Body(description="LoopCreate")])
     def create(conn: Any) -> Response[dict[str, Any]]:
         loop = loops.create(conn, owner=owner, raw=body)
         return ok(201, models.ScheduleEnvelope, {"schedule": last_run.one(conn, loop, owner=owner)},
-                  headers=_etag(loop))
+                  headers=etag(loop.revision))
 
     with database().transaction() as conn:
         return idempotent(conn, owner, router.current_event.raw_event, body, create)
@@ -55,7 +50,7 @@ def get_loop(id: str) -> Response[dict[str, Any]]:
     with database().transaction() as conn:
         loop = loops.get(conn, loop_id, owner=owner)
         shown = last_run.one(conn, loop, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=_etag(loop))
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=etag(loop.revision))
 
 
 @router.endpoint("PATCH", "/v1/loops/<id>", status=200, model=models.ScheduleEnvelope,
@@ -74,4 +69,4 @@ def edit_loop(id: str, body: Annotated[dict[str, Any], Body(description="LoopCre
     with database().transaction() as conn:
         loop = loops.edit(conn, loop_id, owner=owner, patch=body, if_match=if_match)
         shown = last_run.one(conn, loop, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=_etag(loop))
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=etag(loop.revision))

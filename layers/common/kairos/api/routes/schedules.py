@@ -25,7 +25,7 @@ from pydantic import AwareDatetime
 from kairos import occurrences, pages, runtime, schedules
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
-from kairos.api.routes import BEFORE, LIMIT, database, header, idempotent, ok, parse_id, send_committed
+from kairos.api.routes import BEFORE, LIMIT, database, etag, header, idempotent, ok, parse_id, send_committed
 from kairos.instants import offset_text, rfc3339
 from kairos.schedules import last_run
 
@@ -80,12 +80,7 @@ def get_schedule(id: str) -> Response[dict[str, Any]]:
     with database().transaction() as conn:
         schedule = schedules.get(conn, schedule_id, owner=owner)
         shown = last_run.one(conn, schedule, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=_etag(schedule))
-
-
-def _etag(schedule: schedules.Schedule) -> dict[str, str]:
-    """The revision as a strong ETag: what ``PATCH`` takes back in ``If-Match``."""
-    return {"ETag": f'"{schedule.revision}"'}
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=etag(schedule.revision))
 
 
 @router.endpoint("PATCH", "/v1/schedules/<id>", status=200, model=models.ScheduleEnvelope,
@@ -103,7 +98,7 @@ def edit_schedule(id: str, body: Annotated[dict[str, Any], Body(description="Sch
     with database().transaction() as conn:
         schedule = edit.edit(conn, schedule_id, owner=owner, patch=body, if_match=if_match)
         shown = last_run.one(conn, schedule, owner=owner)
-    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=_etag(schedule))
+    return ok(200, models.ScheduleEnvelope, {"schedule": shown}, headers=etag(schedule.revision))
 
 
 @router.endpoint("GET", "/v1/schedules/<id>/preview", status=200, model=models.FireList, errors=(404,),
