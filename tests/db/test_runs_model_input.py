@@ -12,8 +12,10 @@ from typing import Any
 import psycopg
 import pytest
 from kairos import agents, conversations
+from kairos.db import QUERIES as db_queries
 from kairos.db import Database
 from kairos.runs.worker import process
+from psycopg import sql
 from psycopg.rows import dict_row
 
 from tests import factories
@@ -139,6 +141,33 @@ def test_the_window_spans_a_fork_and_its_parent_newest_first(db: Database, db_ur
     assert [e.content for e in window.entries] == ["p09", "p10", "c11", "c12", "c13", "c14", "c15"]
     assert window.elided == 8
     assert (nothing.entries, nothing.elided) == ((), 15)
+
+
+def test_the_window_reads_each_ancestor_by_its_key_whatever_the_statistics(db_url: str) -> None:
+    # Given a young table (a few thousand entries, freshly analyzed: a sequential scan looks cheap) and
+    # the generic plan a prepared statement settles on after five executions
+    parent = factories.conversation(db_url, entries=[("user", f"p{seq:02d}") for seq in range(1, 11)])
+    with psycopg.connect(db_url, autocommit=True, row_factory=dict_row) as conn:
+        conn.execute("""INSERT INTO conversations (id, owner, agent)
+                        SELECT gen_random_uuid(), 'others', '{"executor": "echo"}' FROM generate_series(1, 30)""")
+        conn.execute("""INSERT INTO conversation_entries (conversation_id, seq, role, content)
+                        SELECT c.id, g, 'user', repeat('x', 200)
+                          FROM conversations c CROSS JOIN generate_series(1, 100) g WHERE c.owner = 'others'""")
+        child = conversations.fork(conn, parent["id"])
+        conn.execute("ANALYZE conversation_entries")
+        conn.execute("SET plan_cache_mode = force_generic_plan")
+        query = db_queries["conversation_entries_window"]
+        names = {"conversation_id": "$1::uuid", "run_id": "$2", "budget": "$3", "overhead": "$4"}
+        for name, placeholder in names.items():
+            query = query.replace(f"%({name})s", placeholder)
+        # The shipped query with $n placeholders (not user input)
+        conn.execute(f"PREPARE window_plan AS {query}")  # type: ignore[arg-type]
+        plan = "\n".join(str(row["QUERY PLAN"]) for row in conn.execute(
+            sql.SQL("EXPLAIN EXECUTE window_plan({}, NULL, 32000, 16)").format(sql.Literal(str(child.id)))))
+
+    # Then no plan node scans a table whole: each lineage member and its entries are index ranges
+    assert "conversation_entries_pkey" in plan
+    assert "Seq Scan" not in plan, plan
 
 
 def test_an_agent_may_set_max_input_tokens_up_to_the_cap() -> None:

@@ -138,11 +138,6 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: 
             elif row["refusal"] is not None:
                 claimed = _refused(run_id, row)
             elif row["forked"]:  # the claim wrote the thread and the prompt entry: read the window, commit
-                moves.count("Claims")
-                log = _log_claimed(run_id, row)
-                logger.info("conversation forked", extra={"action": "conversation_forked", **log,
-                                                           "conversation_id": str(thread_id),
-                                                           "parent_id": str(row["source_conversation_id"])})
                 read = _send_model_input(conn, run_id, row, thread_id)
             else:
                 moves.count("Claims")
@@ -151,15 +146,21 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: 
         if read is not None:  # answered by the pipeline's sync, which waited for the commit too
             assert row is not None
             claimed = Claimed(row, int(row["fence"]), int(row["attempt"]), thread_id, read())
+            # Counted and logged after the commit, not while this owner's slot lock is held: one line
+            # for the claim and the thread it forked.
+            moves.count("Claims")
+            _log_claimed(run_id, row, conversation_id=str(thread_id), parent_id=str(row["source_conversation_id"]))
     if isinstance(claimed, Claimed):
         probes.fire("after_claim", run_id=run_id, fence=claimed.fence)
     return claimed
 
 
-def _log_claimed(run_id: UUID, row: db.Row) -> dict[str, Any]:
+def _log_claimed(run_id: UUID, row: db.Row, **forked: str) -> dict[str, Any]:
+    """``run claimed`` (with the forked thread's ``conversation_id`` and ``parent_id`` when the claim
+    forked one); returns the fields every later line of the claim repeats."""
     log = {"run_id": str(run_id), "schedule_id": str(row["schedule_id"]),
            "occurrence_id": str(row["occurrence_id"]), "fence": int(row["fence"]), "attempt": int(row["attempt"])}
-    logger.info("run claimed", extra={"action": "run_claimed", **log})
+    logger.info("run claimed", extra={"action": "run_claimed", **log, **forked})
     return log
 
 

@@ -68,31 +68,39 @@ SELECT e.seq, e.role, e.content, e.run_id, e.created_at
 -- measured, and only the ones that fit are returned: the transcript is never read whole. The kept
 -- entries are a contiguous newest run (the running sum only grows), never a gap-filled selection.
 -- Every row carries the number of entries left out; when none fits, one row with a NULL seq.
+-- Each member of the lineage and its entries are read by their primary keys (a LIMITed LATERAL
+-- subquery, a correlated count), newest first: an index scan per ancestor whatever the tables'
+-- statistics say (plain joins let a young table's generic plan scan every conversation's entries).
 WITH RECURSIVE lineage (id, parent_id, fork_seq, upto, depth) AS (
     SELECT id, parent_id, fork_seq, NULL::integer, 0 FROM conversations WHERE id = %(conversation_id)s
     UNION ALL
     SELECT p.id, p.parent_id, p.fork_seq, least(l.upto, l.fork_seq), l.depth + 1
       FROM lineage l
-      JOIN conversations p ON p.id = l.parent_id
+     CROSS JOIN LATERAL (SELECT c.id, c.parent_id, c.fork_seq FROM conversations c WHERE c.id = l.parent_id
+                         LIMIT 1) p
      WHERE l.depth < 10000
 ), newest AS (
     SELECT n.seq, n.role, n.content, n.run_id, n.created_at,
            sum(length(n.content) + %(overhead)s::integer) OVER (ORDER BY n.seq DESC) AS used
       FROM (SELECT e.seq, e.role, e.content, e.run_id, e.created_at
               FROM lineage l
-              JOIN conversation_entries e ON e.conversation_id = l.id
-             WHERE (l.upto IS NULL OR e.seq <= l.upto)
-               AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid)
+             CROSS JOIN LATERAL (
+                   SELECT e.seq, e.role, e.content, e.run_id, e.created_at
+                     FROM conversation_entries e
+                    WHERE e.conversation_id = l.id AND e.seq <= coalesce(l.upto, 2147483647)
+                      AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid)
+                    ORDER BY e.seq DESC
+                    LIMIT greatest(%(budget)s::integer, 0) / %(overhead)s::integer + 1) e
              ORDER BY e.seq DESC
              LIMIT greatest(%(budget)s::integer, 0) / %(overhead)s::integer + 1) n
 ), kept AS (
     SELECT seq, role, content, run_id, created_at FROM newest WHERE used <= %(budget)s::integer
 ), total AS (
-    SELECT count(*) AS entries
+    SELECT coalesce(sum((SELECT count(*) FROM conversation_entries e
+                          WHERE e.conversation_id = l.id AND e.seq <= coalesce(l.upto, 2147483647)
+                            AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid))), 0)
+           AS entries
       FROM lineage l
-      JOIN conversation_entries e ON e.conversation_id = l.id
-     WHERE (l.upto IS NULL OR e.seq <= l.upto)
-       AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid)
 )
 SELECT t.entries - (SELECT count(*) FROM kept) AS elided, k.seq, k.role, k.content, k.run_id, k.created_at
   FROM total t
