@@ -4,7 +4,8 @@
 pgbench, or an embedded server (with the pgbench its wheel ships) started and stopped here.
 ``pgbench_tps`` runs ``pgbench -b simple-update`` with 8 clients in its own database of the same
 server, so Kairos and the baseline share the machine, the server and its settings in one run.
-``held_snapshot`` holds a REPEATABLE READ snapshot open (the MVCC-pressure series).
+``held_snapshot`` holds a REPEATABLE READ snapshot open (the MVCC-pressure series). ``Meter`` reads
+what a series wrote: WAL bytes, rows and commits per unit of work (the work that bounds a path).
 """
 
 from __future__ import annotations
@@ -16,6 +17,7 @@ import subprocess
 import sys
 from collections.abc import Iterator
 from contextlib import contextmanager
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -57,8 +59,49 @@ def recreate(admin_url: str, database: str) -> str:
     return url_for(admin_url, database)
 
 
-def pgbench_tps(binary: str | None, url: str, seconds: int) -> float | None:
-    """``pgbench -b simple-update -c 8 -j 2 -T seconds`` TPS on ``url`` (initialized at scale 1)."""
+@dataclass(frozen=True)
+class Work:
+    """What one unit of work (a transaction, a run, a job) wrote, on average over a series."""
+
+    wal_bytes: float  # WAL inserted (cluster-wide: series run one at a time)
+    rows: float  # rows inserted, updated and deleted in the series' database, triggers' writes included
+    commits: float  # transactions committed in that database
+
+    def __str__(self) -> str:
+        return f"{self.wal_bytes:,.0f} B WAL, {self.rows:.1f} rows, {self.commits:.1f} commits"
+
+
+class Meter:
+    """``start()`` before a series, ``stop(units)`` after it, once the series' connections are closed
+    (a backend reports its row and commit counts when it exits, or idle up to seconds later)."""
+
+    def __init__(self, url: str) -> None:
+        self.url = url
+        self._before: tuple[int, int, int] | None = None
+
+    def _read(self) -> tuple[int, int, int]:
+        with psycopg.connect(self.url, autocommit=True) as conn:
+            conn.execute("SELECT pg_stat_clear_snapshot()")
+            row = conn.execute(
+                """SELECT pg_wal_lsn_diff(pg_current_wal_insert_lsn(), '0/0')::bigint,
+                          tup_inserted + tup_updated + tup_deleted, xact_commit
+                     FROM pg_stat_database WHERE datname = current_database()""").fetchone()
+        assert row is not None
+        return int(row[0]), int(row[1]), int(row[2])
+
+    def start(self) -> None:
+        self._before = self._read()
+
+    def stop(self, units: int) -> Work:
+        assert self._before is not None, "start() first"
+        after = self._read()
+        wal, rows, commits = (a - b for a, b in zip(after, self._before, strict=True))
+        return Work(wal / units, rows / units, max(0, commits - 1) / units)  # less the start read's own
+
+
+def pgbench_tps(binary: str | None, url: str, seconds: int, work: list[Work] | None = None) -> float | None:
+    """``pgbench -b simple-update -c 8 -j 2 -T seconds`` TPS on ``url`` (initialized at scale 1); what a
+    transaction wrote is appended to ``work`` when given."""
     if binary is None or not Path(binary).exists():
         print(f"pgbench not found ({binary}): baseline skipped", file=sys.stderr)
         return None
@@ -72,8 +115,13 @@ def pgbench_tps(binary: str | None, url: str, seconds: int) -> float | None:
     dbname = str(params["dbname"])
     subprocess.run([binary, "-i", "-q", "-s", "1", *common, dbname], check=True, env=env,
                    stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+    meter = Meter(url)
+    meter.start()
     out = subprocess.run([binary, "-b", "simple-update", "-c", str(CLIENTS), "-j", "2", "-T", str(seconds),
                           *common, dbname], check=True, env=env, capture_output=True, text=True).stdout
+    done = re.search(r"number of transactions actually processed: ([0-9]+)", out)
+    if work is not None and done and int(done.group(1)):
+        work.append(meter.stop(int(done.group(1))))
     match = re.search(r"tps = ([0-9.]+) \(without initial connection time\)", out)
     return float(match.group(1)) if match else None
 

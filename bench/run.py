@@ -51,7 +51,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import psycopg
-from baseline import held_snapshot, pgbench_tps, recreate, server
+from baseline import Meter, Work, held_snapshot, pgbench_tps, recreate, server
 from kairos import migrations, trace
 from kairos.db import Database
 from kairos.runs import moves
@@ -71,6 +71,7 @@ class Round(NamedTuple):
     procs: float
     threads: float
     held: float  # the handler series again while another connection holds a REPEATABLE READ snapshot
+    work: dict[str, Work]  # what a unit of each series wrote: "pgbench" (a transaction), "handler", "procrastinate"
 
 # One owner ('bench') runs every worker's runs: its budgets must not be what is measured.
 SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily_tokens=10**12,
@@ -114,6 +115,9 @@ def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1) -> li
                      FROM o
                    RETURNING id""", {"s": sched, "c": conv, "n": n, "m": mode, "w": owner}).fetchall()
             per_owner.append([r[0] for r in rows])
+        # Statistics as a live database has them (autovacuum's ANALYZE): a plan made from an empty
+        # table's statistics scans small tables sequentially, which is not what a deployment runs.
+        conn.execute("ANALYZE")
     dealt = [ids[i] for i in range(max(map(len, per_owner), default=0)) for ids in per_owner if i < len(ids)]
     return dealt
 
@@ -285,12 +289,17 @@ def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str 
     return ended - started
 
 
-def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1) -> float:
+def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1,
+                 work: list[Work] | None = None) -> float:
     """Whole run-function invocations per second: ``functions/run/app.py``'s handler (its Powertools
     decorators, the SQS batch adapter, ``runs.worker.process`` with the echo executor, fork mode), one
     SQS-shaped event per run, ``workers`` processes (Lambda containers); SQS itself is not involved."""
     ids = seed_runs(url, count, "fork", owners)
-    elapsed = _handler_workers(url, ids, workers, profile)
+    meter = Meter(url)
+    meter.start()
+    elapsed = _handler_workers(url, ids, workers, profile)  # returns once every worker has exited
+    if work is not None:
+        work.append(meter.stop(count))
     with psycopg.connect(url) as conn:
         done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
     assert done is not None and done[0] == count, done
@@ -331,7 +340,8 @@ def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False) 
 # --- Procrastinate -------------------------------------------------------------------------------------
 
 
-async def procrastinate_rates(url: str, count: int, workers: int) -> tuple[float, float]:
+async def procrastinate_rates(url: str, count: int, workers: int,
+                              written: list[Work] | None = None) -> tuple[float, float]:
     import procrastinate
     from procrastinate.jobs import Status
 
@@ -346,6 +356,8 @@ async def procrastinate_rates(url: str, count: int, workers: int) -> tuple[float
         await app.schema_manager.apply_schema_async()
         manager = app.job_manager
         worker_ids = [await manager.register_worker() for _ in range(workers)]
+        meter = Meter(url)
+        meter.start()
 
         async def defer_some(n: int) -> None:
             for _ in range(n):
@@ -364,6 +376,9 @@ async def procrastinate_rates(url: str, count: int, workers: int) -> tuple[float
         deferred = time.perf_counter()
         finished = sum(await asyncio.gather(*(work(w) for w in worker_ids)))
         ended = time.perf_counter()
+    # Read once the app's pool is closed: its backends have reported their counts.
+    if written is not None:
+        written.append(meter.stop(count))
     assert finished == count, finished
     return count / (ended - started), count / (ended - deferred)
 
@@ -414,7 +429,8 @@ def main() -> None:
         rounds: list[Round] = []
         for n in range(max(1, args.rounds)):
             load = _load()
-            tps = pgbench_tps(pgbench_binary, pgbench_url, args.seconds)
+            work: dict[str, list[Work]] = {"pgbench": [], "handler": [], "procrastinate": []}
+            tps = pgbench_tps(pgbench_binary, pgbench_url, args.seconds, work["pgbench"])
             last = n == max(1, args.rounds) - 1
             # The held-snapshot series goes first in odd rounds and last in even ones: the runs table grows
             # with every series, so a fixed order would charge the growth to one side.
@@ -422,15 +438,17 @@ def main() -> None:
             if held_first:
                 with held_snapshot(kairos_url, "runs"):
                     held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
-            handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None, args.owners)
+            handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None, args.owners,
+                                   work["handler"])
             full, fetch_finish = asyncio.run(procrastinate_rates(
-                recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS))
+                recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS, work["procrastinate"]))
             procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
             threads = kairos_rate(kairos_url, args.runs, WORKERS)
             if not held_first:
                 with held_snapshot(kairos_url, "runs"):
                     held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
-            rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held))
+            rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held,
+                                {k: v[0] for k, v in work.items() if v}))
 
     def med(values: list[float | None]) -> float | None:
         known = [v for v in values if v is not None]
@@ -476,6 +494,18 @@ def main() -> None:
           f"{ratio(threads, tps)} | {ratio(handler, threads)} |")
     print(f"| Kairos run handler while a REPEATABLE READ snapshot is held open, 8 processes | "
           f"{held or float('nan'):.0f} | {ratio(held, tps)} | {ratio(handler, held)} |")
+    print()
+    print("What one unit of work wrote (medians of the rounds; WAL is the server's, rows and commits the")
+    print("series' own database, triggers' writes included):")
+    print()
+    print("| unit | WAL bytes | rows written | commits |")
+    print("|---|---:|---:|---:|")
+    for key, unit in (("pgbench", "pgbench simple-update transaction"), ("handler", "Kairos run (the handler series)"),
+                      ("procrastinate", "Procrastinate job (defer + fetch + finish)")):
+        seen = [r.work[key] for r in rounds if key in r.work]
+        if seen:
+            print(f"| {unit} | {statistics.median(w.wal_bytes for w in seen):,.0f} | "
+                  f"{statistics.median(w.rows for w in seen):.1f} | {statistics.median(w.commits for w in seen):.1f} |")
     print()
     print(f"MVCC pressure (run handler under a held snapshot ÷ without it, median of the rounds' ratios): "
           f"{held_ratio:.2f} (target ≥ 0.9: {'met' if held_ratio >= 0.9 else 'NOT met'}).")
