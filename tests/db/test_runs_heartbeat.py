@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -179,3 +180,20 @@ def _claimed_on(db_url: str) -> dict[str, Any]:
         row = moves.claim(conn, run["id"])
     assert row is not None
     return row
+
+
+def test_heartbeats_stopped_before_their_first_beat_do_not_pile_up_in_the_dispatcher(db: Database) -> None:
+    from kairos.runs import heartbeat as module
+
+    # Given the process's dispatcher, and a run whose heartbeat stays started throughout
+    kept = Heartbeat(db, uuid.uuid4(), 1, interval=3600).start()
+    before = len(module._DISPATCHER)
+
+    # When 2,000 runs start and stop their heartbeats within the interval (most runs end that soon)
+    for _ in range(2000):
+        Heartbeat(db, uuid.uuid4(), 1, interval=3600).start().stop()
+
+    # Then the heap holds at most twice what is live, not one entry per run of the last interval
+    assert len(module._DISPATCHER) <= 2 * (before + 1)
+    assert any(entry[2] is kept for entry in module._DISPATCHER._heap)  # the live one is still due
+    kept.stop()

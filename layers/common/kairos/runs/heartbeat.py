@@ -136,8 +136,11 @@ class Heartbeat:
 
     def stop(self) -> None:
         with self._starting:
+            already = self._stopped.is_set()
             self._stopped.set()
             thread = self._thread
+        if not already and thread is None:  # never began: its entry waits in the dispatcher's heap
+            _DISPATCHER.discard()
         if thread is not None and thread is not threading.current_thread():
             thread.join()
 
@@ -169,13 +172,31 @@ class Heartbeat:
 class _Dispatcher:
     """The process's one timer thread for heartbeats: it starts a run's beat thread when that run's
     first beat falls due. Started heartbeats wait in a heap by due time; a stopped one is dropped when
-    it reaches the top. Adding one wakes the thread only when it becomes the earliest due."""
+    it reaches the top, and the heap is rebuilt without the stopped ones once they are more than half
+    of it: most runs end long before their first beat, and a process running hundreds of runs a
+    second would otherwise keep every one of the last interval's heartbeats (and their locks and
+    events) alive, for the garbage collector to walk on every full collection. Adding one wakes the
+    thread only when it becomes the earliest due."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
         self._heap: list[tuple[float, int, Heartbeat]] = []
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
+        self._stopped = 0  # stopped heartbeats still in the heap (an upper bound: the top ones go unseen)
+
+    def __len__(self) -> int:
+        with self._cond:
+            return len(self._heap)
+
+    def discard(self) -> None:
+        """A heartbeat in the heap was stopped before its first beat."""
+        with self._cond:
+            self._stopped += 1
+            if self._stopped * 2 > len(self._heap):
+                self._heap = [entry for entry in self._heap if not entry[2]._stopped.is_set()]
+                heapq.heapify(self._heap)
+                self._stopped = 0
 
     def add(self, heartbeat: Heartbeat, due: float) -> None:
         with self._cond:
@@ -192,6 +213,7 @@ class _Dispatcher:
                 while True:
                     while self._heap and self._heap[0][2]._stopped.is_set():
                         heapq.heappop(self._heap)
+                        self._stopped = max(0, self._stopped - 1)
                     if not self._heap:
                         self._cond.wait()
                         continue
