@@ -105,10 +105,15 @@ def get(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, *, owner: str)
     return Approval.from_row(row)
 
 
-def list_for(conn: psycopg.Connection[db.Row], *, owner: str, state: str | None = None,
-             limit: int = 100) -> list[Approval]:
+def check_state(state: str | None) -> None:
+    """A list filter's ``state``: None or one of the approval states (422 naming the field otherwise)."""
     if state is not None and state not in STATES:
         raise ValidationFailed([FieldError("state", "enum", f"state is one of {', '.join(STATES)}")])
+
+
+def list_for(conn: psycopg.Connection[db.Row], *, owner: str, state: str | None = None,
+             limit: int = 100) -> list[Approval]:
+    check_state(state)
     rows = db.fetch_all(conn, "approvals_list", {"owner": owner, "state": state, "limit": limit})
     return [Approval.from_row(r) for r in rows]
 

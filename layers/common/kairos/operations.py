@@ -19,7 +19,7 @@ from uuid import UUID
 import psycopg
 
 from kairos import db, runs, schedules
-from kairos.errors import FieldError, NotFound, ValidationFailed
+from kairos.errors import NotFound
 from kairos.instants import rfc3339
 
 
@@ -212,8 +212,7 @@ def list_approvals(conn: psycopg.Connection[db.Row], *, owner: str | None = None
                    limit: int = 50) -> list[Any]:
     from kairos import approvals
 
-    if state is not None and state not in approvals.STATES:
-        raise ValidationFailed([FieldError("state", "enum", f"state is one of {', '.join(approvals.STATES)}")])
+    approvals.check_state(state)
     rows = db.fetch_all(conn, "approvals_ops_list", {"owner": owner, "state": state, "limit": limit})
     return [approvals.Approval.from_row(r) for r in rows]
 
