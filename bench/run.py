@@ -25,6 +25,9 @@ What is measured (all on one PostgreSQL server, one database each, same run, rou
 Targets: the handler's runs/s ÷ pgbench TPS ≥ 0.2; the handler ≥ Procrastinate's cycle; under the
 held snapshot ≥ 0.9 of the same round's handler rate.
 ``--profile PREFIX`` cProfiles the handler processes of the last round and prints the top entries.
+``--statements`` prints each statement's mean execution time in the last round's handler and held
+series (``pg_stat_statements``: point ``DATABASE_URL`` at a server started with
+``-c shared_preload_libraries=pg_stat_statements``, e.g. the system PostgreSQL 15).
 
 The server is ``DATABASE_URL``'s when set (its databases ``kairos_bench*`` are dropped and
 recreated), else an embedded one started here with default durability settings (fsync on).
@@ -290,20 +293,56 @@ def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str 
 
 
 def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1,
-                 work: list[Work] | None = None) -> float:
+                 work: list[Work] | None = None, statements: dict[str, tuple[int, float]] | None = None) -> float:
     """Whole run-function invocations per second: ``functions/run/app.py``'s handler (its Powertools
     decorators, the SQS batch adapter, ``runs.worker.process`` with the echo executor, fork mode), one
-    SQS-shaped event per run, ``workers`` processes (Lambda containers); SQS itself is not involved."""
+    SQS-shaped event per run, ``workers`` processes (Lambda containers); SQS itself is not involved.
+    ``statements``, when given, receives each statement's calls and mean execution time (ms) over the
+    series, from ``pg_stat_statements``."""
     ids = seed_runs(url, count, "fork", owners)
     meter = Meter(url)
     meter.start()
+    read_statements = _statement_times(url) if statements is not None else None
     elapsed = _handler_workers(url, ids, workers, profile)  # returns once every worker has exited
     if work is not None:
         work.append(meter.stop(count))
+    if read_statements is not None and statements is not None:
+        statements.update(read_statements())
     with psycopg.connect(url) as conn:
         done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
     assert done is not None and done[0] == count, done
     return count / elapsed
+
+
+def _statement_times(url: str) -> Callable[[], dict[str, tuple[int, float]]]:
+    """Resets ``pg_stat_statements`` (the server must preload it: see ``--statements``); the function
+    returned reads, per statement of this database, its calls and mean execution time in ms. A
+    Kairos statement is named by its query name (its text's first line matched against the shipped
+    queries), any other (a trigger's, a foreign-key check, a trace.change template) by its first 90
+    characters of SQL."""
+    from kairos.db import QUERIES
+
+    names = {text.splitlines()[0].strip(): name for name, text in QUERIES.items()}
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("CREATE EXTENSION IF NOT EXISTS pg_stat_statements")
+        conn.execute("SELECT pg_stat_statements_reset()")
+
+    def read() -> dict[str, tuple[int, float]]:
+        with psycopg.connect(url, autocommit=True) as conn:
+            rows = conn.execute(
+                """SELECT query, calls, total_exec_time FROM pg_stat_statements
+                    WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND calls > 0
+                      AND query NOT LIKE '%%pg_stat_statements%%'""").fetchall()
+        times: dict[str, tuple[int, float]] = {}
+        for query, calls, total in rows:
+            first = str(query).strip().splitlines()[0].strip()
+            code = " ".join(line for line in str(query).splitlines() if not line.strip().startswith("--"))
+            key = names.get(first) or " ".join(code.split())[:90]
+            seen_calls, seen_total = times.get(key, (0, 0.0))
+            times[key] = (seen_calls + int(calls), seen_total + float(total))
+        return {k: (calls, total / calls) for k, (calls, total) in times.items()}
+
+    return read
 
 
 def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
@@ -414,6 +453,9 @@ def main() -> None:
     parser.add_argument("--owners", type=int, default=1,
                         help="owners the handler series' runs are dealt over (one owner's claims serialize on "
                              "its slot lock, and its model calls on its day's budget row)")
+    parser.add_argument("--statements", action="store_true",
+                        help="print each statement's mean execution time in the last round's handler series and "
+                             "held-snapshot series (pg_stat_statements; the server, DATABASE_URL's, must preload it)")
     parser.add_argument("--profile", metavar="PREFIX", default=None,
                         help="cProfile the handler processes of the last round into PREFIX.<pid> and print the top")
     args = parser.parse_args()
@@ -427,6 +469,8 @@ def main() -> None:
         # The machine's noise moves every series by 10-20 % from one minute to the next: interleave
         # the compared series and report each one's median (and the ratios of every round).
         rounds: list[Round] = []
+        statements: dict[str, tuple[int, float]] = {}  # the last round's handler series (--statements)
+        held_statements: dict[str, tuple[int, float]] = {}  # and its held-snapshot series
         for n in range(max(1, args.rounds)):
             load = _load()
             work: dict[str, list[Work]] = {"pgbench": [], "handler": [], "procrastinate": []}
@@ -437,16 +481,18 @@ def main() -> None:
             held_first = n % 2 == 1
             if held_first:
                 with held_snapshot(kairos_url, "runs"):
-                    held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
+                    held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners,
+                                        statements=held_statements if last and args.statements else None)
             handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None, args.owners,
-                                   work["handler"])
+                                   work["handler"], statements=statements if last and args.statements else None)
             full, fetch_finish = asyncio.run(procrastinate_rates(
                 recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS, work["procrastinate"]))
             procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
             threads = kairos_rate(kairos_url, args.runs, WORKERS)
             if not held_first:
                 with held_snapshot(kairos_url, "runs"):
-                    held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
+                    held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners,
+                                        statements=held_statements if last and args.statements else None)
             rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held,
                                 {k: v[0] for k, v in work.items() if v}))
 
@@ -513,6 +559,16 @@ def main() -> None:
     print(f"Targets (run handler, medians): ÷ pgbench ≥ 0.2: {'met' if met_pg else 'NOT met'} "
           f"({ratio(handler, tps)}); ≥ 1.0x Procrastinate's cycle: {'met' if handler >= full else 'NOT met'} "
           f"({ratio(handler, full)}x).")
+    if statements:
+        print()
+        print("Statements of the last round's handler series, beside its held-snapshot series (pg_stat_statements, "
+              "execution time only, the top 10 by total time; a run makes each once unless the calls say otherwise):")
+        print()
+        print("| statement | calls | mean ms | held: calls | held: mean ms | held ÷ without |")
+        print("|---|---:|---:|---:|---:|---:|")
+        for key, (calls, mean) in sorted(statements.items(), key=lambda kv: -kv[1][0] * kv[1][1])[:10]:
+            held_calls, held_mean = held_statements.get(key, (0, float("nan")))
+            print(f"| `{key}` | {calls} | {mean:.3f} | {held_calls} | {held_mean:.3f} | {held_mean / mean:.1f}x |")
     if args.profile:
         print()
         _print_profile(args.profile, 25)
