@@ -128,3 +128,21 @@ def test_no_effect_is_reserved_once_a_cancel_was_requested(db: Database, db_url:
         assert effects.reserve(conn, run["id"], 1, 1, "model", "model_call", False, "t", "d") is None
         assert _ledger(conn, run["id"]) == []
     assert [e[0] for e in _events(db_url, run["id"])] == ["run.claimed", "step.started"]
+
+
+def test_a_run_cannot_succeed_while_its_answers_effect_is_still_reserved(db: Database, db_url: str) -> None:
+    run = _claimed(db, db_url)
+    with db.transaction() as conn:
+        effect = effects.reserve(conn, run["id"], 1, 1, "model", "model_call", False, "https://m/v1", "ab" * 32)
+        assert effect is not None
+    output = {"conversation_id": str(run["source_conversation_id"]), "entry_seq": 1, "attempt": 1}
+
+    # The terminal statement names the effect it publishes: reserved, nothing is written
+    with db.transaction() as conn:
+        assert moves.succeed(conn, run["id"], 1, output=output, usage=None, settled=effect.id) is False
+    # Settled earlier in the same transaction (as the worker sends them), the run succeeds
+    with db.transaction() as conn:
+        assert effects.settle(conn, effect, fence=1) is not None
+        assert moves.succeed(conn, run["id"], 1, output=output, usage=None, settled=effect.id) is True
+    with db.connection() as conn:
+        assert [e.state.value for e in _ledger(conn, run["id"])] == ["settled"]

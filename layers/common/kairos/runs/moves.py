@@ -166,10 +166,11 @@ def succeed(
     usage: Mapping[str, Any] | None,
     events: Sequence[trace.Event] = (),
     now: datetime | None = None,
+    settled: UUID | None = None,
 ) -> bool:
-    """``running -> succeeded`` unless fenced out or a cancel was requested; ``events`` and then
-    ``run.succeeded`` are written by the same statement."""
-    return send_succeed(conn, run_id, fence, output=output, usage=usage, events=events, now=now)()
+    """``running -> succeeded`` unless fenced out, a cancel was requested or the effect ``settled``
+    names is still reserved; ``events`` and then ``run.succeeded`` are written by the same statement."""
+    return send_succeed(conn, run_id, fence, output=output, usage=usage, events=events, now=now, settled=settled)()
 
 
 def send_succeed(
@@ -181,13 +182,14 @@ def send_succeed(
     usage: Mapping[str, Any] | None,
     events: Sequence[trace.Event] = (),
     now: datetime | None = None,
+    settled: UUID | None = None,
 ) -> Callable[[], bool]:
     """``succeed`` sent now (queued, in a pipeline, with the ``COMMIT`` after it); the function
     returned reads whether it was written."""
     ending = trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")})
     read = trace.send_change(conn, "runs_succeed",
                              {"run_id": run_id, "fence": fence, "output": Jsonb(dict(output)),
-                              "usage": None if usage is None else Jsonb(dict(usage))},
+                              "usage": None if usage is None else Jsonb(dict(usage)), "effect_id": settled},
                              [*events, ending], now=now)
 
     def done() -> bool:

@@ -197,40 +197,50 @@ class Execution:
     def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
         claimed = self.claimed
         fence = claimed.fence
-        # One transaction in two trips: BEGIN, the run's lock, the effect's settlement, the
-        # conversation's lock and the answer entry (written only while no cancel is requested) travel
-        # together; then the terminal update and COMMIT. The effect's settlement, the answer and the
-        # terminal state are traced by the terminal statement itself (kairos.trace.change).
-        events: list[trace.Event] = []
+        # One transaction in two trips: BEGIN, the run's lock, the conversation's lock and the answer
+        # entry (written only while no cancel is requested) travel together; then the effect's
+        # settlement, the terminal update and COMMIT. The settlement goes last because it updates the
+        # owner's day row of the budget ledger (kairos.budgets), which every model call of the owner
+        # waits for: held from the second trip to its commit, not across a round trip and this
+        # process's work between them. The terminal statement traces the settlement, the answer and
+        # the end (kairos.trace.change), and requires the effect settled (runs_succeed's guard).
         with self.database.explicit() as conn:
             with self.database.batch(conn):
                 db.begin(conn)
                 lock = moves.send_lock(conn, self.run_id, fence)
-                settled = effects.send_settle(conn, effect, fence=fence, usage=self.usage, trace_into=events,
-                                              now=self.now)
                 answered = moves.send_answer(conn, self.run_id, fence, claimed.conversation_id,
                                              content=reply.content, now=self.now)
                 locked = lock()
-                if locked is None or settled() is None:
+                if locked is None:
                     raise LeaseLost()
-                self.open_effect = None
                 seq = answered()
                 if locked["cancel_requested_at"] is not None:  # the answer was not written
+                    events: list[trace.Event] = []
+                    if effects.send_settle(conn, effect, fence=fence, usage=self.usage, trace_into=events,
+                                           now=self.now)() is None:
+                        raise LeaseLost()
+                    self.open_effect = None
                     outcome = self._end_cancelled(conn, events)
                     db.commit(conn)
                     return outcome
                 if seq is None:
                     raise LeaseLost()
-                events.append(trace.Event(EventType.OUTPUT_PUBLISHED, step, {
-                    "conversation_id": str(claimed.conversation_id), "entry_seq": seq, "truncated": reply.truncated}))
-                events.append(trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"}))
+                settled = effects.send_settle(conn, effect, fence=fence, usage=self.usage, trace_into=None,
+                                              now=self.now)
+                events = [effects.settled_event(effect),
+                          trace.Event(EventType.OUTPUT_PUBLISHED, step, {
+                              "conversation_id": str(claimed.conversation_id), "entry_seq": seq,
+                              "truncated": reply.truncated}),
+                          trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"})]
                 self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
                 done = moves.send_succeed(conn, self.run_id, fence, now=self.now, usage=self.usage, events=events,
                                           output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
-                                                  "attempt": claimed.attempt})
+                                                  "attempt": claimed.attempt}, settled=effect.id)
                 db.commit(conn)
-            if not done():  # cannot happen while the row is locked under the fence with no cancel request
+            # Cannot fail while the row is locked under the fence with no cancel request.
+            if settled() is None or not done():
                 raise LeaseLost()
+            self.open_effect = None
         logger.info("run succeeded", extra={"action": "run_succeeded", "run_id": str(self.run_id),
                                             "attempt": claimed.attempt, "entry_seq": seq})
         return Outcome(self.run_id, "succeeded", RunState.SUCCEEDED)

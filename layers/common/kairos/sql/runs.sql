@@ -244,7 +244,9 @@ UPDATE runs
 RETURNING cancel_requested_at, lease_expires_at;
 
 -- name: runs_succeed (prepared)
--- running -> succeeded with its output reference; never after a cancel request.
+-- running -> succeeded with its output reference; never after a cancel request, and never while the
+-- effect it names (`effect_id`, the answer's call, settled earlier in the same transaction) is still
+-- reserved.
 UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'succeeded',
@@ -255,6 +257,8 @@ UPDATE runs
        finished_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND cancel_requested_at IS NULL
+   AND (%(effect_id)s::uuid IS NULL
+        OR NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = %(effect_id)s::uuid AND e.state = 'reserved'))
 RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_fail (prepared)
