@@ -31,11 +31,11 @@ SETTINGS = Settings()
 # Before issue 14: 22 round trips, 22 statements (BEGIN and COMMIT included), 3 commits — the claim
 # transaction alone was 11 statements (slot lock, claim, a savepoint around the fork and the run's
 # conversation update, the conversation lock and the prompt entry, the window), each its own trip.
-# Now: the claim writes the thread and the prompt entry itself; the claim and the answer are two trips
-# each in pipeline mode — [BEGIN, slot lock, claim] [window, COMMIT] and [BEGIN, run lock, settle,
-# conversation lock, answer] [terminal update, COMMIT] — and the effect with its budget charge is one
-# statement in autocommit (effects_reserve_charged): one trip, its own commit.
-ROUND_TRIPS = 5
+# Now: the claim writes the thread and the prompt entry itself and is one trip in pipeline mode —
+# [BEGIN, slot lock, claim, window, COMMIT]; the answer is two — [BEGIN, run lock, conversation lock,
+# answer] [settle, terminal update, COMMIT] — and the effect with its budget charge is one statement
+# in autocommit (effects_reserve_charged): one trip, its own commit.
+ROUND_TRIPS = 4
 STATEMENTS = 13
 COMMITS = 3  # the claim; the effect reserved before the call; the answer with the terminal state
 
@@ -165,8 +165,8 @@ def test_a_crash_after_the_reservation_leaves_the_effect_and_its_charge_committe
 
 def test_a_crash_between_the_answer_batch_and_the_terminal_update_writes_none_of_them(
         db: Database, db_url: str) -> None:
-    """The first trip of the publish transaction (run lock, settlement, answer entry) ran; the crash
-    before the terminal statement rolls all of it back: no answer, the effect still reserved."""
+    """The first trip of the publish transaction (run lock, answer entry) ran; the crash before the
+    settlement and the terminal statement rolls all of it back: no answer, the effect still reserved."""
     run = fork_run(db_url)
     with pytest.raises(Crash):
         process(db, run["id"], settings=SETTINGS, probes=Probes().on("before_finish", _crash))

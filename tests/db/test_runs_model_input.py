@@ -37,13 +37,16 @@ def _events(url: str, run_id: Any, kind: str) -> list[dict[str, Any]]:
             "SELECT data FROM run_events WHERE run_id = %s AND type = %s ORDER BY seq", (run_id, kind))]
 
 
-@pytest.mark.parametrize(("limit", "entries"), [(2_000, 300), (None, 400)])
-def test_an_append_run_sends_only_the_newest_entries_that_fit(db: Database, db_url: str, fake_openai: FakeOpenAI,
-                                                              limit: int | None, entries: int) -> None:
-    # Given an append conversation far larger than the agent's input limit (160 KB at the default)
+# A fork's first attempt is claimed in one trip that reads its window before it knows the agent (at the
+# default limit, then narrowed): the limits below, at and above the default cover each way it is read.
+@pytest.mark.parametrize("mode", ["append", "fork"])
+@pytest.mark.parametrize(("limit", "entries"), [(2_000, 300), (None, 400), (40_000, 600)])
+def test_a_run_sends_only_the_newest_entries_that_fit(db: Database, db_url: str, fake_openai: FakeOpenAI,
+                                                      limit: int | None, entries: int, mode: str) -> None:
+    # Given a conversation far larger than the agent's input limit (160 KB at the default)
     agent = openai_agent(fake_openai) | ({} if limit is None else {"max_input_tokens": limit})
     conv = factories.conversation(db_url, agent=agent, entries=_transcript(entries))
-    sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=agent, mode="append")
+    sched = factories.schedule(db_url, conversation_id=conv["id"], prompt="Brief me.", agent=agent, mode=mode)
     run = factories.run(db_url, schedule_row=sched)
 
     outcome = process(db, run["id"], settings=SETTINGS)

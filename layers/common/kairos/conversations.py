@@ -273,6 +273,16 @@ class Window:
     entries: tuple[Entry, ...]
     elided: int
 
+    def narrowed(self, budget_chars: int, entry_overhead: int) -> Window:
+        """The window a smaller budget chooses from the same transcript: the newest entries that fit
+        are a newest-first prefix of these, so the oldest are dropped until the rest fit (exact for
+        any budget up to the one this window was read with)."""
+        kept = list(self.entries)
+        used = sum(len(e.content) + entry_overhead for e in kept)
+        while kept and used > max(0, budget_chars):
+            used -= len(kept.pop(0).content) + entry_overhead
+        return Window(tuple(kept), self.elided + len(self.entries) - len(kept))
+
 
 def window(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, budget_chars: int,
            entry_overhead: int, exclude_run: uuid.UUID | None = None) -> Window:

@@ -123,10 +123,63 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: 
           owner_slots: int = DEFAULT_OWNER_CONCURRENCY) -> Claimed | Outcome:
     """Claims the run and prepares its attempt, in one transaction (see the module doc).
 
-    Sent in pipeline mode: ``BEGIN``, the owner's slot lock and the claim travel together; a fork
-    run's first attempt gets its thread and prompt entry from the claim statement itself, and its
-    model input is read in the trip that commits. Two round trips for such a run."""
+    A fork run's first attempt — the default, and the claim statement completes it alone (its thread
+    and prompt entry) — is claimed in one round trip: ``BEGIN``, the owner's slot lock, the claim,
+    the model input's window and ``COMMIT`` travel together in pipeline mode, so the owner's slot
+    lock, which every claim of that owner waits for, is held from the server's execution to its
+    commit, never across a round trip to this process. Any other run is left queued by that
+    statement and claimed the general way (``_claim``): one trip more for it."""
     thread_id = uuid.uuid4()
+    claimed = _claim_fork(database, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
+    if claimed is None:
+        claimed = _claim(database, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
+    if isinstance(claimed, Claimed):
+        probes.fire("after_claim", run_id=run_id, fence=claimed.fence)
+    return claimed
+
+
+# What the one-trip claim reads of the window before it knows the agent: the default input limit,
+# less the marker. Exact for every agent up to that limit (Window.narrowed); an agent allowed more
+# whose transcript was cut at it reads its window again.
+_FORK_WINDOW_CHARS = DEFAULT_MAX_INPUT_TOKENS * CHARS_PER_TOKEN - _MARKER_CHARS
+
+
+def _claim_fork(database: db.Database, run_id: UUID, *, now: datetime | None, owner_slots: int,
+                thread_id: UUID) -> Claimed | Outcome | None:
+    """The one-trip claim of a fork run's first attempt; None when the run is not one (or is not
+    claimable: ``_claim`` then tells why, as it would have)."""
+    with database.explicit() as conn:
+        with database.batch(conn):
+            db.begin(conn)
+            budgets.hold_slots(conn, run_id)
+            read_row = moves.send_claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id,
+                                        fork_only=True)
+            read_window = conversations.send_window(conn, thread_id, budget_chars=_FORK_WINDOW_CHARS,
+                                                    entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
+            db.commit(conn)
+        row = read_row()
+        if row is None:
+            return None
+        if row["refusal"] is not None:
+            return _refused(run_id, row)
+        moves.count("Claims")
+        _log_claimed(run_id, row, conversation_id=str(thread_id), parent_id=str(row["source_conversation_id"]))
+        spent = read_window()
+
+        def window(budget_chars: int) -> conversations.Window:
+            if budget_chars <= _FORK_WINDOW_CHARS or not spent.elided:
+                return spent.narrowed(budget_chars, ENTRY_OVERHEAD_CHARS)
+            # Committed, and below the fork point nothing of the thread changes: read it again, wider.
+            return conversations.window(conn, thread_id, budget_chars=budget_chars,
+                                        entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
+
+        return Claimed(row, int(row["fence"]), int(row["attempt"]), thread_id, _model_input(row, window))
+
+
+def _claim(database: db.Database, run_id: UUID, *, now: datetime | None, owner_slots: int,
+           thread_id: UUID) -> Claimed | Outcome:
+    """The general claim: any run (a fork's first attempt too, when the one-trip claim found it
+    taken or changed), in one transaction of two round trips or more."""
     read: Callable[[], ModelInput] | None = None
     with database.explicit() as conn:
         with database.batch(conn):
@@ -150,8 +203,6 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: 
             # for the claim and the thread it forked.
             moves.count("Claims")
             _log_claimed(run_id, row, conversation_id=str(thread_id), parent_id=str(row["source_conversation_id"]))
-    if isinstance(claimed, Claimed):
-        probes.fire("after_claim", run_id=run_id, fence=claimed.fence)
     return claimed
 
 
@@ -219,6 +270,15 @@ def _send_model_input(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Ro
     ``max_input_tokens`` (characters / 4); older entries are left out behind one marker. The
     window is chosen in SQL (``conversations.window``): the rest of the transcript is never read.
     Its query is sent now; the function returned reads the answer (after a pipeline's sync)."""
+    _, budget, fixed = _input_budget(row)
+    read_window = conversations.send_window(conn, conversation_id, budget_chars=budget - fixed - _MARKER_CHARS,
+                                            entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
+    return lambda: _model_input(row, lambda _budget_chars: read_window())
+
+
+def _input_budget(row: db.Row) -> tuple[int | None, int, int]:
+    """The agent's input limit (None when invalid), its budget in characters, and what the system
+    prompt and the run's user turn take of it."""
     agent: dict[str, Any] = dict(row["agent"] or {})
     try:
         limit: int | None = max_input_tokens(agent)
@@ -227,24 +287,24 @@ def _send_model_input(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Ro
     budget = (limit or DEFAULT_MAX_INPUT_TOKENS) * CHARS_PER_TOKEN
     system = agent.get("system")
     fixed = (len(system) if isinstance(system, str) else 0) + len(user_content(str(row["prompt"]), row["payload"]))
-    read_window = conversations.send_window(conn, conversation_id, budget_chars=budget - fixed - _MARKER_CHARS,
-                                            entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
+    return limit, budget, fixed
 
-    def read() -> ModelInput:
-        window = read_window()
-        transcript = [Message(e.role, e.content) for e in window.entries]
-        used = fixed + sum(len(e.content) + ENTRY_OVERHEAD_CHARS for e in window.entries)
-        if window.elided:
-            marker = elision_marker(window.elided)
-            if used + len(marker) + ENTRY_OVERHEAD_CHARS <= budget:
-                transcript.insert(0, Message("system", marker))
-                used += len(marker) + ENTRY_OVERHEAD_CHARS
-        record = {"max_input_tokens": limit or DEFAULT_MAX_INPUT_TOKENS,
-                  "estimated_tokens": math.ceil(used / CHARS_PER_TOKEN),
-                  "entries": len(window.entries), "elided": window.elided}
-        return ModelInput(tuple(transcript), limit, fixed > budget, record)
 
-    return read
+def _model_input(row: db.Row, window_for: Callable[[int], conversations.Window]) -> ModelInput:
+    """The bounded model input from the window ``window_for`` gives for the entries' budget."""
+    limit, budget, fixed = _input_budget(row)
+    window = window_for(budget - fixed - _MARKER_CHARS)
+    transcript = [Message(e.role, e.content) for e in window.entries]
+    used = fixed + sum(len(e.content) + ENTRY_OVERHEAD_CHARS for e in window.entries)
+    if window.elided:
+        marker = elision_marker(window.elided)
+        if used + len(marker) + ENTRY_OVERHEAD_CHARS <= budget:
+            transcript.insert(0, Message("system", marker))
+            used += len(marker) + ENTRY_OVERHEAD_CHARS
+    record = {"max_input_tokens": limit or DEFAULT_MAX_INPUT_TOKENS,
+              "estimated_tokens": math.ceil(used / CHARS_PER_TOKEN),
+              "entries": len(window.entries), "elided": window.elided}
+    return ModelInput(tuple(transcript), limit, fixed > budget, record)
 
 
 def _resolve_conversation(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, fence: int,

@@ -74,9 +74,18 @@ def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | Non
 
     With ``thread_id``, a fork run's first attempt gets that thread (a fork of its source) and its
     prompt entry from the same statement; the row then says ``forked``."""
-    return db.fetch_one(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now,
-                                             "refusals": _REFUSALS_JSON, "owner_slots": owner_slots,
-                                             "thread_id": thread_id})
+    return send_claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)()
+
+
+def send_claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None,
+               owner_slots: int = DEFAULT_OWNER_CONCURRENCY, thread_id: UUID | None = None,
+               fork_only: bool = False) -> Callable[[], db.Row | None]:
+    """``claim`` sent now (queued, in a pipeline); the function returned reads the row. With
+    ``fork_only`` it claims (or refuses) only a fork run's first attempt, which the statement
+    completes alone, and leaves any other run queued (None)."""
+    return db.send(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now,
+                                        "refusals": _REFUSALS_JSON, "owner_slots": owner_slots,
+                                        "thread_id": thread_id, "fork_only": fork_only}).fetchone
 
 
 def lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> db.Row | None:

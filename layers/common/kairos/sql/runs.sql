@@ -90,6 +90,11 @@ WITH changed AS (
        AND r.blocked_by_run_id IS NULL
        AND r.cancel_requested_at IS NULL
        AND r.paused_at IS NULL  -- a paused corpus run waits for its resume (kairos.corpus.control)
+       -- fork_only: only a fork run's first attempt whose source exists (it needs nothing but this
+       -- statement, so the caller may send its COMMIT behind it); any other run is left queued.
+       AND (NOT %(fork_only)s::boolean
+            OR (r.mode = 'fork' AND r.attempt = 0 AND r.conversation_id IS NULL
+                AND EXISTS (SELECT 1 FROM conversations src WHERE src.id = r.source_conversation_id)))
        -- The owner's running slots (KAIROS_OWNER_CONCURRENCY): race-free because every claim holds the
        -- owner's slot lock (runs_hold_owner_slots) from before this statement's snapshot to its commit.
        AND (SELECT count(*) FROM (SELECT 1 FROM runs o WHERE o.owner = r.owner AND o.state = 'running'
