@@ -165,8 +165,9 @@ def test_a_crash_after_the_reservation_leaves_the_effect_and_its_charge_committe
 
 def test_a_crash_between_the_answer_batch_and_the_terminal_update_writes_none_of_them(
         db: Database, db_url: str) -> None:
-    """The first trip of the publish transaction (run lock, answer entry) ran; the crash before the
-    settlement and the terminal statement rolls all of it back: no answer, the effect still reserved."""
+    """The first trip of the publish transaction (run lock, answer entry) ran and the settlement was
+    queued; the crash before the terminal statement rolls all of it back: no answer, the effect still
+    reserved."""
     run = fork_run(db_url)
     with pytest.raises(Crash):
         process(db, run["id"], settings=SETTINGS, probes=Probes().on("before_finish", _crash))
