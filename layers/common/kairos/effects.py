@@ -90,27 +90,7 @@ def reserve(
     userinfo, query or fragment (``recorded_target``), whatever the executor passed. ``data`` adds
     keys to the event (counts only, never content), e.g. ``{"input": …}`` for a model call's window.
     ``effect_id`` names the new effect (else the database picks one)."""
-    return send_reserve(conn, run_id, fence, attempt, step, kind, mutation, target, digest, data=data, now=now,
-                        effect_id=effect_id)()
-
-
-def send_reserve(
-    conn: psycopg.Connection[db.Row],
-    run_id: UUID,
-    fence: int,
-    attempt: int,
-    step: str,
-    kind: str,
-    mutation: bool,
-    target: str,
-    digest: str,
-    *,
-    data: Mapping[str, Any] | None = None,
-    now: datetime | None = None,
-    effect_id: UUID | None = None,
-) -> Callable[[], Effect | None]:
-    """``reserve`` sent now (queued, in a pipeline); the function returned reads its answer."""
-    cursor = db.send(
+    row = db.fetch_one(
         conn,
         "effects_reserve",
         {
@@ -127,12 +107,7 @@ def send_reserve(
             "effect_id": effect_id,
         },
     )
-
-    def read() -> Effect | None:
-        row = cursor.fetchone()
-        return None if row is None else Effect.from_row(row)
-
-    return read
+    return None if row is None else Effect.from_row(row)
 
 
 def reserve_charged(
