@@ -28,7 +28,7 @@ import uuid
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass
 from datetime import datetime
-from typing import Any, Literal
+from typing import Any, Literal, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -165,15 +165,13 @@ def _claim_fork(database: db.Database, run_id: UUID, *, now: datetime | None, ow
         moves.count("Claims")
         _log_claimed(run_id, row, conversation_id=str(thread_id), parent_id=str(row["source_conversation_id"]))
         spent = read_window()
-
-        def window(budget_chars: int) -> conversations.Window:
-            if budget_chars <= _FORK_WINDOW_CHARS or not spent.elided:
-                return spent.narrowed(budget_chars, ENTRY_OVERHEAD_CHARS)
-            # Committed, and below the fork point nothing of the thread changes: read it again, wider.
-            return conversations.window(conn, thread_id, budget_chars=budget_chars,
-                                        entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
-
-        return Claimed(row, int(row["fence"]), int(row["attempt"]), thread_id, _model_input(row, window))
+        budget = _input_budget(row)
+        if budget.entries <= _FORK_WINDOW_CHARS or not spent.elided:
+            window = spent.narrowed(budget.entries, ENTRY_OVERHEAD_CHARS)
+        else:  # committed, and below the fork point nothing of the thread changes: read it again, wider
+            window = conversations.window(conn, thread_id, budget_chars=budget.entries,
+                                          entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
+        return Claimed(row, int(row["fence"]), int(row["attempt"]), thread_id, _model_input(budget, window))
 
 
 def _claim(database: db.Database, run_id: UUID, *, now: datetime | None, owner_slots: int,
@@ -270,15 +268,28 @@ def _send_model_input(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Ro
     ``max_input_tokens`` (characters / 4); older entries are left out behind one marker. The
     window is chosen in SQL (``conversations.window``): the rest of the transcript is never read.
     Its query is sent now; the function returned reads the answer (after a pipeline's sync)."""
-    _, budget, fixed = _input_budget(row)
-    read_window = conversations.send_window(conn, conversation_id, budget_chars=budget - fixed - _MARKER_CHARS,
+    budget = _input_budget(row)
+    read_window = conversations.send_window(conn, conversation_id, budget_chars=budget.entries,
                                             entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
-    return lambda: _model_input(row, lambda _budget_chars: read_window())
+    return lambda: _model_input(budget, read_window())
 
 
-def _input_budget(row: db.Row) -> tuple[int | None, int, int]:
-    """The agent's input limit (None when invalid), its budget in characters, and what the system
-    prompt and the run's user turn take of it."""
+class _InputBudget(NamedTuple):
+    """A run's model input budget: the agent's limit (None when invalid), the budget in characters,
+    and what the system prompt and the run's user turn take of it."""
+
+    limit: int | None
+    chars: int
+    fixed: int
+
+    @property
+    def entries(self) -> int:
+        """What the transcript entries may take: the rest, less the elision marker."""
+        return self.chars - self.fixed - _MARKER_CHARS
+
+
+def _input_budget(row: db.Row) -> _InputBudget:
+    """The run's ``_InputBudget``, from its agent, prompt and payload."""
     agent: dict[str, Any] = dict(row["agent"] or {})
     try:
         limit: int | None = max_input_tokens(agent)
@@ -287,13 +298,12 @@ def _input_budget(row: db.Row) -> tuple[int | None, int, int]:
     budget = (limit or DEFAULT_MAX_INPUT_TOKENS) * CHARS_PER_TOKEN
     system = agent.get("system")
     fixed = (len(system) if isinstance(system, str) else 0) + len(user_content(str(row["prompt"]), row["payload"]))
-    return limit, budget, fixed
+    return _InputBudget(limit, budget, fixed)
 
 
-def _model_input(row: db.Row, window_for: Callable[[int], conversations.Window]) -> ModelInput:
-    """The bounded model input from the window ``window_for`` gives for the entries' budget."""
-    limit, budget, fixed = _input_budget(row)
-    window = window_for(budget - fixed - _MARKER_CHARS)
+def _model_input(budget_of_run: _InputBudget, window: conversations.Window) -> ModelInput:
+    """The bounded model input from the window read for the run's budget (``budget_of_run.entries``)."""
+    limit, budget, fixed = budget_of_run
     transcript = [Message(e.role, e.content) for e in window.entries]
     used = fixed + sum(len(e.content) + ENTRY_OVERHEAD_CHARS for e in window.entries)
     if window.elided:
