@@ -176,7 +176,7 @@ def _thread_workers(url: str, ids: list[uuid.UUID], workers: int,
     return elapsed
 
 
-def _process_worker(url: str, ids: list[uuid.UUID], next_index: Any, start_line: Any, finished: Any) -> None:
+def _process_worker(ids: list[uuid.UUID], next_index: Any, start_line: Any, finished: Any, url: str) -> None:
     _quiet()  # its EMF metrics, as Lambda's would go to CloudWatch
     logging.getLogger("kairos").setLevel(logging.WARNING)
     database = Database(url, max_size=2)
@@ -240,7 +240,7 @@ def _handler_env(url: str) -> None:
     os.environ.pop("RUN_QUEUE_URL", None)
 
 
-def _handler_worker(url: str, ids: list[uuid.UUID], next_index: Any, start_line: Any, finished: Any,
+def _handler_worker(ids: list[uuid.UUID], next_index: Any, start_line: Any, finished: Any, url: str,
                     profile: str | None) -> None:
     """One Lambda container: the run function's ``handler`` called with one SQS event per run. Its
     logs and EMF metrics are written (to /dev/null), as Lambda writes them to CloudWatch."""
@@ -272,24 +272,29 @@ def _handler_worker(url: str, ids: list[uuid.UUID], next_index: Any, start_line:
     runtime_database.close()
 
 
-def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str | None = None) -> float:
+def _spawned(target: Callable[..., None], workers: int, ids: list[uuid.UUID], *args: Any) -> float:
+    """Seconds for ``workers`` fresh processes running ``target(ids, next_index, start_line, finished,
+    *args)`` to take every id from one shared index, from their common start to the last one's finish."""
     context = multiprocessing.get_context("spawn")
     start_line = context.Barrier(workers + 1)
     finished = context.Queue()
     next_index = context.Value("i", 0)
-    children = [context.Process(target=_handler_worker,
-                                args=(url, ids, next_index, start_line, finished, profile))
+    children = [context.Process(target=target, args=(ids, next_index, start_line, finished, *args))
                 for _ in range(workers)]
     for child in children:
         child.start()
     start_line.wait()
-    started = time.monotonic()
+    started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
     ended: float = max(finished.get(timeout=3600) for _ in children)
     for child in children:
         child.join()
     if any(child.exitcode != 0 for child in children):
-        raise RuntimeError("a handler process failed")
+        raise RuntimeError(f"a {target.__name__} process failed")
     return ended - started
+
+
+def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str | None = None) -> float:
+    return _spawned(_handler_worker, workers, ids, url, profile)
 
 
 def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1,
@@ -346,22 +351,7 @@ def _statement_times(url: str) -> Callable[[], dict[str, tuple[int, float]]]:
 
 
 def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
-    context = multiprocessing.get_context("spawn")
-    start_line = context.Barrier(workers + 1)
-    finished = context.Queue()
-    next_index = context.Value("i", 0)
-    children = [context.Process(target=_process_worker, args=(url, ids, next_index, start_line, finished))
-                for _ in range(workers)]
-    for child in children:
-        child.start()
-    start_line.wait()
-    started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
-    ended: float = max(finished.get(timeout=3600) for _ in children)
-    for child in children:
-        child.join()
-    if any(child.exitcode != 0 for child in children):
-        raise RuntimeError("a worker process failed")
-    return ended - started
+    return _spawned(_process_worker, workers, ids, url)
 
 
 def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False) -> float:
