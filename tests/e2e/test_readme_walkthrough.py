@@ -7,13 +7,12 @@ import json
 import os
 import re
 import shutil
-import signal
 import subprocess
 from pathlib import Path
 
 import pytest
 
-from tests.support.output import start_dev, wait_for
+from tests.support.output import start_dev, stop_dev, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -46,9 +45,4 @@ def test_the_readme_walkthrough_runs_against_kairos_dev(tmp_path: Path) -> None:
         assert events[0] == "run.queued" and events[-1] == "run.succeeded" and "output.published" in events
         assert out[-1] == "available"
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_dev(proc)

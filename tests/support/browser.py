@@ -22,7 +22,6 @@ import json
 import os
 import queue
 import shutil
-import signal
 import subprocess
 import sys
 import tempfile
@@ -36,7 +35,7 @@ from typing import Any
 
 import pytest
 
-from tests.support.output import reader, wait_for
+from tests.support.output import reader, stop_dev, wait_for
 
 CHROMIUM = os.environ.get("KAIROS_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "browser" / "artifacts"
@@ -173,12 +172,7 @@ def stack(model: Model) -> Iterator[Stack]:
         wait_for(lines, r"^running ", log)
         yield Stack(base=console.split("/console/")[0], console=console, hook_url=hook_url, log=log)
     finally:
-        proc.send_signal(signal.SIGINT)
-        try:
-            proc.wait(timeout=60)
-        except subprocess.TimeoutExpired:
-            proc.kill()
-            proc.wait()
+        stop_dev(proc)
         shutil.rmtree(cwd, ignore_errors=True)
 
 

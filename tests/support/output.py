@@ -5,6 +5,7 @@ from __future__ import annotations
 import os
 import queue
 import re
+import signal
 import subprocess
 import sys
 import threading
@@ -49,3 +50,13 @@ def start_dev(cwd: Path, *, drop: tuple[str, ...] = ()) -> tuple[subprocess.Pope
     log: list[str] = []
     threading.Thread(target=reader, args=(proc.stdout, lines, log), daemon=True).start()
     return proc, lines, log
+
+
+def stop_dev(proc: subprocess.Popen[str]) -> None:
+    """Ctrl-C for a ``start_dev`` stack, as a user stops it; killed if it has not exited within a minute."""
+    proc.send_signal(signal.SIGINT)
+    try:
+        proc.wait(timeout=60)
+    except subprocess.TimeoutExpired:
+        proc.kill()
+        proc.wait()
