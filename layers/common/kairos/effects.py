@@ -210,7 +210,7 @@ def _close(
     closed = _send_close(conn, effect, fence=fence, state=state, usage=usage, error_code=error_code, now=now)()
     if closed is None:
         return None
-    data = _settled_data(closed, error_code)
+    data = _settled_data(closed.id, closed.state, error_code)
     if trace_into is not None:
         trace_into.append(trace.Event(EventType.EFFECT_SETTLED, effect.step, data))
     else:
@@ -229,7 +229,7 @@ def send_settle(conn: psycopg.Connection[db.Row], effect: Effect, *, fence: int,
     def settled() -> Effect | None:
         closed = read()
         if closed is not None and trace_into is not None:
-            trace_into.append(trace.Event(EventType.EFFECT_SETTLED, effect.step, _settled_data(closed, None)))
+            trace_into.append(settled_event(effect))
         return closed
 
     return settled
@@ -237,8 +237,7 @@ def send_settle(conn: psycopg.Connection[db.Row], effect: Effect, *, fence: int,
 
 def settled_event(effect: Effect) -> trace.Event:
     """The ``effect.settled`` a settle of ``effect`` traces (known before the settle answers)."""
-    return trace.Event(EventType.EFFECT_SETTLED, effect.step,
-                       {"effect_id": str(effect.id), "state": EffectState.SETTLED.value})
+    return trace.Event(EventType.EFFECT_SETTLED, effect.step, _settled_data(effect.id, EffectState.SETTLED, None))
 
 
 def _send_close(conn: psycopg.Connection[db.Row], effect: Effect, *, fence: int, state: EffectState,
@@ -265,8 +264,8 @@ def _send_close(conn: psycopg.Connection[db.Row], effect: Effect, *, fence: int,
     return read
 
 
-def _settled_data(closed: Effect, error_code: str | None) -> dict[str, Any]:
-    data: dict[str, Any] = {"effect_id": str(closed.id), "state": closed.state.value}
+def _settled_data(effect_id: UUID, state: EffectState, error_code: str | None) -> dict[str, Any]:
+    data: dict[str, Any] = {"effect_id": str(effect_id), "state": state.value}
     if error_code:
         data["reason_code"] = error_code
     return data
