@@ -140,7 +140,7 @@ def _statements() -> dict[str, str]:
     statements = {name: text for name, text in db.QUERIES.items() if name != "run_events_with_change"}
     changes = [name for name, text in statements.items() if "%(events)s" in text]
     assert "runs_succeed" in changes
-    return statements | {f"{name} (trace.change)": trace._change_sql(name) for name in changes}
+    return statements | {f"{name} (trace.change)": trace.change_sql(name) for name in changes}
 
 
 def test_every_query_prepares_against_the_migrated_schema(db_url: str) -> None:

@@ -9,6 +9,13 @@ database reads them. No SQL is built from input; the one statement assembled at 
 shipped ``run_events_with_change`` template so a state change and its trace events are one statement.
 Tests prepare every such combination against the schema.
 
+Compiled: every named query is converted once, when it is loaded, from its ``%(name)s`` placeholders
+to PostgreSQL's ``$n`` (``compile_query``), and runs through psycopg's ``RawCursor`` with its values in
+that order: psycopg would otherwise split and re-map the text on every execution (it caches that
+only for texts under 4 KB, and the claim is longer), which was a tenth of the run worker's own CPU.
+The semantics are psycopg's: each distinct name is one parameter, ``%%`` is a literal ``%``, values
+are adapted the same way (``tests/unit/test_db_compile.py`` holds the two side by side).
+
 Prepared statements: a query headed ``-- name: <name> (prepared)`` is run as a server-side prepared
 statement (no parse and plan per execution: the run worker's claim, heartbeat, trace appends and
 terminal updates, where planning was most of the server's work). Such a query names its result
@@ -39,7 +46,7 @@ import time
 from collections.abc import Iterator, Mapping
 from contextlib import AbstractContextManager, contextmanager, nullcontext
 from importlib import resources
-from typing import Any, LiteralString, cast
+from typing import Any, LiteralString, NamedTuple, cast
 
 import psycopg
 from psycopg.rows import dict_row
@@ -75,9 +82,45 @@ def load_queries(prepared: set[str] | None = None) -> dict[str, LiteralString]:
     return queries
 
 
+_PLACEHOLDER = re.compile(r"%\((?P<name>[^)]+)\)s|%%|%.?", re.DOTALL)
+
+
+class Compiled(NamedTuple):
+    """A query as the server takes it: its text with ``$n`` placeholders, and the parameter name each
+    ``$n`` stands for (``names[n - 1]``)."""
+
+    text: bytes
+    names: tuple[str, ...]
+
+    def values(self, params: Params) -> list[Any]:
+        """The values of ``params`` in placeholder order (other keys are ignored, as psycopg does)."""
+        try:
+            return [params[name] for name in self.names]
+        except KeyError as missing:
+            raise psycopg.ProgrammingError(f"query parameter missing: {missing.args[0]}") from None
+
+
+def compile_query(text: str) -> Compiled:
+    """``text`` with its ``%(name)s`` placeholders numbered ``$1``, ``$2``… in order of first use (a
+    name used twice is one parameter) and ``%%`` made ``%``; any other ``%`` is an error (psycopg's
+    positional ``%s`` and binary ``%(name)b`` have no use in the shipped queries)."""
+    order: dict[str, int] = {}
+
+    def number(match: re.Match[str]) -> str:
+        name = match.group("name")
+        if name is not None:
+            return f"${order.setdefault(name, len(order) + 1)}"
+        if match.group(0) == "%%":
+            return "%"
+        raise ValueError(f"only '%(name)s' placeholders and '%%' may follow '%', got {match.group(0)!r}")
+
+    return Compiled(_PLACEHOLDER.sub(number, text).encode(), tuple(order))
+
+
 _prepared: set[str] = set()
 QUERIES: dict[str, LiteralString] = load_queries(_prepared)
 PREPARED: frozenset[str] = frozenset(_prepared)
+COMPILED: dict[str, Compiled] = {name: compile_query(text) for name, text in QUERIES.items()}
 
 
 def q(name: str) -> LiteralString:
@@ -209,23 +252,28 @@ def commit(conn: psycopg.Connection[Row]) -> None:
     conn.execute("COMMIT")
 
 
-def send(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> psycopg.Cursor[Row]:
+def run(conn: psycopg.Connection[Row], query: Compiled, params: Params, *, prepare: bool) -> psycopg.RawCursor[Row]:
+    """Runs one compiled statement and returns its cursor without reading it (queued in a pipeline)."""
+    return psycopg.RawCursor(conn).execute(query.text, query.values(params), prepare=prepare)
+
+
+def send(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> psycopg.RawCursor[Row]:
     """Runs one named statement and returns its cursor without reading it: in a pipeline the statement
     is queued, and its rows (``fetchone`` / ``fetchall``) are read after a later sync."""
-    return conn.cursor().execute(q(name), params or {}, prepare=name in PREPARED)
+    return run(conn, COMPILED[name], params or {}, prepare=name in PREPARED)
 
 
 def fetch_one(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> Row | None:
-    return conn.execute(q(name), params or {}, prepare=name in PREPARED).fetchone()
+    return send(conn, name, params).fetchone()
 
 
 def fetch_all(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> list[Row]:
-    return conn.execute(q(name), params or {}, prepare=name in PREPARED).fetchall()
+    return send(conn, name, params).fetchall()
 
 
 def execute(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> int:
     """Runs one named statement and returns the number of rows it touched."""
-    return conn.execute(q(name), params or {}, prepare=name in PREPARED).rowcount
+    return send(conn, name, params).rowcount
 
 
 _databases: dict[str, Database] = {}

@@ -83,17 +83,22 @@ class Event(NamedTuple):
 
 
 _CHANGE_MARK = "%(events)s"
-_changes: dict[str, LiteralString] = {}
+_changes: dict[str, db.Compiled] = {}
 
 
-def _change_sql(query: str) -> LiteralString:
-    text = _changes.get(query)
-    if text is None:
-        update = db.q(query)
-        if _CHANGE_MARK not in update or "RETURNING" not in update:
-            raise ValueError(f"{query} must bump last_seq by its events and return the run row")
-        text = _changes[query] = db.q("run_events_with_change").replace("{change}", update.rstrip().rstrip(";"))
-    return text
+def change_sql(query: str) -> LiteralString:
+    """The statement ``change`` runs for the named ``UPDATE runs`` (the template with it spliced in)."""
+    update = db.q(query)
+    if _CHANGE_MARK not in update or "RETURNING" not in update:
+        raise ValueError(f"{query} must bump last_seq by its events and return the run row")
+    return db.q("run_events_with_change").replace("{change}", update.rstrip().rstrip(";"))
+
+
+def _compiled_change(query: str) -> db.Compiled:
+    compiled = _changes.get(query)
+    if compiled is None:
+        compiled = _changes[query] = db.compile_query(change_sql(query))
+    return compiled
 
 
 def change(
@@ -125,8 +130,9 @@ def send_change(
     """``change`` sent now (queued, in a pipeline); the function returned reads its row."""
     for event in events:
         assert_safe(event.data or {})
-    return conn.execute(  # built only from shipped named queries, never from input
-        _change_sql(query),
+    return db.run(  # built only from shipped named queries, never from input
+        conn,
+        _compiled_change(query),
         {
             **params,
             # One JSON parameter: far cheaper to send than three arrays.
