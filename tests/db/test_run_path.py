@@ -32,12 +32,15 @@ SETTINGS = Settings()
 # transaction alone was 11 statements (slot lock, claim, a savepoint around the fork and the run's
 # conversation update, the conversation lock and the prompt entry, the window), each its own trip.
 # Now: the claim writes the thread and the prompt entry itself and is one trip in pipeline mode —
-# [BEGIN, slot lock, claim, window, COMMIT]; the answer is two — [BEGIN, run lock, conversation lock,
+# [slot lock, claim, window], one implicit transaction committed by the pipeline's Sync (no BEGIN or
+# COMMIT statements; kairos.db.Database.trip); the answer is two — [BEGIN, run and conversation lock,
 # answer] [settle, terminal update, COMMIT] — and the effect with its budget charge is one statement
 # in autocommit (effects_reserve_charged): one trip, its own commit.
 ROUND_TRIPS = 4
-STATEMENTS = 13
+STATEMENTS = 10
 COMMITS = 3  # the claim; the effect reserved before the call; the answer with the terminal state
+# Without pipeline mode every statement is its own trip, and the fork claim spells out BEGIN and COMMIT.
+STATEMENTS_WITHOUT_PIPELINE = STATEMENTS + 2
 
 
 @pytest.fixture
@@ -119,6 +122,26 @@ def test_the_counter_sees_a_round_trip_per_statement_outside_a_pipeline(db: Data
     assert (counter.round_trips, counter.statements) == (1, 4)
 
 
+def test_a_trip_is_one_transaction_in_one_round_trip_without_begin_or_commit(
+        db: Database, counter: WireCounter) -> None:
+    with db.connection() as conn:
+        conn.execute("CREATE TABLE trip_probe (n integer PRIMARY KEY)")
+    counter.reset()
+    with db.explicit() as conn:
+        with db.trip(conn):
+            first = conn.execute("INSERT INTO trip_probe VALUES (1) RETURNING txid_current() AS xid")
+            second = conn.execute("INSERT INTO trip_probe VALUES (2) RETURNING txid_current() AS xid")
+        assert conn.pgconn.transaction_status == psycopg.pq.TransactionStatus.IDLE  # committed by the Sync
+        assert first.fetchone() == second.fetchone()  # one transaction
+    assert (counter.round_trips, counter.statements) == (1, 2)
+    # A statement that fails takes the trip's earlier statements with it: the implicit transaction aborts.
+    with pytest.raises(psycopg.errors.UniqueViolation), db.explicit() as conn, db.trip(conn):
+        conn.execute("INSERT INTO trip_probe VALUES (3)")
+        conn.execute("INSERT INTO trip_probe VALUES (1)")
+    with db.connection() as conn:
+        assert conn.execute("SELECT array_agg(n ORDER BY n) AS n FROM trip_probe").fetchone() == {"n": [1, 2]}
+
+
 class Crash(BaseException):
     """The end of the invocation (a killed process): nothing in the worker catches it."""
 
@@ -188,6 +211,6 @@ def test_without_pipeline_mode_the_same_run_costs_a_round_trip_per_statement(db_
         counter.reset()
         assert process(database, run["id"], settings=SETTINGS).result == "succeeded"
         assert (counter.round_trips, counter.statements, commits_of(db_url, run["id"])) == (
-            STATEMENTS, STATEMENTS, COMMITS)
+            STATEMENTS_WITHOUT_PIPELINE, STATEMENTS_WITHOUT_PIPELINE, COMMITS)
     finally:
         database.close()

@@ -228,6 +228,24 @@ class Database:
         """Pipeline mode on ``conn`` (see the module doc), unless this pool was built without it."""
         return conn.pipeline() if self.pipeline else nullcontext()
 
+    @contextmanager
+    def trip(self, conn: psycopg.Connection[Row]) -> Iterator[None]:
+        """One transaction of the statements sent in the block, on an ``explicit()`` connection, in one
+        round trip and without ``BEGIN`` and ``COMMIT`` statements: in pipeline mode the statements
+        before a Sync are one implicit transaction of the extended protocol, which that Sync — the
+        pipeline's end — commits (reading an answer inside the block flushes, it does not sync).
+        Without pipeline mode: ``BEGIN`` … ``COMMIT`` around them, one trip each.
+        The Sync ends the pipeline whether the block raised or not, so a block that raises midway
+        commits what it had already sent: only for a transaction every prefix of which is whole on
+        its own (the fork claim: a lock, one writing statement, a read)."""
+        if self.pipeline:
+            with conn.pipeline():
+                yield
+            return
+        begin(conn)
+        yield
+        commit(conn)
+
     def close(self) -> None:
         self._pool.close()
 

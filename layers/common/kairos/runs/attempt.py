@@ -124,10 +124,10 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: 
     """Claims the run and prepares its attempt, in one transaction (see the module doc).
 
     A fork run's first attempt — the default, and the claim statement completes it alone (its thread
-    and prompt entry) — is claimed in one round trip: ``BEGIN``, the owner's slot lock, the claim,
-    the model input's window and ``COMMIT`` travel together in pipeline mode, so the owner's slot
-    lock, which every claim of that owner waits for, is held from the server's execution to its
-    commit, never across a round trip to this process. Any other run is left queued by that
+    and prompt entry) — is claimed in one round trip: the owner's slot lock, the claim and the model
+    input's window travel together in pipeline mode, one implicit transaction (``Database.trip``),
+    so the owner's slot lock, which every claim of that owner waits for, is held from the server's
+    execution to its commit, never across a round trip to this process. Any other run is left queued by that
     statement and claimed the general way (``_claim``): one trip more for it."""
     thread_id = uuid.uuid4()
     claimed = _claim_fork(database, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
@@ -149,14 +149,14 @@ def _claim_fork(database: db.Database, run_id: UUID, *, now: datetime | None, ow
     """The one-trip claim of a fork run's first attempt; None when the run is not one (or is not
     claimable: ``_claim`` then tells why, as it would have)."""
     with database.explicit() as conn:
-        with database.batch(conn):
-            db.begin(conn)
+        # One implicit transaction (Database.trip): the slot lock, the claim — the one statement that
+        # writes — and the window; a prefix of it is whole, so no BEGIN and COMMIT need to be sent.
+        with database.trip(conn):
             budgets.hold_slots(conn, run_id)
             read_row = moves.send_claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id,
                                         fork_only=True)
             read_window = conversations.send_window(conn, thread_id, budget_chars=_FORK_WINDOW_CHARS,
                                                     entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
-            db.commit(conn)
         row = read_row()
         if row is None:
             return None

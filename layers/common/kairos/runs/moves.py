@@ -23,7 +23,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any
+from typing import Any, NamedTuple
 from uuid import UUID
 
 import psycopg
@@ -93,25 +93,31 @@ def lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> db.Row |
     return db.fetch_one(conn, "runs_lock_fenced", {"run_id": run_id, "fence": fence})
 
 
-def send_lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> Callable[[], db.Row | None]:
-    """``lock`` sent now (queued, in a pipeline); the function returned reads the row."""
-    cursor = db.send(conn, "runs_lock_fenced", {"run_id": run_id, "fence": fence})
-    return cursor.fetchone
+class Answer(NamedTuple):
+    """What the answer's statements found: whether the fence held (the run and its conversation were
+    locked), whether a cancel was requested, and the answer entry's seq (None: not written)."""
+
+    held: bool
+    cancel_requested: bool
+    seq: int | None
 
 
 def send_answer(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, conversation_id: UUID, *, content: str,
-                now: datetime | None = None) -> Callable[[], int | None]:
-    """The run's answer entry (``append_entry``'s two statements, sent now, queued in a pipeline
-    behind the caller's ``send_lock``), written only while no cancel is requested; the function
-    returned reads its seq (None: not written — fenced out, or a cancel was requested)."""
-    db.send(conn, "conversations_lock_fenced", {"run_id": run_id, "fence": fence, "conversation_id": conversation_id})
+                now: datetime | None = None) -> Callable[[], Answer]:
+    """The run's answer entry (``append_entry``'s two statements, sent now, queued in a pipeline): the
+    lock of the run (fence held) and then of its conversation, which also reads the run's cancel
+    request, and the entry, written only while no cancel is requested; the function returned reads
+    both answers."""
+    lock = db.send(conn, "conversations_lock_fenced",
+                   {"run_id": run_id, "fence": fence, "conversation_id": conversation_id})
     cursor = db.send(conn, "conversation_entries_append_answer",
                      {"run_id": run_id, "fence": fence, "conversation_id": conversation_id, "content": content,
                       "now": now})
 
-    def read() -> int | None:
-        row = cursor.fetchone()
-        return None if row is None else int(row["seq"])
+    def read() -> Answer:
+        locked, row = lock.fetchone(), cursor.fetchone()
+        return Answer(locked is not None, locked is not None and locked["cancel_requested_at"] is not None,
+                      None if row is None else int(row["seq"]))
 
     return read
 

@@ -197,9 +197,10 @@ class Execution:
     def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
         claimed = self.claimed
         fence = claimed.fence
-        # One transaction in two trips: BEGIN, the run's lock, the conversation's lock and the answer
-        # entry (written only while no cancel is requested) travel together; then the effect's
-        # settlement, the terminal update and COMMIT. The settlement goes last because it updates the
+        # One transaction in two trips: BEGIN, the run's and then the conversation's lock (one
+        # statement, which reads the cancel request) and the answer entry (written only while no cancel
+        # is requested) travel together; then the effect's settlement, the terminal update and
+        # COMMIT. The settlement goes last because it updates the
         # owner's day row of the budget ledger (kairos.budgets), which every model call of the owner
         # waits for: held from the second trip to its commit, not across a round trip and this
         # process's work between them. The terminal statement traces the settlement, the answer and
@@ -207,14 +208,12 @@ class Execution:
         with self.database.explicit() as conn:
             with self.database.batch(conn):
                 db.begin(conn)
-                lock = moves.send_lock(conn, self.run_id, fence)
-                answered = moves.send_answer(conn, self.run_id, fence, claimed.conversation_id,
-                                             content=reply.content, now=self.now)
-                locked = lock()
-                if locked is None:
+                answer = moves.send_answer(conn, self.run_id, fence, claimed.conversation_id,
+                                           content=reply.content, now=self.now)()
+                if not answer.held:
                     raise LeaseLost()
-                seq = answered()
-                if locked["cancel_requested_at"] is not None:  # the answer was not written
+                seq = answer.seq
+                if answer.cancel_requested:  # the answer was not written
                     events: list[trace.Event] = []
                     if effects.send_settle(conn, effect, fence=fence, usage=self.usage, trace_into=events,
                                            now=self.now)() is None:

@@ -1,8 +1,9 @@
 -- conversations: transcripts' heads (owner, agent, fork parent and fork point).
 
 -- name: conversations_lock_fenced (prepared)
--- Locks the run (fence held) and then its target conversation, so the next entry seq is stable.
-SELECT c.id, c.fork_seq
+-- Locks the run (fence held) and then its target conversation, so the next entry seq is stable; reads
+-- the run's cancel request under that lock (the answer is published only without one).
+SELECT c.id, c.fork_seq, r.cancel_requested_at
   FROM runs r
   JOIN conversations c ON c.id = r.conversation_id
  WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running' AND c.id = %(conversation_id)s
