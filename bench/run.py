@@ -21,6 +21,12 @@ What is measured (all on one PostgreSQL server, one database each, same run, rou
 
 5. **MVCC pressure**: the handler series again while another connection holds a REPEATABLE READ
    transaction that has read ``runs`` (vacuum must keep every row version the runs write).
+6. **CPU per run**: the handler processes' own CPU for their runs and the server backends' CPU, for
+   the 8-process series and for the same handler in one process (a quarter of the runs): on two cores
+   the eight processes and their eight backends cost each run more CPU than one process does alone.
+
+An untimed handler series runs first: the measured series start from a database with history and
+statistics that describe it, as a deployment has.
 
 Targets: the handler's runs/s ÷ pgbench TPS ≥ 0.2; the handler ≥ Procrastinate's cycle; under the
 held snapshot ≥ 0.9 of the same round's handler rate.
@@ -39,7 +45,9 @@ from __future__ import annotations
 
 import argparse
 import asyncio
+import contextlib
 import cProfile
+import io
 import json
 import logging
 import multiprocessing
@@ -54,7 +62,7 @@ from collections.abc import Callable
 from typing import Any, NamedTuple
 
 import psycopg
-from baseline import Meter, Work, held_snapshot, pgbench_tps, recreate, server
+from baseline import Meter, Work, held_snapshot, pgbench_tps, recreate, server, server_cpu
 from kairos import migrations, trace
 from kairos.db import Database
 from kairos.runs import moves
@@ -75,6 +83,10 @@ class Round(NamedTuple):
     threads: float
     held: float  # the handler series again while another connection holds a REPEATABLE READ snapshot
     work: dict[str, Work]  # what a unit of each series wrote: "pgbench" (a transaction), "handler", "procrastinate"
+    # CPU ms a run cost (handler processes, server backends): the 8-process series, and one process alone
+    cpu: tuple[float, float | None]
+    single_cpu: tuple[float, float | None]
+    single: float  # runs/s of the one-process series
 
 # One owner ('bench') runs every worker's runs: its budgets must not be what is measured.
 SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily_tokens=10**12,
@@ -190,7 +202,7 @@ def _process_worker(ids: list[uuid.UUID], next_index: Any, start_line: Any, fini
         if index >= len(ids):
             break
         lifecycle(database, ids[index])
-    finished.put(time.monotonic())  # before the process's own teardown, which is not run work
+    finished.put((time.monotonic(), 0.0))  # before the process's own teardown, which is not run work
     database.close()
 
 
@@ -256,6 +268,7 @@ def _handler_worker(ids: list[uuid.UUID], next_index: Any, start_line: Any, fini
     start_line.wait()
     if profiler is not None:
         profiler.enable()
+    cpu = time.process_time()
     while True:
         with next_index.get_lock():
             index = next_index.value
@@ -265,16 +278,18 @@ def _handler_worker(ids: list[uuid.UUID], next_index: Any, start_line: Any, fini
         response = app.handler(_sqs_event(ids[index]), _Context())
         if response != {"batchItemFailures": []}:
             raise RuntimeError(f"record failed: {response}")
+    cpu = time.process_time() - cpu  # this container's CPU for its runs (its imports and warm-up excluded)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(f"{profile}.{os.getpid()}")
-    finished.put(time.monotonic())
+    finished.put((time.monotonic(), cpu))
     runtime_database.close()
 
 
-def _spawned(target: Callable[..., None], workers: int, ids: list[uuid.UUID], *args: Any) -> float:
+def _spawned(target: Callable[..., None], workers: int, ids: list[uuid.UUID], *args: Any) -> tuple[float, float]:
     """Seconds for ``workers`` fresh processes running ``target(ids, next_index, start_line, finished,
-    *args)`` to take every id from one shared index, from their common start to the last one's finish."""
+    *args)`` to take every id from one shared index, from their common start to the last one's finish;
+    and the CPU seconds the processes reported for that work (each puts ``(finish, cpu)``)."""
     context = multiprocessing.get_context("spawn")
     start_line = context.Barrier(workers + 1)
     finished = context.Queue()
@@ -285,32 +300,39 @@ def _spawned(target: Callable[..., None], workers: int, ids: list[uuid.UUID], *a
         child.start()
     start_line.wait()
     started = time.monotonic()  # CLOCK_MONOTONIC: one clock for every process on the host
-    ended: float = max(finished.get(timeout=3600) for _ in children)
+    reports: list[tuple[float, float]] = [finished.get(timeout=3600) for _ in children]
     for child in children:
         child.join()
     if any(child.exitcode != 0 for child in children):
         raise RuntimeError(f"a {target.__name__} process failed")
-    return ended - started
+    return max(end for end, _ in reports) - started, sum(cpu for _, cpu in reports)
 
 
-def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str | None = None) -> float:
+def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str | None = None) -> tuple[float, float]:
     return _spawned(_handler_worker, workers, ids, url, profile)
 
 
 def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1,
-                 work: list[Work] | None = None, statements: dict[str, tuple[int, float]] | None = None) -> float:
+                 work: list[Work] | None = None, statements: dict[str, tuple[int, float]] | None = None,
+                 cpu: list[tuple[float, float | None]] | None = None) -> float:
     """Whole run-function invocations per second: ``functions/run/app.py``'s handler (its Powertools
     decorators, the SQS batch adapter, ``runs.worker.process`` with the echo executor, fork mode), one
     SQS-shaped event per run, ``workers`` processes (Lambda containers); SQS itself is not involved.
     ``statements``, when given, receives each statement's calls and mean execution time (ms) over the
-    series, from ``pg_stat_statements``."""
+    series, from ``pg_stat_statements``; ``cpu`` the CPU milliseconds a run cost the handler processes and
+    the server's backends (None: not a local server)."""
     ids = seed_runs(url, count, "fork", owners)
     meter = Meter(url)
     meter.start()
     read_statements = _statement_times(url) if statements is not None else None
-    elapsed = _handler_workers(url, ids, workers, profile)  # returns once every worker has exited
+    server_before = server_cpu(url)
+    elapsed, client = _handler_workers(url, ids, workers, profile)  # returns once every worker has exited
     if work is not None:
         work.append(meter.stop(count))
+    if cpu is not None:
+        server_after = server_cpu(url)
+        cpu.append((1000 * client / count, None if server_before is None or server_after is None
+                    else 1000 * (server_after - server_before) / count))
     if read_statements is not None and statements is not None:
         statements.update(read_statements())
     with psycopg.connect(url) as conn:
@@ -350,7 +372,7 @@ def _statement_times(url: str) -> Callable[[], dict[str, tuple[int, float]]]:
     return read
 
 
-def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> float:
+def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> tuple[float, float]:
     return _spawned(_process_worker, workers, ids, url)
 
 
@@ -359,7 +381,7 @@ def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False) 
     runs, with ``workers`` threads or processes."""
     # A full run in append mode would read the one shared transcript, growing with every run.
     ids = seed_runs(url, count, "append")
-    elapsed = (_process_workers if processes else _thread_workers)(url, ids, workers)
+    elapsed = _process_workers(url, ids, workers)[0] if processes else _thread_workers(url, ids, workers)
     with psycopg.connect(url) as conn:
         done = conn.execute("SELECT count(*) FROM runs WHERE state = 'succeeded' AND id = ANY(%s)", (ids,)).fetchone()
     assert done is not None and done[0] == count, done
@@ -455,6 +477,11 @@ def main() -> None:
     with server() as (admin_url, pgbench_binary):
         kairos_url = recreate(admin_url, "kairos_bench")
         migrations.apply(kairos_url)
+        # A live database has history, and statistics that describe it: one untimed handler series first.
+        # Without it the first round plans the hot statements from the statistics of a database holding
+        # one conversation and no effects (ANALYZE after seeding), and those generic plans scan tables
+        # that grow with every run of the series (each run reads all of them: quadratic in the series).
+        handler_rate(kairos_url, args.runs, WORKERS, None, args.owners)
         pgbench_url = recreate(admin_url, "kairos_bench_pgbench")
         # The machine's noise moves every series by 10-20 % from one minute to the next: interleave
         # the compared series and report each one's median (and the ratios of every round).
@@ -473,18 +500,23 @@ def main() -> None:
                 with held_snapshot(kairos_url, "runs"):
                     held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners,
                                         statements=held_statements if last and args.statements else None)
+            cpu: list[tuple[float, float | None]] = []
             handler = handler_rate(kairos_url, args.runs, WORKERS, args.profile if last else None, args.owners,
-                                   work["handler"], statements=statements if last and args.statements else None)
+                                   work["handler"], statements=statements if last and args.statements else None,
+                                   cpu=cpu)
+            # The same handler in one process: what a run costs when nothing else wants the two cores.
+            single = handler_rate(kairos_url, max(100, args.runs // 4), 1, None, args.owners, cpu=cpu)
             full, fetch_finish = asyncio.run(procrastinate_rates(
                 recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS, work["procrastinate"]))
             procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
-            threads = kairos_rate(kairos_url, args.runs, WORKERS)
+            with contextlib.redirect_stdout(io.StringIO()):  # the EMF lines of the threads' metrics
+                threads = kairos_rate(kairos_url, args.runs, WORKERS)
             if not held_first:
                 with held_snapshot(kairos_url, "runs"):
                     held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners,
                                         statements=held_statements if last and args.statements else None)
             rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held,
-                                {k: v[0] for k, v in work.items() if v}))
+                                {k: v[0] for k, v in work.items() if v}, cpu[0], cpu[1], single))
 
     def med(values: list[float | None]) -> float | None:
         known = [v for v in values if v is not None]
@@ -542,6 +574,20 @@ def main() -> None:
         if seen:
             print(f"| {unit} | {statistics.median(w.wal_bytes for w in seen):,.0f} | "
                   f"{statistics.median(w.rows for w in seen):.1f} | {statistics.median(w.commits for w in seen):.1f} |")
+    print()
+    print("What a run cost in CPU (medians of the rounds; handler processes' own CPU for their runs, and the server")
+    print("backends' CPU, read from the postmaster's reaped children: local servers only):")
+    print()
+    print("| series | runs/s | client CPU ms/run | server CPU ms/run | total ms/run |")
+    print("|---|---:|---:|---:|---:|")
+    for label, rate_of, cpu_of in (("run handler, 8 processes", lambda r: r.handler, lambda r: r.cpu),
+                                   ("run handler, 1 process", lambda r: r.single, lambda r: r.single_cpu)):
+        client_ms = statistics.median(cpu_of(r)[0] for r in rounds)
+        servers = [s for s in (cpu_of(r)[1] for r in rounds) if s is not None]
+        server_ms = statistics.median(servers) if servers else None
+        total = "n/a" if server_ms is None else f"{client_ms + server_ms:.2f}"
+        print(f"| {label} | {statistics.median(rate_of(r) for r in rounds):.0f} | {client_ms:.2f} | "
+              f"{'n/a' if server_ms is None else f'{server_ms:.2f}'} | {total} |")
     print()
     print(f"MVCC pressure (run handler under a held snapshot ÷ without it, median of the rounds' ratios): "
           f"{held_ratio:.2f} (target ≥ 0.9: {'met' if held_ratio >= 0.9 else 'NOT met'}).")

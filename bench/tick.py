@@ -60,13 +60,13 @@ from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from datetime import datetime, timedelta
-from pathlib import Path
 from typing import Any
 
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the tick logs every batch: keep the table readable
 
 import psycopg
 from baseline import held_snapshot, pgbench_tps, recreate, server
+from baseline import server_cpu as server_cpu_seconds  # Result.server_cpu is a field
 from kairos import calendar, handoff, migrations
 from kairos.db import Database
 from kairos.states import ScheduleKind
@@ -281,19 +281,6 @@ class Result:
         return self.dispatched / self.seconds
 
 
-def _server_children_cpu(url: str) -> float | None:
-    """CPU seconds of the server's exited backends (the postmaster's reaped children), or None."""
-    try:
-        with psycopg.connect(url) as conn:
-            row = conn.execute("SHOW data_directory").fetchone()
-        assert row is not None
-        pid = int((Path(row[0]) / "postmaster.pid").read_text().split()[0])
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
-        return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
-    except (OSError, ValueError, psycopg.Error, AssertionError):
-        return None
-
-
 def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[[datetime], list[dict[str, Any]]],
             count: int, *, snapshot: bool = False, keyset: bool = True, profile: bool = False,
             fire_workers: int = FIRE_WORKERS) -> Result:
@@ -312,7 +299,7 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
     due: datetime = row[0]
     populate(url, rules_for(due), count, due)
     database = Database(url, max_size=4)  # what runtime.database() gives a container
-    server_before = _server_children_cpu(url)
+    server_before = server_cpu_seconds(url)
     profiler = cProfile.Profile() if profile else None
     try:
         with psycopg.connect(url) as conn:
@@ -345,7 +332,7 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
     if report.dispatched != count or lag[2]:
         raise RuntimeError(f"{label}: dispatched {report.dispatched} of {count}, {lag[2]} not handed off")
     time.sleep(0.2)  # the pool's backends exit and are reaped
-    server_after = _server_children_cpu(url)
+    server_after = server_cpu_seconds(url)
     server_cpu = server_after - server_before if server_before is not None and server_after is not None else None
     if profiler:
         out = io.StringIO()
