@@ -22,8 +22,9 @@ What is measured (all on one PostgreSQL server, one database each, same run, rou
 5. **MVCC pressure**: the handler series again while another connection holds a REPEATABLE READ
    transaction that has read ``runs`` (vacuum must keep every row version the runs write).
 6. **CPU per run**: the handler processes' own CPU for their runs and the server backends' CPU, for
-   the 8-process series and for the same handler in one process (a quarter of the runs): on two cores
-   the eight processes and their eight backends cost each run more CPU than one process does alone.
+   the 8-process series and for the same handler in one process (a quarter of the runs), beside the
+   same for a Procrastinate job: on two cores the eight processes and their eight backends cost each
+   run more CPU than one process does alone, and Procrastinate's clients are one process.
 
 An untimed handler series runs first: the measured series start from a database with history and
 statistics that describe it, as a deployment has.
@@ -87,6 +88,7 @@ class Round(NamedTuple):
     cpu: tuple[float, float | None]
     single_cpu: tuple[float, float | None]
     single: float  # runs/s of the one-process series
+    procrastinate_cpu: tuple[float, float | None]  # CPU ms a job cost (its one process, the server backends)
 
 # One owner ('bench') runs every worker's runs: its budgets must not be what is measured.
 SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily_tokens=10**12,
@@ -391,8 +393,8 @@ def kairos_rate(url: str, count: int, workers: int, *, processes: bool = False) 
 # --- Procrastinate -------------------------------------------------------------------------------------
 
 
-async def procrastinate_rates(url: str, count: int, workers: int,
-                              written: list[Work] | None = None) -> tuple[float, float]:
+async def procrastinate_rates(url: str, count: int, workers: int, written: list[Work] | None = None,
+                              cpu: list[tuple[float, float | None]] | None = None) -> tuple[float, float]:
     import procrastinate
     from procrastinate.jobs import Status
 
@@ -405,6 +407,8 @@ async def procrastinate_rates(url: str, count: int, workers: int,
 
     async with app.open_async():
         await app.schema_manager.apply_schema_async()
+    server_before = server_cpu(url)  # the schema's backends have exited
+    async with app.open_async():
         manager = app.job_manager
         worker_ids = [await manager.register_worker() for _ in range(workers)]
         meter = Meter(url)
@@ -422,14 +426,20 @@ async def procrastinate_rates(url: str, count: int, workers: int,
             return done
 
         share = [count // workers + (1 if i < count % workers else 0) for i in range(workers)]
+        client = time.process_time()
         started = time.perf_counter()
         await asyncio.gather(*(defer_some(n) for n in share))
         deferred = time.perf_counter()
         finished = sum(await asyncio.gather(*(work(w) for w in worker_ids)))
         ended = time.perf_counter()
+        client = time.process_time() - client
     # Read once the app's pool is closed: its backends have reported their counts.
     if written is not None:
         written.append(meter.stop(count))
+    if cpu is not None:
+        server_after = server_cpu(url)
+        cpu.append((1000 * client / count, None if server_before is None or server_after is None
+                    else 1000 * (server_after - server_before) / count))
     assert finished == count, finished
     return count / (ended - started), count / (ended - deferred)
 
@@ -507,7 +517,7 @@ def main() -> None:
             # The same handler in one process: what a run costs when nothing else wants the two cores.
             single = handler_rate(kairos_url, max(100, args.runs // 4), 1, None, args.owners, cpu=cpu)
             full, fetch_finish = asyncio.run(procrastinate_rates(
-                recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS, work["procrastinate"]))
+                recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS, work["procrastinate"], cpu))
             procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
             with contextlib.redirect_stdout(io.StringIO()):  # the EMF lines of the threads' metrics
                 threads = kairos_rate(kairos_url, args.runs, WORKERS)
@@ -516,7 +526,7 @@ def main() -> None:
                     held = handler_rate(kairos_url, args.runs, WORKERS, None, args.owners,
                                         statements=held_statements if last and args.statements else None)
             rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held,
-                                {k: v[0] for k, v in work.items() if v}, cpu[0], cpu[1], single))
+                                {k: v[0] for k, v in work.items() if v}, cpu[0], cpu[1], single, cpu[2]))
 
     def med(values: list[float | None]) -> float | None:
         known = [v for v in values if v is not None]
@@ -575,13 +585,15 @@ def main() -> None:
             print(f"| {unit} | {statistics.median(w.wal_bytes for w in seen):,.0f} | "
                   f"{statistics.median(w.rows for w in seen):.1f} | {statistics.median(w.commits for w in seen):.1f} |")
     print()
-    print("What a run cost in CPU (medians of the rounds; handler processes' own CPU for their runs, and the server")
-    print("backends' CPU, read from the postmaster's reaped children: local servers only):")
+    print("What a run (a job) cost in CPU (medians of the rounds; the client processes' own CPU for their work,")
+    print("and the server backends' CPU, read from the postmaster's reaped children: local servers only):")
     print()
     print("| series | runs/s | client CPU ms/run | server CPU ms/run | total ms/run |")
     print("|---|---:|---:|---:|---:|")
     for label, rate_of, cpu_of in (("run handler, 8 processes", lambda r: r.handler, lambda r: r.cpu),
-                                   ("run handler, 1 process", lambda r: r.single, lambda r: r.single_cpu)):
+                                   ("run handler, 1 process", lambda r: r.single, lambda r: r.single_cpu),
+                                   ("Procrastinate defer + fetch + finish, 8 coroutines of 1 process",
+                                    lambda r: r.procrastinate, lambda r: r.procrastinate_cpu)):
         client_ms = statistics.median(cpu_of(r)[0] for r in rounds)
         servers = [s for s in (cpu_of(r)[1] for r in rounds) if s is not None]
         server_ms = statistics.median(servers) if servers else None
