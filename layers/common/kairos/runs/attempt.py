@@ -127,8 +127,8 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: 
     and prompt entry) — is claimed in one round trip: the owner's slot lock, the claim and the model
     input's window travel together in pipeline mode, one implicit transaction (``Database.trip``),
     so the owner's slot lock, which every claim of that owner waits for, is held from the server's
-    execution to its commit, never across a round trip to this process. Any other run is left queued by that
-    statement and claimed the general way (``_claim``): one trip more for it."""
+    execution to its commit, never across a round trip to this process. Any other run is left queued
+    by that statement and claimed the general way (``_claim``): one trip more for it."""
     thread_id = uuid.uuid4()
     claimed = _claim_fork(database, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
     if claimed is None:

@@ -200,11 +200,11 @@ class Execution:
         # One transaction in two trips: BEGIN, the run's and then the conversation's lock (one
         # statement, which reads the cancel request) and the answer entry (written only while no cancel
         # is requested) travel together; then the effect's settlement, the terminal update and
-        # COMMIT. The settlement goes last because it updates the
-        # owner's day row of the budget ledger (kairos.budgets), which every model call of the owner
-        # waits for: held from the second trip to its commit, not across a round trip and this
-        # process's work between them. The terminal statement traces the settlement, the answer and
-        # the end (kairos.trace.change), and requires the effect settled (runs_succeed's guard).
+        # COMMIT. The settlement goes last because it updates the owner's day row of the budget
+        # ledger (kairos.budgets), which every model call of the owner waits for: held from the second
+        # trip to its commit, not across a round trip and this process's work between them. The
+        # terminal statement traces the settlement, the answer and the end (kairos.trace.change), and
+        # requires the effect settled (runs_succeed's guard).
         with self.database.explicit() as conn:
             with self.database.batch(conn):
                 db.begin(conn)
