@@ -546,14 +546,13 @@ def main() -> None:
               f"threads {r.threads:.0f}/s ({ratio(r.threads, r.tps)}), handler under a held snapshot "
               f"{r.held:.0f}/s ({ratio(r.held, r.handler)} of the same round's handler)")
     tps = med([r.tps for r in rounds])
-    handler = med([r.handler for r in rounds])
-    full = med([r.procrastinate for r in rounds])
-    fetch_finish = med([r.fetch_finish for r in rounds])
-    procs = med([r.procs for r in rounds])
-    threads = med([r.threads for r in rounds])
-    held = med([r.held for r in rounds])
+    handler = statistics.median(r.handler for r in rounds)
+    full = statistics.median(r.procrastinate for r in rounds)
+    fetch_finish = statistics.median(r.fetch_finish for r in rounds)
+    procs = statistics.median(r.procs for r in rounds)
+    threads = statistics.median(r.threads for r in rounds)
+    held = statistics.median(r.held for r in rounds)
     held_ratio = statistics.median(r.held / r.handler for r in rounds)
-    assert handler is not None and full is not None
     print()
     print("| measure | per second | ÷ pgbench TPS | handler ÷ this |")
     print("|---|---:|---:|---:|")
@@ -590,15 +589,17 @@ def main() -> None:
     print()
     print("| series | runs/s | client CPU ms/run | server CPU ms/run | total ms/run |")
     print("|---|---:|---:|---:|---:|")
-    for label, rate_of, cpu_of in (("run handler, 8 processes", lambda r: r.handler, lambda r: r.cpu),
-                                   ("run handler, 1 process", lambda r: r.single, lambda r: r.single_cpu),
-                                   ("Procrastinate defer + fetch + finish, 8 coroutines of 1 process",
-                                    lambda r: r.procrastinate, lambda r: r.procrastinate_cpu)):
-        client_ms = statistics.median(cpu_of(r)[0] for r in rounds)
-        servers = [s for s in (cpu_of(r)[1] for r in rounds) if s is not None]
+    series: list[tuple[str, list[float], list[tuple[float, float | None]]]] = [
+        ("run handler, 8 processes", [r.handler for r in rounds], [r.cpu for r in rounds]),
+        ("run handler, 1 process", [r.single for r in rounds], [r.single_cpu for r in rounds]),
+        ("Procrastinate defer + fetch + finish, 8 coroutines of 1 process", [r.procrastinate for r in rounds],
+         [r.procrastinate_cpu for r in rounds])]
+    for label, rates, cpus in series:
+        client_ms = statistics.median(client for client, _ in cpus)
+        servers = [server for _, server in cpus if server is not None]
         server_ms = statistics.median(servers) if servers else None
         total = "n/a" if server_ms is None else f"{client_ms + server_ms:.2f}"
-        print(f"| {label} | {statistics.median(rate_of(r) for r in rounds):.0f} | {client_ms:.2f} | "
+        print(f"| {label} | {statistics.median(rates):.0f} | {client_ms:.2f} | "
               f"{'n/a' if server_ms is None else f'{server_ms:.2f}'} | {total} |")
     print()
     print(f"MVCC pressure (run handler under a held snapshot ÷ without it, median of the rounds' ratios): "
