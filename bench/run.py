@@ -197,6 +197,7 @@ def _process_worker(ids: list[uuid.UUID], next_index: Any, start_line: Any, fini
     with database.connection() as conn:
         conn.execute("SELECT 1")
     start_line.wait()
+    cpu = time.process_time()
     while True:
         with next_index.get_lock():  # one shared queue, as with threads: no process idles at the end
             index = next_index.value
@@ -204,7 +205,8 @@ def _process_worker(ids: list[uuid.UUID], next_index: Any, start_line: Any, fini
         if index >= len(ids):
             break
         lifecycle(database, ids[index])
-    finished.put((time.monotonic(), 0.0))  # before the process's own teardown, which is not run work
+    # Before the process's own teardown, which is not run work.
+    finished.put((time.monotonic(), time.process_time() - cpu))
     database.close()
 
 

@@ -65,8 +65,7 @@ from typing import Any
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the tick logs every batch: keep the table readable
 
 import psycopg
-from baseline import held_snapshot, pgbench_tps, recreate, server
-from baseline import server_cpu as server_cpu_seconds  # Result.server_cpu is a field
+from baseline import held_snapshot, pgbench_tps, recreate, server, server_cpu
 from kairos import calendar, handoff, migrations
 from kairos.db import Database
 from kairos.states import ScheduleKind
@@ -299,7 +298,7 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
     due: datetime = row[0]
     populate(url, rules_for(due), count, due)
     database = Database(url, max_size=4)  # what runtime.database() gives a container
-    server_before = server_cpu_seconds(url)
+    server_before = server_cpu(url)
     profiler = cProfile.Profile() if profile else None
     try:
         with psycopg.connect(url) as conn:
@@ -332,15 +331,15 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
     if report.dispatched != count or lag[2]:
         raise RuntimeError(f"{label}: dispatched {report.dispatched} of {count}, {lag[2]} not handed off")
     time.sleep(0.2)  # the pool's backends exit and are reaped
-    server_after = server_cpu_seconds(url)
-    server_cpu = server_after - server_before if server_before is not None and server_after is not None else None
+    server_after = server_cpu(url)
+    server_seconds = server_after - server_before if server_before is not None and server_after is not None else None
     if profiler:
         out = io.StringIO()
         pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(18)
         print(f"\n### cProfile, {label} (top entries by own time)\n")
         print("```\n" + "\n".join(out.getvalue().strip().splitlines()[:40]) + "\n```")
     return Result(label, report.dispatched, seconds, report.fire_db_seconds, report.fire_sqs_seconds,
-                  float(lag[0]), float(lag[1]), client_cpu, server_cpu)
+                  float(lag[0]), float(lag[1]), client_cpu, server_seconds)
 
 
 @contextmanager
@@ -426,9 +425,9 @@ def main() -> int:
     print("|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|")
     for r in results:
         ratio = f"{r.fires_per_second / tps:.2f}" if tps else "n/a"
-        server_cpu = f"{r.server_cpu:.2f}" if r.server_cpu is not None else "n/a"
+        server_text = f"{r.server_cpu:.2f}" if r.server_cpu is not None else "n/a"
         print(f"| {r.label} | {r.fires_per_second:,.0f} | {ratio} | {r.seconds:.2f} | {r.db_seconds:.2f} | "
-              f"{r.sqs_seconds:.2f} | {r.client_cpu:.2f} | {server_cpu} | {r.lag_p50:.2f} | {r.lag_p99:.2f} |")
+              f"{r.sqs_seconds:.2f} | {r.client_cpu:.2f} | {server_text} | {r.lag_p50:.2f} | {r.lag_p99:.2f} |")
     runs_text = " / ".join(f"{t:,.0f}" for t in tps_runs) or "n/a"
     print(f"| pgbench simple-update, 8 clients (rounds) | {runs_text} TPS | 1.00 | {args.seconds} each "
           "| | | | | | |")
