@@ -149,8 +149,8 @@ def test_two_triggers_for_the_last_queue_place_one_is_refused(db_url: str, queue
 def test_a_burst_counts_the_owners_queues_in_one_pass_whatever_the_statistics_say(db_url: str) -> None:
     """The queue cap's count must not read the queued runs once per owner of a batch. Statistics taken
     at a quiet moment (no run queued) make every partial index of active runs look empty, and the
-    planner may then count an owner's queued runs by scanning an index of every owner's: repeated per
-    owner, a 07:00 burst's batches grow quadratically. Counted here: the rows of ``runs`` the recording
+    planner counted an owner's queued runs by scanning an index of every schedule's: repeated per
+    owner, a 07:00 burst's batches grew quadratically (migration 0017 leaves it one index to take). Counted here: the rows of ``runs`` the recording
     statement reads (``pg_stat_xact_user_tables``: this transaction's sequential and index fetches),
     against the queued runs there are."""
     owners, queued_each = 30, 40

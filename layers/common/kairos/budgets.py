@@ -74,13 +74,10 @@ def defer_delay_seconds() -> int:
 # -- queue -------------------------------------------------------------------------------------------
 
 
-def hold_queues(conn: psycopg.Connection[db.Row], schedule_ids: list[str]) -> list[str]:
-    """Takes the queue locks of these schedules' owners until the caller's transaction ends; returns
-    those owners."""
-    if not schedule_ids:
-        return []
-    rows = db.fetch_all(conn, "schedules_hold_owner_queues", {"schedule_ids": sorted(set(schedule_ids))})
-    return [row["owner"] for row in rows]
+def hold_queues(conn: psycopg.Connection[db.Row], schedule_ids: list[str]) -> None:
+    """Takes the queue locks of these schedules' owners until the caller's transaction ends."""
+    if schedule_ids:
+        db.fetch_all(conn, "schedules_hold_owner_queues", {"schedule_ids": sorted(set(schedule_ids))})
 
 
 # -- ceilings ----------------------------------------------------------------------------------------

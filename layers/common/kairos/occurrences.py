@@ -98,10 +98,10 @@ def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
         return []
     if queue_max is None:
         queue_max = runtime.settings().owner_queue_max
-    owners = budgets.hold_queues(conn, [r["schedule_id"] for r in rows if r["schedule_id"] is not None])
+    budgets.hold_queues(conn, [r["schedule_id"] for r in rows if r["schedule_id"] is not None])
     # json.dumps is C, psycopg's array adaptation is not, and this is the hot path of a large tick.
     return db.fetch_all(conn, "occurrences_insert", {"occurrences": json.dumps(rows), "now": now,
-                                                     "queue_max": queue_max, "owners": owners})
+                                                     "queue_max": queue_max})
 
 
 def refuse_over_cap(recorded: list[db.Row], *, queue_max: int | None = None) -> None:

@@ -23,21 +23,10 @@ WITH given AS (
       LEFT JOIN schedules s ON s.id = p.schedule_id
       LEFT JOIN conversations cv ON cv.id = p.conversation_id AND p.schedule_id IS NULL  -- a chat turn
 ), queued AS (
-    -- Each owner's queued runs now (the caller holds the owners' queue locks). The owners the caller
-    -- locked (``owners``, a constant list: a hashed lookup) are counted in one pass over the queued runs,
-    -- not one index scan each: a plan made from statistics that saw no queued run (the last ANALYZE at a
-    -- quiet moment) finds every partial index of active runs equally empty and may scan one that holds
-    -- every owner's runs, and that scan must not be repeated per owner while a burst fills it. A row
-    -- whose owner was not passed (a chat turn's, from its conversation) is counted on its own, capped.
-    SELECT q.owner, count(*) AS n
-      FROM runs q
-     WHERE q.state = 'queued' AND q.owner = ANY(%(owners)s::text[])
-     GROUP BY q.owner
-    UNION ALL
+    -- Each owner's queued runs now, counted up to the cap (the caller holds the owners' queue locks).
     SELECT o.owner, (SELECT count(*) FROM (SELECT 1 FROM runs q WHERE q.owner = o.owner AND q.state = 'queued'
                                              LIMIT %(queue_max)s) AS n) AS n
-      FROM (SELECT DISTINCT owner FROM given
-             WHERE owner IS NOT NULL AND owner <> ALL(%(owners)s::text[])) AS o
+      FROM (SELECT DISTINCT owner FROM given WHERE owner IS NOT NULL) AS o
 ), planned AS (
     -- A row that would make more than queue_max runs of its owner queued (in batch order) is recorded
     -- skipped_budget, without a run (and a row queued behind it would have nothing to wait for: it
@@ -50,7 +39,7 @@ WITH given AS (
            g.conversation_id, g.prompt, g.mode, g.corpus
       FROM (SELECT given.*,
                    coalesce(given.run_id IS NOT NULL
-                            AND coalesce(q.n, 0) + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
+                            AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
                                 > %(queue_max)s, false) AS over
               FROM given LEFT JOIN queued q ON q.owner = given.owner) AS g
 ), occ AS (
