@@ -146,13 +146,13 @@ def test_two_triggers_for_the_last_queue_place_one_is_refused(db_url: str, queue
     assert _queued(db_url, "alice") == queue_max
 
 
-def test_a_burst_counts_the_owners_queues_in_one_pass_whatever_the_statistics_say(db_url: str) -> None:
-    """The queue cap's count must not read the queued runs once per owner of a batch. Statistics taken
-    at a quiet moment (no run queued) make every partial index of active runs look empty, and the
-    planner counted an owner's queued runs by scanning an index of every schedule's: repeated per
-    owner, a 07:00 burst's batches grew quadratically (migration 0017 leaves it one index to take). Counted here: the rows of ``runs`` the recording
-    statement reads (``pg_stat_xact_user_tables``: this transaction's sequential and index fetches),
-    against the queued runs there are."""
+def test_a_bursts_queue_count_reads_only_its_owners_queued_runs_whatever_the_statistics_say(db_url: str) -> None:
+    """The queue cap's count must not read every queued run once per owner of a batch. Statistics
+    taken at a quiet moment (no run queued) make every partial index of active runs look empty, and
+    the planner counted an owner's queued runs by scanning an index of every schedule's: repeated per
+    owner, a 07:00 burst's batches grew quadratically (migration 0017 leaves it one index to take).
+    Counted here: the rows of ``runs`` the recording statement reads (``pg_stat_xact_user_tables``:
+    this transaction's sequential and index fetches), against the batch owners' queued runs."""
     owners, queued_each = 30, 40
     with psycopg.connect(db_url, autocommit=True) as conn:
         history = factories.schedule(db_url, owner="history", status="paused")
@@ -203,7 +203,7 @@ def test_a_burst_counts_the_owners_queues_in_one_pass_whatever_the_statistics_sa
     assert before is not None and after is not None
     assert [r["decision"] for r in recorded] == ["dispatched"] * owners  # each owner had room for one more
     read = int(after["n"]) - int(before["n"])
-    # One pass over the queued runs (and a foreign-key probe per new run), not one per owner (~owners x).
+    # The owners' own queued runs (and a foreign-key probe per new run), not every queued run per owner.
     assert read <= owners * queued_each + 4 * owners, read
 
 

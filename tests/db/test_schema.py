@@ -100,6 +100,27 @@ def test_duplicate_timed_occurrence_is_refused(db_url: str) -> None:
         factories.run(db_url, schedule_row=sched, fire_at=fire_at)
 
 
+def test_webhook_tokens_are_unique_and_only_webhook_schedules_take_a_token_entry(db_url: str) -> None:
+    """Migration 0018: the token indexes are partial. Two schedules still cannot share a token (current
+    or previous), NULL tokens still never collide, and a thousand cron schedules (whose cursor the tick
+    moves every fire) leave both indexes at a metapage and one leaf: no NULL entry per row version."""
+    first, second = (factories.schedule(db_url, kind="webhook") for _ in range(2))
+    with pytest.raises(psycopg.errors.UniqueViolation):
+        factories.schedule(db_url, kind="webhook", token_hash=first["token_hash"])
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE schedules SET previous_token_hash = 'p' || token_hash WHERE id = %s", (first["id"],))
+        with pytest.raises(psycopg.errors.UniqueViolation):
+            conn.execute("UPDATE schedules SET previous_token_hash = 'p' || %s WHERE id = %s",
+                         (first["token_hash"], second["id"]))
+        conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, cron, status, next_fire_at)
+                        SELECT gen_random_uuid(), 'alice', %s, 'p', 'cron', '* * * * *', 'active', now()
+                          FROM generate_series(1, 1000)""", (first["conversation_id"],))
+        conn.execute("UPDATE schedules SET next_fire_at = next_fire_at + interval '1 minute' WHERE kind = 'cron'")
+        sizes = conn.execute("SELECT pg_relation_size('schedules_token_hash_key'),"
+                             " pg_relation_size('schedules_previous_token_hash_key')").fetchone()
+    assert sizes == (2 * 8192, 2 * 8192)
+
+
 def _skipped_occurrence(conn: psycopg.Connection[Any], schedule_id: uuid.UUID) -> uuid.UUID:
     """An occurrence with no run (a skipped fire): the kind a pruner could remove outright."""
     occurrence_id = uuid.uuid4()
