@@ -426,6 +426,7 @@ SELECT id, unclaimed_handoffs
   FROM runs
  WHERE state = 'queued'
    AND blocked_by_run_id IS NULL
+   AND unclaimed_handoffs >= 0  -- true of every row; lets runs_handoff_idx serve this (migration 0017)
    AND paused_at IS NULL  -- a paused corpus run is sent again by its resume
    AND ((handoff_at IS NULL
          AND created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s))
@@ -452,6 +453,7 @@ SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_reque
        corpus IS NOT NULL AS corpus_run  -- a corpus run resumes what it committed: never abandoned late
   FROM runs
  WHERE state = 'running'
+   AND lease_token IS NOT NULL  -- true of every running run; lets runs_running_idx serve this (migration 0017)
    AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
  ORDER BY lease_expires_at
  LIMIT %(limit)s
@@ -510,7 +512,8 @@ SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
        count(*) FILTER (WHERE state = 'queued' AND blocked_by_run_id IS NULL AND (handoff_at IS NULL
            OR handoff_at < coalesce(%(now)s::timestamptz, now()) - interval '15 minutes')) AS handoff_pending
   FROM runs
- WHERE state IN ('queued', 'running');
+ WHERE state IN ('queued', 'running')
+   AND owner IS NOT NULL;  -- true of every row; lets runs_owner_active_idx serve this (migration 0017)
 
 -- name: runs_overlap_of_schedule
 -- What overlap sees of a schedule outside the tick (trigger, retry): its newest active run and a
