@@ -15,7 +15,6 @@ sequential and index fetches of the caller's own transaction), against the runs 
 
 from __future__ import annotations
 
-from collections.abc import Iterator
 from datetime import UTC, datetime
 from typing import Any
 
@@ -71,30 +70,20 @@ def burst(db_url: str) -> list[dict[str, Any]]:
     return due
 
 
-@pytest.fixture
-def database(db_url: str) -> Iterator[Database]:
-    database = Database(db_url, max_size=1)
-    try:
-        yield database
-    finally:
-        database.close()
-
-
 def _reads(conn: psycopg.Connection[Any]) -> int:
     row = conn.execute(READS).fetchone()
     assert row is not None
     return int(row["n"])
 
 
-def test_a_bursts_queue_count_reads_only_its_owners_queued_runs(burst: list[dict[str, Any]],
-                                                                 database: Database) -> None:
+def test_a_bursts_queue_count_reads_only_its_owners_queued_runs(burst: list[dict[str, Any]], db: Database) -> None:
     """The queue cap's count, once per owner of a fire batch: each owner's own queued runs."""
     fire = calendar.describe(T, "UTC")
     batch = [occurrences.planned(occurrence_id=(o := identity.occurrence_id(s["id"], Source.SCHEDULED, fire_at=T)),
                                  schedule_id=s["id"], source=Source.SCHEDULED, fire=fire, revision=s["revision"],
                                  decision=Decision.DISPATCHED, run_id=identity.run_id(o))
              for s in burst]
-    with database.transaction() as conn:
+    with db.transaction() as conn:
         before = _reads(conn)
         recorded = occurrences.record(conn, batch, now=T, queue_max=QUEUED_EACH + 1)
         read = _reads(conn) - before
@@ -104,11 +93,12 @@ def test_a_bursts_queue_count_reads_only_its_owners_queued_runs(burst: list[dict
     assert read <= OWNERS * QUEUED_EACH + 4 * OWNERS, read
 
 
-def test_a_claim_counts_only_its_owners_running_runs(db_url: str, burst: list[dict[str, Any]],
-                                                     database: Database) -> None:
-    """The slot count, once per claim: the owner's running runs, not every active run."""
+def test_a_claim_reads_its_run_and_its_owners_running_runs_only(db_url: str, burst: list[dict[str, Any]],
+                                                                 db: Database) -> None:
+    """A claim finds its run by the primary key and counts its owner's running runs, not every queued
+    or active run."""
     queued = factories.run(db_url, schedule_row=burst[0], fire_at=T)
-    with database.transaction() as conn:
+    with db.transaction() as conn:
         before = _reads(conn)
         claimed = moves.claim(conn, queued["id"], now=datetime.now(UTC), owner_slots=5)
         read = _reads(conn) - before
