@@ -35,11 +35,16 @@ held snapshot ≥ 0.9 of the same round's handler rate.
 ``--statements`` prints each statement's mean execution time in the last round's handler and held
 series (``pg_stat_statements``: point ``DATABASE_URL`` at a server started with
 ``-c shared_preload_libraries=pg_stat_statements``, e.g. the system PostgreSQL 15).
+``--quiet-statistics RUNS`` adds, after the rounds, the handler series draining RUNS queued runs twice:
+with statistics that describe them, and planned from statistics taken while none was queued (``runs``
+analyzed after the previous series drained it, autovacuum held off): what a burst meets in a live
+database (migration 0017).
 
 The server is ``DATABASE_URL``'s when set (its databases ``kairos_bench*`` are dropped and
 recreated), else an embedded one started here with default durability settings (fsync on).
 
-Run: ``.venv/bin/python bench/run.py [--runs N] [--seconds S] [--rounds R] [--owners K]``.
+Run: ``.venv/bin/python bench/run.py [--runs N] [--seconds S] [--rounds R] [--owners K]
+[--quiet-statistics RUNS]``.
 """
 
 from __future__ import annotations
@@ -101,10 +106,10 @@ SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily
 # --- Kairos --------------------------------------------------------------------------------------------
 
 
-def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1) -> list[uuid.UUID]:
+def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1, analyze: bool = True) -> list[uuid.UUID]:
     """Per owner one conversation (with two entries, the transcript a fork reads) and schedule; ``count``
     occurrences and queued runs in all, dealt round-robin over the owners and interleaved in the
-    order the workers take them (not timed)."""
+    order the workers take them (not timed). ``analyze=False`` leaves the statistics as they were."""
     per_owner: list[list[uuid.UUID]] = []
     with psycopg.connect(url, autocommit=True) as conn:
         for k in range(owners):
@@ -134,7 +139,8 @@ def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1) -> li
             per_owner.append([r[0] for r in rows])
         # Statistics as a live database has them (autovacuum's ANALYZE): a plan made from an empty
         # table's statistics scans small tables sequentially, which is not what a deployment runs.
-        conn.execute("ANALYZE")
+        if analyze:
+            conn.execute("ANALYZE")
     dealt = [ids[i] for i in range(max(map(len, per_owner), default=0)) for ids in per_owner if i < len(ids)]
     return dealt
 
@@ -312,20 +318,34 @@ def _spawned(target: Callable[..., None], workers: int, ids: list[uuid.UUID], *a
     return max(end for end, _ in reports) - started, sum(cpu for _, cpu in reports)
 
 
+def quiet_handler_rate(url: str, count: int, owners: int) -> float:
+    """The handler series draining ``count`` runs queued after ``runs`` was analyzed with none queued
+    (autovacuum held off until the series ends): the statistics a burst meets in a live database, where
+    autovacuum analyzes runs only after a tenth of it has changed (migration 0017)."""
+    with psycopg.connect(url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE runs SET (autovacuum_enabled = false)")
+        conn.execute("VACUUM ANALYZE runs")  # the previous series drained every run: nothing is queued
+    try:
+        return handler_rate(url, count, WORKERS, None, owners, analyze=False)
+    finally:
+        with psycopg.connect(url, autocommit=True) as conn:
+            conn.execute("ALTER TABLE runs RESET (autovacuum_enabled)")
+
+
 def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str | None = None) -> tuple[float, float]:
     return _spawned(_handler_worker, workers, ids, url, profile)
 
 
 def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1,
                  work: list[Work] | None = None, statements: dict[str, tuple[int, float]] | None = None,
-                 cpu: list[tuple[float, float | None]] | None = None) -> float:
+                 cpu: list[tuple[float, float | None]] | None = None, analyze: bool = True) -> float:
     """Whole run-function invocations per second: ``functions/run/app.py``'s handler (its Powertools
     decorators, the SQS batch adapter, ``runs.worker.process`` with the echo executor, fork mode), one
     SQS-shaped event per run, ``workers`` processes (Lambda containers); SQS itself is not involved.
     ``statements``, when given, receives each statement's calls and mean execution time (ms) over the
     series, from ``pg_stat_statements``; ``cpu`` the CPU milliseconds a run cost the handler processes and
     the server's backends (None: not a local server)."""
-    ids = seed_runs(url, count, "fork", owners)
+    ids = seed_runs(url, count, "fork", owners, analyze=analyze)
     meter = Meter(url)
     meter.start()
     read_statements = _statement_times(url) if statements is not None else None
@@ -480,6 +500,9 @@ def main() -> None:
     parser.add_argument("--statements", action="store_true",
                         help="print each statement's mean execution time in the last round's handler series and "
                              "held-snapshot series (pg_stat_statements; the server, DATABASE_URL's, must preload it)")
+    parser.add_argument("--quiet-statistics", metavar="RUNS", type=int, default=0,
+                        help="after the rounds, the handler series draining RUNS queued runs with fresh statistics "
+                             "and then planned from statistics taken while none was queued, side by side")
     parser.add_argument("--profile", metavar="PREFIX", default=None,
                         help="cProfile the handler processes of the last round into PREFIX.<pid> and print the top")
     args = parser.parse_args()
@@ -529,6 +552,10 @@ def main() -> None:
                                         statements=held_statements if last and args.statements else None)
             rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held,
                                 {k: v[0] for k, v in work.items() if v}, cpu[0], cpu[1], single, cpu[2]))
+        quiet: tuple[float, float] | None = None
+        if args.quiet_statistics:
+            quiet = (handler_rate(kairos_url, args.quiet_statistics, WORKERS, None, args.owners),
+                     quiet_handler_rate(kairos_url, args.quiet_statistics, args.owners))
 
     def med(values: list[float | None]) -> float | None:
         known = [v for v in values if v is not None]
@@ -610,6 +637,10 @@ def main() -> None:
     print(f"Targets (run handler, medians): ÷ pgbench ≥ 0.2: {'met' if met_pg else 'NOT met'} "
           f"({ratio(handler, tps)}); ≥ 1.0x Procrastinate's cycle: {'met' if handler >= full else 'NOT met'} "
           f"({ratio(handler, full)}x).")
+    if quiet is not None:
+        print(f"Statistics from a quiet moment ({args.quiet_statistics} runs queued after runs was analyzed with none "
+              f"queued): run handler {quiet[1]:.0f}/s beside {quiet[0]:.0f}/s with fresh statistics "
+              f"({ratio(quiet[1], quiet[0])}).")
     if statements:
         print()
         print("Statements of the last round's handler series, beside its held-snapshot series (pg_stat_statements, "
