@@ -22,6 +22,7 @@ through ``kairos.runs.get`` (owner-scoped) first.
 
 from __future__ import annotations
 
+import functools
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
 from typing import Any, LiteralString, NamedTuple
@@ -83,7 +84,6 @@ class Event(NamedTuple):
 
 
 _CHANGE_MARK = "%(events)s"
-_changes: dict[str, db.Compiled] = {}
 
 
 def change_sql(query: str) -> LiteralString:
@@ -94,11 +94,9 @@ def change_sql(query: str) -> LiteralString:
     return db.q("run_events_with_change").replace("{change}", update.rstrip().rstrip(";"))
 
 
+@functools.cache
 def _compiled_change(query: str) -> db.Compiled:
-    compiled = _changes.get(query)
-    if compiled is None:
-        compiled = _changes[query] = db.compile_query(change_sql(query))
-    return compiled
+    return db.compile_query(change_sql(query))
 
 
 def change(
