@@ -10,15 +10,18 @@ row per transaction; without the folding these tests fail.
 
 from __future__ import annotations
 
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from kairos import handoff
 from kairos.db import Database
 from kairos.db import q as db_query
 from kairos.executors.base import ExecutorError
 from kairos.runs import moves
 from kairos.runs.worker import process
 from kairos.settings import Settings
+from kairos.tick import Tick
 from psycopg.rows import dict_row
 
 from tests import factories
@@ -94,3 +97,28 @@ def test_a_heartbeat_updates_the_run_in_place(db: Database, db_url: str) -> None
         counts = conn.execute("""SELECT pg_stat_get_xact_tuples_updated('runs'::regclass),
                                         pg_stat_get_xact_tuples_hot_updated('runs'::regclass)""").fetchone()
     assert counts == (1, 1)
+
+
+class _RefusingSqs:
+    """An SQS client that accepts nothing: the tick commits its runs and leaves every one unstamped."""
+
+    def send_message_batch(self, QueueUrl: str, Entries: list[dict[str, Any]]) -> dict[str, Any]:
+        return {"Successful": [], "Failed": [{"Id": e["Id"], "Code": "ServiceUnavailable", "SenderFault": False}
+                                             for e in Entries]}
+
+
+def test_the_handoff_stamp_updates_a_fired_batch_of_runs_in_place(db: Database, db_url: str) -> None:
+    """HOT: runs_handoff_idx names no column the stamp writes, and the pages the tick's insert fills
+    keep room for every run on them to be stamped (migration 0019). Before it, no stamp was HOT."""
+    due = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=1)
+    schedules = [factories.schedule(db_url, cron="* * * * *", next_fire_at=due) for _ in range(60)]
+    report = Tick(db, _RefusingSqs(), "https://sqs.invalid/q", metrics=None).run()
+    assert (report.dispatched, report.handoff_failures) == (60, 60)
+    with psycopg.connect(db_url, autocommit=False, row_factory=dict_row) as conn:
+        ids = [r["id"] for r in conn.execute("SELECT id FROM runs WHERE schedule_id = ANY(%s) AND handoff_at IS NULL",
+                                             ([s["id"] for s in schedules],))]
+        assert len(ids) == 60
+        assert handoff.stamp(conn, ids) == 60
+        counts = conn.execute("""SELECT pg_stat_get_xact_tuples_updated('runs'::regclass) AS updated,
+                                        pg_stat_get_xact_tuples_hot_updated('runs'::regclass) AS hot""").fetchone()
+    assert counts == {"updated": 60, "hot": 60}

@@ -421,12 +421,15 @@ UPDATE runs AS r
 RETURNING r.id;
 
 -- name: runs_lock_unsent
--- Locks queued, unblocked runs whose handoff never happened (and are not fresh) or is stale.
+-- Locks queued, unblocked runs whose handoff never happened (and are not fresh) or is stale, never-sent
+-- first. It reads every queued, unblocked run from runs_handoff_idx and checks its handoff on the row:
+-- the index names no column the handoff stamp writes, so each stamp is a HOT update (migration 0019);
+-- the owners' queue caps bound what this reads, once a tick.
 SELECT id, unclaimed_handoffs
   FROM runs
  WHERE state = 'queued'
    AND blocked_by_run_id IS NULL
-   AND unclaimed_handoffs >= 0  -- true of every row; lets runs_handoff_idx serve this (migration 0017)
+   AND max_attempts >= 1  -- true of every row; lets runs_handoff_idx serve this (migrations 0017, 0019)
    AND paused_at IS NULL  -- a paused corpus run is sent again by its resume
    AND ((handoff_at IS NULL
          AND created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s))
