@@ -110,9 +110,9 @@ class _RefusingSqs:
 def test_the_handoff_stamp_updates_a_fired_batch_of_runs_in_place(db: Database, db_url: str) -> None:
     """HOT: runs_handoff_idx names no column the stamp writes, and the pages the tick's insert fills
     keep room for every run on them to be stamped (migration 0019). Before it, no stamp was HOT."""
-    due = datetime.now(UTC).replace(second=0, microsecond=0) - timedelta(minutes=1)
+    due = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
     schedules = [factories.schedule(db_url, cron="* * * * *", next_fire_at=due) for _ in range(60)]
-    report = Tick(db, _RefusingSqs(), "https://sqs.invalid/q", metrics=None).run()
+    report = Tick(db, _RefusingSqs(), "https://sqs.invalid/q", metrics=None).run(now=due + timedelta(seconds=30))
     assert (report.dispatched, report.handoff_failures) == (60, 60)
     with psycopg.connect(db_url, autocommit=False, row_factory=dict_row) as conn:
         ids = [r["id"] for r in conn.execute("SELECT id FROM runs WHERE schedule_id = ANY(%s) AND handoff_at IS NULL",
