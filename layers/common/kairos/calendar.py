@@ -58,7 +58,7 @@ import tzdata
 
 from kairos.errors import ENUM, MIN, TYPE, FieldError, ValidationFailed
 from kairos.instants import out_of_range, rfc3339
-from kairos.states import DstFold, DstGap, ScheduleKind
+from kairos.states import DstFold, DstGap, ScheduleKind, parse
 
 if TYPE_CHECKING:
     from croniter import croniter
@@ -434,7 +434,7 @@ def _policies(spec: _Cron, gap: DstGap, fold: DstFold) -> tuple[DstGap, DstFold]
 @lru_cache(maxsize=64)
 def _policy_pair(real_time: bool, gap: DstGap, fold: DstFold) -> tuple[DstGap, DstFold]:
     """The two DST policies with ``auto`` resolved for an expression that does (not) follow real time."""
-    gap, fold = DstGap(gap), DstFold(fold)
+    gap, fold = parse(DstGap, gap), parse(DstFold, fold)
     if gap is DstGap.AUTO:
         gap = DstGap.SKIP if real_time else DstGap.SHIFT_FORWARD
     if fold is DstFold.AUTO:
@@ -677,7 +677,7 @@ def check_rule(rule: Rule) -> None:
     its checker in ``_KIND_CHECKS``. ``kind = webhook`` is not a timed rule: ``ValueError`` (a
     programming error, not a user error), raised before anything else is looked at.
     """
-    kind = ScheduleKind(rule.kind)
+    kind = parse(ScheduleKind, rule.kind)
     own = _KIND_CHECKS[kind](rule)
     errors = [*_shared_problems(rule), *own]
     if errors:
@@ -688,13 +688,13 @@ def _shared_problems(rule: Rule) -> list[FieldError]:
     """The zone, the two DST policies and the ``starts_at`` / ``ends_at`` window, in that order."""
     errors: list[FieldError] = zone_problems(rule.timezone)
     try:
-        DstGap(rule.dst_gap)
+        parse(DstGap, rule.dst_gap)
     except ValueError:
         errors.append(
             FieldError("dst_gap", ENUM, f"dst_gap must be one of {', '.join(DstGap)}; got {rule.dst_gap!r}")
         )
     try:
-        DstFold(rule.dst_fold)
+        parse(DstFold, rule.dst_fold)
     except ValueError:
         errors.append(
             FieldError("dst_fold", ENUM, f"dst_fold must be one of {', '.join(DstFold)}; got {rule.dst_fold!r}")
@@ -809,7 +809,7 @@ def _check_valid(rule: Rule) -> None:
 def _iter_checked(rule: Rule, after: datetime) -> Iterator[Fire]:
     zone = _zone(rule.timezone)
     upper = rule.ends_at.astimezone(UTC) if rule.ends_at is not None else None
-    kind = ScheduleKind(rule.kind)
+    kind = parse(ScheduleKind, rule.kind)
     if kind is ScheduleKind.ONCE:
         assert rule.starts_at is not None
         at = rule.starts_at.astimezone(UTC)

@@ -36,7 +36,7 @@ from typing import Any
 from uuid import UUID
 
 from kairos import calendar, identity, overlap
-from kairos.states import Decision, DstFold, DstGap, Overlap, ScheduleKind, Source
+from kairos.states import Decision, DstFold, DstGap, Overlap, ScheduleKind, Source, parse
 
 GRACE = timedelta(seconds=120)
 COUNT_CAP = 10_000
@@ -70,7 +70,7 @@ class Due:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Due:
-        kind = ScheduleKind(row["kind"])
+        kind = parse(ScheduleKind, row["kind"])
         rule = calendar.Rule(
             kind=kind,
             cron=row["cron"],
@@ -78,8 +78,8 @@ class Due:
             starts_at=row["starts_at"],
             ends_at=row["ends_at"],
             timezone=row["timezone"],
-            dst_gap=DstGap(row["dst_gap"]),
-            dst_fold=DstFold(row["dst_fold"]),
+            dst_gap=parse(DstGap, row["dst_gap"]),
+            dst_fold=parse(DstFold, row["dst_fold"]),
         )
         return cls(
             id=row["id"],
@@ -88,7 +88,7 @@ class Due:
             next_fire_at=row["next_fire_at"],
             revision=int(row["revision"]),
             catch_up=bool(row["catch_up"]),
-            overlap=Overlap(row["overlap"]),
+            overlap=parse(Overlap, row["overlap"]),
             fire_count=int(row["fire_count"]),
             max_occurrences=row["max_occurrences"],
             active_run_id=row.get("active_run_id"),

@@ -45,7 +45,7 @@ from kairos import db, handoff, occurrences, overlap
 from kairos.errors import KairosError
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
-from kairos.states import Decision, Source
+from kairos.states import Decision, Source, parse
 from kairos.tick.decision import GRACE, Due, Plan, decide
 from kairos.tick.pause import pause_with_note
 
@@ -181,7 +181,7 @@ class Fire:
     def _report(self, rows: list[db.Row], plans: list[Plan], inserted: list[db.Row], db_now: datetime,
                 conflicts: int, paused: int, result: handoff.HandoffResult, db_seconds: float) -> FireReport:
         # The decision as recorded: the owner's queue cap may have made a planned fire skipped_budget.
-        recorded = {row["occurrence_id"]: Decision(row["decision"]) for row in inserted}
+        recorded = {row["occurrence_id"]: parse(Decision, row["decision"]) for row in inserted}
         dispatched = skipped = queued_behind = covered = 0
         lags: list[float] = []
         for plan in plans:
