@@ -16,6 +16,7 @@ import re
 import shutil
 import subprocess
 import sys
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -143,13 +144,32 @@ def held_snapshot(url: str, table: str) -> Iterator[None]:
 def server_cpu(url: str) -> float | None:
     """CPU seconds of the server's exited backends (the postmaster's reaped children), or None when the
     server is not a local one this process may read: a series' server CPU is the difference across it,
-    once its connections are closed."""
+    once its connections are closed.
+
+    A backend whose client has just disconnected is still exiting for a moment; read before it is
+    reaped, its CPU would land in the next series (a setup's VACUUM counted as the tick's). So this
+    first waits (up to 10 s) until no client backend is exiting or connected but this one. Autovacuum
+    workers are counted when they exit, in whichever series that is."""
     try:
-        with psycopg.connect(url) as conn:
+        with psycopg.connect(url, autocommit=True) as conn:
             row = conn.execute("SHOW data_directory").fetchone()
-        assert row is not None
-        pid = int((Path(str(row[0])) / "postmaster.pid").read_text().split()[0])
-        fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            assert row is not None
+            pid = int((Path(str(row[0])) / "postmaster.pid").read_text().split()[0])
+            _await_client_exits(conn, pid)
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
         return (int(fields[13]) + int(fields[14])) / os.sysconf("SC_CLK_TCK")  # cutime, cstime
     except (OSError, ValueError, psycopg.Error, AssertionError):
         return None
+
+
+def _await_client_exits(conn: psycopg.Connection[Any], postmaster: int) -> None:
+    """Until every child of the postmaster is this connection's backend or a known non-client process
+    (the auxiliary processes, autovacuum): any other child is a client backend, live or exiting."""
+    deadline = time.monotonic() + 10.0
+    while time.monotonic() < deadline:
+        children = {int(p) for p in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()}
+        known = {int(r[0]) for r in conn.execute(
+            "SELECT pid FROM pg_stat_activity WHERE backend_type <> 'client backend' OR pid = pg_backend_pid()")}
+        if children <= known:
+            return
+        time.sleep(0.01)
