@@ -61,13 +61,13 @@ def planned(
     corpus: dict[str, Any] | None = None,
 ) -> dict[str, Any]:
     """One row of a batch for ``record`` (JSON-ready: the batch travels as one document). A chat turn
-    has no schedule: ``chat`` gives its conversation and prompt (its run appends to the conversation)."""
-    return {
+    has no schedule: ``chat`` gives its conversation and prompt (its run appends to the conversation).
+
+    Only what is set is in it: ``occurrences_insert`` reads the batch with ``jsonb_to_record``, where a
+    missing key is NULL as a null one is, and a tick's fire leaves about half the fields unset (the
+    document is encoded and parsed once a fire, on the tick's hot path)."""
+    row: dict[str, Any] = {
         "occurrence_id": str(occurrence_id),
-        "schedule_id": None if schedule_id is None else str(schedule_id),
-        "conversation_id": None if chat is None else str(chat[0]),
-        "prompt": None if chat is None else chat[1],
-        "mode": None if chat is None else "append",
         "source": source.value,
         "fire_at": fire.fire_at.isoformat(),
         "local_time": fire.local_time.isoformat(),
@@ -77,17 +77,25 @@ def planned(
         "tzdata_version": fire.tzdata_version,
         "revision": revision,
         "decision": decision.value,
-        "covers_from": _iso(covers_from),
-        "covers_until": _iso(covers_until),
         "covers_count": covers_count,
-        "idempotency_key": idempotency_key,
         "key_generation": key_generation,
-        "run_id": None if run_id is None else str(run_id),
-        "blocked_by": None if blocked_by is None else str(blocked_by),
-        "payload": payload,
-        "retry_of": None if retry_of is None else str(retry_of),
-        "corpus": corpus,  # a chat turn's checked corpus (a schedule's comes from its revision)
     }
+    for key, value in (("schedule_id", schedule_id), ("run_id", run_id), ("blocked_by", blocked_by),
+                       ("retry_of", retry_of)):
+        if value is not None:
+            row[key] = str(value)
+    for key, instant in (("covers_from", covers_from), ("covers_until", covers_until)):
+        if instant is not None:
+            row[key] = instant.isoformat()
+    if chat is not None:
+        row.update(conversation_id=str(chat[0]), prompt=chat[1], mode="append")
+    if idempotency_key is not None:
+        row["idempotency_key"] = idempotency_key
+    if payload is not None:
+        row["payload"] = payload
+    if corpus is not None:
+        row["corpus"] = corpus  # a chat turn's checked corpus (a schedule's comes from its revision)
+    return row
 
 
 def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
@@ -98,7 +106,7 @@ def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
         return []
     if queue_max is None:
         queue_max = runtime.settings().owner_queue_max
-    budgets.hold_queues(conn, [r["schedule_id"] for r in rows if r["schedule_id"] is not None])
+    budgets.hold_queues(conn, [r["schedule_id"] for r in rows if "schedule_id" in r])
     # json.dumps is C, psycopg's array adaptation is not, and this is the hot path of a large tick.
     return db.fetch_all(conn, "occurrences_insert", {"occurrences": json.dumps(rows), "now": now,
                                                      "queue_max": queue_max})
@@ -109,10 +117,6 @@ def refuse_over_cap(recorded: list[db.Row], *, queue_max: int | None = None) -> 
     caller's transaction then rolls back, so nothing is recorded and the request may be repeated)."""
     if any(r["decision"] == Decision.SKIPPED_BUDGET.value for r in recorded):
         raise QueueFull(runtime.settings().owner_queue_max if queue_max is None else queue_max)
-
-
-def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
 
 
 @dataclass(frozen=True)
