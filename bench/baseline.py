@@ -165,9 +165,12 @@ def server_cpu(url: str) -> float | None:
 def _await_client_exits(conn: psycopg.Connection[Any], postmaster: int) -> None:
     """Until every child of the postmaster is this connection's backend or a known non-client process
     (the auxiliary processes, autovacuum): any other child is a client backend, live or exiting."""
+    listing = Path(f"/proc/{postmaster}/task/{postmaster}/children")
+    if not listing.exists():  # a kernel without CONFIG_PROC_CHILDREN: read at once, as before
+        return
     deadline = time.monotonic() + 10.0
     while time.monotonic() < deadline:
-        children = {int(p) for p in Path(f"/proc/{postmaster}/task/{postmaster}/children").read_text().split()}
+        children = {int(p) for p in listing.read_text().split()}
         known = {int(r[0]) for r in conn.execute(
             "SELECT pid FROM pg_stat_activity WHERE backend_type <> 'client backend' OR pid = pg_backend_pid()")}
         if children <= known:
