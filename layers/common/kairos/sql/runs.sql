@@ -68,15 +68,18 @@ WITH changed AS (
                               WHEN s.input_run_id = r.id THEN NULL
                               WHEN s.status NOT IN ('active', 'completed') THEN 'schedule_paused'
                               WHEN r.expires_at <= coalesce(%(now)s::timestamptz, now()) THEN 'expired'
+                              -- The newer occurrences' runs are read one by one, by occurrence: joined, the
+                              -- planner could start from "runs that started", which statistics taken while
+                              -- none had started put at one row, and read every run (a first burst).
                               WHEN r.source = 'scheduled' AND EXISTS (
                                        SELECT 1
                                          FROM occurrences mine
                                          JOIN occurrences newer
                                            ON newer.schedule_id = mine.schedule_id AND newer.source = 'scheduled'
                                           AND newer.fire_at > mine.fire_at
-                                         JOIN runs n ON n.occurrence_id = newer.id
                                         WHERE mine.id = r.occurrence_id
-                                          AND n.started_at IS NOT NULL) THEN 'superseded'
+                                          AND (SELECT n.started_at FROM runs n WHERE n.occurrence_id = newer.id)
+                                              IS NOT NULL) THEN 'superseded'
                           END AS refusal,
                           %(thread_id)s::uuid IS NOT NULL AND r.mode = 'fork' AND r.attempt = 0
                               AND r.conversation_id IS NULL
