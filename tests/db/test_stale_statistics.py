@@ -1,4 +1,4 @@
-"""Hot statements under statistics taken at a quiet moment (issue 14, migration 0017).
+"""Hot statements under statistics taken at a quiet moment (issue 14, migrations 0017 and 0020).
 
 Autovacuum analyzes ``runs`` after a tenth of it changed, so a burst is usually planned from
 statistics taken when no run was queued or running: the planner then takes every partial index of
@@ -11,6 +11,10 @@ size.
 Each test builds that state — a day of ended runs analyzed, autovacuum held off on ``runs``, then many
 queued runs — and counts the rows of ``runs`` one statement reads (``pg_stat_xact_user_tables``: the
 sequential and index fetches of the caller's own transaction), against the runs it has reason to read.
+The claim's superseded probe read every run when ``occurrences`` had been analyzed then too (one
+schedule's history, so "its newer occurrences" looked like the whole table, and "runs that started"
+like none): it now reads the newer occurrences' runs one by one. Pending notify deliveries, approvals
+and input requests had the partial-index fault of 0017 (below, 0020).
 """
 
 from __future__ import annotations
@@ -21,6 +25,7 @@ from typing import Any
 import psycopg
 import pytest
 from kairos import calendar, identity, occurrences
+from kairos import db as db_module
 from kairos.db import Database
 from kairos.runs import moves
 from kairos.states import Decision, Source
@@ -49,8 +54,9 @@ def burst(db_url: str) -> list[dict[str, Any]]:
                         SELECT gen_random_uuid(), o.id, %(s)s, 'history', 'scheduled', %(c)s, 'fork', 'p', '{}',
                                'succeeded', '{}', o.fire_at, o.fire_at, o.fire_at
                           FROM o""", {"s": history["id"], "c": history["conversation_id"]})
-        conn.execute("ALTER TABLE runs SET (autovacuum_enabled = false)")  # the statistics stay as taken
-        conn.execute("VACUUM ANALYZE runs")  # a quiet moment: nothing queued, nothing running
+        for table in ("runs", "occurrences"):  # a quiet moment: nothing queued, nothing running
+            conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")  # the statistics stay as taken
+            conn.execute(f"VACUUM ANALYZE {table}")
     due = [factories.schedule(db_url, owner=f"owner-{n}", next_fire_at=T) for n in range(OWNERS)]
     with psycopg.connect(db_url, autocommit=True) as conn:  # each owner's queue, filled since then
         conn.execute("""WITH o AS (
@@ -105,5 +111,113 @@ def test_a_claim_reads_its_run_and_its_owners_running_runs_only(db_url: str, bur
     assert claimed is not None and claimed["state"] == "running"
     # The run by its primary key and the owner's running runs (none): 3 here. Before 0017 the claim
     # found its row by scanning every queued run and counted the slots by scanning every active run
-    # (2,404 here).
+    # (2,404 here); before the probe read runs by occurrence, its superseded probe scanned every run
+    # (1,505 here).
     assert read <= 10, read
+
+
+# -- pending rows (migration 0020) -------------------------------------------------------------------
+
+PENDING = 400
+PENDING_TABLES = ("notify_deliveries", "approvals", "input_requests")
+
+
+@pytest.fixture
+def pending(db_url: str) -> dict[str, Any]:
+    """PENDING pending notify deliveries, approvals and input requests that the statistics never saw:
+    each table analyzed holding only finished rows, autovacuum held off, then the pending rows added."""
+    history = factories.schedule(db_url, owner="history", status="paused")
+    keys = {"s": history["id"], "c": history["conversation_id"], "n": PENDING}
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        run_ids = [r[0] for r in conn.execute(
+            """WITH o AS (
+                   INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, timezone,
+                                            tzdata_version, schedule_revision, decision)
+                   SELECT gen_random_uuid(), %(s)s, 'scheduled', now() - make_interval(mins => i), now(),
+                          interval '0', 'UTC', 'test', 1, 'dispatched'
+                     FROM generate_series(1, 2 * %(n)s) AS i
+                   RETURNING id, fire_at)
+               INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode,
+                                 prompt, agent, state, output, created_at, finished_at, settled_at)
+               SELECT gen_random_uuid(), o.id, %(s)s, 'history', 'scheduled', %(c)s, 'fork', 'p', '{}',
+                      'succeeded', '{}', o.fire_at, o.fire_at, o.fire_at
+                 FROM o
+               RETURNING id""", keys)]
+        for state in ("finished", "pending"):  # the finished half analyzed; the pending half added after
+            done = state == "finished"
+            half = {**keys, "runs": run_ids[:PENDING] if done else run_ids[PENDING:]}
+            conn.execute(
+                """INSERT INTO notify_deliveries (run_id, schedule_id, owner, url, secret_ref, state, finished_at)
+                   SELECT r, %(s)s, 'history', 'https://hooks.example.com/x', 'ref', %(st)s, %(at)s
+                     FROM unnest(%(runs)s::uuid[]) AS r""",
+                {**half, "st": "delivered" if done else "pending", "at": datetime.now(UTC) if done else None})
+            conn.execute(
+                """INSERT INTO approvals (id, run_id, owner, state, attempt, step, call_id, tool, args_digest,
+                                          preview, expires_at, decided_at)
+                   SELECT gen_random_uuid(), r, 'owner-' || n, %(st)s, 1, 2, 'c', 'http_post', 'd', '{}',
+                          now() + interval '1 day', %(at)s
+                     FROM unnest(%(runs)s::uuid[]) WITH ORDINALITY AS u(r, n)""",
+                {**half, "st": "denied" if done else "pending", "at": datetime.now(UTC) if done else None})
+            conn.execute(
+                """INSERT INTO input_requests (id, owner, run_id, attempt, step, call_id, schedule_id, revision,
+                                               conversation_id, question, question_digest, state, decided_at)
+                   SELECT gen_random_uuid(), 'owner-' || n, r, 1, 2, 'c', %(s)s, 1, %(c)s, 'Which one?', 'd',
+                          %(st)s, %(at)s
+                     FROM unnest(%(runs)s::uuid[]) WITH ORDINALITY AS u(r, n)""",
+                {**half, "st": "cancelled" if done else "pending", "at": datetime.now(UTC) if done else None})
+            if done:
+                for table in PENDING_TABLES:
+                    conn.execute(f"ALTER TABLE {table} SET (autovacuum_enabled = false)")
+                    conn.execute(f"VACUUM ANALYZE {table}")  # a quiet moment: nothing pending
+        # One owner's request each (owners hold one pending row apiece, as a burst's many owners do).
+        ids = {t: conn.execute(f"SELECT id, owner FROM {t} WHERE state = 'pending' LIMIT 1").fetchone()
+               for t in ("approvals", "input_requests")}
+    return {"schedule_id": history["id"], "run_id": run_ids[-1], "approvals": ids["approvals"],
+            "input_requests": ids["input_requests"]}
+
+
+def _reads_of(conn: psycopg.Connection[Any], table: str) -> int:
+    row = conn.execute("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) AS n FROM pg_stat_xact_user_tables"
+                       " WHERE relname = %s", (table,)).fetchone()
+    assert row is not None
+    return int(row["n"])
+
+
+@pytest.mark.parametrize(("statement", "table"), [
+    ("notify_deliveries_delivered", "notify_deliveries"),
+    ("notify_deliveries_retry", "notify_deliveries"),
+    ("notify_deliveries_give_up", "notify_deliveries"),
+    ("approvals_decide", "approvals"),
+    ("input_requests_answer", "input_requests"),
+])
+def test_a_statement_by_id_reads_its_own_pending_row(pending: dict[str, Any], db: Database, statement: str,
+                                                     table: str) -> None:
+    """Marking one delivery delivered (retried, given up), deciding one approval, answering one input
+    request: each reads its own row by its key, not every pending row of its table. Before 0020 each
+    scanned the whole pending-rows index, which the stale statistics said was empty (PENDING rows here)."""
+    now = datetime.now(UTC)
+    row_id, owner = pending.get(table) or (None, None)
+    params = {"run_id": pending["run_id"], "status": 500, "error": "boom", "attempts": 0, "delay_seconds": 60,
+              "id": row_id, "owner": owner, "state": "approved", "answer_digest": "a", "entry_seq": 3, "now": now}
+    with db.transaction() as conn:
+        before = _reads_of(conn, table)
+        changed = db_module.fetch_one(conn, statement, params)
+        read = _reads_of(conn, table) - before
+    assert changed is not None  # the statement found and moved its row
+    assert read <= 3, read
+
+
+@pytest.mark.parametrize(("statement", "index", "params"), [
+    ("notify_deliveries_claim", "notify_deliveries_due_idx", {"lease_seconds": 60, "preview": 100}),
+    ("approvals_expire_due", "approvals_pending_expiry_idx", {"limit": 10}),
+    ("input_requests_pending_for_schedule", "input_requests_schedule_pending_idx", {}),
+])
+def test_the_pending_queries_still_use_their_index(pending: dict[str, Any], db: Database, statement: str,
+                                                   index: str, params: dict[str, Any]) -> None:
+    """The conjunct 0020 added to each pending-rows index is one its own query implies or states."""
+    with db.transaction() as conn:
+        conn.execute("SET LOCAL enable_seqscan = off")  # the tables are small: ask which index can serve
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+            "EXPLAIN " + db_module.q(statement),
+            {"now": datetime.now(UTC), "schedule_id": pending["schedule_id"], **params}).fetchall())
+    assert index in plan, plan
