@@ -19,7 +19,7 @@ and input requests had the partial-index fault of 0017 (below, 0020).
 
 from __future__ import annotations
 
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
@@ -221,3 +221,60 @@ def test_the_pending_queries_still_use_their_index(pending: dict[str, Any], db: 
             "EXPLAIN " + db_module.q(statement),
             {"now": datetime.now(UTC), "schedule_id": pending["schedule_id"], **params}).fetchall())
     assert index in plan, plan
+
+
+# -- active schedules by id or token (migration 0020) ---------------------------------------------------
+
+ACTIVE = 400
+
+
+@pytest.fixture
+def active(db_url: str) -> dict[str, Any]:
+    """ACTIVE active schedules (and one webhook) that the statistics never saw: ``schedules`` analyzed
+    holding only paused ones, autovacuum held off, then the active ones created, as on a first deploy."""
+    quiet = factories.schedule(db_url, owner="history", status="paused")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, cron, status, next_fire_at)
+                        SELECT gen_random_uuid(), 'history', %s, 'p', 'cron', '0 7 * * *', 'paused', now()
+                          FROM generate_series(1, 300)""", (quiet["conversation_id"],))
+        conn.execute("ALTER TABLE schedules SET (autovacuum_enabled = false)")  # the statistics stay as taken
+        conn.execute("VACUUM ANALYZE schedules")  # a quiet moment: nothing active
+        conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, cron, status, next_fire_at)
+                        SELECT gen_random_uuid(), 'owner-' || i, %s, 'p', 'cron', '0 7 * * *', 'active',
+                               now() + interval '1 hour'
+                          FROM generate_series(1, %s) AS i""", (quiet["conversation_id"], ACTIVE))
+    hook = factories.schedule(db_url, owner="hook-owner", kind="webhook", conversation_id=quiet["conversation_id"])
+    timed = factories.schedule(db_url, owner="timed-owner", conversation_id=quiet["conversation_id"],
+                               next_fire_at=datetime.now(UTC) + timedelta(hours=2))
+    return {"hook": hook, "timed": timed}
+
+
+def _schedule_reads(conn: psycopg.Connection[Any]) -> int:
+    return _reads_of(conn, "schedules")
+
+
+@pytest.mark.parametrize("statement", ["schedules_pause", "schedules_pause_by_tick", "schedules_find_hook"])
+def test_a_schedule_found_by_id_or_token_reads_its_own_row(active: dict[str, Any], db: Database,
+                                                           statement: str) -> None:
+    """Pausing one schedule (the API, the tick) and finding a webhook's schedule by its token hash read
+    that schedule's row, not every active schedule: before 0020 each scanned the whole due-key index,
+    which the statistics said was empty (ACTIVE entries here)."""
+    target = active["hook"] if statement == "schedules_find_hook" else active["timed"]
+    params = {"schedule_id": target["id"], "ids": [target["id"]], "owner": target["owner"],
+              "token_hash": target["token_hash"], "now": datetime.now(UTC)}
+    with db.transaction() as conn:
+        before = _schedule_reads(conn)
+        found = db_module.fetch_all(conn, statement, params)
+        read = _schedule_reads(conn) - before
+    assert [r["id"] for r in found] == [target["id"]]
+    assert read <= 3, read
+
+
+def test_the_due_scan_still_uses_the_due_key_index(active: dict[str, Any], db: Database) -> None:
+    """The conjunct 0020 added to schedules_due_key_idx is one the fire step's due scan implies."""
+    with db.transaction() as conn:
+        plan = "\n".join(r["QUERY PLAN"] for r in conn.execute(
+            "EXPLAIN " + db_module.q("schedules_lock_due"),
+            {"now": datetime.now(UTC) + timedelta(hours=3), "limit": 500, "after_at": datetime(1, 1, 1, tzinfo=UTC),
+             "after_id": "00000000-0000-0000-0000-000000000000"}).fetchall())
+    assert "schedules_due_key_idx" in plan, plan

@@ -11,7 +11,7 @@
 --
 -- Each index below gets a conjunct that its own queries imply and the statements by id do not mention
 -- (a partial index serves only a query whose conditions imply its predicate). Each conjunct holds for
--- every row (the columns are NOT NULL), so no index changes what it holds:
+-- every row (the columns are NOT NULL), so no index changes what it holds (but the last, below):
 -- * notify_deliveries_due_idx: next_attempt_at IS NOT NULL, implied by the claim's
 --   "next_attempt_at <= now" (a strict comparison is never true of a NULL).
 -- * approvals_pending_expiry_idx: created_at IS NOT NULL, which only the expiry states (a decision
@@ -19,6 +19,11 @@
 -- * input_requests_schedule_pending_idx: schedule_id IS NOT NULL, implied by "schedule_id = ...".
 -- * input_requests_one_pending_idx (one pending request a run): run_id IS NOT NULL, implied by
 --   "run_id = ..."; no ON CONFLICT names it as its arbiter.
+-- * schedules_due_key_idx (active schedules by cursor, 0016): next_fire_at IS NOT NULL, implied by the
+--   due scans' "next_fire_at <= now" and the cursor move's "next_fire_at = ...". Pausing a schedule (the
+--   API, the tick) and finding a webhook's schedule by its token hash say "status = 'active'" and scanned
+--   every active schedule under statistics taken before any was (a first deploy). next_fire_at is NULL
+--   only for schedules that never fire (webhooks), which no due scan wants: the index holds fewer rows.
 DROP INDEX notify_deliveries_due_idx;
 CREATE INDEX notify_deliveries_due_idx ON notify_deliveries (next_attempt_at)
     WHERE state = 'pending' AND next_attempt_at IS NOT NULL;
@@ -31,3 +36,5 @@ CREATE INDEX input_requests_schedule_pending_idx ON input_requests (schedule_id)
 DROP INDEX input_requests_one_pending_idx;
 CREATE UNIQUE INDEX input_requests_one_pending_idx ON input_requests (run_id)
     WHERE state = 'pending' AND run_id IS NOT NULL;
+DROP INDEX schedules_due_key_idx;
+CREATE INDEX schedules_due_key_idx ON schedules (next_fire_at, id) WHERE status = 'active' AND next_fire_at IS NOT NULL;
