@@ -14,7 +14,8 @@ sequential and index fetches of the caller's own transaction), against the runs 
 The claim's superseded probe read every run when ``occurrences`` had been analyzed then too (one
 schedule's history, so "its newer occurrences" looked like the whole table, and "runs that started"
 like none): it now reads the newer occurrences' runs one by one. Pending notify deliveries, approvals
-and input requests had the partial-index fault of 0017 (below, 0020).
+and input requests, and active schedules found by id or webhook token, had the partial-index fault of
+0017 (below, 0020).
 """
 
 from __future__ import annotations
@@ -249,10 +250,6 @@ def active(db_url: str) -> dict[str, Any]:
     return {"hook": hook, "timed": timed}
 
 
-def _schedule_reads(conn: psycopg.Connection[Any]) -> int:
-    return _reads_of(conn, "schedules")
-
-
 @pytest.mark.parametrize("statement", ["schedules_pause", "schedules_pause_by_tick", "schedules_find_hook"])
 def test_a_schedule_found_by_id_or_token_reads_its_own_row(active: dict[str, Any], db: Database,
                                                            statement: str) -> None:
@@ -263,9 +260,9 @@ def test_a_schedule_found_by_id_or_token_reads_its_own_row(active: dict[str, Any
     params = {"schedule_id": target["id"], "ids": [target["id"]], "owner": target["owner"],
               "token_hash": target["token_hash"], "now": datetime.now(UTC)}
     with db.transaction() as conn:
-        before = _schedule_reads(conn)
+        before = _reads_of(conn, "schedules")
         found = db_module.fetch_all(conn, statement, params)
-        read = _schedule_reads(conn) - before
+        read = _reads_of(conn, "schedules") - before
     assert [r["id"] for r in found] == [target["id"]]
     assert read <= 3, read
 
