@@ -11,11 +11,13 @@
 --
 -- Each index below gets a conjunct that its own queries imply and the statements by id do not mention
 -- (a partial index serves only a query whose conditions imply its predicate). Each conjunct holds for
--- every row (the columns are NOT NULL), so no index changes what it holds (but the last, below):
+-- every row the index held, so none changes what it holds (but the last, below):
 -- * notify_deliveries_due_idx: next_attempt_at IS NOT NULL, implied by the claim's
 --   "next_attempt_at <= now" (a strict comparison is never true of a NULL).
--- * approvals_pending_expiry_idx: created_at IS NOT NULL, which only the expiry states (a decision
---   says "expires_at > now", which would imply an expires_at conjunct).
+-- * approvals_pending_expiry_idx: decided_at IS NULL (every pending approval's, approvals_decided),
+--   which only the expiry states: a decision says "expires_at > now", which would imply a conjunct
+--   on expires_at, and PostgreSQL 17 drops a stated "IS NOT NULL" of a NOT NULL column before it
+--   matches an index predicate.
 -- * input_requests_schedule_pending_idx: schedule_id IS NOT NULL, implied by "schedule_id = ...".
 -- * input_requests_one_pending_idx (one pending request a run): run_id IS NOT NULL, implied by
 --   "run_id = ..."; no ON CONFLICT names it as its arbiter.
@@ -29,7 +31,7 @@ CREATE INDEX notify_deliveries_due_idx ON notify_deliveries (next_attempt_at)
     WHERE state = 'pending' AND next_attempt_at IS NOT NULL;
 DROP INDEX approvals_pending_expiry_idx;
 CREATE INDEX approvals_pending_expiry_idx ON approvals (expires_at)
-    WHERE state = 'pending' AND created_at IS NOT NULL;
+    WHERE state = 'pending' AND decided_at IS NULL;
 DROP INDEX input_requests_schedule_pending_idx;
 CREATE INDEX input_requests_schedule_pending_idx ON input_requests (schedule_id)
     WHERE state = 'pending' AND schedule_id IS NOT NULL;

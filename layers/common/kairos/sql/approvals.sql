@@ -49,7 +49,7 @@ UPDATE approvals
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id IN (SELECT id FROM approvals
                WHERE state = 'pending' AND expires_at <= coalesce(%(now)s::timestamptz, now())
-                 AND created_at IS NOT NULL  -- true of every row; lets approvals_pending_expiry_idx serve this (0020)
+                 AND decided_at IS NULL  -- true of a pending row; lets approvals_pending_expiry_idx serve this (0020)
                ORDER BY expires_at
                LIMIT %(limit)s
                  FOR UPDATE SKIP LOCKED)
