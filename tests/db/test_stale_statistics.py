@@ -35,7 +35,6 @@ from tests import factories
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
 OWNERS, QUEUED_EACH = 30, 40
-READS = "SELECT seq_tup_read + idx_tup_fetch AS n FROM pg_stat_xact_user_tables WHERE relname = 'runs'"
 
 
 @pytest.fixture
@@ -77,8 +76,10 @@ def burst(db_url: str) -> list[dict[str, Any]]:
     return due
 
 
-def _reads(conn: psycopg.Connection[Any]) -> int:
-    row = conn.execute(READS).fetchone()
+def _reads(conn: psycopg.Connection[Any], table: str = "runs") -> int:
+    """The rows of ``table`` this transaction has read so far (sequential and index fetches)."""
+    row = conn.execute("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) AS n FROM pg_stat_xact_user_tables"
+                       " WHERE relname = %s", (table,)).fetchone()
     assert row is not None
     return int(row["n"])
 
@@ -177,13 +178,6 @@ def pending(db_url: str) -> dict[str, Any]:
             "input_requests": ids["input_requests"]}
 
 
-def _reads_of(conn: psycopg.Connection[Any], table: str) -> int:
-    row = conn.execute("SELECT seq_tup_read + coalesce(idx_tup_fetch, 0) AS n FROM pg_stat_xact_user_tables"
-                       " WHERE relname = %s", (table,)).fetchone()
-    assert row is not None
-    return int(row["n"])
-
-
 @pytest.mark.parametrize(("statement", "table"), [
     ("notify_deliveries_delivered", "notify_deliveries"),
     ("notify_deliveries_retry", "notify_deliveries"),
@@ -201,9 +195,9 @@ def test_a_statement_by_id_reads_its_own_pending_row(pending: dict[str, Any], db
     params = {"run_id": pending["run_id"], "status": 500, "error": "boom", "attempts": 0, "delay_seconds": 60,
               "id": row_id, "owner": owner, "state": "approved", "answer_digest": "a", "entry_seq": 3, "now": now}
     with db.transaction() as conn:
-        before = _reads_of(conn, table)
+        before = _reads(conn, table)
         changed = db_module.fetch_one(conn, statement, params)
-        read = _reads_of(conn, table) - before
+        read = _reads(conn, table) - before
     assert changed is not None  # the statement found and moved its row
     assert read <= 3, read
 
@@ -278,9 +272,9 @@ def test_a_schedule_found_by_id_or_token_reads_its_own_row(active: dict[str, Any
     params = {"schedule_id": target["id"], "ids": [target["id"]], "owner": target["owner"],
               "token_hash": target["token_hash"], "now": datetime.now(UTC)}
     with db.transaction() as conn:
-        before = _reads_of(conn, "schedules")
+        before = _reads(conn, "schedules")
         found = db_module.fetch_all(conn, statement, params)
-        read = _reads_of(conn, "schedules") - before
+        read = _reads(conn, "schedules") - before
     assert [r["id"] for r in found] == [target["id"]]
     assert read <= 3, read
 
