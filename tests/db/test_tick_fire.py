@@ -6,6 +6,7 @@ Lambda clock 5 minutes off to show that only the database's time decides.
 
 from __future__ import annotations
 
+import gc
 import json
 import uuid
 from datetime import UTC, datetime, timedelta
@@ -13,7 +14,7 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import calendar
+from kairos import calendar, heap
 from kairos.db import Database
 from kairos.probes import Probes
 from kairos.tick import Tick
@@ -393,3 +394,19 @@ def test_queue_one_keeps_one_pending_run_released_when_the_blocker_ends(db: Data
     released = one(db_url, "SELECT * FROM runs WHERE id = %s", waiting[0]["id"])
     assert released["blocked_by_run_id"] is None and released["handoff_at"] is not None
     assert sqs_queue.run_ids() == [released["id"]]
+
+
+def test_the_tick_fires_with_the_young_threshold_raised_and_puts_it_back(db: Database, db_url: str,
+                                                                       sqs_queue: SqsQueue) -> None:
+    """kairos.heap: the batches run without mid-tick full collections; the process's setting returns."""
+    factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T)
+    seen: list[int] = []
+    probes = Probes().on("after_select", lambda: seen.append(gc.get_threshold()[0]))
+    saved = gc.get_threshold()
+    gc.set_threshold(700, 10, 10)
+    try:
+        report = tick(db, sqs_queue, probes=probes).run(now=T + timedelta(seconds=30))
+        assert gc.get_threshold() == (700, 10, 10)
+    finally:
+        gc.set_threshold(*saved)
+    assert report.dispatched == 1 and seen == [heap.BATCH_YOUNG]

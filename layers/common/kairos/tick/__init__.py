@@ -40,7 +40,7 @@ from typing import Any
 
 from aws_lambda_powertools.metrics import MetricUnit
 
-from kairos import db
+from kairos import db, heap
 from kairos.observability import logger
 from kairos.observability import metrics as default_metrics
 from kairos.probes import NO_PROBES, Probes
@@ -189,7 +189,14 @@ class Tick:
         return report
 
     def run(self, remaining_ms: Callable[[], int] | None = None, *, now: datetime | None = None) -> TickReport:
-        """The whole tick: settle, repair, then fire batches until none are due or time runs short."""
+        """The whole tick: settle, repair, then fire batches until none are due or time runs short.
+
+        Runs with the collector's young threshold raised (``kairos.heap``): the batches' objects die by
+        reference counting, and full collections no longer run mid-tick to find that out."""
+        with heap.batch_threshold():
+            return self._run(remaining_ms, now)
+
+    def _run(self, remaining_ms: Callable[[], int] | None, now: datetime | None) -> TickReport:
         started = time.perf_counter()
         self._log_start(now)
 
