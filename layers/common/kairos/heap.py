@@ -1,6 +1,6 @@
 """The cyclic garbage collector while the tick holds its batches in memory.
 
-Role: a fire batch keeps about thirty container objects a fire alive until it commits (the locked
+Role: a fire batch keeps about twenty container objects a fire alive until it commits (the locked
 rows, the decisions, their fires, the JSON rows), two batches of 500 at once. With CPython's default
 young-generation threshold (a collection every 700 net allocations) those objects outlive several
 young collections, are promoted, and grow the old generation past its trigger, so full collections
@@ -14,7 +14,7 @@ inside it (the tick holds it for its whole run), and puts back what was set when
 leaves; holders may nest and overlap across threads. A threshold already higher is kept.
 
 Guarantees: nothing is kept alive longer than before except cyclic garbage, which waits at most
-``BATCH_YOUNG`` net allocations (a few megabytes) for the next young collection; objects without
+``BATCH_YOUNG`` net allocations of container objects for the next young collection; objects without
 cycles are freed by reference counting as always. Must not: disable the collector, or leave the raised
 threshold set once no holder is left.
 """
@@ -26,7 +26,9 @@ import threading
 from collections.abc import Iterator
 from contextlib import contextmanager
 
-BATCH_YOUNG = 50_000  # ~100 fires' worth of live objects per collection, not one fire's
+# Above what the fire workers hold at once (two batches of 500 fires, ~20 objects a fire: ~20,000), so
+# a batch is freed before a young collection ever looks at it.
+BATCH_YOUNG = 50_000
 
 _lock = threading.Lock()
 _holders = 0
