@@ -23,17 +23,24 @@ UPDATE approvals
 RETURNING id;
 
 -- name: approvals_decide
--- pending -> approved or denied by its owner, while it has not expired (one decision wins).
-UPDATE approvals
+-- pending -> approved or denied by its owner, while it has not expired (one decision wins). The row is
+-- found and locked by its key alone, then checked: with the owner in the scan, statistics taken before
+-- an owner's first requests let the planner read all of them through approvals_owner_idx to find one.
+WITH found AS MATERIALIZED (
+    SELECT id, owner, state, expires_at FROM approvals WHERE id = %(id)s FOR NO KEY UPDATE
+)
+UPDATE approvals AS a
    SET state = %(state)s, decided_at = coalesce(%(now)s::timestamptz, now()), decided_by = %(owner)s,
        updated_at = coalesce(%(now)s::timestamptz, now())
- WHERE id = %(id)s AND owner = %(owner)s AND state = 'pending'
-   AND expires_at > coalesce(%(now)s::timestamptz, now())
-RETURNING *;
+  FROM found f
+ WHERE a.id = f.id AND f.owner = %(owner)s AND f.state = 'pending'
+   AND f.expires_at > coalesce(%(now)s::timestamptz, now())
+RETURNING a.*;
 
 -- name: approvals_get
--- One request of one owner.
-SELECT * FROM approvals WHERE id = %(id)s AND owner = %(owner)s;
+-- One request of one owner, found by its key alone and then checked (see approvals_decide).
+WITH found AS MATERIALIZED (SELECT * FROM approvals WHERE id = %(id)s)
+SELECT * FROM found WHERE owner = %(owner)s;
 
 -- name: approvals_list
 -- The owner's requests, newest first, optionally in one state.

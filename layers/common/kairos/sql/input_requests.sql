@@ -17,8 +17,11 @@ RETURNING *;
 SELECT * FROM input_requests WHERE run_id = %(run_id)s AND step = %(step)s AND call_id = %(call_id)s;
 
 -- name: input_requests_get
--- One request of one owner; a foreign one answers like a missing one.
-SELECT * FROM input_requests WHERE id = %(id)s AND owner = %(owner)s;
+-- One request of one owner; a foreign one answers like a missing one. Found by its key alone and then
+-- checked: with the owner in the scan, statistics taken before an owner's first requests let the
+-- planner read all of them through input_requests_owner_idx to find one.
+WITH found AS MATERIALIZED (SELECT * FROM input_requests WHERE id = %(id)s)
+SELECT * FROM found WHERE owner = %(owner)s;
 
 -- name: input_requests_list
 -- The owner's requests, newest first, optionally in one state.
@@ -28,12 +31,17 @@ SELECT * FROM input_requests
  LIMIT %(limit)s;
 
 -- name: input_requests_answer
--- pending -> answered by its owner, once: the answer's digest and the thread entry that holds it.
-UPDATE input_requests
+-- pending -> answered by its owner, once: the answer's digest and the thread entry that holds it. The
+-- row is found and locked by its key alone, then checked (see input_requests_get).
+WITH found AS MATERIALIZED (
+    SELECT id, owner, state FROM input_requests WHERE id = %(id)s FOR NO KEY UPDATE
+)
+UPDATE input_requests AS i
    SET state = 'answered', answer_digest = %(answer_digest)s, answer_entry_seq = %(entry_seq)s,
        decided_at = coalesce(%(now)s::timestamptz, now()), updated_at = coalesce(%(now)s::timestamptz, now())
- WHERE id = %(id)s AND owner = %(owner)s AND state = 'pending'
-RETURNING *;
+  FROM found f
+ WHERE i.id = f.id AND f.owner = %(owner)s AND f.state = 'pending'
+RETURNING i.*;
 
 -- name: input_requests_cancel_for_run
 -- A cancelled run's pending request is cancelled (nobody can answer it any more).
