@@ -1,4 +1,4 @@
-"""Hot statements under statistics taken at a quiet moment (issue 14, migrations 0017 and 0020).
+"""Hot statements under statistics taken at a quiet moment (issue 14, migrations 0017, 0020 and 0021).
 
 Autovacuum analyzes ``runs`` after a tenth of it changed, so a burst is usually planned from
 statistics taken when no run was queued or running: the planner then takes every partial index of
@@ -15,8 +15,8 @@ The claim's superseded probe read every run when ``occurrences`` had been analyz
 schedule's history, so "its newer occurrences" looked like the whole table, and "runs that started"
 like none): it now reads the newer occurrences' runs one by one. Pending notify deliveries, approvals
 and input requests, and active schedules found by id or webhook token, had the partial-index fault of
-0017 (below, 0020). An owner the statistics never saw had all of their approvals and input requests
-read to find one of them (below, the newcomer).
+0017 (below, 0020). An owner the statistics never saw had all of their approvals, input requests and
+schedules read to find one of them (below, the newcomer; 0021 for schedules).
 """
 
 from __future__ import annotations
@@ -255,6 +255,39 @@ def test_a_new_owners_request_is_read_by_its_key(newcomer: dict[str, Any], db: D
         read = _reads(conn, table) - before
     assert found is not None and found["id"] == newcomer[table] and found["owner"] == "newcomer"
     assert read <= 4, read
+
+
+@pytest.fixture
+def new_schedules(db_url: str) -> Any:
+    """An owner the statistics never saw, with PENDING schedules: ``schedules`` analyzed holding twenty
+    other owners' schedules (autovacuum held off), then the newcomer's added. One of theirs."""
+    for n in range(20):
+        factories.schedule(db_url, owner=f"owner-{n}", status="paused")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE schedules SET (autovacuum_enabled = false)")
+        conn.execute("VACUUM ANALYZE schedules")
+        conversation = factories.conversation(db_url, owner="newcomer")["id"]
+        conn.execute("""INSERT INTO schedules (id, owner, conversation_id, prompt, kind, cron, timezone, next_fire_at,
+                                               status)
+                        SELECT gen_random_uuid(), 'newcomer', %s, 'p', 'cron', '0 * * * *', 'UTC', now(), 'active'
+                          FROM generate_series(1, %s)""", (conversation, PENDING))
+        return conn.execute("SELECT id FROM schedules WHERE owner = 'newcomer' LIMIT 1").fetchone()[0]
+
+
+@pytest.mark.parametrize("statement", ["schedules_get", "schedules_lock_owned", "schedules_pause"])
+def test_a_new_owners_schedule_is_read_by_its_key(new_schedules: Any, db: Database, statement: str) -> None:
+    """One schedule of an owner the statistics never saw is read alone, not with all of the owner's:
+    before 0021 schedules_owner_idx (owner, created_at) was taken for as selective as the key, and every
+    one of the newcomer's schedules (PENDING) was fetched to find it."""
+    with db.transaction() as conn:
+        assert db_module.fetch_one(conn, statement, {"schedule_id": new_schedules, "owner": "owner-1",
+                                                     "now": None}) is None
+        before = _reads(conn, "schedules")
+        found = db_module.fetch_one(conn, statement, {"schedule_id": new_schedules, "owner": "newcomer",
+                                                      "now": None})
+        read = _reads(conn, "schedules") - before
+    assert found is not None and found["id"] == new_schedules
+    assert read <= 3, read
 
 
 def _plan_served_by(db_url: str, table: str, index: str, statement: str, params: dict[str, Any]) -> str:
