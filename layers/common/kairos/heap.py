@@ -36,14 +36,14 @@ _saved: tuple[int, int, int] | None = None
 
 
 @contextmanager
-def batch_threshold(young: int = BATCH_YOUNG) -> Iterator[None]:
-    """Young collections every ``young`` net allocations while inside (see the module docstring)."""
+def batch_threshold() -> Iterator[None]:
+    """Young collections every ``BATCH_YOUNG`` net allocations while inside (see the module docstring)."""
     global _holders, _saved
     with _lock:
         if _holders == 0:
             _saved = gc.get_threshold()
-            if young > _saved[0]:
-                gc.set_threshold(young, *_saved[1:])
+            if BATCH_YOUNG > _saved[0]:
+                gc.set_threshold(BATCH_YOUNG, *_saved[1:])
         _holders += 1
     try:
         yield
