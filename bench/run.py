@@ -33,7 +33,8 @@ Targets: the handler's runs/s ÷ pgbench TPS ≥ 0.2; the handler ≥ Procrastin
 held snapshot ≥ 0.9 of the same round's handler rate.
 ``--profile PREFIX`` cProfiles the handler processes of the last round and prints the top entries.
 ``--statements`` prints each statement's mean execution time in the last round's handler and held
-series (``pg_stat_statements``: point ``DATABASE_URL`` at a server started with
+series, and the share of the one-process series' server CPU that statements' execution accounts for
+(``pg_stat_statements``: point ``DATABASE_URL`` at a server started with
 ``-c shared_preload_libraries=pg_stat_statements``, e.g. the system PostgreSQL 15).
 ``--quiet-statistics RUNS`` adds, after the rounds, the handler series draining RUNS queued runs twice:
 with statistics that describe them, and planned from statistics taken while none was queued (``runs``
@@ -396,6 +397,21 @@ def _statement_times(url: str) -> Callable[[], dict[str, tuple[int, float]]]:
     return read
 
 
+def _execution_share(statements: dict[str, tuple[int, float]], runs: int, server_ms: float | None) -> str:
+    """One sentence for the one-process series (no other run to wait for, so a statement's execution time
+    is its work, not lock waits): every statement's execution time per run beside the server's CPU per
+    run in the same series. The difference is what no statement's plan can win back: the protocol's
+    parse, bind and result messages, transaction starts and commits (the WAL flush's system time)."""
+    executing = sum(calls * mean for calls, mean in statements.values()) / runs
+    if server_ms is None:
+        return (f"Every statement's execution took {executing:.2f} ms a run "
+                "(the server's CPU is read on local servers only).")
+    return (f"The handler in one process (the last round): every statement's execution took {executing:.2f} ms a run, "
+            f"of the {server_ms:.2f} ms of server CPU a run ({100 * executing / server_ms:.0f} %); the rest is outside "
+            "any statement's plan: protocol messages, transaction starts and commits. (The 8-process series' "
+            "means above include lock waits: one owner's runs queue on its slot lock and its day row of the ledger.)")
+
+
 def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> tuple[float, float]:
     return _spawned(_process_worker, workers, ids, url)
 
@@ -523,6 +539,7 @@ def main() -> None:
         rounds: list[Round] = []
         statements: dict[str, tuple[int, float]] = {}  # the last round's handler series (--statements)
         held_statements: dict[str, tuple[int, float]] = {}  # and its held-snapshot series
+        single_statements: dict[str, tuple[int, float]] = {}  # and its one-process series
         for n in range(max(1, args.rounds)):
             load = _load()
             work: dict[str, list[Work]] = {"pgbench": [], "handler": [], "procrastinate": []}
@@ -540,7 +557,8 @@ def main() -> None:
                                    work["handler"], statements=statements if last and args.statements else None,
                                    cpu=cpu)
             # The same handler in one process: what a run costs when nothing else wants the two cores.
-            single = handler_rate(kairos_url, max(100, args.runs // 4), 1, None, args.owners, cpu=cpu)
+            single = handler_rate(kairos_url, max(100, args.runs // 4), 1, None, args.owners, cpu=cpu,
+                                  statements=single_statements if last and args.statements else None)
             full, fetch_finish = asyncio.run(procrastinate_rates(
                 recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS, work["procrastinate"], cpu))
             procs = kairos_rate(kairos_url, args.runs, WORKERS, processes=True)
@@ -651,6 +669,8 @@ def main() -> None:
         for key, (calls, mean) in sorted(statements.items(), key=lambda kv: -kv[1][0] * kv[1][1])[:10]:
             held_calls, held_mean = held_statements.get(key, (0, float("nan")))
             print(f"| `{key}` | {calls} | {mean:.3f} | {held_calls} | {held_mean:.3f} | {held_mean / mean:.1f}x |")
+        print()
+        print(_execution_share(single_statements, max(100, args.runs // 4), rounds[-1].single_cpu[1]))
     if args.profile:
         print()
         _print_profile(args.profile, 25)
