@@ -409,7 +409,7 @@ def _execution_share(statements: dict[str, tuple[int, float]], runs: int, server
     return (f"The handler in one process (the last round): every statement's execution took {executing:.2f} ms a run, "
             f"of the {server_ms:.2f} ms of server CPU a run ({100 * executing / server_ms:.0f} %); the rest is outside "
             "any statement's plan: protocol messages, transaction starts and commits. (The 8-process series' "
-            "means above include lock waits: one owner's runs queue on its slot lock and its day row of the ledger.)")
+            "means above include lock waits: an owner's runs queue on its slot lock and its day row of the ledger.)")
 
 
 def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> tuple[float, float]:
@@ -540,6 +540,7 @@ def main() -> None:
         statements: dict[str, tuple[int, float]] = {}  # the last round's handler series (--statements)
         held_statements: dict[str, tuple[int, float]] = {}  # and its held-snapshot series
         single_statements: dict[str, tuple[int, float]] = {}  # and its one-process series
+        single_runs = max(100, args.runs // 4)  # the one-process series' runs
         for n in range(max(1, args.rounds)):
             load = _load()
             work: dict[str, list[Work]] = {"pgbench": [], "handler": [], "procrastinate": []}
@@ -557,7 +558,7 @@ def main() -> None:
                                    work["handler"], statements=statements if last and args.statements else None,
                                    cpu=cpu)
             # The same handler in one process: what a run costs when nothing else wants the two cores.
-            single = handler_rate(kairos_url, max(100, args.runs // 4), 1, None, args.owners, cpu=cpu,
+            single = handler_rate(kairos_url, single_runs, 1, None, args.owners, cpu=cpu,
                                   statements=single_statements if last and args.statements else None)
             full, fetch_finish = asyncio.run(procrastinate_rates(
                 recreate(admin_url, "kairos_bench_procrastinate"), args.runs, WORKERS, work["procrastinate"], cpu))
@@ -670,7 +671,7 @@ def main() -> None:
             held_calls, held_mean = held_statements.get(key, (0, float("nan")))
             print(f"| `{key}` | {calls} | {mean:.3f} | {held_calls} | {held_mean:.3f} | {held_mean / mean:.1f}x |")
         print()
-        print(_execution_share(single_statements, max(100, args.runs // 4), rounds[-1].single_cpu[1]))
+        print(_execution_share(single_statements, single_runs, rounds[-1].single_cpu[1]))
     if args.profile:
         print()
         _print_profile(args.profile, 25)
