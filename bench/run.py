@@ -35,7 +35,10 @@ held snapshot ≥ 0.9 of the same round's handler rate.
 ``--statements`` prints each statement's mean execution time in the last round's handler and held
 series, and the share of the one-process series' server CPU that statements' execution accounts for
 (``pg_stat_statements``: point ``DATABASE_URL`` at a server started with
-``-c shared_preload_libraries=pg_stat_statements``, e.g. the system PostgreSQL 15).
+``-c shared_preload_libraries=pg_stat_statements``, e.g. the system PostgreSQL 15); then prices a
+run's statements, commits and explicit transactions with ``bench/statement_cost.py`` on the same
+server, and says what is left of a run's CPU once they are taken away (what no batching or folding of
+statements across runs can win back) beside a Procrastinate job's CPU.
 ``--quiet-statistics RUNS`` adds, after the rounds, the handler series draining RUNS queued runs twice:
 with statistics that describe them, and planned from statistics taken while none was queued (``runs``
 analyzed after the previous series drained it, autovacuum held off): what a burst meets in a live
@@ -76,6 +79,7 @@ from kairos.runs import moves
 from kairos.runs.heartbeat import Heartbeat
 from kairos.settings import Settings
 from kairos.states import EventType
+from statement_cost import Machinery, describe
 
 WORKERS = 8
 
@@ -412,6 +416,36 @@ def _execution_share(statements: dict[str, tuple[int, float]], runs: int, server
             "means above include lock waits: an owner's runs queue on its slot lock and its day row of the ledger.)")
 
 
+def _median_cpu(cpus: list[tuple[float, float | None]]) -> tuple[float, float | None]:
+    """Medians of (client, server) CPU ms; the server's None when no round could read it."""
+    servers = [server for _, server in cpus if server is not None]
+    return statistics.median(client for client, _ in cpus), statistics.median(servers) if servers else None
+
+
+def _machinery_bound(machinery: Machinery, statements: dict[str, tuple[int, float]], runs: int, commits: float,
+                     single_cpu: tuple[float, float | None], job_cpu: tuple[float, float | None]) -> str:
+    """What sharing statements and commits across runs (batching, folding) could win at most: the
+    one-process series' statements, commits and explicit transactions a run, priced by
+    ``bench/statement_cost.py`` (each statement with a round trip of its own: an upper bound, as a
+    run pipelines some), against that series' CPU a run and a Procrastinate job's (medians)."""
+    explicit = statements.get("BEGIN", (0, 0.0))[0] / runs
+    sent = sum(calls for key, (calls, _) in statements.items() if key not in ("BEGIN", "COMMIT")) / runs
+    cost = machinery.of(sent, commits, explicit)
+    (client, server), (job_client, job_server) = single_cpu, job_cpu
+    if server is None or cost.server is None or job_server is None:
+        return f"Machinery: {describe(machinery)} (server CPU is read on local servers only)."
+    own_client, own_server = client - cost.client / 1000, server - cost.server / 1000
+    job = job_client + job_server
+    return (f"Machinery (same server, one process): {describe(machinery)}. A run's {sent:.1f} statements, "
+            f"{commits:.1f} commits and {explicit:.1f} explicit transactions cost at most "
+            f"{(cost.client + cost.server) / 1000:.2f} ms of the one-process series' {client + server:.2f} ms a run. "
+            f"At least {own_client:.2f} ms client + {own_server:.2f} ms server is each run's own work (its Python; "
+            f"its rows, their index entries and key checks), which no sharing of statements and commits across "
+            f"runs removes; a Procrastinate job costs {job_client:.2f} + {job_server:.2f} = {job:.2f} ms in all. "
+            f"With every statement and commit shared, a run would still cost at least "
+            f"{(own_client + own_server) / job:.2f}x a job.")
+
+
 def _process_workers(url: str, ids: list[uuid.UUID], workers: int) -> tuple[float, float]:
     return _spawned(_process_worker, workers, ids, url)
 
@@ -571,6 +605,11 @@ def main() -> None:
                                         statements=held_statements if last and args.statements else None)
             rounds.append(Round(load, tps, handler, full, fetch_finish, procs, threads, held,
                                 {k: v[0] for k, v in work.items() if v}, cpu[0], cpu[1], single, cpu[2]))
+        machinery: Machinery | None = None
+        if args.statements:
+            import statement_cost
+
+            machinery = statement_cost.measure(admin_url)
         quiet: tuple[float, float] | None = None
         if args.quiet_statistics:
             quiet = (handler_rate(kairos_url, args.quiet_statistics, WORKERS, None, args.owners),
@@ -643,9 +682,7 @@ def main() -> None:
         ("Procrastinate defer + fetch + finish, 8 coroutines of 1 process", [r.procrastinate for r in rounds],
          [r.procrastinate_cpu for r in rounds])]
     for label, rates, cpus in series:
-        client_ms = statistics.median(client for client, _ in cpus)
-        servers = [server for _, server in cpus if server is not None]
-        server_ms = statistics.median(servers) if servers else None
+        client_ms, server_ms = _median_cpu(cpus)
         total = "n/a" if server_ms is None else f"{client_ms + server_ms:.2f}"
         print(f"| {label} | {statistics.median(rates):.0f} | {client_ms:.2f} | "
               f"{'n/a' if server_ms is None else f'{server_ms:.2f}'} | {total} |")
@@ -672,6 +709,13 @@ def main() -> None:
             print(f"| `{key}` | {calls} | {mean:.3f} | {held_calls} | {held_mean:.3f} | {held_mean / mean:.1f}x |")
         print()
         print(_execution_share(single_statements, single_runs, rounds[-1].single_cpu[1]))
+        handler_work = [r.work["handler"] for r in rounds if "handler" in r.work]
+        if machinery is not None and handler_work:
+            print()
+            print(_machinery_bound(machinery, single_statements, single_runs,
+                                   statistics.median(w.commits for w in handler_work),
+                                   _median_cpu([r.single_cpu for r in rounds]),
+                                   _median_cpu([r.procrastinate_cpu for r in rounds])))
     if args.profile:
         print()
         _print_profile(args.profile, 25)
