@@ -79,7 +79,7 @@ from kairos.runs import moves
 from kairos.runs.heartbeat import Heartbeat
 from kairos.settings import Settings
 from kairos.states import EventType
-from statement_cost import Machinery, describe
+from statement_cost import Machinery, describe, measure
 
 WORKERS = 8
 
@@ -607,9 +607,7 @@ def main() -> None:
                                 {k: v[0] for k, v in work.items() if v}, cpu[0], cpu[1], single, cpu[2]))
         machinery: Machinery | None = None
         if args.statements:
-            import statement_cost
-
-            machinery = statement_cost.measure(admin_url)
+            machinery = measure(admin_url)
         quiet: tuple[float, float] | None = None
         if args.quiet_statistics:
             quiet = (handler_rate(kairos_url, args.quiet_statistics, WORKERS, None, args.owners),

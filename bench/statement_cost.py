@@ -10,7 +10,8 @@ that no batching shares.
 Series (one process, one connection, statements prepared and sent through ``kairos.db`` as the run path
 sends them, ``--statements`` each; CPU per statement, the client's own and the server backend's):
 
-* a one-row read (``SELECT`` of two parameters), autocommit: one statement, no write, no flush;
+* a one-row read (``SELECT`` of two parameters), autocommit: one statement with a round trip of its
+  own, no write, no flush;
 * the same read, alone in an explicit transaction: its excess over autocommit is the ``BEGIN`` and
   ``COMMIT`` round of psycopg's ``transaction()``;
 * a one-row ``UPDATE``, autocommit: one statement and one commit that flushes the WAL;
