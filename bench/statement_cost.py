@@ -70,9 +70,7 @@ class Machinery:
     def of(self, statements: float, commits: float, explicit: float) -> Cost:
         """The machinery of a unit of work with these counts (``statements`` without BEGIN and COMMIT;
         ``commits`` that flush, autocommit ones included; ``explicit`` transactions among them)."""
-        parts = ((self.statement, statements), (self.commit, commits), (self.explicit, explicit))
-        server = None if any(c.server is None for c, _ in parts) else sum((c.server or 0.0) * n for c, n in parts)
-        return Cost(sum(c.client * n for c, n in parts), server)
+        return self.statement * statements + self.commit * commits + self.explicit * explicit
 
 
 def _series(url: str, query: db.Compiled, count: int, per_transaction: int, explicit: bool) -> Cost:
