@@ -121,6 +121,37 @@ def test_a_chat_turn_runs_a_corpus_and_the_api_shows_progress_and_records(
     assert finished.status == 409 and finished.json["error"]["code"] == "not_corpus_run"
 
 
+def test_retention_deletes_an_old_corpus_runs_records_and_keeps_its_coverage_and_exports(
+        api: Api, db: Database, corpus_env: Any) -> None:
+    from kairos.tick.prune import Prune
+
+    answer = turn(api, {"source": {"items": [f"note {i}" for i in range(12)]}, "instructions": "Extract.",
+                        "partition_size": 6})
+    run_id = uuid.UUID(answer.json["run_id"])
+    settings = Settings(corpus_buckets=(SOURCE,), export_bucket=EXPORTS)
+    assert process(db, run_id, settings=settings, executor_factory=Model().executor.factory).result == "succeeded"
+    progress = api.alice.get(f"/v1/runs/{run_id}/corpus").json
+    output = api.alice.get(f"/v1/runs/{run_id}/output").json
+    listed = api.alice.get(f"/v1/runs/{run_id}/corpus/records?limit=200").json["records"]
+    counts = [rows(api.url, f"SELECT count(*) AS n FROM {table} WHERE run_id = %s", run_id)[0]["n"]
+              for table in ("corpus_outputs", "corpus_records")]
+    assert listed and all(counts)
+    rows(api.url, "UPDATE runs SET finished_at = finished_at - interval '31 days', settled_at = now() "
+                  "WHERE id = %s RETURNING id", run_id)
+
+    report = Prune(db).run_once()
+
+    assert (report.runs, report.corpus_rows) == (1, sum(counts))
+    for table in ("corpus_outputs", "corpus_records"):
+        assert rows(api.url, f"SELECT count(*) AS n FROM {table} WHERE run_id = %s", run_id)[0]["n"] == 0
+    page = api.alice.get(f"/v1/runs/{run_id}/corpus/records")
+    assert page.status == 200, page.text
+    assert (page.json["records"], page.json["next_after"]) == ([], None) and page.json["pruned_at"]
+    # Coverage, partitions and the export handles are metadata: they stay, as does the output's reference.
+    assert api.alice.get(f"/v1/runs/{run_id}/corpus").json == progress
+    assert api.alice.get(f"/v1/runs/{run_id}/output").json == output
+
+
 def test_pause_and_resume_a_queued_corpus_run_through_the_api(api: Api, corpus_env: Any) -> None:
     answer = turn(api, {"source": {"items": ["a", "b"]}, "instructions": "Extract."})
     run_id = answer.json["run_id"]

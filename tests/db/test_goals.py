@@ -409,3 +409,30 @@ def test_a_waiting_run_holds_no_owner_slot(api: Api, db: Database, fake_openai: 
     other = fire(api, db, other_loop["id"])
     assert other is not None
     assert process(db, other, settings=one_slot).result == "succeeded"  # the owner's one slot was free
+
+
+def test_retention_forgets_an_old_runs_question_and_keeps_its_digest(
+        api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    from kairos.tick.prune import FORGOTTEN, Prune
+
+    # Given a loop run that asked a question and was cancelled 31 days ago
+    _, loop = make_loop(api, fake_openai)
+    run_id, request = park(api, db, fake_openai, loop["id"], question="Which region, eu-west-1 or us-east-1?")
+    assert api.alice.post(f"/v1/runs/{run_id}/cancel").status == 200
+    before = one(api.url, "SELECT * FROM input_requests WHERE id = %s", request["id"])
+    assert (before["state"], before["question"]) == ("cancelled", "Which region, eu-west-1 or us-east-1?")
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET finished_at = finished_at - interval '31 days', settled_at = now() "
+                     "WHERE id = %s", (run_id,))
+
+    # When the pruner passes
+    report = Prune(db).run_once()
+
+    # Then the question reads as forgotten, and everything else of the request is as it was
+    assert (report.runs, report.questions) == (1, 1)
+    after = one(api.url, "SELECT * FROM input_requests WHERE id = %s", request["id"])
+    assert after["question"] == FORGOTTEN
+    assert {k: v for k, v in after.items() if k not in ("question", "updated_at")} == \
+        {k: v for k, v in before.items() if k not in ("question", "updated_at")}
+    listed = api.alice.get("/v1/input-requests?state=cancelled").json["input_requests"]
+    assert [(r["id"], r["question"]) for r in listed] == [(request["id"], FORGOTTEN)]

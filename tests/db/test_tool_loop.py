@@ -323,3 +323,41 @@ def test_a_turn_asking_for_too_many_or_too_large_calls_is_a_malformed_reply(
         outcome = work(db, run_id)
         assert (outcome.result, outcome.reason_code) == ("failed", "malformed_reply")
         assert rows(api.url, "SELECT 1 FROM run_steps WHERE run_id = %s", run_id) == []
+
+
+# --- retention ------------------------------------------------------------------------------------------
+
+
+def test_retention_forgets_an_old_runs_step_log_and_approval_preview_and_keeps_a_recent_runs(
+        api: Api, db: Database, fake_openai: FakeOpenAI, target: Peer) -> None:
+    from kairos.tick.prune import Prune
+
+    # Given a run whose approved http call was applied (its step log holds the model's turns and the
+    # call's arguments and answer; its approval a preview of the arguments), ended 31 days ago
+    old, approval = parked(api, db, fake_openai, target)
+    assert api.alice.post(f"/v1/approvals/{approval['id']}/approve").status == 200
+    assert work(db, old).result == "succeeded"
+    # and a run that ended today with a step log of its own
+    fake_openai.script = [tool_call("c1", "schedules_list", {}), {"content": "Listed."}]
+    _, recent = chat(api, fake_openai, tools=["schedules"], approval="never")
+    assert work(db, recent).result == "succeeded"
+    recent_steps = rows(api.url, "SELECT * FROM run_steps WHERE run_id = %s ORDER BY n", recent)
+    old_steps = rows(api.url, "SELECT record FROM run_steps WHERE run_id = %s", old)
+    assert any("order" in json.dumps(s["record"]) for s in old_steps), "the call's arguments are in the log"
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET finished_at = finished_at - interval '31 days', settled_at = now() "
+                     "WHERE id = %s", (old,))
+        conn.execute("UPDATE runs SET settled_at = now() WHERE id = %s", (recent,))
+
+    # When the pruner passes
+    report = Prune(db).run_once()
+
+    # Then the old run's step log is gone and its approval shows the tool but no arguments
+    assert (report.runs, report.steps, report.previews) == (1, len(old_steps), 1)
+    assert rows(api.url, "SELECT * FROM run_steps WHERE run_id = %s", old) == []
+    shown = api.alice.get(f"/v1/approvals/{approval['id']}").json["approval"]
+    assert shown["preview"] == {"tool": "http_post", "pruned": True}
+    assert (shown["state"], shown["args_digest"]) == ("applied", approval["args_digest"])
+    # and the recent run keeps its log; a second pass forgets nothing more
+    assert rows(api.url, "SELECT * FROM run_steps WHERE run_id = %s ORDER BY n", recent) == recent_steps
+    assert Prune(db).run_once() == type(report)()

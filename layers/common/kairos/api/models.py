@@ -371,3 +371,4 @@ class CorpusRecordOut(_Open):
 class CorpusRecordPage(_Strict):
     records: list[CorpusRecordOut]
     next_after: str | None
+    pruned_at: str | None = Field(default=None, description="set once retention deleted the run's records")

@@ -4,7 +4,8 @@ Role: ``progress`` answers ``GET /v1/runs/{id}/corpus`` — the phase, the cover
 succeeded / failed, items total / covered), partitions counted by state, and the export handles
 (format, bucket, key, bytes, sha256) of the exports done. ``records`` answers
 ``GET /v1/runs/{id}/corpus/records?after=&limit=``: canonical records in (``kind``, ``id``) order,
-keyset pages, ``next_after`` the cursor of the last record listed (null at the end).
+keyset pages, ``next_after`` the cursor of the last record listed (null at the end); past retention
+no records and ``pruned_at``.
 
 Guarantees: owner-scoped — another owner's run, a missing run and a run that is not a corpus run
 are the same ``NotFound`` (one error, one body); bounded pages (``MAX_LIMIT``); a cursor that cannot
@@ -25,6 +26,7 @@ import psycopg
 from kairos import db
 from kairos.corpus.phases import coverage, handles
 from kairos.errors import FieldError, NotFound, ValidationFailed
+from kairos.instants import rfc3339
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
@@ -53,8 +55,10 @@ def progress(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> d
 
 def records(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, after: str | None,
             limit: int | None) -> dict[str, Any]:
-    _owned_corpus(conn, run_id, owner)
+    run = _owned_corpus(conn, run_id, owner)
     cursor = _decode(after)
+    if run["pruned_at"] is not None:  # retention deleted the records (kairos.tick.prune): say so, list none
+        return {"records": [], "next_after": None, "pruned_at": rfc3339(run["pruned_at"])}
     size = DEFAULT_LIMIT if limit is None else max(1, min(int(limit), MAX_LIMIT))
     rows = db.fetch_all(conn, "corpus_records_page", {
         "run_id": run_id, "after_kind": None if cursor is None else cursor[0],

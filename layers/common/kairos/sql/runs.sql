@@ -402,6 +402,36 @@ UPDATE runs r
  WHERE r.id = old.id
 RETURNING r.id, old.had_payload;
 
+-- name: runs_forget_content
+-- Forgets what runs past retention (the caller holds them locked, and has called
+-- kairos_allow_pruning(): the step log is append-only) said or were told outside their thread: their
+-- step log (the model's turns, the tools' arguments and answers) and their corpus outputs and records
+-- are deleted; their approvals' argument previews and their input requests' questions become a marker.
+-- Ids, states, digests, counts and export handles stay. Says how much of each it forgot.
+WITH steps AS (
+    DELETE FROM run_steps WHERE run_id = ANY(%(ids)s::uuid[]) RETURNING 1
+), outputs AS (
+    DELETE FROM corpus_outputs WHERE run_id = ANY(%(ids)s::uuid[]) RETURNING 1
+), records AS (
+    DELETE FROM corpus_records WHERE run_id = ANY(%(ids)s::uuid[]) RETURNING 1
+), previews AS (
+    UPDATE approvals
+       SET preview = jsonb_build_object('tool', tool, 'pruned', true),
+           updated_at = coalesce(%(now)s::timestamptz, now())
+     WHERE run_id = ANY(%(ids)s::uuid[]) AND preview <> jsonb_build_object('tool', tool, 'pruned', true)
+    RETURNING 1
+), questions AS (
+    UPDATE input_requests
+       SET question = %(forgotten)s,
+           updated_at = coalesce(%(now)s::timestamptz, now())
+     WHERE run_id = ANY(%(ids)s::uuid[]) AND question <> %(forgotten)s
+    RETURNING 1
+)
+SELECT (SELECT count(*) FROM steps)::integer AS steps,
+       (SELECT count(*) FROM outputs)::integer + (SELECT count(*) FROM records)::integer AS corpus_rows,
+       (SELECT count(*) FROM previews)::integer AS previews,
+       (SELECT count(*) FROM questions)::integer AS questions;
+
 -- name: runs_release_blocked
 -- queue_one: unblocks queued runs whose blocker has ended, so they can be handed to SQS. A scheduled
 -- run without catch-up becomes claimable here, so its expiry is set here: fire_at + max_delay_seconds

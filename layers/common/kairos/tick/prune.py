@@ -2,10 +2,12 @@
 
 Role: webhook receipts (``webhook_receipts``) and idempotent-create receipts (``idempotency_receipts``)
 live 24 h (DESIGN.md "Webhooks"); once expired they answer nothing (a key is new again) and only take
-space. Ended runs keep their thread (the fork or fresh conversation the run created) and their webhook
-payload for ``KAIROS_RETENTION_DAYS`` (default 30) after they end; then the thread's entries are
-deleted, the payload is cleared and the run is stamped ``pruned_at`` (DESIGN.md "Steering runs" /
-Forget). ``Prune.run_once`` handles up to ``batch`` rows of each kind, oldest first, skipping rows
+space. Ended runs keep their thread (the fork or fresh conversation the run created), their webhook
+payload and the rest of what they said or were told for ``KAIROS_RETENTION_DAYS`` (default 30) after
+they end; then the thread's entries are deleted, the payload is cleared, the step log (model turns,
+tool arguments and answers) and corpus outputs and records are deleted, approvals' argument previews
+and input requests' questions become a marker, and the run is stamped ``pruned_at`` (DESIGN.md
+"Steering runs" / Forget). ``Prune.run_once`` handles up to ``batch`` rows of each kind, oldest first, skipping rows
 another transaction holds; the tick repeats it while a kind had a full batch and time is left.
 
 Guarantees: only receipts whose ``expires_at`` has passed and runs that ended (and were settled) more
@@ -19,21 +21,24 @@ schedule create or an append from interleaving; a user's own conversation (a roo
 append-mode target) is never touched. Concurrent ticks split the rows (SKIP LOCKED) and never wait.
 
 Must not: delete occurrences or run events, or anything of a run that has not ended. Deletes of
-conversation entries pass the append-only triggers (0004, 0008) only through
+conversation entries and step-log rows pass the append-only triggers (0004, 0008, 0012) only through
 ``kairos_allow_pruning()``, called in the same transaction as the delete.
 """
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from datetime import datetime
-from typing import Any
+
+import psycopg
 
 from kairos import db
 from kairos.observability import logger
 from kairos.settings import DEFAULT_RETENTION_DAYS
 
 DEFAULT_BATCH = 500
+# What an input request's question reads once its run is past retention (the column is never empty).
+FORGOTTEN = "(forgotten: past retention)"
 
 
 @dataclass(frozen=True)
@@ -46,6 +51,10 @@ class PruneReport:
     threads: int = 0  # run threads whose entries were deleted
     entries: int = 0
     payloads: int = 0  # webhook payloads cleared
+    steps: int = 0  # step-log rows deleted (the model's turns, the tools' arguments and answers)
+    corpus_rows: int = 0  # corpus outputs and records deleted
+    previews: int = 0  # approvals' argument previews replaced by a marker
+    questions: int = 0  # input requests' questions replaced by FORGOTTEN
     full: bool = False
 
 
@@ -56,6 +65,7 @@ class _Forgotten:
     threads: int = 0
     entries: int = 0
     payloads: int = 0
+    content: dict[str, int] = field(default_factory=dict)  # runs_forget_content's counts
 
 
 class Prune:
@@ -80,7 +90,7 @@ class Prune:
         # A full batch of runs whose threads were all busy is no reason to try again at once.
         more_runs = forgotten.locked >= self.batch and forgotten.runs > 0
         return PruneReport(hooks, creates, forgotten.runs, forgotten.threads, forgotten.entries, forgotten.payloads,
-                           full=max(hooks, creates) >= self.batch or more_runs)
+                           **forgotten.content, full=max(hooks, creates) >= self.batch or more_runs)
 
     def _forget_runs(self, now: datetime | None) -> _Forgotten:
         """One transaction: lock a batch of runs past retention, then their threads (a thread held by a
@@ -94,20 +104,28 @@ class Prune:
             held = {row["id"] for row in db.fetch_all(conn, "conversations_lock_threads", {"ids": wanted})} \
                 if wanted else set()
             ready = [row for row in locked if row["thread_id"] is None or row["thread_id"] in held]
-            threads = [row for row in ready if row["thread_id"] is not None]
-            gone: list[dict[str, Any]] = []
-            if threads:
-                db.execute(conn, "conversation_entries_allow_pruning")
-                gone = db.fetch_all(conn, "conversation_entries_prune_threads",
-                                    {"run_ids": [row["id"] for row in threads],
-                                     "thread_ids": [row["thread_id"] for row in threads]})
-            marked = db.fetch_all(conn, "runs_mark_pruned", {"ids": [row["id"] for row in ready], "now": now}) \
-                if ready else []
+            gone, content, marked = self._forget(conn, ready, now) if ready else ([], {}, [])
         forgotten = _Forgotten(locked=len(locked), runs=len(marked),
                                threads=len({row["conversation_id"] for row in gone}), entries=len(gone),
-                               payloads=sum(1 for row in marked if row["had_payload"]))
+                               payloads=sum(1 for row in marked if row["had_payload"]),
+                               content=content)
         logger.info("runs pruned past retention", extra={
             "action": "runs_pruned", "retention_days": self.retention_days, "runs": forgotten.runs,
             "threads": forgotten.threads, "entries": forgotten.entries, "payloads": forgotten.payloads,
-            "busy_threads": len(locked) - len(ready)})
+            **forgotten.content, "busy_threads": len(locked) - len(ready)})
         return forgotten
+
+    @staticmethod
+    def _forget(conn: psycopg.Connection[db.Row], ready: list[db.Row], now: datetime | None) \
+            -> tuple[list[db.Row], dict[str, int], list[db.Row]]:
+        """Empties the threads still the runs' alone, forgets the runs' other content, stamps the runs."""
+        ids = [row["id"] for row in ready]
+        threads = [row for row in ready if row["thread_id"] is not None]
+        db.execute(conn, "conversation_entries_allow_pruning")
+        gone = db.fetch_all(conn, "conversation_entries_prune_threads",
+                            {"run_ids": [row["id"] for row in threads],
+                             "thread_ids": [row["thread_id"] for row in threads]}) if threads else []
+        content = db.fetch_one(conn, "runs_forget_content", {"ids": ids, "now": now, "forgotten": FORGOTTEN})
+        assert content is not None
+        marked = db.fetch_all(conn, "runs_mark_pruned", {"ids": ids, "now": now})
+        return gone, {k: int(v) for k, v in content.items()}, marked
