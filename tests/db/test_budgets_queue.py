@@ -9,6 +9,7 @@ import uuid
 from collections.abc import Iterator
 from datetime import UTC, date, datetime, timedelta
 
+import psycopg
 import pytest
 from kairos import runtime
 from kairos.db import Database
@@ -141,6 +142,66 @@ def test_two_triggers_for_the_last_queue_place_one_is_refused(db_url: str, queue
     finally:
         database.close()
     assert sorted(results) == ["QueueFull", "accepted"]
+    assert _queued(db_url, "alice") == queue_max
+
+
+def test_a_chat_turn_over_the_cap_is_429_queue_full_and_records_nothing(api: Api, queue_max: int) -> None:
+    for _ in range(queue_max):
+        factories.run(api.url, schedule_row=factories.schedule(api.url), source="manual")
+    conversation = api.conversation()
+    before = {t: rows(api.url, f"SELECT count(*) AS n FROM {t}")[0]["n"] for t in ("occurrences", "runs")}
+
+    over = api.alice.post(f"/v1/conversations/{conversation['id']}/messages", {"content": "hello"})
+
+    assert over.status == 429, over.text
+    assert over.error["code"] == "queue_full" and over.headers.get("Retry-After") == "60"
+    assert {t: rows(api.url, f"SELECT count(*) AS n FROM {t}")[0]["n"] for t in ("occurrences", "runs")} == before
+    assert api.messages() == []
+    # Once a place is free, the same turn is accepted and queued.
+    queued = rows(api.url, "SELECT id FROM runs WHERE state = 'queued' LIMIT 1")[0]["id"]
+    assert api.alice.post(f"/v1/runs/{queued}/cancel").status == 200
+    again = api.alice.post(f"/v1/conversations/{conversation['id']}/messages", {"content": "hello"})
+    assert again.status == 202, again.text
+    assert rows(api.url, "SELECT state FROM runs WHERE id = %(id)s", {"id": again.json["run_id"]}) == [
+        {"state": "queued"}]
+
+
+def test_two_chat_turns_of_one_owner_for_the_last_queue_place_one_is_refused(db_url: str, queue_max: int) -> None:
+    """Chat turns in two conversations share the owner's queue lock: the second waits for the first's
+    commit and then counts its run. The first turn's transaction stays open until the second is seen
+    waiting on the lock (or has finished: without the lock it does not wait, and both would queue)."""
+    from kairos import chat
+
+    for _ in range(queue_max - 1):
+        factories.run(db_url, schedule_row=factories.schedule(db_url), source="manual")
+    first, second = factories.conversation(db_url), factories.conversation(db_url)
+    database = Database(db_url, max_size=3)
+    results: list[str] = []
+
+    def turn() -> None:
+        try:
+            with database.transaction() as conn:
+                chat.post(conn, second["id"], owner="alice", raw={"content": "two"})
+            results.append("accepted")
+        except Exception as error:  # the refusal is the result under test
+            results.append(type(error).__name__)
+
+    waiter = threading.Thread(target=turn)
+    try:
+        with database.transaction() as conn:
+            chat.post(conn, first["id"], owner="alice", raw={"content": "one"})
+            waiter.start()
+            with psycopg.connect(db_url, autocommit=True) as watch:
+                for _ in range(600):  # until the second turn waits on the advisory lock or is done
+                    waiting = watch.execute("SELECT count(*) FROM pg_stat_activity WHERE wait_event = 'advisory'"
+                                            ).fetchone()
+                    if (waiting is not None and waiting[0] > 0) or not waiter.is_alive():
+                        break
+                    waiter.join(timeout=0.05)
+        waiter.join(timeout=60)
+    finally:
+        database.close()
+    assert results == ["QueueFull"]
     assert _queued(db_url, "alice") == queue_max
 
 

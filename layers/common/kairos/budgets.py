@@ -74,10 +74,12 @@ def defer_delay_seconds() -> int:
 # -- queue -------------------------------------------------------------------------------------------
 
 
-def hold_queues(conn: psycopg.Connection[db.Row], schedule_ids: list[str]) -> None:
-    """Takes the queue locks of these schedules' owners until the caller's transaction ends."""
-    if schedule_ids:
-        db.fetch_all(conn, "schedules_hold_owner_queues", {"schedule_ids": sorted(set(schedule_ids))})
+def hold_queues(conn: psycopg.Connection[db.Row], schedule_ids: list[str], conversation_ids: list[str]) -> None:
+    """Takes the queue locks of the owners of these schedules and of these conversations (a chat turn's,
+    which has no schedule) until the caller's transaction ends."""
+    if schedule_ids or conversation_ids:
+        db.fetch_all(conn, "schedules_hold_owner_queues", {"schedule_ids": sorted(set(schedule_ids)),
+                                                           "conversation_ids": sorted(set(conversation_ids))})
 
 
 # -- ceilings ----------------------------------------------------------------------------------------

@@ -10,7 +10,9 @@ A chat run is the only kind the ``schedules`` tool works in (DESIGN.md "No sched
 work"), and only in a conversation no run created.
 
 Guarantees: a refused message (not a string, empty, over ``MAX_CONTENT_BYTES``, unknown field) writes
-nothing; another owner's conversation is the same ``NotFound`` as a missing one.
+nothing; another owner's conversation is the same ``NotFound`` as a missing one; a turn over the owner's
+queue cap is ``QueueFull`` (429 ``queue_full``) and writes nothing, under the owner's queue lock as
+every fire is (two turns in two conversations cannot both take the last place).
 """
 
 from __future__ import annotations
@@ -76,11 +78,11 @@ def post(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner:
         run_id = identity.run_id(occurrence_id)
         clock = db.fetch_one(conn, "schedules_clock", {"now": now})
         assert clock is not None
-        occurrences.record(conn, [occurrences.planned(
+        occurrences.refuse_over_cap(occurrences.record(conn, [occurrences.planned(
             occurrence_id=occurrence_id, schedule_id=None, source=Source.CHAT,
             fire=calendar.describe(clock["now"].astimezone(UTC), "UTC"), revision=0,
             decision=Decision.DISPATCHED if blocker is None else Decision.QUEUED_BEHIND, run_id=run_id,
-            blocked_by=blocker, chat=(conversation.id, content), corpus=corpus)], now=now)
+            blocked_by=blocker, chat=(conversation.id, content), corpus=corpus)], now=now))  # 429 queue_full
     logger.info("chat turn posted", extra={"action": "chat_turn_posted", "conversation_id": str(conversation.id),
                                            "run_id": str(run_id), "waiting": blocker is not None})
     return Turn(conversation.id, occurrence_id, run_id, waiting=blocker is not None)

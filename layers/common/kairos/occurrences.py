@@ -15,7 +15,7 @@ produced, so a skipped fire is visible where its owner looks. Reading never load
 The owner's queue cap (``KAIROS_OWNER_QUEUE_MAX``, ``kairos.budgets``): ``record`` first takes the
 queue locks of the batch's owners, and the statement records a fire that would make more than
 ``queue_max`` of an owner's runs queued ``skipped_budget``, without a run. The tick keeps those; an
-API caller (trigger, webhook, backfill) that finds one in its result refuses instead (``refuse_over_cap``:
+API caller (trigger, webhook, backfill, chat turn) that finds one in its result refuses instead (``refuse_over_cap``:
 429 ``queue_full``, its transaction rolls back and nothing is recorded).
 """
 
@@ -106,7 +106,8 @@ def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
         return []
     if queue_max is None:
         queue_max = runtime.settings().owner_queue_max
-    budgets.hold_queues(conn, [r["schedule_id"] for r in rows if "schedule_id" in r])
+    budgets.hold_queues(conn, [r["schedule_id"] for r in rows if "schedule_id" in r],
+                        [r["conversation_id"] for r in rows if "schedule_id" not in r and "conversation_id" in r])
     # json.dumps is C, psycopg's array adaptation is not, and this is the hot path of a large tick.
     return db.fetch_all(conn, "occurrences_insert", {"occurrences": json.dumps(rows), "now": now,
                                                      "queue_max": queue_max})

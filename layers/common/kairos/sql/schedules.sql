@@ -227,11 +227,15 @@ UPDATE schedules
 RETURNING *;
 
 -- name: schedules_hold_owner_queues
--- Takes the queue lock of each owner of these schedules (transaction-level advisory locks, in owner
--- order so two batches never wait on each other crosswise) before a fire is recorded: fires of one
--- owner serialize from here to their commit, so occurrences_insert counts every earlier queued run.
+-- Takes the queue lock of each owner of these schedules and of these conversations (a chat turn has
+-- no schedule) — transaction-level advisory locks, in owner order so two batches never wait on each
+-- other crosswise — before a fire is recorded: fires of one owner serialize from here to their commit,
+-- so occurrences_insert counts every earlier queued run.
 SELECT o.owner, pg_advisory_xact_lock(hashtextextended('kairos.owner_queue:' || o.owner, 0)) IS NOT NULL AS held
-  FROM (SELECT DISTINCT owner FROM schedules WHERE id = ANY(%(schedule_ids)s::uuid[]) ORDER BY owner) AS o;
+  FROM (SELECT owner FROM schedules WHERE id = ANY(%(schedule_ids)s::uuid[])
+        UNION
+        SELECT owner FROM conversations WHERE id = ANY(%(conversation_ids)s::uuid[])
+        ORDER BY owner) AS o;
 
 -- name: schedules_insert_loop
 -- Creates one goal loop (POST /v1/loops): its fixed policies, its goal at revision 1, active.
