@@ -24,7 +24,7 @@ from kairos.tick.repair import Repair
 from psycopg.rows import dict_row
 
 from tests import factories
-from tests.support.aws import SqsQueue
+from tests.support.aws import LambdaContext, SqsQueue, run_body, sqs_event
 from tests.support.corpus import EXPORTS, SETTINGS, SOURCE, Model, rows
 from tests.support.corpus import s3 as s3
 
@@ -294,6 +294,94 @@ def test_a_scheduled_corpus_run_whose_worker_died_is_requeued_not_abandoned(
 
     assert work(db, run_id, model).result == "succeeded"
     assert dict(model.calls) == {(0, 0): 1, (1, 0): 1}
+
+
+def test_a_corpus_longer_than_an_invocation_continues_in_the_next_and_exports_the_same_bytes(
+        db: Database, db_url: str, s3: Any) -> None:
+    # Given a 3-partition corpus, mapped once without a time limit as the baseline
+    put_items(s3, 60)
+    baseline_model, model = Model(), Model()
+    baseline = corpus_run(db_url, s3_spec())
+    assert work(db, baseline, baseline_model).result == "succeeded"
+    # and the same corpus as a scheduled run without catch-up, with a delivery deadline
+    run = factories.run(db_url, source="scheduled", corpus=json.dumps(
+        {"partition_size": 20, "max_items": 10_000, "formats": ["jsonl"], "instructions": "Summarise.",
+         **s3_spec()}))
+    run_id = uuid.UUID(str(run["id"]))
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET expires_at = now() + interval '1 hour' WHERE id = %s", (run_id,))
+
+    # When each invocation has 60 s left (45 s after the worker's margin: less than a partition's
+    # reserve, so each maps one partition and hands the rest to the next invocation)
+    results = []
+    for _ in range(6):
+        outcome = process(db, run_id, settings=SETTINGS, executor_factory=model.executor.factory,
+                          lambda_remaining_ms=lambda: 60_000)
+        results.append(outcome.result)
+        if outcome.result != "continued":
+            break
+        [queued] = rows(db_url, "SELECT state, lease_token, expires_at, paused_at, usage FROM runs WHERE id = %s",
+                        run_id)
+        assert (queued["state"], queued["lease_token"], queued["expires_at"], queued["paused_at"]) == (
+            "queued", None, None, None)
+        assert queued["usage"]["calls"] == len(results)  # the usage so far is on the row
+        assert outcome.retry_delay_seconds == 0
+
+    # Then it continued twice and succeeded, each partition called once, the export the baseline's bytes
+    assert results == ["continued", "continued", "succeeded"]
+    assert set(model.calls) == {(0, 0), (1, 0), (2, 0)} and set(model.calls.values()) == {1}
+    assert exported(s3, run_id) == exported(s3, baseline)
+    [done] = rows(db_url, "SELECT state, restarts, usage, output FROM runs WHERE id = %s", run_id)
+    [whole] = rows(db_url, "SELECT usage FROM runs WHERE id = %s", baseline)
+    assert done["state"] == "succeeded" and done["restarts"] == 0
+    assert {k: done["usage"][k] for k in ("calls", "input_tokens", "output_tokens")} == \
+        {k: whole["usage"][k] for k in ("calls", "input_tokens", "output_tokens")} == \
+        {"calls": 3, "input_tokens": 300, "output_tokens": 150}
+    assert done["output"]["corpus"]["coverage"]["succeeded"] == 3
+    queued_events = rows(db_url, "SELECT data FROM run_events WHERE run_id = %s AND type = 'run.queued' "
+                                 "ORDER BY seq", run_id)
+    assert [(e["data"]["reason"], e["data"]["partitions_pending"]) for e in queued_events] == [
+        ("continue", 2), ("continue", 1)]
+
+
+def test_through_sqs_each_invocation_re_sends_the_id_until_the_corpus_is_done(
+        db: Database, db_url: str, s3: Any, sqs_queue: SqsQueue) -> None:
+    from kairos.runs import sqs
+
+    put_items(s3, 60)
+    model = Model()
+    run_id = corpus_run(db_url, s3_spec())
+    settings = Settings(corpus_buckets=(SOURCE,), export_bucket=EXPORTS, run_queue_url=sqs_queue.url)
+    sender = sqs.sqs_retry_sender(db, settings, sqs=sqs_queue.client)
+    bodies, invocations = [run_body(run_id)], 0
+    while bodies and invocations < 6:  # each invocation has 60 s left: one partition a slice
+        [body] = bodies
+        response = sqs.handle_batch(sqs_event(body), LambdaContext(remaining_ms=60_000), db=db, settings=settings,
+                                    send_retry=sender, executor_factory=model.executor.factory)
+        assert response == {"batchItemFailures": []}  # acknowledged: the id went back as a new message
+        invocations += 1
+        bodies = sqs_queue.drain()
+
+    assert invocations == 3
+    assert rows(db_url, "SELECT state FROM runs WHERE id = %s", run_id) == [{"state": "succeeded"}]
+    assert set(model.calls) == {(0, 0), (1, 0), (2, 0)} and set(model.calls.values()) == {1}
+
+
+def test_a_slice_ends_only_after_a_partition_and_a_pause_request_wins_over_it(
+        db: Database, db_url: str, s3: Any) -> None:
+    put_items(s3, 40)
+    model = Model()
+    run_id = corpus_run(db_url, s3_spec())
+    # An invocation with less than a partition's reserve still maps one partition: no empty slices.
+    probes = Probes()
+    pause_when(db_url, run_id, "corpus_answer", lambda partition, **_: partition == 0, probes)
+
+    outcome = process(db, run_id, settings=SETTINGS, executor_factory=model.executor.factory, probes=probes,
+                      lambda_remaining_ms=lambda: 60_000)
+
+    assert outcome.result == "paused" and dict(model.calls) == {(0, 0): 1}
+    [run] = rows(db_url, "SELECT state, paused_at, usage FROM runs WHERE id = %s", run_id)
+    assert run["state"] == "queued" and run["paused_at"] is not None and run["usage"]["calls"] == 1
 
 
 def test_map_calls_are_reserved_against_the_owners_daily_budget(db: Database, db_url: str, s3: Any) -> None:

@@ -55,6 +55,7 @@ class Corpus:
     run: Execution
     spec: dict[str, Any]
     lock: threading.Lock = field(default_factory=threading.Lock)
+    mapped: int = 0  # partitions this invocation mapped (a slice ends only after one: kairos.corpus.mapping)
 
     @property
     def run_id(self) -> Any:

@@ -18,6 +18,11 @@ Guarantees:
   checkpointed is validated from the checkpoint, without a call.
 * A pause or a cancel is honoured at a partition boundary: no partition is leased after one is seen;
   the partitions in flight finish (a cancel aborts their calls through the heartbeat).
+* A corpus is not bounded by one invocation: once this invocation has mapped a partition and less
+  than ``SLICE_RESERVE_SECONDS`` of its time is left (the run's deadline: its runtime limit or the
+  Lambda's remaining time, whichever is sooner), no further partition is leased and ``map_partitions``
+  answers ``slice`` — the run continues in a new invocation (``kairos.corpus.phases``), so a time limit
+  bounds a slice of the corpus, not the corpus.
 * Every write checks the run's fence first (``Corpus.fenced``).
 
 Must not: hold a transaction across a call; log or trace items, instructions or answers.
@@ -51,13 +56,15 @@ MAX_REPAIRS = 2
 PARTITION_LEASE_SECONDS = 120
 RENEW_SECONDS = 20.0
 CALL_TIMEOUT_CAP_SECONDS = 300.0
+# Time a partition may need (its call, the checks, the commit): with less left, the slice ends.
+SLICE_RESERVE_SECONDS = 120.0
 ITEM_MAX_CHARS = 16_000
 
-Stop = Literal["done", "pause", "cancel"]
+Stop = Literal["done", "pause", "cancel", "slice"]
 
 
 class _Stopped(Exception):
-    """Internal: a boundary saw a pause or cancel request; no further partition is leased."""
+    """Internal: a boundary saw a pause or cancel request, or the slice's end; no further partition is leased."""
 
     def __init__(self, why: Stop) -> None:
         super().__init__(why)
@@ -99,7 +106,9 @@ def map_partitions(c: Corpus) -> Stop:
         renewer.stop()
     if "cancel" in seen:
         return "cancel"
-    return "pause" if "pause" in seen else "done"
+    if "pause" in seen:
+        return "pause"
+    return "slice" if "slice" in seen else "done"
 
 
 MAX_WORKERS = 16
@@ -115,6 +124,8 @@ def _one(c: Corpus, renewer: _Renewer) -> bool:
             raise _Stopped("pause")
         part = db.fetch_one(conn, "corpus_partitions_next", {"run_id": c.run_id, "now": c.run.now,
                                                               "lease_seconds": PARTITION_LEASE_SECONDS})
+        if part is not None and c.mapped and c.run._remaining() < SLICE_RESERVE_SECONDS:
+            raise _Stopped("slice")  # rolls this lease back: the partition stays pending for the next slice
     if part is None:
         return False
     renewer.add(part["lease_token"])
@@ -122,6 +133,8 @@ def _one(c: Corpus, renewer: _Renewer) -> bool:
         map_one(c, part)
     finally:
         renewer.discard(part["lease_token"])
+    with c.lock:
+        c.mapped += 1
     return True
 
 

@@ -14,6 +14,13 @@ its ``corpus.phase`` event (and the probe ``corpus_phase`` after the commit):
 * publish — the output (coverage and export handles), the phase ``complete`` and ``succeeded``
   in one transaction.
 
+A corpus outlives an invocation: when map ends a slice (``kairos.corpus.mapping``: the invocation's
+time is nearly spent), ``runs_corpus_continue`` puts the run back to ``queued`` with its lease cleared
+and ``run.queued`` (reason ``continue``), and the worker's caller re-sends its id at once (``process``
+answers ``continued``); the next claim resumes what this one committed. The run's usage is kept across
+invocations: a slice, a pause, a retry or a rescue starts from the usage the run row holds and
+records its own on top.
+
 The run stays the one authority: its claim, heartbeat, fence, cancellation and terminal moves are the
 worker's. A pause request is honoured at a partition or phase boundary (``runs_corpus_pause``:
 ``run.paused``, the run back to ``queued`` with its lease cleared and ``paused_at`` set, the claim's
@@ -37,6 +44,7 @@ from kairos.runs import moves
 from kairos.runs.attempt import Outcome
 from kairos.runs.stops import Cancelled, Failure, LeaseLost
 from kairos.states import EventType, RunState
+from psycopg.types.json import Jsonb
 
 PHASES = ("enumerate", "map", "reconcile", "reduce", "export", "publish", "complete")
 
@@ -44,7 +52,9 @@ PHASES = ("enumerate", "map", "reconcile", "reduce", "export", "publish", "compl
 def execute(run: Execution) -> Outcome:
     """Runs the claimed corpus run from its recorded phase to an end (see the module doc)."""
     c = Corpus(run, dict(run.claimed.row["corpus"]))
-    with c.fenced() as (conn, _):
+    with c.fenced() as (conn, row):
+        if row["usage"]:  # what earlier invocations of this run spent (a slice, a pause, a retry)
+            run.usage = {**dict(row["usage"]), **run.usage}
         db.execute(conn, "corpus_runs_start", {"run_id": c.run_id, "owner": c.owner, "now": run.now})
         db.execute(conn, "corpus_partitions_release_stale", {"run_id": c.run_id, "now": run.now})
         state = db.fetch_one(conn, "corpus_runs_get", {"run_id": c.run_id})
@@ -62,6 +72,11 @@ def execute(run: Execution) -> Outcome:
                 raise Cancelled()
             if why == "pause":
                 continue  # _boundary pauses
+            if why == "slice":
+                continued = _continue(c)
+                if continued is None:
+                    continue  # a pause or cancel request came first: _boundary handles it
+                return continued
             phase = _move(c, "map", "reconcile")
         elif phase == "reconcile":
             counts = _counts(c)
@@ -89,11 +104,35 @@ def _boundary(c: Corpus) -> Outcome | None:
         events = [trace.Event(EventType.STEP_FINISHED, c.run.claimed.step, {"outcome": "paused"}),
                   trace.Event(EventType.RUN_PAUSED, None, {"phase": None if state is None else state["phase"],
                                                           "by": "worker"})]
-        if trace.change(conn, "runs_corpus_pause", {"run_id": c.run_id, "fence": c.fence}, events,
-                        now=c.run.now) is None:
+        if trace.change(conn, "runs_corpus_pause", {"run_id": c.run_id, "fence": c.fence, "usage": _usage(c)},
+                        events, now=c.run.now) is None:
             raise LeaseLost()
     logger.info("corpus run paused", extra={"action": "corpus_paused", "run_id": str(c.run_id)})
     return Outcome(c.run_id, "paused", RunState.QUEUED)
+
+
+def _continue(c: Corpus) -> Outcome | None:
+    """Ends this invocation's slice: the run back to ``queued`` (not paused), its usage so far
+    recorded, to be re-sent at once; None when a cancel or pause request is there to be honoured."""
+    with c.fenced() as (conn, row):
+        if row["cancel_requested_at"] is not None or row["pause_requested_at"] is not None:
+            return None
+        counts = db.fetch_one(conn, "corpus_partitions_counts", {"run_id": c.run_id})
+        assert counts is not None
+        events = [trace.Event(EventType.STEP_FINISHED, c.run.claimed.step, {"outcome": "continued"}),
+                  trace.Event(EventType.RUN_QUEUED, None, {"reason": "continue", "phase": "map",
+                                                           "partitions_pending": int(counts["pending"])})]
+        if trace.change(conn, "runs_corpus_continue", {"run_id": c.run_id, "fence": c.fence, "usage": _usage(c)},
+                        events, now=c.run.now) is None:
+            raise LeaseLost()
+    logger.info("corpus run continues in a new invocation", extra={
+        "action": "corpus_continued", "run_id": str(c.run_id), "mapped": c.mapped,
+        "partitions_pending": int(counts["pending"])})
+    return Outcome(c.run_id, "continued", RunState.QUEUED, retry_delay_seconds=0)
+
+
+def _usage(c: Corpus) -> Jsonb | None:
+    return Jsonb(dict(c.run.usage)) if c.run.usage else None
 
 
 def _move(c: Corpus, from_phase: str, to_phase: str, *, work: Any = None,

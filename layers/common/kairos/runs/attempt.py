@@ -69,6 +69,7 @@ OutcomeResult = Literal[
     "awaiting_input",  # this call parked a loop run on its owner's answer to its question (lease cleared)
     "retry",  # back to queued for another attempt: re-send the id after retry_delay_seconds
     "paused",  # a corpus run stopped at a partition boundary: queued and paused until its resume re-sends it
+    "continued",  # a corpus run's invocation ended its slice at a partition boundary: queued, re-send the id now
     "skipped",  # not claimed: another worker holds the run, it ended, or it waits behind another run
     "refused",  # the claim ended the run without any call (state and reason_code say how and why)
     "unknown",  # no such run in this database

@@ -642,8 +642,8 @@ RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_corpus_lock
 -- The partition boundary: locks the running run while the caller's fence holds; reports a cancel
--- and a pause request.
-SELECT id, fence, attempt, owner, cancel_requested_at, pause_requested_at
+-- and a pause request, and the usage earlier invocations of the run recorded.
+SELECT id, fence, attempt, owner, cancel_requested_at, pause_requested_at, usage
   FROM runs
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
    FOR NO KEY UPDATE;
@@ -660,10 +660,31 @@ UPDATE runs
        paused_at = coalesce(%(now)s::timestamptz, now()),
        pause_requested_at = NULL,
        expires_at = NULL,
+       usage = coalesce(%(usage)s, usage),
        handoff_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
    AND pause_requested_at IS NOT NULL AND cancel_requested_at IS NULL
+RETURNING id, last_seq, attempt, fence;
+
+-- name: runs_corpus_continue
+-- running -> queued at a partition boundary when the invocation's time is nearly spent, by the fence
+-- holder (a pause or cancel request is handled by its own move instead): the lease cleared, the usage
+-- so far recorded, no expiry (the run started on time; as a pause, and as the rescue's requeue of a
+-- corpus run), handoff_at = now — the worker re-sends the id at once, and should that send fail the
+-- tick's repair sends it once the handoff is stale. Not a retry: it needs no attempt left, and the
+-- next claim resumes what this one committed. run.queued follows in the same statement.
+UPDATE runs
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'queued',
+       lease_token = NULL,
+       lease_expires_at = NULL,
+       expires_at = NULL,
+       usage = coalesce(%(usage)s, usage),
+       handoff_at = coalesce(%(now)s::timestamptz, now()),
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND corpus IS NOT NULL
+   AND pause_requested_at IS NULL AND cancel_requested_at IS NULL
 RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_corpus_request_pause
