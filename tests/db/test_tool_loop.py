@@ -344,6 +344,10 @@ def test_retention_forgets_an_old_runs_step_log_and_approval_preview_and_keeps_a
     recent_steps = rows(api.url, "SELECT * FROM run_steps WHERE run_id = %s ORDER BY n", recent)
     old_steps = rows(api.url, "SELECT record FROM run_steps WHERE run_id = %s", old)
     assert any("order" in json.dumps(s["record"]) for s in old_steps), "the call's arguments are in the log"
+    reservations = {run: len(rows(api.url, "SELECT 1 FROM usage_reservations WHERE run_id = %s", run))
+                    for run in (old, recent)}
+    assert reservations[old] == 2 and reservations[recent] == 2  # one a model call
+    ledger = rows(api.url, "SELECT * FROM usage_ledger ORDER BY owner, day")
     with psycopg.connect(api.url, autocommit=True) as conn:
         conn.execute("UPDATE runs SET finished_at = finished_at - interval '31 days', settled_at = now() "
                      "WHERE id = %s", (old,))
@@ -353,8 +357,12 @@ def test_retention_forgets_an_old_runs_step_log_and_approval_preview_and_keeps_a
     report = Prune(db).run_once()
 
     # Then the old run's step log is gone and its approval shows the tool but no arguments
-    assert (report.runs, report.steps, report.previews) == (1, len(old_steps), 1)
+    assert (report.runs, report.steps, report.previews, report.reservations) == (1, len(old_steps), 1, 2)
     assert rows(api.url, "SELECT * FROM run_steps WHERE run_id = %s", old) == []
+    # and its settled budget reservations are gone while the daily ledger's totals stay
+    assert rows(api.url, "SELECT 1 FROM usage_reservations WHERE run_id = %s", old) == []
+    assert len(rows(api.url, "SELECT 1 FROM usage_reservations WHERE run_id = %s", recent)) == 2
+    assert rows(api.url, "SELECT * FROM usage_ledger ORDER BY owner, day") == ledger
     shown = api.alice.get(f"/v1/approvals/{approval['id']}").json["approval"]
     assert shown["preview"] == {"tool": "http_post", "pruned": True}
     assert (shown["state"], shown["args_digest"]) == ("applied", approval["args_digest"])

@@ -407,9 +407,13 @@ RETURNING r.id, old.had_payload;
 -- kairos_allow_pruning(): the step log is append-only) said or were told outside their thread: their
 -- step log (the model's turns, the tools' arguments and answers) and their corpus outputs and records
 -- are deleted; their approvals' argument previews and their input requests' questions become a marker.
--- Ids, states, digests, counts and export handles stay. Says how much of each it forgot.
+-- Their settled budget reservations (one a model call: the daily ledger's working state, needed only
+-- until the call settles) are deleted too; the ledger's totals stay. Ids, states, digests, counts and
+-- export handles stay. Says how much of each it forgot.
 WITH steps AS (
     DELETE FROM run_steps WHERE run_id = ANY(%(ids)s::uuid[]) RETURNING 1
+), reservations AS (
+    DELETE FROM usage_reservations WHERE run_id = ANY(%(ids)s::uuid[]) AND settled_at IS NOT NULL RETURNING 1
 ), outputs AS (
     DELETE FROM corpus_outputs WHERE run_id = ANY(%(ids)s::uuid[]) RETURNING 1
 ), records AS (
@@ -430,7 +434,8 @@ WITH steps AS (
 SELECT (SELECT count(*) FROM steps)::integer AS steps,
        (SELECT count(*) FROM outputs)::integer + (SELECT count(*) FROM records)::integer AS corpus_rows,
        (SELECT count(*) FROM previews)::integer AS previews,
-       (SELECT count(*) FROM questions)::integer AS questions;
+       (SELECT count(*) FROM questions)::integer AS questions,
+       (SELECT count(*) FROM reservations)::integer AS reservations;
 
 -- name: runs_release_blocked
 -- queue_one: unblocks queued runs whose blocker has ended, so they can be handed to SQS. A scheduled

@@ -5,10 +5,11 @@ live 24 h (DESIGN.md "Webhooks"); once expired they answer nothing (a key is new
 space. Ended runs keep their thread (the fork or fresh conversation the run created), their webhook
 payload and the rest of what they said or were told for ``KAIROS_RETENTION_DAYS`` (default 30) after
 they end; then the thread's entries are deleted, the payload is cleared, the step log (model turns,
-tool arguments and answers) and corpus outputs and records are deleted, approvals' argument previews
-and input requests' questions become a marker, and the run is stamped ``pruned_at`` (DESIGN.md
-"Steering runs" / Forget). ``Prune.run_once`` handles up to ``batch`` rows of each kind, oldest first, skipping rows
-another transaction holds; the tick repeats it while a kind had a full batch and time is left.
+tool arguments and answers), corpus outputs and records and settled budget reservations are deleted,
+approvals' argument previews and input requests' questions become a marker, and the run is stamped
+``pruned_at`` (DESIGN.md "Steering runs" / Forget). ``Prune.run_once`` handles up to ``batch`` rows of
+each kind, oldest first, skipping rows another transaction holds; the tick repeats it while a kind had
+a full batch and time is left.
 
 Guarantees: only receipts whose ``expires_at`` has passed and runs that ended (and were settled) more
 than the retention ago, by the database's clock, are touched. A run keeps its state, output reference,
@@ -55,6 +56,7 @@ class PruneReport:
     corpus_rows: int = 0  # corpus outputs and records deleted
     previews: int = 0  # approvals' argument previews replaced by a marker
     questions: int = 0  # input requests' questions replaced by FORGOTTEN
+    reservations: int = 0  # settled budget reservations deleted (the daily ledger keeps the totals)
     full: bool = False
 
 
