@@ -138,6 +138,8 @@ def timed(database: Any, run_id: Any, settings: Any) -> float:
 
     started = time.perf_counter()
     outcome = process(database, run_id, settings=settings)
+    while outcome.result == "continued":  # a slice ended (the run's runtime limit): the next one resumes
+        outcome = process(database, run_id, settings=settings)
     if outcome.result != "succeeded":
         raise RuntimeError(f"corpus run ended {outcome.result} ({outcome.reason_code})")
     return time.perf_counter() - started
