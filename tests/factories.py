@@ -163,3 +163,12 @@ def input_request(url: str, *, run_row: dict[str, Any], state: str = "pending", 
         row = conn.execute(f"INSERT INTO input_requests ({cols}) VALUES ({params}) RETURNING *", values).fetchone()
     assert row is not None
     return row
+
+
+def ended_ago(url: str, *run_ids: uuid.UUID, days: int = 31, settled: bool = True) -> None:
+    """Moves the end of ended runs back by ``days`` (past the default retention of 30); settled as the
+    tick's settle step would have."""
+    with _connect(url) as conn:
+        conn.execute("""UPDATE runs SET finished_at = finished_at - make_interval(days => %s),
+                                        settled_at = CASE WHEN %s THEN now() END
+                         WHERE id = ANY(%s)""", (days, settled, list(run_ids)))

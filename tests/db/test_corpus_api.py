@@ -12,6 +12,7 @@ from kairos.db import Database
 from kairos.runs.worker import process
 from kairos.settings import Settings
 
+from tests import factories
 from tests.support.api import Api
 from tests.support.corpus import EXPORTS, SOURCE, Model, rows
 from tests.support.corpus import s3 as s3
@@ -136,8 +137,7 @@ def test_retention_deletes_an_old_corpus_runs_records_and_keeps_its_coverage_and
     counts = [rows(api.url, f"SELECT count(*) AS n FROM {table} WHERE run_id = %s", run_id)[0]["n"]
               for table in ("corpus_outputs", "corpus_records")]
     assert listed and all(counts)
-    rows(api.url, "UPDATE runs SET finished_at = finished_at - interval '31 days', settled_at = now() "
-                  "WHERE id = %s RETURNING id", run_id)
+    factories.ended_ago(api.url, run_id)
 
     report = Prune(db).run_once()
 

@@ -21,6 +21,7 @@ from kairos.runs.worker import process
 from kairos.tick import Tick
 from psycopg.rows import dict_row
 
+from tests import factories
 from tests.support.api import Answer, Api
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent, tool_call
 
@@ -421,9 +422,7 @@ def test_retention_forgets_an_old_runs_question_and_keeps_its_digest(
     assert api.alice.post(f"/v1/runs/{run_id}/cancel").status == 200
     before = one(api.url, "SELECT * FROM input_requests WHERE id = %s", request["id"])
     assert (before["state"], before["question"]) == ("cancelled", "Which region, eu-west-1 or us-east-1?")
-    with psycopg.connect(api.url, autocommit=True) as conn:
-        conn.execute("UPDATE runs SET finished_at = finished_at - interval '31 days', settled_at = now() "
-                     "WHERE id = %s", (run_id,))
+    factories.ended_ago(api.url, run_id)
 
     # When the pruner passes
     report = Prune(db).run_once()

@@ -55,14 +55,6 @@ def _ran(database: Database, url: str, schedule: dict[str, Any], **columns: Any)
     return _rows(url, "SELECT * FROM runs WHERE id = %s", run["id"])[0]
 
 
-def _age(url: str, *run_ids: uuid.UUID, days: int = 31, settled: bool = True) -> None:
-    """Moves the end of runs back by ``days``; settled as the tick's settle step would have."""
-    with psycopg.connect(url, autocommit=True) as conn:
-        conn.execute("""UPDATE runs SET finished_at = finished_at - make_interval(days => %s),
-                                        settled_at = CASE WHEN %s THEN now() END
-                         WHERE id = ANY(%s)""", (days, settled, list(run_ids)))
-
-
 def _settle_all(url: str) -> None:
     with psycopg.connect(url, autocommit=True) as conn:
         conn.execute("UPDATE runs SET settled_at = now() WHERE finished_at IS NOT NULL AND settled_at IS NULL")
@@ -111,8 +103,8 @@ def test_pruning_forgets_old_ended_runs_threads_and_payloads_and_leaves_every_st
     running = factories.run(db_url, schedule_row=fork, state="running", source="webhook", payload={"o": 3})
     queued = factories.run(db_url, schedule_row=fork, state="queued", source="webhook", payload={"o": 4})
     _settle_all(db_url)
-    _age(db_url, old_fork["id"], old_fresh["id"], old_append["id"], old_failed["id"])
-    _age(db_url, unsettled["id"], settled=False)
+    factories.ended_ago(db_url, old_fork["id"], old_fresh["id"], old_append["id"], old_failed["id"])
+    factories.ended_ago(db_url, unsettled["id"], settled=False)
     threads = {name: row["conversation_id"] for name, row in
                (("fork", old_fork), ("fresh", old_fresh), ("recent", recent))}
     thread_entries = {name: _entries(db_url, cid) for name, cid in threads.items()}
@@ -148,7 +140,7 @@ def test_retention_is_counted_from_the_end_of_a_run_in_whole_days(db: Database, 
     fork = _schedule(db_url, root["id"])
     ended = _ran(db, db_url, fork)
     _settle_all(db_url)
-    _age(db_url, ended["id"], days=10)
+    factories.ended_ago(db_url, ended["id"], days=10)
 
     assert Prune(db, retention_days=11).run_once().runs == 0
     assert Prune(db, retention_days=10).run_once().runs == 1
@@ -164,7 +156,7 @@ def test_the_output_of_a_pruned_succeeded_run_is_unavailable_and_the_run_still_s
         _settle_all(api.url)
         path = f"/v1/runs/{done['id']}"
         assert api.alice.get(path + "/output").json["output"]["state"] == "available"
-        _age(api.url, done["id"])
+        factories.ended_ago(api.url, done["id"])
 
         # When retention passes
         assert Prune(database).run_once().entries == 2
@@ -195,7 +187,7 @@ def test_a_thread_someone_built_on_is_kept_whole_while_the_run_is_still_stamped(
         conversations.fork(conn, forked["conversation_id"])
     factories.schedule(db_url, conversation_id=scheduled["conversation_id"], next_fire_at=LATER)
     _settle_all(db_url)
-    _age(db_url, appended["id"], scheduled["id"], forked["id"])
+    factories.ended_ago(db_url, appended["id"], scheduled["id"], forked["id"])
     kept = {r["id"]: _entries(db_url, r["conversation_id"]) for r in (appended, scheduled, forked)}
 
     # When retention passes
@@ -216,7 +208,7 @@ def test_a_thread_a_writer_holds_is_left_for_a_later_pass(db: Database, db_url: 
     fork = _schedule(db_url, root["id"])
     held_run, free_run = _ran(db, db_url, fork), _ran(db, db_url, fork)
     _settle_all(db_url)
-    _age(db_url, held_run["id"], free_run["id"])
+    factories.ended_ago(db_url, held_run["id"], free_run["id"])
     with psycopg.connect(db_url) as writer:
         writer.execute("SELECT id FROM conversations WHERE id = %s FOR NO KEY UPDATE",
                        (held_run["conversation_id"],))
@@ -239,7 +231,7 @@ def test_pruning_works_in_bounded_batches_and_a_second_pass_continues(db: Databa
     fork = _schedule(db_url, root["id"])
     old = [_ran(db, db_url, fork) for _ in range(5)]
     _settle_all(db_url)
-    _age(db_url, *(r["id"] for r in old))
+    factories.ended_ago(db_url, *(r["id"] for r in old))
     prune = Prune(db, batch=2)
 
     passes = [prune.run_once() for _ in range(4)]
@@ -257,7 +249,7 @@ def test_the_tick_prunes_with_its_retention_and_reports_and_logs_the_counts(
         db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
     root = factories.conversation(db_url)
     ended = _ran(db, db_url, _schedule(db_url, root["id"]), source="webhook", payload={"k": "v"})
-    _age(db_url, ended["id"], days=45)
+    factories.ended_ago(db_url, ended["id"], days=45)
 
     kept = Tick(db, sqs_queue.client, sqs_queue.url, metrics=None, retention_days=60).run()
     assert (kept.runs_pruned, kept.entries_pruned) == (0, 0)

@@ -348,10 +348,8 @@ def test_retention_forgets_an_old_runs_step_log_and_approval_preview_and_keeps_a
                     for run in (old, recent)}
     assert reservations[old] == 2 and reservations[recent] == 2  # one a model call
     ledger = rows(api.url, "SELECT * FROM usage_ledger ORDER BY owner, day")
-    with psycopg.connect(api.url, autocommit=True) as conn:
-        conn.execute("UPDATE runs SET finished_at = finished_at - interval '31 days', settled_at = now() "
-                     "WHERE id = %s", (old,))
-        conn.execute("UPDATE runs SET settled_at = now() WHERE id = %s", (recent,))
+    factories.ended_ago(api.url, old)
+    factories.ended_ago(api.url, recent, days=0)  # ended today, settled
 
     # When the pruner passes
     report = Prune(db).run_once()
