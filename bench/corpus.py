@@ -168,8 +168,8 @@ def main() -> None:
         s3 = boto3.client("s3")
         s3.create_bucket(Bucket=SOURCE)
         s3.create_bucket(Bucket=EXPORTS)
-        put_objects(s3, "small/", args.items, 200)
-        put_objects(s3, "large/", args.large, args.item_bytes)
+        put_objects(s3, "bench/small/", args.items, 200)
+        put_objects(s3, "bench/large/", args.large, args.item_bytes)
         one = Settings(egress_allow=("127.0.0.1",), corpus_buckets=(SOURCE,), export_bucket=EXPORTS)
         four = Settings(egress_allow=("127.0.0.1",), corpus_buckets=(SOURCE,), export_bucket=EXPORTS,
                         corpus_max_concurrency=4)
@@ -177,14 +177,14 @@ def main() -> None:
         rounds = []
         pairs = []
         for _ in range(max(1, args.rounds)):
-            a, b = corpus_run(database, base_url, "small/"), corpus_run(database, base_url, "small/")
+            a, b = corpus_run(database, base_url, "bench/small/"), corpus_run(database, base_url, "bench/small/")
             rounds.append((timed(database, a, one), timed(database, b, four)))
             pairs.append((a, b))
         same = all(s3.get_object(Bucket=EXPORTS, Key=f"exports/bench/{a}/records.jsonl")["Body"].read()
                    == s3.get_object(Bucket=EXPORTS, Key=f"exports/bench/{b}/records.jsonl")["Body"].read()
                    for a, b in pairs)
         before_large = rss_mb()
-        large = corpus_run(database, base_url, "large/")
+        large = corpus_run(database, base_url, "bench/large/")
         large_seconds = timed(database, large, four)
         head = s3.head_object(Bucket=EXPORTS, Key=f"exports/bench/{large}/records.jsonl")
         database.close()

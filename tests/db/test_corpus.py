@@ -33,7 +33,7 @@ class Crash(BaseException):
     """The worker process dies here."""
 
 
-def put_items(s3: Any, count: int, prefix: str = "docs/") -> None:
+def put_items(s3: Any, count: int, prefix: str = "alice/docs/") -> None:
     for i in range(count):
         s3.put_object(Bucket=SOURCE, Key=f"{prefix}{i:05d}.txt", Body=f"document {i} body".encode())
 
@@ -45,7 +45,7 @@ def corpus_run(url: str, spec: dict[str, Any]) -> uuid.UUID:
 
 
 def s3_spec(**more: Any) -> dict[str, Any]:
-    return {"source": {"s3": {"bucket": SOURCE, "prefix": "docs/"}}, **more}
+    return {"source": {"s3": {"bucket": SOURCE, "prefix": "alice/docs/"}}, **more}
 
 
 def work(db: Database, run_id: uuid.UUID, model: Model, *, settings: Settings = SETTINGS,
@@ -132,7 +132,7 @@ def test_merge_keeps_every_partition_field_and_later_partitions_win(
                            "AND id = 't0'", run_id)
     # t0 comes from items 0, 7, 14 (partition 0) and 21, 28, 35 (partition 1): the last line of the last
     # partition wins `last`; each partition's own field stays.
-    assert topic["data"] == {"last": "docs/00035.txt", "seen_0": True, "seen_1": True}
+    assert topic["data"] == {"last": "alice/docs/00035.txt", "seen_0": True, "seen_1": True}
     assert topic["lineage"] == {"partitions": [{"n": 0, "items": [0, 19]}, {"n": 1, "items": [20, 39]}]}
 
 
@@ -436,7 +436,7 @@ def test_a_partitions_lease_is_renewed_while_its_call_runs(
 
 def test_a_partition_over_the_agents_input_bound_fails_without_a_call(db: Database, db_url: str, s3: Any) -> None:
     for i in range(4):
-        s3.put_object(Bucket=SOURCE, Key=f"docs/{i:05d}.txt", Body=(b"x" * (3_000 if i < 2 else 10)))
+        s3.put_object(Bucket=SOURCE, Key=f"alice/docs/{i:05d}.txt", Body=(b"x" * (3_000 if i < 2 else 10)))
     model = Model()
     run = factories.run(db_url, source="manual", agent=json.dumps({"executor": "echo", "max_input_tokens": 1_000}),
                         corpus=json.dumps({"partition_size": 2, "max_items": 10, "formats": ["jsonl"],
@@ -447,3 +447,43 @@ def test_a_partition_over_the_agents_input_bound_fails_without_a_call(db: Databa
     assert dict(model.calls) == {(1, 0): 1}  # partition 0 (6,000 characters) was never sent
     states = rows(db_url, "SELECT n, state, error_code FROM corpus_partitions WHERE run_id = %s ORDER BY n", run["id"])
     assert [(p["state"], p["error_code"]) for p in states] == [("failed", "input_too_large"), ("succeeded", None)]
+
+
+@pytest.mark.parametrize("prefix", ["alice/docs/", "", "bobby/", "bob"])
+def test_a_stored_source_outside_its_owners_namespace_fails_the_run_before_any_listing(
+        db: Database, db_url: str, s3: Any, prefix: str) -> None:
+    # Given alice's objects, and a run of bob's whose stored spec names alice's prefix (written before the
+    # rule, or edited in the database), or the whole bucket, or a namespace that only starts like his.
+    put_items(s3, 20)
+    s3.put_object(Bucket=SOURCE, Key="bobby/x.txt", Body=b"bobby's")
+    bob = factories.schedule(db_url, owner="bob")
+    run = factories.run(db_url, schedule_row=bob, source="manual", corpus=json.dumps(
+        {"partition_size": 20, "max_items": 100, "formats": ["jsonl"], "instructions": "Summarise.",
+         "source": {"s3": {"bucket": SOURCE, "prefix": prefix}}}))
+    model = Model()
+
+    outcome = work(db, uuid.UUID(str(run["id"])), model)
+
+    # Then the run fails at once, not retry-eligible, with nothing listed, read or sent.
+    assert (outcome.result, outcome.reason_code) == ("failed", "corpus_source_refused")
+    assert sum(model.calls.values()) == 0
+    [ended] = rows(db_url, "SELECT state, diagnosis FROM runs WHERE id = %s", run["id"])
+    assert ended["state"] == "failed" and ended["diagnosis"]["reason_code"] == "corpus_source_refused"
+    assert ended["diagnosis"]["retry_eligible"] is False
+    assert rows(db_url, "SELECT count(*) AS n FROM corpus_items WHERE run_id = %s", run["id"])[0]["n"] == 0
+
+
+def test_a_source_inside_its_owners_namespace_reads_only_that_namespace(
+        db: Database, db_url: str, s3: Any) -> None:
+    put_items(s3, 20)  # alice's
+    put_items(s3, 3, prefix="bob/docs/")
+    bob = factories.schedule(db_url, owner="bob")
+    run = factories.run(db_url, schedule_row=bob, source="manual", corpus=json.dumps(
+        {"partition_size": 20, "max_items": 100, "formats": ["jsonl"], "instructions": "Summarise.",
+         "source": {"s3": {"bucket": SOURCE, "prefix": "bob/"}}}))
+
+    assert work(db, uuid.UUID(str(run["id"])), Model()).result == "succeeded"
+
+    keys = [r["key"] for r in rows(db_url, "SELECT key FROM corpus_items WHERE run_id = %s ORDER BY ordinal",
+                                   run["id"])]
+    assert keys == [f"bob/docs/{i:05d}.txt" for i in range(3)]

@@ -56,9 +56,59 @@ def test_corpus_is_validated_with_field_and_rule_and_writes_nothing(api: Api, co
     assert rows(api.url, "SELECT count(*) AS n FROM schedules")[0]["n"] == 0
 
 
+def test_a_corpus_prefix_outside_the_owners_namespace_is_refused_at_create_patch_and_turn(
+        api: Api, corpus_env: Any) -> None:
+    # Given bob, who wants to read alice's objects (or the whole bucket, or a look-alike namespace).
+    conversation = api.conversation("bob")
+    for prefix in ("alice/", "alice/docs/", "", "bo", "bobby/", "/bob/"):
+        corpus = {"source": {"s3": {"bucket": SOURCE, "prefix": prefix}}, "instructions": "Summarise."}
+        turned = api.bob.post(f"/v1/conversations/{conversation['id']}/messages", {"content": "go", "corpus": corpus})
+        created = api.bob.post("/v1/schedules", {"conversation_id": conversation["id"], "prompt": "p",
+                                                 "cron": "0 7 * * *", "corpus": corpus})
+        for answer in (turned, created):
+            assert answer.status == 422, (prefix, answer.text)
+            [problem] = answer.json["error"]["fields"]
+            assert (problem["field"], problem["rule"]) == ("corpus.source.s3.prefix", "prefix_not_owned")
+            assert "bob/" in problem["message"]
+    assert rows(api.url, "SELECT count(*) AS n FROM runs")[0]["n"] == 0
+    assert rows(api.url, "SELECT count(*) AS n FROM schedules")[0]["n"] == 0
+
+    # His own namespace is his: given, or by default.
+    mine = api.bob.post("/v1/schedules", {"conversation_id": conversation["id"], "prompt": "p", "cron": "0 7 * * *",
+                                          "corpus": {"source": {"s3": {"bucket": SOURCE}}, "instructions": "S."}})
+    assert mine.status == 201, mine.text
+    schedule_id = mine.json["schedule"]["id"]
+    [revision] = rows(api.url, "SELECT definition FROM schedule_revisions WHERE schedule_id = %s", schedule_id)
+    assert revision["definition"]["corpus"]["source"] == {"s3": {"bucket": SOURCE, "prefix": "bob/"}}
+    moved = api.bob.patch(f"/v1/schedules/{schedule_id}", {
+        "corpus": {"source": {"s3": {"bucket": SOURCE, "prefix": "alice/docs/"}}, "instructions": "S."}})
+    assert moved.status == 422 and [(f["field"], f["rule"]) for f in moved.json["error"]["fields"]] == [
+        ("corpus.source.s3.prefix", "prefix_not_owned")], moved.text
+    deeper = api.bob.patch(f"/v1/schedules/{schedule_id}", {
+        "corpus": {"source": {"s3": {"bucket": SOURCE, "prefix": "bob/reports/2026-"}}, "instructions": "S."}})
+    assert deeper.status == 200, deeper.text
+
+
+def test_an_owner_that_is_not_a_plain_segment_has_the_hashed_namespace_of_its_secrets() -> None:
+    from kairos import secrets
+    from kairos.corpus import spec
+    from kairos.errors import ValidationFailed
+
+    owner = "auth0|alice/.."
+    mine = spec.namespace(owner)
+    assert mine.startswith("=") and mine.endswith("/") and mine.count("/") == 1
+    assert secrets.namespace(owner, secrets.Policy()) == f"kairos/{mine}"
+    checked = spec.validate({"source": {"s3": {"bucket": SOURCE}}, "instructions": "x"}, buckets=[SOURCE], owner=owner)
+    assert checked["source"]["s3"]["prefix"] == mine
+    with pytest.raises(ValidationFailed) as refused:
+        spec.validate({"source": {"s3": {"bucket": SOURCE, "prefix": "auth0|alice/"}}, "instructions": "x"},
+                      buckets=[SOURCE], owner=owner)
+    assert [(f.field, f.rule) for f in refused.value.fields] == [("corpus.source.s3.prefix", "prefix_not_owned")]
+
+
 def test_a_schedule_carries_its_corpus_into_its_revision(api: Api, corpus_env: Any) -> None:
     conversation = api.conversation()
-    corpus = {"source": {"s3": {"bucket": SOURCE, "prefix": "docs/"}}, "instructions": "Summarise."}
+    corpus = {"source": {"s3": {"bucket": SOURCE, "prefix": "alice/docs/"}}, "instructions": "Summarise."}
     created = api.alice.post("/v1/schedules", {"conversation_id": conversation["id"], "prompt": "nightly",
                                                "cron": "0 2 * * *", "corpus": corpus})
     assert created.status == 201, created.text

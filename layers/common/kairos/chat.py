@@ -69,7 +69,7 @@ def post(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner:
          now: datetime | None = None) -> Turn:
     """Records the turn (see the module doc); the caller commits, then hands a non-waiting run to SQS."""
     content = content_of(raw)
-    corpus = _corpus_of(raw)
+    corpus = _corpus_of(raw, owner=owner)
     with db.atomic(conn):
         conversation = conversations.lock(conn, conversation_id, owner=owner)
         row = db.fetch_one(conn, "runs_last_chat_turn", {"conversation_id": conversation.id})
@@ -88,11 +88,11 @@ def post(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner:
     return Turn(conversation.id, occurrence_id, run_id, waiting=blocker is not None)
 
 
-def _corpus_of(raw: object) -> dict[str, Any] | None:
+def _corpus_of(raw: object, *, owner: str) -> dict[str, Any] | None:
     """A turn's checked ``corpus`` (``kairos.corpus.spec``), or None when it carries none."""
     if not isinstance(raw, Mapping) or raw.get("corpus") is None:
         return None
     from kairos import runtime
     from kairos.corpus import spec
 
-    return spec.validate(raw["corpus"], buckets=runtime.settings().corpus_buckets)
+    return spec.validate(raw["corpus"], buckets=runtime.settings().corpus_buckets, owner=owner)

@@ -116,6 +116,9 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
                                       "exported."),
     "corpus_source_unavailable": ("target", True, ("retry_run", "check_target"),
                                   "The corpus source could not be listed or read."),
+    "corpus_source_refused": ("target", False, ("check_agent_config",),
+                              "The corpus source is not one this owner may read: its bucket is not allowed, "
+                              "or its prefix is outside the owner's namespace (<owner>/)."),
     "corpus_export_unavailable": ("target", True, ("retry_run", "report_issue"),
                                   "The corpus export could not be written to the export bucket."),
     "not_replace_safe": ("run", False, (),
@@ -134,7 +137,8 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
 RUN_REASON_CODES: frozenset[str] = frozenset(
     {"schedule_paused", "schedule_cancelled", "superseded", "expired", "undeliverable", "replaced",
      "not_replace_safe", "approval_denied", "approval_expired", "corpus_no_partition_succeeded",
-     "corpus_source_unavailable", "corpus_export_unavailable", "goal_report_missing", "goal_revised"}
+     "corpus_source_unavailable", "corpus_source_refused", "corpus_export_unavailable", "goal_report_missing",
+     "goal_revised"}
 )
 def diagnose(
     reason_code: str,

@@ -144,18 +144,22 @@ def _host_ok(host: str) -> bool:
 
 
 def namespace(owner: str, policy: Policy) -> str:
-    """``<prefix>/<owner>/``: the names an owner's references may start with.
+    """``<prefix>/<owner>/``: the names an owner's references may start with (``owner_segment``)."""
+    if not owner:
+        raise Refused("secret_reference", "no owner")
+    return f"{policy.prefix}/{owner_segment(owner)}/"
+
+
+def owner_segment(owner: str) -> str:
+    """The one path segment that stands for ``owner`` in a namespace (secrets, corpus prefixes).
 
     An owner (a JWT ``sub``) that is not a plain name segment (``auth0|123``, ``a/b``, ``..``) is
     written as ``=`` and the SHA-256 of the owner: injective in practice, since plain segments never
     start with ``=``.
     """
-    if not owner:
-        raise Refused("secret_reference", "no owner")
-    segment = owner
     if not _SEGMENT.fullmatch(owner) or owner in (".", "..") or owner.startswith("="):
-        segment = "=" + hashlib.sha256(owner.encode("utf-8")).hexdigest()[:40]
-    return f"{policy.prefix}/{segment}/"
+        return "=" + hashlib.sha256(owner.encode("utf-8")).hexdigest()[:40]
+    return owner
 
 
 def check(reference: str, *, owner: str, audience: str | None, policy: Policy | None = None) -> None:

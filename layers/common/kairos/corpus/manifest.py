@@ -8,7 +8,9 @@ is no longer the manifest's, so a partition's input never changes under its iden
 
 Guarantees: deterministic (the same source gives the same manifest, ordinal by ordinal, so a restarted
 enumerate rewrites nothing); bounded (one listing page at a time; an item's text at most
-``ITEM_MAX_BYTES``). Buckets are those the spec was checked against (``KAIROS_CORPUS_BUCKETS``).
+``ITEM_MAX_BYTES``). Buckets are those the spec was checked against (``KAIROS_CORPUS_BUCKETS``), and
+a key is read only under the spec's prefix, which enumerate checked against the owner's namespace
+(``kairos.corpus.spec.out_of_scope``).
 
 Must not: write the database (``kairos.corpus.phases`` does, under the fence); log keys' contents.
 """
@@ -92,6 +94,8 @@ def read(spec: dict[str, Any], item: Item) -> str:
         return text
     from botocore.exceptions import ClientError
 
+    if not item.key.startswith(str(source["s3"]["prefix"])):  # only what the checked prefix listed
+        raise SourceChanged(item.key)
     try:
         got = s3_client().get_object(Bucket=source["s3"]["bucket"], Key=item.key,
                                      Range=f"bytes=0-{ITEM_MAX_BYTES - 1}")

@@ -5,7 +5,9 @@ claimed run carries ``corpus`` (``kairos.runs.worker``). It resumes at the phase
 ``corpus_runs`` row records and moves phase by phase, each move committed in a fenced transaction with
 its ``corpus.phase`` event (and the probe ``corpus_phase`` after the commit):
 
-* enumerate — the manifest (``kairos.corpus.manifest``) page by page, then the partitions;
+* enumerate — the source checked again against the owner's namespace and the allowed buckets
+  (``corpus_source_refused`` otherwise), the manifest (``kairos.corpus.manifest``) page by page, then
+  the partitions;
 * map — ``kairos.corpus.mapping`` (partitions leased, called once per generation, committed);
 * reconcile — no partition succeeded: the run fails ``corpus_no_partition_succeeded`` and nothing
   is exported; otherwise on;
@@ -35,7 +37,7 @@ from __future__ import annotations
 from typing import Any
 
 from kairos import db, trace
-from kairos.corpus import export, manifest, mapping
+from kairos.corpus import export, manifest, mapping, spec
 from kairos.corpus.context import Corpus, Execution
 from kairos.corpus.reduce import reduce
 from kairos.diagnosis import diagnose
@@ -153,7 +155,16 @@ def _move(c: Corpus, from_phase: str, to_phase: str, *, work: Any = None,
 
 
 def _enumerate(c: Corpus) -> str:
-    """The manifest page by page (each page its own fenced transaction), then the partitions."""
+    """The manifest page by page (each page its own fenced transaction), then the partitions.
+
+    The stored source is checked again first (``spec.out_of_scope``): a prefix outside the owner's
+    namespace or a bucket no longer allowed fails the run ``corpus_source_refused`` before any listing.
+    """
+    refused = spec.out_of_scope(c.spec, owner=c.owner, buckets=c.run.settings.corpus_buckets)
+    if refused is not None:
+        logger.warning("corpus source refused", extra={"action": "corpus_source_refused",
+                                                       "run_id": str(c.run_id), "rule": refused})
+        raise Failure("corpus_source_refused")
     try:
         for page in manifest.pages(c.spec):
             c.run._check_stop()

@@ -1,13 +1,21 @@
 """The ``corpus`` field of a schedule or a chat turn: its model, its server caps, its checked form.
 
 Role: ``validate`` turns the caller's ``corpus`` object into the canonical spec a run stores
-(``runs.corpus``, ``schedules.corpus``): exactly one source (``s3`` with an allow-listed bucket,
-or inline ``items``), ``instructions``, ``partition_size`` (default 20, at most 100), ``max_items``
-(at most 10,000), ``formats`` (``jsonl`` default, also ``graphml``).
+(``runs.corpus``, ``schedules.corpus``): exactly one source (``s3`` with an allow-listed bucket and a
+prefix inside the owner's namespace, or inline ``items``), ``instructions``, ``partition_size``
+(default 20, at most 100), ``max_items`` (at most 10,000), ``formats`` (``jsonl`` default, also
+``graphml``).
 
 Guarantees: every problem is a ``FieldError`` under ``corpus.…`` naming the field and the rule
 (``bucket_not_allowed``, ``one_source``, ``max_items``, ``max_bytes``, …), all reported at once; the
 result is plain JSON with every default filled in, so a run never re-derives a default.
+
+Tenancy: an S3 source reads only its owner's objects. Its prefix must lie in the owner's namespace,
+``<owner>/`` (``namespace``: the owner as one key segment, written as secrets write it,
+``kairos.secrets.owner_segment``), and defaults to it; any other prefix is refused
+(``corpus.source.s3.prefix``, rule ``prefix_not_owned``). ``out_of_scope`` checks a stored spec again
+before a run lists the bucket, so a spec written before this rule, or edited in the database, cannot
+read another owner's objects.
 
 Must not: read S3 or the database (enumeration is the run's, ``kairos.corpus.manifest``).
 """
@@ -19,6 +27,7 @@ from collections.abc import Sequence
 from typing import Any, Literal
 
 from kairos.errors import FieldError, ValidationFailed, from_validation_error
+from kairos.secrets import owner_segment
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
 
@@ -38,7 +47,7 @@ class S3Source(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True)
 
     bucket: StrictStr = Field(min_length=3, max_length=63)
-    prefix: StrictStr = Field(default="", max_length=PREFIX_MAX)
+    prefix: StrictStr | None = Field(default=None, max_length=PREFIX_MAX)  # None: the owner's namespace
 
 
 class Source(BaseModel):
@@ -76,8 +85,28 @@ def item_text(item: Any) -> str:
     return json.dumps(item, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
 
 
-def validate(raw: object, *, buckets: Sequence[str], field: str = "corpus") -> dict[str, Any]:
-    """The canonical spec of ``raw``, or ``ValidationFailed`` listing every problem (see the module doc)."""
+def namespace(owner: str) -> str:
+    """``<owner>/``: the S3 key prefix every corpus prefix of ``owner`` must start with."""
+    return f"{owner_segment(owner)}/"
+
+
+def out_of_scope(spec: dict[str, Any], *, owner: str, buckets: Sequence[str]) -> str | None:
+    """The rule a stored spec breaks (``bucket_not_allowed``, ``prefix_not_owned``), or None when
+    ``owner`` may read its source (inline items always)."""
+    s3 = spec.get("source", {}).get("s3")
+    if s3 is None:
+        return None
+    if s3.get("bucket") not in buckets:
+        return "bucket_not_allowed"
+    prefix = s3.get("prefix")
+    if not isinstance(prefix, str) or not prefix.startswith(namespace(owner)):
+        return "prefix_not_owned"
+    return None
+
+
+def validate(raw: object, *, buckets: Sequence[str], owner: str, field: str = "corpus") -> dict[str, Any]:
+    """The canonical spec of ``raw`` for ``owner``, or ``ValidationFailed`` listing every problem (see
+    the module doc)."""
     try:
         spec = CorpusSpec.model_validate(raw)
     except ValidationError as error:
@@ -89,6 +118,11 @@ def validate(raw: object, *, buckets: Sequence[str], field: str = "corpus") -> d
     if source.s3 is not None and source.s3.bucket not in buckets:
         problems.append(FieldError(f"{field}.source.s3.bucket", "bucket_not_allowed",
                                    "this bucket is not listed in KAIROS_CORPUS_BUCKETS"))
+    mine = namespace(owner)
+    prefix = mine if source.s3 is None or source.s3.prefix is None else source.s3.prefix
+    if source.s3 is not None and not prefix.startswith(mine):
+        problems.append(FieldError(f"{field}.source.s3.prefix", "prefix_not_owned",
+                                   f"a corpus reads only your own objects: the prefix must start with {mine}"))
     if source.items is not None:
         problems.extend(_items_problems(source.items, field))
         if len(source.items) > spec.max_items:
@@ -102,7 +136,7 @@ def validate(raw: object, *, buckets: Sequence[str], field: str = "corpus") -> d
                                "max_items": spec.max_items,
                                "formats": sorted(spec.formats, key=["jsonl", "graphml"].index)}
     if source.s3 is not None:
-        checked["source"] = {"s3": {"bucket": source.s3.bucket, "prefix": source.s3.prefix}}
+        checked["source"] = {"s3": {"bucket": source.s3.bucket, "prefix": prefix}}
     else:
         checked["source"] = {"items": list(source.items or [])}
     return checked

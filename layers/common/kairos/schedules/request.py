@@ -380,7 +380,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
             notify = validate_notify(body["notify"], owner=owner)
         except ValidationFailed as error:
             problems.extend(error.fields)
-    corpus = _corpus(body.get("corpus"), problems)
+    corpus = _corpus(body.get("corpus"), problems, owner=owner)
 
     try:
         request = ScheduleRequest.model_validate(body)
@@ -401,7 +401,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     return request
 
 
-def _corpus(raw: object, problems: list[FieldError]) -> dict[str, Any] | None:
+def _corpus(raw: object, problems: list[FieldError], *, owner: str) -> dict[str, Any] | None:
     """The checked ``corpus`` (``kairos.corpus.spec``), its problems added to ``problems``."""
     if raw is None:
         return None
@@ -409,7 +409,7 @@ def _corpus(raw: object, problems: list[FieldError]) -> dict[str, Any] | None:
     from kairos.corpus import spec as corpus_spec
 
     try:
-        return corpus_spec.validate(raw, buckets=runtime.settings().corpus_buckets)
+        return corpus_spec.validate(raw, buckets=runtime.settings().corpus_buckets, owner=owner)
     except ValidationFailed as error:
         problems.extend(error.fields)
         return None
