@@ -358,6 +358,31 @@ def test_a_fork_runs_thread_is_found_from_its_schedule_its_conversation_and_the_
     assert api.alice.get(f"/v1/runs/{run_id}/output").json["output"]["state"] == "available"
 
 
+def test_threads_false_lists_only_the_conversations_the_owner_created(api: Api, db: Database) -> None:
+    # Given two conversations alice made and the threads a fork run and a fresh run made from them
+    home = api.conversation()
+    other = api.conversation()
+    threads = []
+    for mode in ("fork", "fresh"):
+        schedule = _schedule(api, conversation_id=home["id"], mode=mode)
+        run_id = _record(db, schedule["id"], now=None, fire_at=datetime.now(UTC).replace(microsecond=0))["run_id"]
+        executor = ScriptedExecutor()
+        assert process(db, uuid.UUID(run_id), settings=Settings(), executor_factory=executor.factory).result == \
+            "succeeded"
+        threads.append(api.alice.get(f"/v1/runs/{run_id}").json["run"]["conversation_id"])
+
+    everything = [c["id"] for c in api.alice.get("/v1/conversations").json["conversations"]]
+    assert set(threads) <= set(everything) and len(everything) == 4
+    # Without threads: the two alice created, newest first, in pages; a thread on no page
+    seen, page_ids = _walk(api.alice, "/v1/conversations?threads=false", "conversations", 1)
+    assert [c["id"] for c in seen] == [other["id"], home["id"]] and page_ids == [[other["id"]], [home["id"]]]
+    assert [c["id"] for c in api.alice.get("/v1/conversations?threads=true").json["conversations"]] == everything
+    assert api.bob.get("/v1/conversations?threads=false").json["conversations"] == []
+    answer = api.alice.get("/v1/conversations?threads=maybe")
+    assert answer.status == 422, answer.text
+    assert [f["field"] for f in answer.error["fields"]] == ["threads"]
+
+
 # ---- the plans ---------------------------------------------------------------------------------
 
 
@@ -366,7 +391,8 @@ def test_a_fork_runs_thread_is_found_from_its_schedule_its_conversation_and_the_
     ("runs_list_owned", "runs_schedule_created_idx", {"schedule_id": uuid.uuid4(), "conversation_id": None}),
     ("runs_last_of_schedules", "runs_schedule_created_idx", {"schedule_ids": [uuid.uuid4(), uuid.uuid4()]}),
     ("occurrences_list", "occurrences_schedule_idx", {"schedule_id": uuid.uuid4()}),
-    ("conversations_list_owned", "conversations_owner_idx", {}),
+    ("conversations_list_owned", "conversations_owner_idx", {"threads": True}),
+    ("conversations_list_owned", "conversations_owner_idx", {"threads": False}),
 ])
 def test_a_page_is_an_index_range_scan_in_list_order_with_no_sort(db: Database, query: str, index: str,
                                                                   params: dict[str, Any]) -> None:

@@ -14,7 +14,8 @@ Guarantees:
   must run inside the caller's transaction (on an autocommit connection it opens its own).
 * ``get``, ``transcript`` and ``inbox`` are scoped to the owner; another owner's conversation raises the same
   ``NotFound("conversation")`` as a missing one. ``page`` lists only the owner's conversations (roots
-  and the threads fork and fresh runs made), newest first, in keyset pages (``kairos.pages``), each
+  and the threads fork and fresh runs made, or without ``threads`` only the ones the owner created),
+  newest first, in keyset pages (``kairos.pages``), each
   without entries and with only its agent's executor and model.
 * An agent is accepted only as ``kairos.agents.validate`` accepts it: declared fields, and only
   *references* to secrets that the owner may send to the agent's ``base_url``, never a literal key.
@@ -228,13 +229,14 @@ def get(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner: 
 
 
 def page(conn: psycopg.Connection[db.Row], *, owner: str, before: str | None = None,
-         limit: int = pages.LIMIT_DEFAULT) -> tuple[list[Conversation], str | None]:
+         limit: int = pages.LIMIT_DEFAULT, threads: bool = True) -> tuple[list[Conversation], str | None]:
     """One page of ``owner``'s conversations, newest first (``created_at``, then id), below the cursor
-    ``before``, and the next page's cursor (None at the end). A bad cursor or limit is ``ValidationFailed``."""
+    ``before``, and the next page's cursor (None at the end). Without ``threads``, only the ones the
+    owner created: not the threads fork and fresh runs made. A bad cursor or limit is ``ValidationFailed``."""
     key = pages.decode(PAGE, before)
     limit = pages.check_limit(limit)
     rows = db.fetch_all(conn, "conversations_list_owned", {
-        "owner": owner, "before_at": None if key is None else key.at,
+        "owner": owner, "threads": threads, "before_at": None if key is None else key.at,
         "before_id": None if key is None else key.id, "limit": limit + 1})
     found, next_before = pages.cut(PAGE, rows, limit, lambda r: pages.Key(r["created_at"], r["id"]))
     return [Conversation.from_row(r) for r in found], next_before

@@ -20,12 +20,13 @@ RETURNING *;
 SELECT * FROM conversations WHERE id = %(conversation_id)s AND owner = %(owner)s;
 
 -- name: conversations_list_owned
--- One keyset page of an owner's conversations (roots and run threads alike), newest first:
--- (created_at, id) strictly below the cursor (kairos.pages). Reads conversations_owner_idx; limit
--- is the page size plus one.
+-- One keyset page of an owner's conversations, newest first: (created_at, id) strictly below the
+-- cursor (kairos.pages). With threads, roots and run threads alike; without, only those the owner
+-- created (no origin run). Reads conversations_owner_idx; limit is the page size plus one.
 SELECT id, owner, title, agent, parent_id, fork_seq, origin_run_id, created_at
   FROM conversations
  WHERE owner = %(owner)s
+   AND (%(threads)s::boolean OR origin_run_id IS NULL)
    AND (%(before_at)s::timestamptz IS NULL
         OR (created_at, id) < (%(before_at)s::timestamptz, %(before_id)s::uuid))
  ORDER BY created_at DESC, id DESC

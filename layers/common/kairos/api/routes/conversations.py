@@ -12,7 +12,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from aws_lambda_powertools.event_handler import Response
-from aws_lambda_powertools.event_handler.openapi.params import Body
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 
 from kairos import conversations, pages
 from kairos.api import models
@@ -39,12 +39,17 @@ def create_conversation(
 
 
 @router.endpoint("GET", "/v1/conversations", status=200, model=models.ConversationList, errors=(),
-                 summary="The caller's conversations (run threads included), newest first, without entries, "
-                         "in keyset pages (pass next_before as before)")
-def list_conversations(before: BEFORE = None, limit: LIMIT = pages.LIMIT_DEFAULT) -> Response[dict[str, Any]]:
+                 summary="The caller's conversations (run threads included unless threads=false), newest first, "
+                         "without entries, in keyset pages (pass next_before as before)")
+def list_conversations(
+    threads: Annotated[bool, Query(description="false: only the conversations you created, not the threads "
+                                               "that fork and fresh runs made")] = True,
+    before: BEFORE = None,
+    limit: LIMIT = pages.LIMIT_DEFAULT,
+) -> Response[dict[str, Any]]:
     owner = principal()
     with database().transaction() as conn:
-        found, next_before = conversations.page(conn, owner=owner, before=before, limit=limit)
+        found, next_before = conversations.page(conn, owner=owner, before=before, limit=limit, threads=threads)
     return ok(200, models.ConversationList,
               {"conversations": [c.summary_json() for c in found], "next_before": next_before})
 
