@@ -313,7 +313,7 @@ def _plan_served_by(db_url: str, table: str, index: str, statement: str, params:
 @pytest.mark.parametrize(("statement", "table", "index", "params"), [
     ("notify_deliveries_claim", "notify_deliveries", "notify_deliveries_due_idx",
      {"lease_seconds": 60, "preview": 100}),
-    ("approvals_expire_due", "approvals", "approvals_pending_expiry_idx", {"limit": 10}),
+    ("approvals_lock_due_runs", "approvals", "approvals_pending_expiry_idx", {"limit": 10}),
     ("input_requests_pending_for_schedule", "input_requests", "input_requests_schedule_pending_idx", {}),
 ])
 def test_the_pending_queries_can_still_use_their_index(db_url: str, pending: dict[str, Any], statement: str,

@@ -17,7 +17,8 @@ Role (DESIGN.md "Agent tools, approvals and budgets"):
 
 Guarantees: every decision is one guarded UPDATE (``pending`` and not expired), so two approvers, or
 an approver and a cancel, cannot both win; another owner's request is the same ``NotFound`` as a
-missing one.
+missing one. Lock order: the run row before its request, in every path (approve, deny, expiry, the
+worker's ``consume``, a run's cancel), so a decision racing a cancel waits instead of deadlocking.
 """
 
 from __future__ import annotations
@@ -122,7 +123,7 @@ def approve(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, *, owner: 
             now: datetime | None = None) -> Approval:
     """Approves a pending request and requeues its run (the caller hands the run to SQS after commit)."""
     with db.atomic(conn):
-        decided = _decide(conn, approval_id, owner, "approved", now)
+        decided = _decide(conn, _lock_run(conn, approval_id, owner), approval_id, owner, "approved", now)
         trace.change(conn, "runs_requeue_approved", {"run_id": decided.run_id}, [
             trace.Event(EventType.APPROVAL_APPROVED, data={"approval_id": str(approval_id)}),
             trace.Event(EventType.RUN_QUEUED, data={"reason": "approved"})], now=now)
@@ -134,7 +135,7 @@ def approve(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, *, owner: 
 def deny(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, *, owner: str,
          now: datetime | None = None) -> Approval:
     with db.atomic(conn):
-        decided = _decide(conn, approval_id, owner, "denied", now)
+        decided = _decide(conn, _lock_run(conn, approval_id, owner), approval_id, owner, "denied", now)
         _block(conn, decided.run_id, approval_id, "approval_denied", now)
     logger.info("approval denied", extra={"action": "approval_denied", "approval_id": str(approval_id),
                                           "run_id": str(decided.run_id)})
@@ -143,18 +144,31 @@ def deny(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, *, owner: str
 
 def expire_due(conn: psycopg.Connection[db.Row], *, limit: int = 500, now: datetime | None = None) -> int:
     """Expires pending requests past ``expires_at`` and ends their runs ``policy_blocked`` (the tick)."""
-    expired = db.fetch_all(conn, "approvals_expire_due", {"limit": limit, "now": now})
+    # The runs first, skipping any held (a cancel or a decision has it: the next tick sees the rest).
+    locked = db.fetch_all(conn, "approvals_lock_due_runs", {"limit": limit, "now": now})
+    if not locked:
+        return 0
+    expired = db.fetch_all(conn, "approvals_expire_due",
+                           {"run_ids": [r["run_id"] for r in locked], "now": now})
     for row in expired:
         _block(conn, row["run_id"], row["id"], "approval_expired", now)
     return len(expired)
 
 
-def _decide(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, owner: str, state: str,
+def _lock_run(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, owner: str) -> Approval:
+    """Locks the request's run (``NotFound`` for a missing or foreign request): a decision takes the run
+    before the request, as a cancel does, so the two serialize instead of deadlocking."""
+    current = get(conn, approval_id, owner=owner)
+    db.fetch_one(conn, "runs_lock_owned", {"run_id": current.run_id, "owner": owner})
+    return current
+
+
+def _decide(conn: psycopg.Connection[db.Row], current: Approval, approval_id: uuid.UUID, owner: str, state: str,
             now: datetime | None) -> Approval:
     row = db.fetch_one(conn, "approvals_decide", {"id": approval_id, "owner": owner, "state": state, "now": now})
     if row is not None:
         return Approval.from_row(row)
-    current = get(conn, approval_id, owner=owner)  # NotFound for a missing or foreign one
+    current = get(conn, approval_id, owner=owner)  # as the cancel or other decision before this one left it
     why = "it expired" if current.state == "pending" else f"it is already {current.state}"
     raise Conflict(f"this request cannot be decided: {why}",
                    fields=[FieldError("state", "pending", "only a pending, unexpired request can be decided")])

@@ -49,17 +49,25 @@ SELECT * FROM approvals
  ORDER BY created_at DESC, id DESC
  LIMIT %(limit)s;
 
+-- name: approvals_lock_due_runs
+-- The runs of pending requests past expires_at, locked first (a bounded batch, skipping held runs): the
+-- run row is taken before its request everywhere, as a cancel takes it.
+SELECT r.id AS run_id
+  FROM approvals a
+  JOIN runs r ON r.id = a.run_id
+ WHERE a.state = 'pending' AND a.expires_at <= coalesce(%(now)s::timestamptz, now())
+   AND a.decided_at IS NULL  -- true of a pending row; lets approvals_pending_expiry_idx serve this (0020)
+ ORDER BY a.expires_at
+ LIMIT %(limit)s
+   FOR NO KEY UPDATE OF r SKIP LOCKED;
+
 -- name: approvals_expire_due
--- pending -> expired for requests past expires_at (a bounded batch, skipping held rows).
+-- pending -> expired for the requests past expires_at of the runs the caller locked.
 UPDATE approvals
    SET state = 'expired', decided_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
- WHERE id IN (SELECT id FROM approvals
-               WHERE state = 'pending' AND expires_at <= coalesce(%(now)s::timestamptz, now())
-                 AND decided_at IS NULL  -- true of a pending row; lets approvals_pending_expiry_idx serve this (0020)
-               ORDER BY expires_at
-               LIMIT %(limit)s
-                 FOR UPDATE SKIP LOCKED)
+ WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'pending'
+   AND expires_at <= coalesce(%(now)s::timestamptz, now())
 RETURNING id, run_id, owner;
 
 -- name: approvals_retire_for_run
