@@ -177,6 +177,25 @@ def test_approvals_list_approve_and_deny(api: Api, capsys: pytest.CaptureFixture
     assert code == 1 and "state: enum" in err
 
 
+def test_approvals_list_shows_each_requests_arguments(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    sched = factories.schedule(api.url, owner="carol")
+    waiting = factories.run(api.url, schedule_row=sched, state="awaiting_approval")
+    arguments = json.dumps({"body": {"order": 42, "note": "ünïcode"}, "url": "https://shop.example/orders"},
+                           sort_keys=True, ensure_ascii=False)
+    request = factories.approval(api.url, run_row=waiting, preview=json.dumps(
+        {"tool": "http_post", "arguments": arguments, "truncated": True}))
+
+    code, out, err = run_cli(capsys, "approvals", "list", "--state", "pending")
+
+    assert code == 0, err
+    lines = out.splitlines()
+    at = next(i for i, line in enumerate(lines) if line.startswith(str(request["id"])))
+    # the arguments' JSON text once, under the request's line (not escaped a second time), and the cut said
+    assert lines[at + 1] == f"    arguments  {arguments}"
+    assert lines[at + 2] == "    (cut to the preview's bound)"
+    assert "\\" not in out
+
+
 def test_every_remaining_command_prints_parseable_json(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
     sched = factories.schedule(api.url, owner="carol", cron="0 7 * * *")
     sid = str(sched["id"])

@@ -215,14 +215,29 @@ def _approvals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
     if args.verb == "list":
         found = operations.list_approvals(conn, owner=args.owner, state=args.state, limit=args.limit)
         _print(args, [a.as_json() for a in found],
-               [f"{a.id}  {a.state:<9} {a.tool:<16} run {a.run_id}  expires {a.expires_at.isoformat()}"
-                for a in found] or ["no approval requests"])
+               [line for a in found for line in (
+                   f"{a.id}  {a.state:<9} {a.tool:<16} run {a.run_id}  expires {a.expires_at.isoformat()}",
+                   *_preview_lines(a.preview))] or ["no approval requests"])
         return 0
     decided = operations.decide_approval(conn, args.id, approve=args.verb == "approve")
     if args.verb == "approve":
         args.sendable.append(decided.run_id)
     _print(args, decided.as_json(), [f"{decided.id}  {decided.state}  run {decided.run_id}"])
     return 0
+
+
+def _preview_lines(preview: dict[str, Any]) -> list[str]:
+    """An approval's preview under its line, as the approver must see it: each field but the tool (named
+    above), the arguments as their JSON text once (not re-encoded), and whether they were cut."""
+    lines = []
+    for key, value in preview.items():
+        if key in ("tool", "truncated"):
+            continue
+        text = value if isinstance(value, str) else json.dumps(value, ensure_ascii=False, sort_keys=True)
+        lines.append(f"    {key:<10} {text}")
+    if preview.get("truncated"):
+        lines.append("    (cut to the preview's bound)")
+    return lines
 
 
 def _goals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
