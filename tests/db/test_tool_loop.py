@@ -113,6 +113,31 @@ def test_the_schedules_tool_is_refused_in_scheduled_work(api: Api, db: Database,
     assert len(rows(api.url, "SELECT 1 FROM schedules WHERE conversation_id = %s", conversation_id)) == 1
 
 
+@pytest.mark.parametrize(("arguments", "field", "rule"), [
+    ({"prompt": "p", "kind": "webhook"}, "kind", "enum"),
+    ({"prompt": "p", "cron": "0 9 * * *", "mode": "fresh", "agent": {"executor": "echo", "approval": "never",
+                                                                    "tools": ["http"]}}, "agent", "unknown_field"),
+    ({"prompt": "p", "cron": "0 9 * * *", "corpus": {"source": {"items": ["a"]}, "instructions": "x"}},
+     "corpus", "unknown_field"),
+    ({"prompt": "p", "cron": "0 9 * * *", "catch_up": True}, "catch_up", "unknown_field"),
+    ({"prompt": "p", "interval_seconds": "3600"}, "interval_seconds", "type"),
+    ({"cron": "0 9 * * *"}, "prompt", "required"),
+])
+def test_the_schedules_tool_takes_exactly_its_declared_schema(
+        api: Api, db: Database, fake_openai: FakeOpenAI, arguments: dict[str, Any], field: str, rule: str) -> None:
+    # Given a chat model that asks for what the API offers a person but the tool's schema does not
+    fake_openai.script = [tool_call("c1", "schedules_create", arguments), {"content": "I could not."}]
+    conversation_id, run_id = chat(api, fake_openai, tools=["schedules"], approval="never")
+
+    assert work(db, run_id).result == "succeeded"
+
+    # Then the model gets a tool error naming the field, and nothing is made
+    answer = json.loads(fake_openai.bodies()[1]["messages"][-1]["content"])
+    assert answer["error"]["code"] == "validation_failed"
+    assert {"field": field, "rule": rule} in [{k: f[k] for k in ("field", "rule")} for f in answer["error"]["fields"]]
+    assert rows(api.url, "SELECT 1 FROM schedules WHERE conversation_id = %s", conversation_id) == []
+
+
 def test_the_loop_is_bounded_by_max_steps(api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
     fake_openai.script = [tool_call(f"c{i}", "schedules_list", {}) for i in range(5)]
     _, run_id = chat(api, fake_openai, tools=["schedules"], approval="never", max_steps=2)
@@ -179,6 +204,33 @@ def test_an_http_call_waits_for_approval_without_a_worker_and_is_applied_exactly
     assert run_row(api.url, run_id)["attempt"] == 2
     types = [r["type"] for r in rows(api.url, "SELECT type FROM run_events WHERE run_id = %s ORDER BY seq", run_id)]
     assert "approval.waiting" in types and "approval.approved" in types and types[-1] == "run.succeeded"
+
+
+def test_a_long_body_does_not_hide_where_an_approved_call_goes(
+        api: Api, db: Database, fake_openai: FakeOpenAI, target: Peer) -> None:
+    import hashlib
+
+    from kairos.executors.base import canonical_json
+
+    # Given an http call whose body ("a…" sorts before "url") is longer than the preview's bound
+    url = target.url("/exfiltrate?to=somewhere-else")
+    body = {"a_note": "x" * 2_500, "order": 42}
+    fake_openai.script = [tool_call("post-1", "http_post", {"url": url, "body": body}), {"content": "Posted."}]
+    _, run_id = chat(api, fake_openai, tools=["http"])
+    assert work(db, run_id).result == "awaiting_approval"
+    [approval] = rows(api.url, "SELECT id FROM approvals WHERE run_id = %s", run_id)
+
+    # When the approver reads the request
+    shown = api.alice.get(f"/v1/approvals/{approval['id']}")
+
+    # Then the target is there whole and first, and only the body is cut, with its size and digest
+    assert shown.status == 200, shown.text
+    preview = shown.json["approval"]["preview"]
+    assert preview["target"] == {"method": "POST", "url": url}
+    assert preview["arguments"].startswith(f'{{"url": "{url}", "body": {{"a_note": "xxx')
+    assert preview["truncated"] is True and len(preview["arguments"]) < 2_200
+    sent = canonical_json(body)
+    assert preview["body"] == {"bytes": len(sent), "sha256": hashlib.sha256(sent).hexdigest(), "truncated": True}
 
 
 def test_an_approval_given_after_the_runs_delivery_deadline_still_applies_the_call(

@@ -12,7 +12,15 @@ Role: an agent lists ``tools``; ``specs`` turns that into what the model sees. T
 
 A refused call (a limit, a validation error, an unknown tool, a URL the egress check refuses) is
 answered to the model as a tool error it can act on — ``{"error": {"code", "message", "fields"}}`` —
-never a failed run. ``needs_approval`` applies the agent's ``approval`` policy (``mutations`` by
+never a failed run. A tool takes exactly its declared schema (``allowed``): an argument the schema
+does not offer (``mode``, ``agent``, ``corpus``, ``catch_up``, a ``webhook`` kind …), a missing one or
+one of the wrong type is refused (``validation_failed`` naming the field and rule) before any approval
+is asked or anything is done, so the model cannot reach what the API offers a person but the tool does
+not.
+
+``preview`` is what an approver sees. For ``http_post`` the target (method and whole URL) comes first
+and is never cut; only the body is cut (at ``PREVIEW_BODY_CHARS``), with its size and the SHA-256 of
+the bytes that will be sent. ``needs_approval`` applies the agent's ``approval`` policy (``mutations`` by
 default): every call but ``schedules_list`` is a mutation.
 
 Must not: let a tool reach another owner's rows or another conversation's schedules; put arguments,
@@ -49,6 +57,9 @@ from kairos.executors.base import (
 from kairos.states import Source
 
 RESULT_CHAR_LIMIT = 8_192  # what a tool answers the model (and the step log keeps), at most
+PREVIEW_CHARS = 2_000  # an approval preview's arguments, at most (http_post: its body, the URL is whole)
+PREVIEW_BODY_CHARS = PREVIEW_CHARS
+URL_MAX = 2_048  # an http_post URL, at most: an approver always sees it whole
 
 _SCHEDULE_FIELDS = {
     "prompt": {"type": "string"}, "name": {"type": "string"},
@@ -71,7 +82,8 @@ SPECS: dict[str, ToolSpec] = {
          "additionalProperties": False}),
     "http_post": ToolSpec(
         "http_post", "POST a JSON body to an HTTPS URL and read the answer.",
-        {"type": "object", "properties": {"url": {"type": "string"}, "body": {"type": "object"}},
+        {"type": "object", "properties": {"url": {"type": "string", "maxLength": URL_MAX},
+                                          "body": {"type": "object"}},
          "required": ["url", "body"], "additionalProperties": False}),
 }
 FAMILIES: dict[str, tuple[str, ...]] = {
@@ -107,9 +119,18 @@ def args_digest(call: ToolCall) -> str:
 
 
 def preview(call: ToolCall) -> dict[str, Any]:
-    """What an approver sees: the tool and its arguments, bounded."""
+    """What an approver sees: the tool and its arguments, bounded (see the module doc)."""
+    url, body = call.arguments.get("url"), call.arguments.get("body")
+    if call.name == "http_post" and isinstance(url, str) and isinstance(body, dict):
+        sent = canonical_json(body)  # the bytes prepare_http sends
+        text = json.dumps(body, sort_keys=True, ensure_ascii=False)
+        cut = len(text) > PREVIEW_BODY_CHARS
+        arguments = (f'{{"url": {json.dumps(url, ensure_ascii=False)}, "body": '
+                     f'{text[:PREVIEW_BODY_CHARS]}{"…" if cut else ""}}}')
+        return {"tool": call.name, "target": {"method": "POST", "url": url}, "arguments": arguments,
+                "truncated": cut, "body": {"bytes": len(sent), "sha256": digest(sent), "truncated": cut}}
     text = json.dumps(call.arguments, sort_keys=True, ensure_ascii=False)
-    return {"tool": call.name, "arguments": text[:2_000], "truncated": len(text) > 2_000}
+    return {"tool": call.name, "arguments": text[:PREVIEW_CHARS], "truncated": len(text) > PREVIEW_CHARS}
 
 
 def error(call: ToolCall, code: str, message: str, fields: Sequence[dict[str, str]] = ()) -> ToolResult:
@@ -123,10 +144,40 @@ def _answer(call: ToolCall, value: Any) -> ToolResult:
 
 
 def allowed(call: ToolCall, agent: dict[str, Any]) -> ToolResult | None:
-    """A tool error when the agent does not offer ``call.name``; None when it may be called."""
+    """A tool error when the agent does not offer ``call.name`` or the arguments are not exactly its
+    declared schema; None when it may be called."""
     if call.name not in {s.name for s in specs(agent)}:
         return error(call, "unknown_tool", f"{call.name} is not one of this agent's tools")
+    problems = schema_problems(SPECS[call.name].parameters, call.arguments)
+    if problems:
+        return error(call, "validation_failed", f"the arguments do not match {call.name}'s parameters", problems)
     return None
+
+
+_JSON_TYPES: dict[str, tuple[type, ...]] = {"string": (str,), "integer": (int,), "object": (dict,)}
+
+
+def schema_problems(schema: dict[str, Any], arguments: Any) -> list[dict[str, str]]:
+    """Where ``arguments`` leaves the tool's declared schema (the subset ``SPECS`` uses: an object of
+    typed properties, ``required``, ``enum``, ``maxLength``, no other property), as tool-error fields."""
+    if not isinstance(arguments, dict):
+        return [{"field": "arguments", "rule": "type", "message": "the arguments are a JSON object"}]
+    offered: dict[str, Any] = schema.get("properties", {})
+    problems = [{"field": name, "rule": "unknown_field", "message": "this tool does not take this argument"}
+                for name in sorted(set(arguments) - set(offered))]
+    problems += [{"field": name, "rule": "required", "message": "this argument is required"}
+                 for name in schema.get("required", ()) if name not in arguments]
+    for name, rule in offered.items():
+        if name not in arguments:
+            continue
+        value, kind = arguments[name], rule.get("type")
+        if kind in _JSON_TYPES and (not isinstance(value, _JSON_TYPES[kind]) or isinstance(value, bool)):
+            problems.append({"field": name, "rule": "type", "message": f"give a JSON {kind}"})
+        elif "enum" in rule and value not in rule["enum"]:
+            problems.append({"field": name, "rule": "enum", "message": f"one of {', '.join(rule['enum'])}"})
+        elif "maxLength" in rule and len(value) > rule["maxLength"]:
+            problems.append({"field": name, "rule": "max_length", "message": f"at most {rule['maxLength']} characters"})
+    return problems
 
 
 def run_local(conn: psycopg.Connection[db.Row], call: ToolCall, context: Context) -> ToolResult:
