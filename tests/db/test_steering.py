@@ -226,3 +226,57 @@ def test_the_overlap_policies_are_the_schedule_fields_and_the_json(api: Api) -> 
                                            "cron": "0 * * * *", "overlap": "replace"})
     assert bad.status == 422 and bad.error["fields"][0]["field"] == "overlap"
     assert rows(api.url, "SELECT overlap FROM schedules WHERE id = %s", s["id"]) == [{"overlap": "cancel_replace"}]
+
+
+# --- retry of a chat turn ------------------------------------------------------------------------------
+
+
+def test_a_failed_chat_turn_retries_into_the_same_conversation(api: Api, db: Database) -> None:
+    from kairos.runs.worker import process
+    from kairos.settings import Settings
+
+    conversation = api.conversation()
+    posted = api.alice.post(f"/v1/conversations/{conversation['id']}/messages", {"content": "What is new?"})
+    assert posted.status == 202, posted.text
+    api.messages()
+    turn = posted.json["run_id"]
+    with psycopg.connect(api.url, autocommit=True) as conn:  # the turn failed (its endpoint broke)
+        conn.execute("""UPDATE runs SET state = 'failed', finished_at = now(), diagnosis = %s WHERE id = %s""",
+                     ('{"summary": "x", "scope": "target", "reason_code": "peer_error", "retry_eligible": true, '
+                      '"recovery_actions": ["retry_run"]}', turn))
+
+    answer = api.alice.post(f"/v1/runs/{turn}/retry")
+
+    assert answer.status == 202, answer.text
+    new = run_row(api.url, answer.json["run_id"])
+    assert (new["source"], new["schedule_id"], new["retry_of"], new["state"]) == ("chat", None, uuid.UUID(turn),
+                                                                                  "queued")
+    assert new["source_conversation_id"] == uuid.UUID(conversation["id"]) and new["prompt"] == "What is new?"
+    assert [m["run_id"] for m in api.messages()] == [str(new["id"])]
+    assert process(db, new["id"], settings=Settings()).result == "succeeded"
+    entries = api.alice.get(f"/v1/conversations/{conversation['id']}").json["conversation"]["entries"]
+    assert (entries[-1]["role"], entries[-2]["content"]) == ("assistant", "What is new?")
+    # Idempotent per run; another owner's turn is the same 404 as a missing one.
+    again = api.alice.post(f"/v1/runs/{turn}/retry")
+    assert again.status == 202 and again.json == answer.json and api.messages() == []
+    foreign = api.bob.post(f"/v1/runs/{turn}/retry")
+    missing = api.bob.post(f"/v1/runs/{uuid.uuid4()}/retry")
+    assert foreign.status == missing.status == 404 and foreign.text == missing.text
+    # The retry is a finished turn now: a succeeded run is not retryable.
+    assert api.alice.post(f"/v1/runs/{new['id']}/retry").error["code"] == "not_retryable"
+
+
+def test_a_chat_turn_retry_waits_behind_the_conversations_unfinished_turn(api: Api) -> None:
+    conversation = api.conversation()
+    first = api.alice.post(f"/v1/conversations/{conversation['id']}/messages", {"content": "one"}).json["run_id"]
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET state = 'cancelled', finished_at = now() WHERE id = %s", (first,))
+    second = api.alice.post(f"/v1/conversations/{conversation['id']}/messages", {"content": "two"}).json["run_id"]
+    api.messages()
+
+    answer = api.alice.post(f"/v1/runs/{first}/retry")
+
+    assert answer.status == 202, answer.text
+    new = run_row(api.url, answer.json["run_id"])
+    assert new["blocked_by_run_id"] == uuid.UUID(second) and new["prompt"] == "one"
+    assert api.messages() == []  # sent when the turn before it ends

@@ -3,14 +3,16 @@
 Role: ``trigger`` records a ``manual`` occurrence of the schedule's current revision at the
 database's now; ``retry`` records one for a run that ended ``failed``, ``abandoned``, ``expired`` or
 ``cancelled``, re-executing that run's revision (its prompt, agent and payload) as a new run whose
-``retry_of`` names it — the old run stays as it ended. Both go through ``kairos.occurrences`` (the one
-way a fire is recorded) and ``kairos.overlap`` (the one overlap rule): a fire the policy would skip
+``retry_of`` names it — the old run stays as it ended. A chat turn (no schedule) retries into its
+conversation: a new ``chat`` run posting the same message again, behind any unfinished turn. Both go
+through ``kairos.occurrences`` (the one way a fire is recorded) and ``kairos.overlap`` (the one overlap
+rule; a chat turn's retry queues behind instead): a fire the policy would skip
 answers ``OverlapConflict`` (409 ``overlap``) naming the run in the way, and records nothing; a fire
 over the owner's queue cap answers ``QueueFull`` (429 ``queue_full``) and records nothing.
 
 Rules:
 * only an active schedule runs (a run of a paused or cancelled one would be refused at its claim):
-  ``Conflict`` otherwise;
+  ``Conflict`` otherwise (a chat turn's retry has no schedule: its conversation must still be the owner's);
 * a retry refuses (``not_retryable``, 409) a run in any other state, a run that reserved an
   external change not known to have failed (a mutation reserved, settled or ambiguous: repeating it
   could repeat the change), and a run whose inputs retention already forgot;
@@ -25,12 +27,12 @@ from __future__ import annotations
 
 import uuid
 from dataclasses import dataclass
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
 
-from kairos import calendar, db, identity, occurrences, overlap
+from kairos import calendar, conversations, db, identity, occurrences, overlap
 from kairos.errors import Conflict, FieldError, NotFound, NotRetryable, OverlapConflict
 from kairos.observability import logger
 from kairos.states import Decision, Overlap, RunState, ScheduleStatus, Source
@@ -40,7 +42,7 @@ RETRYABLE = frozenset({RunState.FAILED, RunState.ABANDONED, RunState.EXPIRED, Ru
 
 @dataclass(frozen=True)
 class Manual:
-    schedule_id: uuid.UUID
+    schedule_id: uuid.UUID | None  # None for a chat turn's retry
     occurrence_id: uuid.UUID
     run_id: uuid.UUID
     decision: Decision
@@ -73,13 +75,19 @@ def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, no
                                fields=[FieldError("state", "retryable", "only failed, abandoned, expired and "
                                                   "cancelled runs can be retried")])
         if run.get("pruned_at") is not None:
-            raise NotRetryable("this run's thread and payload were forgotten (retention); trigger the schedule "
-                               "instead", fields=[FieldError("run", "not_pruned", "the run's inputs are gone")])
+            instead = "post the message again" if run["schedule_id"] is None else "trigger the schedule"
+            raise NotRetryable(f"this run's thread and payload were forgotten (retention); {instead} instead",
+                               fields=[FieldError("run", "not_pruned", "the run's inputs are gone")])
         kept = db.fetch_one(conn, "effects_mutation_kept", {"run_id": run_id})
         if kept is not None and kept["kept"]:
             raise NotRetryable("this run reserved an external change that may have happened; retrying could "
                                "repeat it", fields=[FieldError("run", "replay_safe", "the run made or may have "
                                                                 "made an external change")])
+        if run["schedule_id"] is None:  # a chat turn: retried into its conversation
+            manual = _retry_turn(conn, run, owner=owner, now=now)
+            logger.info("run retried", extra={"action": "run_retried", "run_id": str(manual.run_id),
+                                              "retry_of": str(run_id), "decision": manual.decision.value})
+            return manual
         schedule = _lock_active(conn, run["schedule_id"], owner, now)
         origin = db.fetch_one(conn, "occurrences_of_run", {"run_id": run_id})
         assert origin is not None  # runs.occurrence_id is NOT NULL REFERENCES occurrences
@@ -89,6 +97,31 @@ def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, no
     logger.info("run retried", extra={"action": "run_retried", "run_id": str(manual.run_id),
                                       "retry_of": str(run_id), "decision": manual.decision.value})
     return manual
+
+
+def _retry_turn(conn: psycopg.Connection[db.Row], run: db.Row, *, owner: str, now: datetime | None) -> Manual:
+    """A failed chat turn's retry: the same message (and corpus) posted again to the same conversation as a
+    new ``chat`` run, ``retry_of`` the old one, queued behind the conversation's unfinished turn if any (turns
+    run one at a time, ``kairos.chat``). The run is locked before the conversation, as a worker takes them."""
+    run_id: uuid.UUID = run["id"]
+    conversation = conversations.lock(conn, run["source_conversation_id"], owner=owner)
+    key = f"retry:{run_id}"
+    occurrence_id = identity.occurrence_id(conversation.id, Source.CHAT, key=key)
+    new_run_id = identity.run_id(occurrence_id)
+    existing = db.fetch_one(conn, "occurrences_of_run", {"run_id": new_run_id})
+    if existing is not None:  # an earlier retry of the same turn made it
+        return Manual(None, occurrence_id, new_run_id, Decision(existing["decision"]), sendable=False)
+    last = db.fetch_one(conn, "runs_last_chat_turn", {"conversation_id": conversation.id})
+    blocker = None if last is None else last["id"]
+    clock = db.fetch_one(conn, "schedules_clock", {"now": now})
+    assert clock is not None
+    decision = Decision.DISPATCHED if blocker is None else Decision.QUEUED_BEHIND
+    occurrences.refuse_over_cap(occurrences.record(conn, [occurrences.planned(
+        occurrence_id=occurrence_id, schedule_id=None, source=Source.CHAT,
+        fire=calendar.describe(clock["now"].astimezone(UTC), "UTC"), revision=0, decision=decision,
+        run_id=new_run_id, blocked_by=blocker, idempotency_key=key, retry_of=run_id,
+        chat=(conversation.id, str(run["prompt"])), corpus=run.get("corpus"))], now=now))  # 429 queue_full
+    return Manual(None, occurrence_id, new_run_id, decision, sendable=blocker is None)
 
 
 def _lock_active(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, owner: str,
