@@ -14,7 +14,7 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.stub import Stubber
-from kairos import executors
+from kairos.executors import registry as executors
 from kairos.executors.base import ExecutionRequest, ExecutorError, Message, Reply, canonical_json
 from kairos.executors.bedrock import BedrockExecutor
 from kairos.settings import Settings

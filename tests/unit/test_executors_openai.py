@@ -9,7 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
-from kairos import executors
+from kairos.executors import registry as executors
 from kairos.executors.base import (
     ExecutionRequest,
     ExecutorError,

@@ -7,7 +7,7 @@ import json
 import typing
 
 import pytest
-from kairos import executors
+from kairos.executors import registry as executors
 from kairos.executors.base import (
     ExecutionRequest,
     ExecutorError,

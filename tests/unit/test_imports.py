@@ -2,7 +2,11 @@
 
 Every import counts — at module level, inside a function (the lazy imports that keep cold starts
 short) and under ``TYPE_CHECKING`` — because a cycle is a design fault whether or not Python happens
-to resolve it at run time. A package's ``__init__`` counts as the package.
+to resolve it at run time. A package's ``__init__`` counts as the package, and ``from kairos.p import m``
+depends on package ``kairos.p`` as well as on module ``kairos.p.m`` (Python runs ``kairos.p``'s
+``__init__`` first, and that is how other tools read it too): a package's ``__init__`` that imports its
+own submodules, lazily or not, while they import a sibling through it, is a cycle (the executor
+registry once was; it now lives in ``kairos.executors.registry``).
 """
 
 from __future__ import annotations
@@ -19,9 +23,8 @@ def module_name(path: Path) -> str:
 
 
 def imports_of(source: str, me: str, *, is_package: bool, modules: set[str]) -> set[str]:
-    """The kairos modules ``source`` (module ``me``) imports. ``from kairos.x import y`` names module
-    ``kairos.x.y`` when y is one (the package's ``__init__`` running first is how Python loads a
-    submodule, not a dependency), else ``kairos.x``."""
+    """The kairos modules ``source`` (module ``me``) imports. ``from kairos.x import y`` names
+    ``kairos.x``, and module ``kairos.x.y`` too when y is one."""
     found: set[str] = set()
     package = me if is_package else me.rpartition(".")[0]
     for node in ast.walk(ast.parse(source)):
@@ -33,8 +36,8 @@ def imports_of(source: str, me: str, *, is_package: bool, modules: set[str]) -> 
                 parts = package.split(".")
                 anchor = parts[: len(parts) - node.level + 1]
                 base = ".".join([*anchor, base] if base else anchor)
-            for alias in node.names:
-                found.add(f"{base}.{alias.name}" if f"{base}.{alias.name}" in modules else base)
+            found.add(base)
+            found.update(f"{base}.{alias.name}" for alias in node.names)
     return {name for name in found if name in modules and name != me}
 
 
@@ -88,7 +91,13 @@ def test_the_check_sees_lazy_and_relative_imports_and_finds_cycles() -> None:
     """The check itself: imports inside a function or under TYPE_CHECKING count, and a cycle is found."""
     modules = {"kairos.a", "kairos.b", "kairos.p", "kairos.p.c"}
     lazy = "def f():\n    from kairos import b\nif TYPE_CHECKING:\n    from kairos.p import c\n"
-    assert imports_of(lazy, "kairos.a", is_package=False, modules=modules) == {"kairos.b", "kairos.p.c"}
+    assert imports_of(lazy, "kairos.a", is_package=False, modules=modules) == {"kairos.b", "kairos.p", "kairos.p.c"}
     assert imports_of("from .. import a\n", "kairos.p.c", is_package=False, modules=modules) == {"kairos.a"}
+    # A package whose __init__ imports a submodule that imports a sibling through the package: a cycle.
+    registry = {"kairos.p": imports_of("def get():\n    from kairos.p import c\n", "kairos.p", is_package=True,
+                                       modules=modules),
+                "kairos.p.c": imports_of("from kairos.p import b\n", "kairos.p.c", is_package=False,
+                                         modules=modules | {"kairos.p.b"})}
+    assert cycles(registry) == [["kairos.p", "kairos.p.c"]]
     edges = {"kairos.a": {"kairos.b"}, "kairos.b": {"kairos.c"}, "kairos.c": {"kairos.a"}, "kairos.d": set()}
     assert cycles(edges) == [["kairos.a", "kairos.b", "kairos.c"]]

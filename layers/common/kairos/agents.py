@@ -37,7 +37,7 @@ from kairos.errors import REQUIRED, TYPE, FieldError, ValidationFailed, from_val
 from kairos.executors.base import TOOL_EXECUTORS
 
 # What each executor cannot work without (checked after the shape, so a model learns it at once
-# instead of at the first fire). Its keys are kairos.executors.NAMES; a test holds them equal.
+# instead of at the first fire). Its keys are kairos.executors.registry.NAMES; a test holds them equal.
 EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
     "openai": ("model", "base_url"),
     "bedrock": ("model",),

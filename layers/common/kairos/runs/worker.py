@@ -387,9 +387,9 @@ def process(
     guard makes the redelivery safe) or when a probe raises (tests simulating a crash; ``kairos.probes``).
     """
     if executor_factory is None:
-        from kairos import executors
+        from kairos.executors import registry
 
-        executor_factory = executors.get
+        executor_factory = registry.get
     probes = probes or NO_PROBES
     started = clock()
     lambda_deadline: float | None = None
