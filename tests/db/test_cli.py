@@ -94,6 +94,30 @@ def test_runs_list_show_trace_and_cancel(api: Api, capsys: pytest.CaptureFixture
     assert "run.cancelled" in out
 
 
+def test_runs_trace_and_show_json_print_the_events_as_json(api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    run = factories.run(api.url, state="queued")
+    rid = str(run["id"])
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET last_seq = 2 WHERE id = %s", (run["id"],))
+        conn.execute("INSERT INTO run_events (run_id, seq, type, attempt, at) VALUES "
+                     "(%s, 1, 'run.queued', 0, '2026-03-01T07:00:00Z')", (run["id"],))
+        conn.execute("INSERT INTO run_events (run_id, seq, type, attempt, step, data, at) VALUES "
+                     "(%s, 2, 'step.started', 1, 'model', '{\"n\": 1}', '2026-03-01T07:00:01.5Z')", (run["id"],))
+
+    for verb in ("trace", "show"):
+        code, out, err = run_cli(capsys, "runs", verb, rid, "--json")
+        assert code == 0, err
+        shown = json.loads(out)  # one JSON document, not text lines
+        assert shown["run"]["id"] == rid
+        assert shown["events"] == [
+            {"seq": 1, "type": "run.queued", "at": "2026-03-01T07:00:00Z", "attempt": 0, "step": None, "data": {}},
+            {"seq": 2, "type": "step.started", "at": "2026-03-01T07:00:01.500000Z", "attempt": 1, "step": "model",
+             "data": {"n": 1}},
+        ]
+    code, out, _ = run_cli(capsys, "runs", "trace", rid)  # without --json: the readable lines
+    assert code == 0 and "+    1.500s  step.started" in out
+
+
 @pytest.mark.parametrize(
     ("function", "event", "check"),
     [

@@ -201,13 +201,15 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         _print(args, run.as_json(), [_run_line(run)])
         return 0
     run = operations.get_run(conn, args.id)
+    if args.json:  # the trace as JSON events (as the API shapes them), never the text lines
+        _print(args, {"run": run.as_json(), "events": operations.events(conn, args.id)}, [])
+        return 0
     lines = operations.timeline(conn, args.id)
     if verb == "trace":
-        _print(args, {"run": run.as_json(), "timeline": lines}, lines or ["no events"])
+        _print(args, {}, lines or ["no events"])
         return 0
     body = run.as_json()
-    _print(args, {"run": body, "timeline": lines},
-           [f"{k:<18} {v}" for k, v in body.items()] + ["", "trace:", *lines])
+    _print(args, {}, [f"{k:<18} {v}" for k, v in body.items()] + ["", "trace:", *lines])
     return 0
 
 

@@ -152,6 +152,14 @@ def get_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> runs.Run:
     return runs.Run.from_row(row)
 
 
+def events(conn: psycopg.Connection[db.Row], run_id: UUID) -> list[dict[str, Any]]:
+    """A run's whole trace (progress events included) as JSON objects shaped like the API's events:
+    ``seq``, ``type``, ``at`` (RFC 3339), ``attempt``, ``step``, ``data``."""
+    return [{"seq": int(e["seq"]), "type": e["type"], "at": rfc3339(e["at"]), "attempt": int(e["attempt"]),
+             "step": e["step"], "data": e["data"]}
+            for e in db.fetch_all(conn, "runs_ops_events", {"id": run_id})]
+
+
 def timeline(conn: psycopg.Connection[db.Row], run_id: UUID) -> list[str]:
     """A run's trace as readable lines: offset from the first event, type, attempt, step, safe data."""
     events = db.fetch_all(conn, "runs_ops_events", {"id": run_id})
