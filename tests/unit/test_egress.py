@@ -200,3 +200,41 @@ def test_no_allow_list_unlocks_ipv4_link_local(low: int) -> None:
     with pytest.raises(ExecutorError) as info:
         egress.check(f"http://{address}/", allow=[str(address), "0.0.0.0/0", "169.254.0.0/16"], resolve=no_resolution)
     assert info.value.reason_code == "egress_refused"
+
+
+@pytest.mark.parametrize(("url", "allow"), [
+    ("http://127.0.0.1:8001/v1", ["127.0.0.1:8001"]),
+    ("http://[::1]:8001/v1", ["[::1]:8001"]),
+    ("https://api.internal:8443/", ["api.internal:8443"]),
+    ("http://10.0.0.7/", ["10.0.0.0/8:80"]),
+])
+def test_an_allow_entry_with_a_port_allows_that_port(url: str, allow: list[str]) -> None:
+    target = egress.check(url, allow=allow, resolve=resolver("10.0.0.5"))
+    assert target.addresses
+
+
+@pytest.mark.parametrize(("url", "allow"), [
+    ("http://127.0.0.1:8000/v1", ["127.0.0.1:8001"]),  # the local API beside the demo model
+    ("http://127.0.0.1/", ["127.0.0.1:8001"]),
+    ("http://[::1]:8000/", ["[::1]:8001"]),
+    ("http://127.0.0.2:8001/", ["127.0.0.1:8001"]),
+])
+def test_an_allow_entry_with_a_port_allows_nothing_else(url: str, allow: list[str]) -> None:
+    error = refused(url, allow)
+    assert error.reason_code == "egress_refused" and "loopback" in error.message
+
+
+def test_a_host_name_with_a_port_allows_that_port_only() -> None:
+    assert egress.check("https://api.internal:8443/", allow=["api.internal:8443"], resolve=resolver("10.0.0.5"))
+    error = refused("https://api.internal/", ["api.internal:8443"], resolver("10.0.0.5"))
+    assert error.reason_code == "connect_failed"
+
+
+def test_allow_entries_with_ports_count_only_for_their_port() -> None:
+    entries = ["127.0.0.1:8001", "[::1]:8001", "host.internal:8443", "::1", "fd00::/8", "10.0.0.1"]
+    hosts, networks = egress.parse_allow(entries, port=8001)
+    assert hosts == frozenset() and [str(n) for n in networks] == ["127.0.0.1/32", "::1/128", "::1/128",
+                                                                   "fd00::/8", "10.0.0.1/32"]
+    hosts, networks = egress.parse_allow(entries)
+    assert hosts == frozenset() and [str(n) for n in networks] == ["::1/128", "fd00::/8", "10.0.0.1/32"]
+    assert egress.parse_allow(entries, port=8443)[0] == frozenset({"host.internal"})

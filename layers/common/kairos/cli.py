@@ -348,6 +348,8 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument(
         "--tick-seconds", type=float, default=60.0, help="seconds between ticks (EventBridge: 60; smaller for demos)"
     )
+    dev.add_argument("--demo-port", type=int, default=None,
+                     help="port of the demo model (default: the API's port + 1, or a free one with --port 0)")
     dev.add_argument("--once", action="store_true", help="set up, print the demo, and exit")
     dev.add_argument("--log-level", default="WARNING", help="level of the handlers' JSON logs (default WARNING)")
     dev.set_defaults(func=_cmd_dev)

@@ -12,6 +12,9 @@ too. A refused literal address is ``ExecutorError("egress_refused")`` naming the
 owner what the function's resolver knows (which internal names exist and where they point). The
 difference is logged for the operator only (``egress.unresolved`` / ``egress_refused``).
 
+An allow entry may name a port (``127.0.0.1:8001``, ``[::1]:8001``, ``host.internal:8443``): it then
+allows that port only. The local stack allows its demo model that way, and nothing else on loopback.
+
 ``post(target, …)`` sends one POST to an approved address and never resolves the name again, so a
 DNS answer that changes between check and connect (rebinding) cannot redirect it: the TCP connection
 goes to the pinned IP, while the ``Host`` header, TLS SNI and certificate check use the original host.
@@ -81,13 +84,16 @@ class TransportFailure(Exception):
         self.partial = partial
 
 
-def parse_allow(allow: Sequence[str]) -> tuple[frozenset[str], tuple[IPNetwork, ...]]:
-    """Split ``KAIROS_EGRESS_ALLOW`` entries into host names and networks (an address is a /32 or /128)."""
+def parse_allow(allow: Sequence[str], *, port: int | None = None) -> tuple[frozenset[str], tuple[IPNetwork, ...]]:
+    """Split ``KAIROS_EGRESS_ALLOW`` entries into host names and networks (an address is a /32 or /128).
+
+    An entry may name a port (``127.0.0.1:8001``, ``[::1]:8001``, ``host.internal:8443``): it counts
+    only for a destination on that ``port`` (and never when ``port`` is None)."""
     hosts: set[str] = set()
     networks: list[IPNetwork] = []
     for raw in allow:
-        entry = raw.strip()
-        if not entry:
+        entry, entry_port = _entry_port(raw.strip())
+        if not entry or (entry_port is not None and entry_port != port):
             continue
         try:
             networks.append(ipaddress.ip_network(entry.strip("[]"), strict=False))
@@ -96,10 +102,22 @@ def parse_allow(allow: Sequence[str]) -> tuple[frozenset[str], tuple[IPNetwork, 
     return frozenset(hosts), tuple(networks)
 
 
+def _entry_port(entry: str) -> tuple[str, int | None]:
+    """An allow entry and the port it names, if any: ``[v6]:port`` or ``name-or-v4:port`` (a bare IPv6
+    address or network, with its many colons, names none)."""
+    if entry.startswith("[") and "]:" in entry:
+        address, _, port = entry[1:].partition("]:")
+        return (address, int(port)) if port.isdigit() else (entry, None)
+    name, colon, port = entry.rpartition(":")
+    if colon and ":" not in name and port.isdigit():
+        return name, int(port)
+    return entry, None
+
+
 def check(url: str, *, allow: Sequence[str], resolve: Resolver = socket.getaddrinfo) -> ResolvedTarget:
     """Resolve ``url``'s host once and approve every address, or raise ``ExecutorError``."""
     scheme, host, port, path = _split(url)
-    allowed_hosts, allowed_networks = parse_allow(allow)
+    allowed_hosts, allowed_networks = parse_allow(allow, port=port)
     literal = _literal(host)
     addresses = [literal] if literal is not None else _resolve(host, port, resolve)
     approved: list[IPAddress] = []

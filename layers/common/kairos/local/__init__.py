@@ -6,6 +6,8 @@
 * ``apigw``: a local stand-in for API Gateway's HTTP API (real HTTP in, payload v2 events out).
 * ``postgres``: an embedded PostgreSQL server for the stack, the tests and the benchmarks.
 * ``devstate``: what ``kairos dev`` keeps in its data directory (``env`` for the CLI, ``demo.json``).
+* ``demo_model``: the demo model (deterministic chat completions driven by ``demo:`` directives);
+  ``demo_server`` serves it for ``kairos dev`` with a local ``/sink`` for the ``http_post`` tool.
 
 Guarantees: nothing outside this package imports it, except the ``kairos`` command's ``dev`` and
 ``invoke`` (lazily). Must not ship: ``layers/common/Makefile`` leaves this package out of the Lambda

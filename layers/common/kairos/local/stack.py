@@ -13,7 +13,9 @@ What runs (all stopped cleanly on Ctrl-C or SIGTERM, nothing left behind):
 * a watcher printing runs as they change state.
 
 It creates a demo conversation (``echo`` executor), a cron schedule and a webhook schedule, prints
-the console URL (``/console/``), the webhook URL and a curl line, and the next fires. Lambda-only
+the console URL (``/console/``), the webhook URL and a curl line, and the next fires. It also serves the
+demo model (``kairos.local.demo_server``: deterministic chat completions on loopback, allowed through
+the egress check by its address and port only) and prints a conversation that uses it. Lambda-only
 parts (JWT authorizer, X-Ray) are replaced by ``KAIROS_AUTH=dev`` with a printed bearer token, added to the user's own
 ``KAIROS_DEV_TOKENS`` (so a second principal can be tried).
 
@@ -405,10 +407,16 @@ def _cli_environment(url: str, queue_url: str) -> dict[str, str]:
 
 
 def main(args: argparse.Namespace) -> int:
-    # The API binds first: a taken port is one line and exit 2 before anything started (or changed),
-    # and `--port 0` works (the webhook URLs printed below use its real port).
+    # The demo model and the API bind first: a taken port is one line and exit 2 before anything
+    # started (or changed), and `--port 0` works (the URLs printed below use the real ports).
+    from kairos.local import demo_server
+
+    model = demo_server.bind(args.port, getattr(args, "demo_port", None))
+    if model is None:
+        return 2
     bound = bind_api(args.port)
     if bound is None:
+        model.stop()
         return 2
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access lines
     from kairos.observability import logger
@@ -424,7 +432,8 @@ def main(args: argparse.Namespace) -> int:
     signal.signal(signal.SIGTERM, _stop)
     with ExitStack() as stack:
         stack.callback(server.stop)
-        url, queue_url, queue_arn = _start(stack, args, server, api)
+        stack.callback(model.stop)
+        url, queue_url, queue_arn = _start(stack, args, server, api, model)
         if args.once:
             return 0
         loops = [
@@ -443,7 +452,8 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
-def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHandler) -> tuple[str, str, str]:
+def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHandler,
+           model: Any = None) -> tuple[str, str, str]:
     """Database, migrations, SQS, the API serving, ``<data-dir>/env`` and the demo; (url, queue, arn)."""
     from kairos import migrations, runtime
 
@@ -453,6 +463,8 @@ def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHa
     _endpoint, queue_url, queue_arn = stack.enter_context(sqs_server())
     public_url = server.url
     os.environ.update(_function_environment(url, queue_url, public_url))
+    if model is not None:  # runs may reach the demo model, and nothing else on loopback
+        os.environ["KAIROS_EGRESS_ALLOW"] = model.egress_allow(os.environ.get("KAIROS_EGRESS_ALLOW"))
     runtime.reset()
     api.target = load_handler("webhook")
     server.start()
@@ -467,4 +479,7 @@ def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHa
         print(f"cli        set -a; . {env_file}; set +a  (then: ./scripts/kairos status)")
     demo = create_demo(url, public_url, data_dir)
     print_demo(demo, public_url)
+    if model is not None:
+        model.start()
+        model.print_banner(url, public_url, owner=DEV_PRINCIPAL, token=DEV_TOKEN)
     return url, queue_url, queue_arn

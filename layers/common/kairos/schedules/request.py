@@ -296,7 +296,7 @@ def _notify_url_problems(url: str, allow: Sequence[str]) -> list[FieldError]:
     except ValueError:
         address = None
     if parts.scheme == "http":
-        hosts, networks = egress.parse_allow(allow)
+        hosts, networks = egress.parse_allow(allow, port=parts.port or 80)
         listed = host in hosts or (address is not None and any(
             address.version == n.version and address in n for n in networks))
         if not listed:

@@ -86,3 +86,12 @@ WITH RECURSIVE lineage (id, parent_id, origin_run_id, depth) AS (
      WHERE l.depth < 10000  -- parents always exist before children, so no cycle; the bound is a guard
 )
 SELECT coalesce(bool_or(origin_run_id IS NOT NULL), false) AS has_run FROM lineage;
+
+-- name: conversations_find_titled
+-- The oldest root conversation of an owner with this title whose agent calls base_url (the local
+-- stack finds its demo-model conversation again on each start).
+SELECT id
+  FROM conversations
+ WHERE owner = %(owner)s AND title = %(title)s AND parent_id IS NULL AND agent->>'base_url' = %(base_url)s
+ ORDER BY created_at, id
+ LIMIT 1;
