@@ -68,6 +68,41 @@ def test_a_github_signed_redelivery_with_a_new_idempotency_key_is_the_same_deliv
     assert count(api, "runs") == 1
 
 
+def test_a_captured_github_body_replayed_under_any_delivery_id_or_none_answers_the_first_run(
+        api: Api, signing_env: dict[str, str]) -> None:
+    """GitHub signs the body alone: re-posting it without X-GitHub-Delivery, or with a new one, verifies.
+    The body's digest is remembered for the receipt window, so each replay answers the first run."""
+    _, token = api.webhook_schedule(signing={"scheme": "github", "secret": signing_env["github"]})
+    body = b'{"action": "opened", "number": 7}'
+    original = hook(api, token, raw=body, headers=github_headers(body, **{"x-github-delivery": "first-delivery"}))
+
+    replays = [hook(api, token, raw=body, headers=github_headers(body)),
+               hook(api, token, raw=body, headers=github_headers(body, **{"x-github-delivery": "new-delivery"})),
+               hook(api, token, raw=body, headers=github_headers(body, **{"idempotency-key": "new-key"}))]
+
+    assert original.status == 202, original.text
+    for replay in replays:
+        assert replay.status == 202 and replay.text == original.text
+    assert count(api, "runs") == 1 and len(api.messages()) == 1  # the replays handed nothing to SQS
+    # Another body is another delivery; so is the same body once the receipt window has passed.
+    other = b'{"action": "closed", "number": 7}'
+    assert hook(api, token, raw=other, headers=github_headers(other)).status == 202
+    assert count(api, "runs") == 2
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE webhook_receipts SET expires_at = now() - interval '1 second'")
+    later = hook(api, token, raw=body, headers=github_headers(body))
+    assert later.status == 202 and later.json["run_id"] != original.json["run_id"]
+    assert count(api, "runs") == 3
+
+
+def test_an_unsigned_hook_still_takes_the_same_body_twice(api: Api) -> None:
+    """Only a schedule verifying GitHub signatures remembers bodies: elsewhere a repeated body is a new
+    delivery unless it repeats a key."""
+    _, token = api.webhook_schedule()
+    first, second = hook(api, token, {"n": 1}), hook(api, token, {"n": 1})
+    assert first.status == second.status == 202 and first.json["run_id"] != second.json["run_id"]
+
+
 # ---- bodies PostgreSQL's jsonb refuses ----------------------------------------------------------------
 
 

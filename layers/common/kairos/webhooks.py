@@ -19,7 +19,10 @@ Flow of ``receive`` (one transaction, then the SQS handoff):
    else 422 naming the header). A live receipt (``expires_at``, 24 h) answers the first response
    again when the body digest matches, and ``IdempotencyMismatch`` (422) when it does not. A replay
    is answered before the rate limit: a sender retrying an accepted delivery gets its answer even
-   when the schedule is at its limit;
+   when the schedule is at its limit. GitHub signs neither an id nor a time, so a schedule verifying
+   GitHub signatures also remembers each accepted body's digest for the receipt window (a receipt
+   keyed ``§body:sha256:<hex>``): the same signed body again, under any delivery id or none, answers
+   the first run;
 5. the rate limit: ``rate_limit_per_minute`` (default 60) webhook occurrences in the last 60 s raise
    ``RateLimited`` with the seconds until the window frees a slot;
 6. the occurrence (source ``webhook``, ``fire_at`` = database now, local time from
@@ -165,8 +168,18 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
     db_now: datetime = hook["now"]
     if hook["signing"]:
         _verify(hook, delivery, db_now)
-    key, deduplicated = idempotency_key(delivery, scheme=(hook["signing"] or {}).get("scheme"))
+    scheme = (hook["signing"] or {}).get("scheme")
+    key, deduplicated = idempotency_key(delivery, scheme=scheme)
     digest = hashlib.sha256(delivery.body).hexdigest()
+    # GitHub signs the body only (no id, no timestamp): a captured delivery re-posted without its
+    # X-GitHub-Delivery, or with a new one, still verifies. Its body is remembered for the receipt
+    # window, and the same signed body again is the same delivery: the first answer, no new run.
+    body_key = _body_key(digest) if scheme == "github" else None
+    if body_key is not None:
+        seen = db.fetch_one(conn, "webhook_receipts_find",
+                            {"schedule_id": schedule_id, "idempotency_key": body_key, "now": now})
+        if seen is not None:
+            return Accepted(schedule_id, seen["occurrence_id"], seen["run_id"], replayed=True)
     generation = 0
     if deduplicated:
         known = _replay_or_generation(conn, schedule_id, key, digest, now)
@@ -186,12 +199,18 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
         # Unreachable while deliveries of a schedule serialize on its row lock (the generation is read
         # under it); converging on the existing rows is the safe answer if that ever changes.
         return Accepted(schedule_id, occurrence_id, run_id, replayed=True)
-    if deduplicated:
+    for remembered in ([key] if deduplicated else []) + ([body_key] if body_key is not None else []):
         db.fetch_one(conn, "webhook_receipts_insert", {
-            "schedule_id": schedule_id, "idempotency_key": key, "request_digest": digest,
+            "schedule_id": schedule_id, "idempotency_key": remembered, "request_digest": digest,
             "occurrence_id": occurrence_id, "run_id": run_id, "generation": generation, "now": now,
         })
     return Accepted(schedule_id, occurrence_id, run_id, replayed=False)
+
+
+def _body_key(digest: str) -> str:
+    """The receipt key of a signed body. It starts with a character no header key can hold (keys are
+    printable ASCII, ``kairos.idempotency.check_key``), so a sender's key never names it."""
+    return f"\N{SECTION SIGN}body:sha256:{digest}"
 
 
 def _verify(hook: Mapping[str, Any], delivery: Delivery, db_now: datetime) -> None:
