@@ -160,7 +160,6 @@ def lifecycle(database: Database, run_id: uuid.UUID) -> None:
         fence = int(row["fence"])
         assert Heartbeat(database, run_id, fence).beat_once()  # on its own pooled connection
         done = moves.succeed(conn, run_id, fence, output={"conversation_id": "x", "entry_seq": 1, "attempt": 1},
-                            usage={"calls": 1},
                             events=[trace.Event(EventType.STEP_FINISHED, "model", {"outcome": "succeeded"})])
         assert done
 

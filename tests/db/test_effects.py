@@ -139,10 +139,10 @@ def test_a_run_cannot_succeed_while_its_answers_effect_is_still_reserved(db: Dat
 
     # The terminal statement names the effect it publishes: reserved, nothing is written
     with db.transaction() as conn:
-        assert moves.succeed(conn, run["id"], 1, output=output, usage=None, settled=effect.id) is False
+        assert moves.succeed(conn, run["id"], 1, output=output, settled=effect.id) is False
     # Settled earlier in the same transaction (as the worker sends them), the run succeeds
     with db.transaction() as conn:
         assert effects.settle(conn, effect, fence=1) is not None
-        assert moves.succeed(conn, run["id"], 1, output=output, usage=None, settled=effect.id) is True
+        assert moves.succeed(conn, run["id"], 1, output=output, settled=effect.id) is True
     with db.connection() as conn:
         assert [e.state.value for e in _ledger(conn, run["id"])] == ["settled"]

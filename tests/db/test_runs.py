@@ -523,7 +523,7 @@ def test_a_cancel_before_the_reservation_ends_the_run_without_a_call(db: Databas
 def test_success_cannot_be_written_once_a_cancel_was_requested(db: Database, db_url: str) -> None:
     run = _run(db_url, state="running", cancel_requested_at=datetime.now(UTC))
     with db.transaction() as conn:
-        assert moves.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
+        assert moves.succeed(conn, run["id"], 1, output={"entry_seq": 1}) is False
     assert _row(db_url, "SELECT state FROM runs WHERE id = %s", run["id"]) == {"state": "running"}
 
 

@@ -200,7 +200,7 @@ def test_every_fenced_write_with_a_stale_fence_writes_nothing(db: Database, db_u
         assert effects.reserve(conn, run["id"], 1, 1, "other", "model_call", False, "t", "d") is None
         assert effects.settle(conn, old_effect, fence=1) is None
         assert effects.fail(conn, old_effect, fence=1, error_code="timeout") is None
-        assert moves.succeed(conn, run["id"], 1, output={"entry_seq": 1}, usage=None) is False
+        assert moves.succeed(conn, run["id"], 1, output={"entry_seq": 1}) is False
         assert moves.fail(conn, run["id"], 1, diagnosis=diagnose("internal")) is False
         assert moves.finish_cancelled(conn, run["id"], 1) is False
         assert moves.requeue(conn, run["id"], 1, attempt=1, delay_seconds=1) is False

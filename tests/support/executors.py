@@ -65,6 +65,9 @@ class FakeOpenAI:
     statuses: list[int] = field(default_factory=list)  # answered first, then 200s
     # Assistant messages answered in order by the 200s (a tool loop's turns), then the default answer.
     script: list[dict[str, Any]] = field(default_factory=list)
+    # The usage every 200 answers with (the provider's counts).
+    usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 21, "completion_tokens": 7,
+                                                           "total_tokens": 28})
     lock: threading.Lock = field(default_factory=threading.Lock)
 
     def bodies(self) -> list[dict[str, Any]]:
@@ -99,7 +102,7 @@ def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
                     "id": "chatcmpl-e2e", "object": "chat.completion",
                     "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
                                  "message": message}],
-                    "usage": {"prompt_tokens": 21, "completion_tokens": 7, "total_tokens": 28},
+                    "usage": state.usage,
                 }).encode()
             else:
                 body = json.dumps({"error": {"type": "server_error", "message": "try later"}}).encode()

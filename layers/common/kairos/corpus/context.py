@@ -1,8 +1,8 @@
 """The corpus run's working context: the claimed run it executes under, and its fenced transaction.
 
 Role: ``Corpus`` is what every phase module is given: the worker's ``Execution`` (its database,
-fence, heartbeat, settings, probes, executor factory), the checked spec, and the usage summed over
-the map calls (thread-safe: partitions may run at once). ``fenced`` opens the one kind of transaction
+fence, heartbeat, settings, probes, executor factory) and the checked spec (a lock for what
+partitions running at once share). ``fenced`` opens the one kind of transaction
 a corpus write may use: it locks the run row under the fence first (``runs_corpus_lock``) and raises
 ``LeaseLost`` when the fence no longer holds, so a worker that lost its lease writes nothing.
 ``events`` appends trace events (``corpus.phase``, ``corpus.partition``, …) in that transaction.
@@ -40,7 +40,6 @@ class Execution(Protocol):
     probes: Probes
     claimed: Claimed
     heartbeat: Heartbeat
-    usage: dict[str, Any]
 
     @property
     def executor_factory(self) -> Callable[..., Any]: ...
@@ -84,12 +83,3 @@ class Corpus:
         if trace.change(conn, "runs_step_events", {"run_id": self.run_id, "fence": self.fence}, events,
                         now=self.run.now) is None:
             raise LeaseLost()
-
-    def add_usage(self, usage: dict[str, Any]) -> None:
-        """Sums one call's priced usage into the run's (the worker's terminal moves write ``run.usage``)."""
-        with self.lock:
-            total = dict(self.run.usage)
-            for key, value in usage.items():
-                if isinstance(value, int | float) and not isinstance(value, bool):
-                    total[key] = total.get(key, 0) + value
-            self.run.usage = total

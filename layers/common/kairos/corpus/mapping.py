@@ -244,7 +244,6 @@ def _call(c: Corpus, part: db.Row) -> str | None:
                                                                 "answer": reply.content}) is None:
             raise LeaseLost()
         c.events(conn, events)
-    c.add_usage(usage)
     run.probes.fire("corpus_answer", run_id=c.run_id, fence=c.fence, partition=n, generation=generation)
     return str(reply.content)
 

@@ -19,9 +19,10 @@ its ``corpus.phase`` event (and the probe ``corpus_phase`` after the commit):
 A corpus outlives an invocation: when map ends a slice (``kairos.corpus.mapping``: the invocation's
 time is nearly spent), ``runs_corpus_continue`` puts the run back to ``queued`` with its lease cleared
 and ``run.queued`` (reason ``continue``), and the worker's caller re-sends its id at once (``process``
-answers ``continued``); the next claim resumes what this one committed. The run's usage is kept across
-invocations: a slice, a pause, a retry or a rescue starts from the usage the run row holds and
-records its own on top.
+answers ``continued``); the next claim resumes what this one committed. The run's usage spans its
+invocations: each map call's effect is settled with that call's usage, and every move of the run out
+of ``running`` (a slice, a pause, a retry, a rescue, its end) writes the sum of its settled effects
+(``kairos.budgets``).
 
 The run stays the one authority: its claim, heartbeat, fence, cancellation and terminal moves are the
 worker's. A pause request is honoured at a partition or phase boundary (``runs_corpus_pause``:
@@ -46,7 +47,6 @@ from kairos.runs import moves
 from kairos.runs.attempt import Outcome
 from kairos.runs.stops import Cancelled, Failure, LeaseLost
 from kairos.states import EventType, RunState
-from psycopg.types.json import Jsonb
 
 PHASES = ("enumerate", "map", "reconcile", "reduce", "export", "publish", "complete")
 
@@ -54,9 +54,7 @@ PHASES = ("enumerate", "map", "reconcile", "reduce", "export", "publish", "compl
 def execute(run: Execution) -> Outcome:
     """Runs the claimed corpus run from its recorded phase to an end (see the module doc)."""
     c = Corpus(run, dict(run.claimed.row["corpus"]))
-    with c.fenced() as (conn, row):
-        if row["usage"]:  # what earlier invocations of this run spent (a slice, a pause, a retry)
-            run.usage = {**dict(row["usage"]), **run.usage}
+    with c.fenced() as (conn, _):
         db.execute(conn, "corpus_runs_start", {"run_id": c.run_id, "owner": c.owner, "now": run.now})
         db.execute(conn, "corpus_partitions_release_stale", {"run_id": c.run_id, "now": run.now})
         state = db.fetch_one(conn, "corpus_runs_get", {"run_id": c.run_id})
@@ -106,8 +104,8 @@ def _boundary(c: Corpus) -> Outcome | None:
         events = [trace.Event(EventType.STEP_FINISHED, c.run.claimed.step, {"outcome": "paused"}),
                   trace.Event(EventType.RUN_PAUSED, None, {"phase": None if state is None else state["phase"],
                                                           "by": "worker"})]
-        if trace.change(conn, "runs_corpus_pause", {"run_id": c.run_id, "fence": c.fence, "usage": _usage(c)},
-                        events, now=c.run.now) is None:
+        if trace.change(conn, "runs_corpus_pause", {"run_id": c.run_id, "fence": c.fence}, events,
+                        now=c.run.now) is None:
             raise LeaseLost()
     logger.info("corpus run paused", extra={"action": "corpus_paused", "run_id": str(c.run_id)})
     return Outcome(c.run_id, "paused", RunState.QUEUED)
@@ -124,17 +122,13 @@ def _continue(c: Corpus) -> Outcome | None:
         events = [trace.Event(EventType.STEP_FINISHED, c.run.claimed.step, {"outcome": "continued"}),
                   trace.Event(EventType.RUN_QUEUED, None, {"reason": "continue", "phase": "map",
                                                            "partitions_pending": int(counts["pending"])})]
-        if trace.change(conn, "runs_corpus_continue", {"run_id": c.run_id, "fence": c.fence, "usage": _usage(c)},
-                        events, now=c.run.now) is None:
+        if trace.change(conn, "runs_corpus_continue", {"run_id": c.run_id, "fence": c.fence}, events,
+                        now=c.run.now) is None:
             raise LeaseLost()
     logger.info("corpus run continues in a new invocation", extra={
         "action": "corpus_continued", "run_id": str(c.run_id), "mapped": c.mapped,
         "partitions_pending": int(counts["pending"])})
     return Outcome(c.run_id, "continued", RunState.QUEUED, retry_delay_seconds=0)
-
-
-def _usage(c: Corpus) -> Jsonb | None:
-    return Jsonb(dict(c.run.usage)) if c.run.usage else None
 
 
 def _move(c: Corpus, from_phase: str, to_phase: str, *, work: Any = None,
@@ -217,7 +211,7 @@ def _fail_empty(c: Corpus, counts: dict[str, int]) -> Outcome:
                           {"outcome": "failed", "reason_code": "corpus_no_partition_succeeded"})]
     with c.fenced() as (conn, _):
         if not moves.fail(conn, c.run_id, c.fence, diagnosis=diagnose("corpus_no_partition_succeeded"),
-                          usage=c.run.usage or None, events=events, now=c.run.now):
+                          events=events, now=c.run.now):
             raise LeaseLost()
     logger.info("corpus run failed", extra={"action": "run_failed", "run_id": str(c.run_id),
                                             "reason_code": "corpus_no_partition_succeeded", **coverage(counts)})
@@ -257,8 +251,7 @@ def _publish(c: Corpus) -> Outcome:
         events = [trace.Event(EventType.CORPUS_PHASE, None, {"phase": "complete", "from": "publish"}),
                   trace.Event(EventType.OUTPUT_PUBLISHED, c.run.claimed.step, {"exports": len(exported)}),
                   trace.Event(EventType.STEP_FINISHED, c.run.claimed.step, {"outcome": "succeeded"})]
-        if not moves.succeed(conn, c.run_id, c.fence, output=output, usage=c.run.usage or None, events=events,
-                             now=c.run.now):
+        if not moves.succeed(conn, c.run_id, c.fence, output=output, events=events, now=c.run.now):
             raise LeaseLost()
     logger.info("corpus run succeeded", extra={"action": "run_succeeded", "run_id": str(c.run_id),
                                                **coverage(counts)})

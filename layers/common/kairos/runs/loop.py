@@ -71,12 +71,13 @@ class Execution(Protocol):
     claimed: Claimed
     open_effect: effects.Effect | None
     current_step: str | None
-    usage: dict[str, Any]
 
     def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
              data: dict[str, Any] | None = None) -> tuple[effects.Effect, Reply] | Outcome: ...
 
     def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome: ...
+
+    def usage_of(self, effect: effects.Effect) -> dict[str, Any]: ...
 
     def lock(self, conn: psycopg.Connection[db.Row]) -> db.Row: ...
 
@@ -156,12 +157,17 @@ def _open(run: Execution, name: str, data: dict[str, Any], before: list[trace.Ev
 
 def _record(run: Execution, effect: effects.Effect | None, name: str, step: steps.Step, *,
             approval_id: Any = None, conn: Any = None, events: list[trace.Event] | None = None) -> None:
-    """Settles the step's effect, records the step and closes it, in one transaction (or the caller's)."""
+    """Settles the step's effect with its call's usage (a tool step's counts one of ``tool_calls``),
+    records the step and closes it, in one transaction (or the caller's)."""
 
     def write(c: Any) -> None:
         collected = list(events or [])
         if effect is not None:
-            if effects.settle(c, effect, fence=run.claimed.fence, trace_into=collected, now=run.now) is None:
+            usage = run.usage_of(effect)
+            if step.kind == "tool":
+                usage = {**usage, "tool_calls": 1, "steps": 1}
+            if effects.settle(c, effect, fence=run.claimed.fence, usage=usage, trace_into=collected,
+                              now=run.now) is None:
                 raise LeaseLost()
             run.open_effect = None
         if approval_id is not None and not approvals.consume(c, approval_id, now=run.now):
@@ -340,7 +346,7 @@ def _report(run: Execution, goal: report.Goal, call: ToolCall, checked: report.R
             trace.Event(EventType.STEP_FINISHED, name, {"outcome": "succeeded", "step": n,
                                                         "disposition": checked.disposition, "loop_status": status}),
         ]
-        done = moves.succeed(conn, run.run_id, claimed.fence, now=run.now, usage=run.usage, events=events,
+        done = moves.succeed(conn, run.run_id, claimed.fence, now=run.now, events=events,
                              output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
                                      "attempt": claimed.attempt, "disposition": checked.disposition})
         if not done:

@@ -154,18 +154,15 @@ def _end(
     run_id: UUID,
     fence: int,
     values: Mapping[str, Any],
-    usage: Mapping[str, Any] | None,
     events: Sequence[trace.Event],
     ending: trace.Event,
     metric: str,
     now: datetime | None,
 ) -> bool:
     """One terminal update of the fence holder with ``events`` and then its ``run.<state>`` event,
-    in one statement; False (nothing written) when fenced out or refused by the query's guard."""
-    row = trace.change(conn, query,
-                       {"run_id": run_id, "fence": fence, **values,
-                        "usage": None if usage is None else Jsonb(dict(usage))},
-                       [*events, ending], now=now)
+    in one statement; False (nothing written) when fenced out or refused by the query's guard. The
+    statement writes the run's usage itself: the sum of its settled effects (``kairos.budgets``)."""
+    row = trace.change(conn, query, {"run_id": run_id, "fence": fence, **values}, [*events, ending], now=now)
     if row is None:
         return False
     count(metric)
@@ -178,14 +175,13 @@ def succeed(
     fence: int,
     *,
     output: Mapping[str, Any],
-    usage: Mapping[str, Any] | None,
     events: Sequence[trace.Event] = (),
     now: datetime | None = None,
     settled: UUID | None = None,
 ) -> bool:
     """``running -> succeeded`` unless fenced out, a cancel was requested or the effect ``settled``
     names is still reserved; ``events`` and then ``run.succeeded`` are written by the same statement."""
-    return send_succeed(conn, run_id, fence, output=output, usage=usage, events=events, now=now, settled=settled)()
+    return send_succeed(conn, run_id, fence, output=output, events=events, now=now, settled=settled)()
 
 
 def send_succeed(
@@ -194,7 +190,6 @@ def send_succeed(
     fence: int,
     *,
     output: Mapping[str, Any],
-    usage: Mapping[str, Any] | None,
     events: Sequence[trace.Event] = (),
     now: datetime | None = None,
     settled: UUID | None = None,
@@ -203,8 +198,7 @@ def send_succeed(
     returned reads whether it was written."""
     ending = trace.Event(EventType.RUN_SUCCEEDED, data={"entry_seq": output.get("entry_seq")})
     read = trace.send_change(conn, "runs_succeed",
-                             {"run_id": run_id, "fence": fence, "output": Jsonb(dict(output)),
-                              "usage": None if usage is None else Jsonb(dict(usage)), "effect_id": settled},
+                             {"run_id": run_id, "fence": fence, "output": Jsonb(dict(output)), "effect_id": settled},
                              [*events, ending], now=now)
 
     def done() -> bool:
@@ -222,7 +216,6 @@ def fail(
     fence: int,
     *,
     diagnosis: Mapping[str, Any],
-    usage: Mapping[str, Any] | None = None,
     events: Sequence[trace.Event] = (),
     now: datetime | None = None,
 ) -> bool:
@@ -230,7 +223,7 @@ def fail(
     ``run.failed`` are written by the same statement."""
     ending = trace.Event(EventType.RUN_FAILED, data={"reason_code": diagnosis["reason_code"],
                                                      "retry_eligible": diagnosis["retry_eligible"]})
-    return _end(conn, "runs_fail", run_id, fence, {"diagnosis": Jsonb(dict(diagnosis))}, usage, events, ending,
+    return _end(conn, "runs_fail", run_id, fence, {"diagnosis": Jsonb(dict(diagnosis))}, events, ending,
                 "RunFailed", now)
 
 
@@ -239,14 +232,13 @@ def finish_cancelled(
     run_id: UUID,
     fence: int,
     *,
-    usage: Mapping[str, Any] | None = None,
     events: Sequence[trace.Event] = (),
     now: datetime | None = None,
 ) -> bool:
     """``running -> cancelled`` by the fence holder after a cancel request; ``events`` and then
     ``run.cancelled`` are written by the same statement."""
-    return _end(conn, "runs_finish_cancelled", run_id, fence, {"diagnosis": Jsonb(diagnose("cancelled"))}, usage,
-                events, trace.Event(EventType.RUN_CANCELLED, data={"by": "worker"}), "RunCancelled", now)
+    return _end(conn, "runs_finish_cancelled", run_id, fence, {"diagnosis": Jsonb(diagnose("cancelled"))}, events,
+                trace.Event(EventType.RUN_CANCELLED, data={"by": "worker"}), "RunCancelled", now)
 
 
 def requeue(

@@ -82,7 +82,8 @@ MODEL_EXECUTORS: frozenset[str] = frozenset({"openai", "bedrock"})
 @dataclass
 class Execution:
     """One claimed attempt being executed. Everything it starts from is set when it is built; only
-    the effect in flight, whether its call started, and the usage change as it runs."""
+    the effect in flight, whether its call started, and the usage of calls answered but not yet
+    settled change as it runs."""
 
     database: db.Database
     run_id: UUID
@@ -96,7 +97,10 @@ class Execution:
     deadline: float
     open_effect: effects.Effect | None = None  # reserved and not yet closed
     call_started: bool = False
-    usage: dict[str, Any] = field(default_factory=dict)
+    # Each answered call's own usage by its effect's id, until that effect is settled with it
+    # (``usage_of``). A run's usage is the sum of its settled effects' (kairos.budgets): nothing here
+    # is summed, so an attempt that parks, requeues or vanishes loses nothing it spent.
+    answered: dict[UUID, dict[str, Any]] = field(default_factory=dict)
     # The step in flight: None while it is the one the claim opened; a tool loop names the steps it
     # opens, and "" once it has closed one and not opened the next (nothing left to close).
     current_step: str | None = None
@@ -179,15 +183,21 @@ class Execution:
         self.call_started = True
         try:
             reply = send(prepared, timeout=max(0.001, min(remaining, CALL_TIMEOUT_CAP_SECONDS)))
-        except ExecutorError as error:
+        except ExecutorError as error:  # no answer: nothing used (its reservation is given back)
             self.heartbeat.step_finished()
-            self.usage = _add(self.usage, {"calls": 1, "duration_ms": int((time.monotonic() - started) * 1000)})
             return self._call_failed(step, effect, prepared.mutation, error)
         self.heartbeat.step_finished()
-        self.usage = _add(self.usage, budgets.priced(_usage(reply, time.monotonic() - started), agent.get("model"),
-                                                     self.settings))
+        seconds = time.monotonic() - started
+        self.answered[effect.id] = (
+            budgets.priced(_usage(reply, seconds), agent.get("model"), self.settings) if prepared.kind == "model_call"
+            else {"steps": 1, "duration_ms": int(seconds * 1000)})
         self.probes.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
         return effect, reply
+
+    def usage_of(self, effect: effects.Effect) -> dict[str, Any]:
+        """The usage ``effect`` is settled with: its call's own (``kairos.budgets.priced`` for a model
+        call), empty for an effect that made no call through ``call``."""
+        return self.answered.pop(effect.id, {})
 
     def _budget_exhausted(self, agent: dict[str, Any], input_tokens: int) -> None:
         logger.info("daily budget exhausted", extra={"action": "budget_exhausted", "run_id": str(self.run_id),
@@ -215,7 +225,7 @@ class Execution:
                 seq = answer.seq
                 if answer.cancel_requested:  # the answer was not written
                     events: list[trace.Event] = []
-                    if effects.send_settle(conn, effect, fence=fence, usage=self.usage, trace_into=events,
+                    if effects.send_settle(conn, effect, fence=fence, usage=self.usage_of(effect), trace_into=events,
                                            now=self.now)() is None:
                         raise LeaseLost()
                     self.open_effect = None
@@ -224,7 +234,7 @@ class Execution:
                     return outcome
                 if seq is None:
                     raise LeaseLost()
-                settled = effects.send_settle(conn, effect, fence=fence, usage=self.usage, trace_into=None,
+                settled = effects.send_settle(conn, effect, fence=fence, usage=self.usage_of(effect), trace_into=None,
                                               now=self.now)
                 events = [effects.settled_event(effect),
                           trace.Event(EventType.OUTPUT_PUBLISHED, step, {
@@ -232,7 +242,7 @@ class Execution:
                               "truncated": reply.truncated}),
                           trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"})]
                 self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
-                done = moves.send_succeed(conn, self.run_id, fence, now=self.now, usage=self.usage, events=events,
+                done = moves.send_succeed(conn, self.run_id, fence, now=self.now, events=events,
                                           output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
                                                   "attempt": claimed.attempt}, settled=effect.id)
                 db.commit(conn)
@@ -319,8 +329,7 @@ class Execution:
         self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
         # Retry-safe but out of attempts: a manual retry may still help.
         diagnosis = diagnose(reason, summary=summary, retry_eligible=True if retry_safe else None)
-        done = moves.fail(conn, self.run_id, fence, diagnosis=diagnosis, usage=self.usage or None,
-                          events=events, now=self.now)
+        done = moves.fail(conn, self.run_id, fence, diagnosis=diagnosis, events=events, now=self.now)
         if not done:
             raise LeaseLost()
         logger.info("run failed", extra={"action": "run_failed", "run_id": str(self.run_id),
@@ -331,8 +340,7 @@ class Execution:
         claimed = self.claimed
         events = [*events, *self._close_step({"outcome": "cancelled", "reason_code": "cancelled"})]
         self.probes.fire("before_finish", run_id=self.run_id, fence=claimed.fence)
-        done = moves.finish_cancelled(conn, self.run_id, claimed.fence, usage=self.usage or None,
-                                      events=events, now=self.now)
+        done = moves.finish_cancelled(conn, self.run_id, claimed.fence, events=events, now=self.now)
         if not done:
             raise LeaseLost()
         logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(self.run_id),
@@ -451,14 +459,6 @@ def _output_tokens(agent: dict[str, Any]) -> int:
         return max_tokens(agent)
     except ExecutorError:
         return DEFAULT_MAX_TOKENS
-
-
-def _add(total: dict[str, Any], more: dict[str, Any]) -> dict[str, Any]:
-    """Usage summed over the calls of an attempt (a tool loop makes several)."""
-    summed = dict(total)
-    for key, value in more.items():
-        summed[key] = summed.get(key, 0) + value
-    return summed
 
 
 def _usage(reply: Reply, seconds: float) -> dict[str, Any]:

@@ -254,12 +254,13 @@ RETURNING cancel_requested_at, lease_expires_at;
 -- name: runs_succeed (prepared)
 -- running -> succeeded with its output reference; never after a cancel request, and never while the
 -- effect it names (`effect_id`, the answer's call, settled earlier in the same transaction) is still
--- reserved.
+-- reserved. Here, as in every move out of `running`, usage is the sum of the run's settled effects
+-- (kairos_run_usage, migration 0022): every attempt's calls, the one settled just before included.
 UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'succeeded',
        output = %(output)s,
-       usage = %(usage)s,
+       usage = coalesce(kairos_run_usage(id), usage),
        lease_token = NULL,
        lease_expires_at = NULL,
        finished_at = coalesce(%(now)s::timestamptz, now()),
@@ -275,7 +276,7 @@ UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'failed',
        diagnosis = %(diagnosis)s,
-       usage = coalesce(%(usage)s, usage),
+       usage = coalesce(kairos_run_usage(id), usage),
        lease_token = NULL,
        lease_expires_at = NULL,
        finished_at = coalesce(%(now)s::timestamptz, now()),
@@ -289,7 +290,7 @@ UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'cancelled',
        diagnosis = %(diagnosis)s,
-       usage = coalesce(%(usage)s, usage),
+       usage = coalesce(kairos_run_usage(id), usage),
        lease_token = NULL,
        lease_expires_at = NULL,
        finished_at = coalesce(%(now)s::timestamptz, now()),
@@ -304,6 +305,7 @@ RETURNING id, last_seq, attempt, fence;
 UPDATE runs r
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'queued',
+       usage = coalesce(kairos_run_usage(id), usage),
        lease_token = NULL,
        lease_expires_at = NULL,
        handoff_at = coalesce(%(now)s::timestamptz, now()),
@@ -504,6 +506,7 @@ SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_reque
 -- running -> queued after an expired lease: restarts + 1, lease cleared, handoff to be redone.
 UPDATE runs
    SET state = 'queued',
+       usage = coalesce(kairos_run_usage(id), usage),
        lease_token = NULL,
        lease_expires_at = NULL,
        restarts = restarts + 1,
@@ -517,6 +520,7 @@ RETURNING id, restarts;
 -- running -> abandoned, failed or cancelled after an expired lease, with its diagnosis.
 UPDATE runs
    SET state = %(state)s,
+       usage = coalesce(kairos_run_usage(id), usage),
        diagnosis = %(diagnosis)s,
        lease_token = NULL,
        lease_expires_at = NULL,
@@ -615,6 +619,7 @@ RETURNING id, last_seq, attempt, fence;
 UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'awaiting_approval',
+       usage = coalesce(kairos_run_usage(id), usage),
        lease_token = NULL,
        lease_expires_at = NULL,
        updated_at = coalesce(%(now)s::timestamptz, now())
@@ -665,7 +670,7 @@ UPDATE runs
        paused_at = coalesce(%(now)s::timestamptz, now()),
        pause_requested_at = NULL,
        expires_at = NULL,
-       usage = coalesce(%(usage)s, usage),
+       usage = coalesce(kairos_run_usage(id), usage),
        handoff_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running'
@@ -685,7 +690,7 @@ UPDATE runs
        lease_token = NULL,
        lease_expires_at = NULL,
        expires_at = NULL,
-       usage = coalesce(%(usage)s, usage),
+       usage = coalesce(kairos_run_usage(id), usage),
        handoff_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND fence = %(fence)s AND state = 'running' AND corpus IS NOT NULL
@@ -735,6 +740,7 @@ RETURNING *;
 UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'awaiting_input',
+       usage = coalesce(kairos_run_usage(id), usage),
        lease_token = NULL,
        lease_expires_at = NULL,
        updated_at = coalesce(%(now)s::timestamptz, now())
