@@ -260,6 +260,26 @@ def test_over_the_cost_ceiling_the_run_fails_budget_exhausted(db: Database, db_u
     assert outcome.reason_code == "budget_exhausted" and executor.timeouts == []
 
 
+def test_the_cost_ceiling_holds_whatever_the_owner_calls_the_model(db: Database, db_url: str) -> None:
+    """``pricey`` is priced; its other spellings and its dated snapshots cost the same, and a model no
+    price names costs the highest price listed (there is no ``"*"``): none passes the ceiling free."""
+    settings = Settings(owner_daily_cost_usd=0.5, model_prices={"pricey": (100.0, 1000.0), "cheap": (0.01, 0.01)})
+    for model in ("Pricey", " PRICEY ", "pricey-2024-08-06", "Pricey-20240806", "mystery-model"):
+        (run_id,) = _manual_runs(db_url, 1, agent={"executor": "echo", "model": model, "max_tokens": 1000})
+        executor = ScriptedExecutor()
+
+        outcome = process(db, run_id, settings=settings, executor_factory=executor.factory)
+
+        assert (outcome.result, outcome.reason_code) == ("failed", "budget_exhausted"), model
+        assert executor.timeouts == [], model
+    # The cheap model still runs under the same ceiling, and is charged its own price.
+    (run_id,) = _manual_runs(db_url, 1, agent={"executor": "echo", "model": "Cheap-2025-01-31", "max_tokens": 1000})
+    executor = ScriptedExecutor(on_send=lambda p, t: Reply(content="ok", usage={"prompt_tokens": 100_000,
+                                                                                 "completion_tokens": 0}))
+    assert process(db, run_id, settings=settings, executor_factory=executor.factory).result == "succeeded"
+    assert _ledger(db_url)["cost_usd"] == Decimal("0.001")  # 100,000 x $0.01/M
+
+
 def test_settlement_replaces_the_reservation_with_the_actual_usage_and_price(db: Database, db_url: str) -> None:
     (run_id,) = _manual_runs(db_url, 1, agent={"executor": "echo", "model": "m1", "max_tokens": 200})
     settings = Settings(model_prices={"m1": (2.0, 8.0), "*": (100.0, 100.0)})

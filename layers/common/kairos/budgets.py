@@ -14,10 +14,18 @@ Role: the server caps of DESIGN.md "Agent tools, approvals and budgets", all con
 * **Ceilings.** ``reserve`` charges a model call's estimate (input estimate + the agent's
   ``max_tokens``, and its price) to the owner's UTC day before the call, in the transaction that
   reserves the call's effect; ``False`` when the day has no room (the run fails ``budget_exhausted``
-  before any call). The effect's settlement (a trigger on ``effects``, migration 0011) replaces the
-  reservation with the usage it records: ``priced`` puts ``input_tokens``, ``output_tokens`` and
-  ``cost_usd`` into that usage.
-* **Usage.** ``days`` answers ``GET /v1/usage``: an owner's tokens, cost, calls and runs per UTC day.
+  before any call). The effect's settlement (a trigger on ``effects``, migrations 0011 and 0022)
+  replaces the reservation with the usage it records: ``priced`` puts ``input_tokens``,
+  ``output_tokens`` and ``cost_usd`` into that usage. Prices (``price_per_million``) match the model's
+  name case-folded, a dated snapshot at its model's price, and an unpriced model at the highest price.
+* **Usage**, call for call. Each settled effect carries its own call's usage: a model call its
+  provider's counts priced, with ``calls: 1, steps: 1``; a tool call ``tool_calls: 1, steps: 1``; an
+  ``http`` agent's request ``steps: 1``. A run's ``usage`` is the sum over its settled effects, written
+  by every statement that moves it out of ``running`` (``kairos_run_usage``): the attempt before an
+  approval or a question, a retry, a corpus slice or a rescue included. So ``calls`` counts the model
+  calls that answered, on the run and in the day, and the day's tokens are its runs' tokens.
+  ``days`` answers ``GET /v1/usage``: an owner's tokens, cost, model calls and runs (runs with a model
+  call answered that day) per UTC day.
 
 Guarantees: two claims racing for an owner's last slot — exactly one wins (the lock serializes them
 and each counts after the other committed). Reservations are atomic against the day's ceiling (one
@@ -32,6 +40,7 @@ Must not: call anything outside the database; read prompts or replies (only coun
 from __future__ import annotations
 
 import random
+import re
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import date, datetime
@@ -86,12 +95,50 @@ def hold_queues(conn: psycopg.Connection[db.Row], schedule_ids: list[str], conve
 
 
 def price(settings: Settings, model: object, input_tokens: int, output_tokens: int) -> float:
-    """The US dollars a call costs at ``KAIROS_MODEL_PRICES`` (the model's entry, else ``"*"``, else 0)."""
-    prices = settings.model_prices
-    per_million = prices.get(model) if isinstance(model, str) else None
-    if per_million is None:
-        per_million = prices.get("*", (0.0, 0.0))
+    """The US dollars a call costs at ``KAIROS_MODEL_PRICES`` (``per_million``)."""
+    per_million = price_per_million(settings.model_prices, model)
     return (input_tokens * per_million[0] + output_tokens * per_million[1]) / 1_000_000
+
+
+def price_per_million(prices: Mapping[str, tuple[float, float]], model: object) -> tuple[float, float]:
+    """The model's (input, output) US dollars per million tokens. Names match case-folded and trimmed,
+    and a snapshot of a priced model costs what the model does: a trailing Bedrock version
+    (``-v1:0``) and then a trailing date (``-2024-08-06``, ``-20240806``) are dropped until a name is
+    priced. A model no name matches costs the ``"*"`` entry; without one, the highest input and the
+    highest output price listed — never nothing, so no spelling of a model passes the cost ceiling
+    for free. No prices at all: every call costs 0 (only the token ceiling applies)."""
+    if not prices:
+        return (0.0, 0.0)
+    table: dict[str, tuple[float, float]] = {}
+    for name, pair in prices.items():  # two spellings of one name: the higher price of each kind
+        key = _model_key(name)
+        held = table.get(key)
+        table[key] = pair if held is None else (max(held[0], pair[0]), max(held[1], pair[1]))
+    if isinstance(model, str):
+        for candidate in _candidates(_model_key(model)):
+            if candidate in table:
+                return table[candidate]
+    if "*" in table:
+        return table["*"]
+    return (max(p[0] for p in table.values()), max(p[1] for p in table.values()))
+
+
+_VERSION = re.compile(r"-v\d+(?::\d+)?$")
+_SNAPSHOT = re.compile(r"[-@_](?:\d{4}-\d{2}-\d{2}|\d{8})$")
+
+
+def _model_key(name: str) -> str:
+    return name.strip().casefold()
+
+
+def _candidates(name: str) -> list[str]:
+    """``name``, then without its trailing version, then without its trailing snapshot date."""
+    found = [name]
+    for suffix in (_VERSION, _SNAPSHOT):
+        shorter = suffix.sub("", found[-1])
+        if shorter and shorter != found[-1]:
+            found.append(shorter)
+    return found
 
 
 def reserve(conn: psycopg.Connection[db.Row], *, effect_id: UUID, run_id: UUID, owner: str, model: object,
