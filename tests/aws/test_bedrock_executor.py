@@ -133,6 +133,26 @@ def test_a_reply_without_text_is_malformed() -> None:
     assert info.value.reason_code == "malformed_reply"
 
 
+@pytest.mark.parametrize("case", ["nul_in_text", "infinity_in_tool_input", "nul_in_tool_input", "usage_at_2_63"])
+def test_a_reply_the_database_cannot_store_fails_unstorable_and_names_none_of_it(case: str) -> None:
+    bedrock = client()
+    executor = BedrockExecutor(bedrock)
+    prepared = executor.prepare(request(tools=["schedules"]))
+    reply = answer("LEAKMARK" + ("\x00" if case == "nul_in_text" else ""))
+    if case.endswith("tool_input"):
+        value: Any = float("inf") if case.startswith("infinity") else "LEAKMARK\x00"
+        reply["output"]["message"]["content"].append(
+            {"toolUse": {"toolUseId": "tu-1", "name": "schedules_list", "input": {"n": value}}})
+    if case == "usage_at_2_63":
+        reply["usage"]["inputTokens"] = 2**63
+    with Stubber(bedrock) as stub:
+        stub.add_response("converse", reply)
+        with pytest.raises(ExecutorError) as info:
+            executor.send(prepared, timeout=5)
+    assert (info.value.reason_code, info.value.retry_safe) == ("unstorable_reply", False)
+    assert "LEAKMARK" not in info.value.message and str(2**63) not in info.value.message
+
+
 def test_a_read_timeout_leaves_the_outcome_unknown() -> None:
     with Peer(hang) as peer:
         bedrock = client(endpoint_url=peer.url(""),

@@ -63,7 +63,8 @@ class FakeOpenAI:
     port: int = 0
     requests: list[dict[str, Any]] = field(default_factory=list)
     statuses: list[int] = field(default_factory=list)  # answered first, then 200s
-    # Assistant messages answered in order by the 200s (a tool loop's turns), then the default answer.
+    # Assistant messages answered in order by the 200s (a tool loop's turns), then the default answer;
+    # an entry {"raw": bytes} is answered as that exact body (what json.dumps cannot write: NaN, 1e999).
     script: list[dict[str, Any]] = field(default_factory=list)
     # The usage every 200 answers with (the provider's counts).
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 21, "completion_tokens": 7,
@@ -98,7 +99,7 @@ def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
                 message = {"role": "assistant", "content": "Good morning from the fake model."}
                 if scripted is not None:
                     message = {"role": "assistant", "content": None, **scripted}
-                body = json.dumps({
+                body = scripted["raw"] if scripted is not None and "raw" in scripted else json.dumps({
                     "id": "chatcmpl-e2e", "object": "chat.completion",
                     "choices": [{"index": 0, "finish_reason": "tool_calls" if message.get("tool_calls") else "stop",
                                  "message": message}],

@@ -162,6 +162,13 @@ def test_an_over_long_2xx_answer_is_kept_cut_because_the_effect_happened() -> No
     assert reply.content == "z" * 65_536
 
 
+def test_a_2xx_answer_with_nul_bytes_is_kept_with_each_nul_replaced_because_the_effect_happened() -> None:
+    # PostgreSQL text cannot hold NUL: the answer (stored as the run's assistant entry) keeps the rest.
+    with Peer(respond(200, "ok\x00done\x00", "text/plain")) as peer:
+        _, reply = call(request_for(peer.url("/hook")))
+    assert reply == Reply(content="ok\ufffddone\ufffd")
+
+
 def test_a_signing_secret_is_required() -> None:
     with pytest.raises(ExecutorError) as info:
         executors.get("http", settings=SETTINGS).prepare(request_for("http://127.0.0.1:9/hook", secret=None))

@@ -31,6 +31,7 @@ REASON_CODES: frozenset[str] = frozenset(
         "rate_limited",  # the peer answered 429
         "malformed_reply",  # the peer answered something we cannot read
         "reply_too_large",  # the peer's answer exceeded the bound
+        "unstorable_reply",  # a model's answer holds what the database cannot store (NUL, NaN, a huge count)
         "input_too_large",  # the system prompt and the run's prompt alone exceed max_input_tokens
         "ambiguous_effect",  # a mutation whose outcome cannot be proven
         "runtime_limit",  # the run exceeded its runtime limit
@@ -79,6 +80,10 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "malformed_reply": ("step", True, ("retry_run", "check_agent_config"),
                         "The agent's endpoint answered something that is not a usable reply."),
     "reply_too_large": ("step", False, ("check_agent_config",), "The agent's reply exceeded the size limit."),
+    # Not retry-eligible: the model answered (and was paid for); the same input tends to the same answer.
+    "unstorable_reply": ("step", False, ("check_agent_config", "check_target"),
+                         "The model's reply held something that cannot be stored (a NUL character, a number "
+                         "that is not finite, or an impossible token count), so the run stopped at once."),
     "input_too_large": ("step", False, ("check_agent_config",),
                         "The run's prompt and the agent's system prompt alone exceed the agent's input limit."),
     "ambiguous_effect": ("step", False, ("check_target",),

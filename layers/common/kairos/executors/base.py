@@ -14,13 +14,18 @@ the effect in the ledger between them:
    ``retry_safe`` only when the evidence says nothing happened outside (connection refused, a 429 or
    5xx answered before any work, per the executor's table).
 
-Executors never write to the database and never log prompts, completions or secrets.
+Executors never write to the database and never log prompts, completions or secrets. A model's
+``Reply`` passes ``storable`` before it leaves its executor: whatever PostgreSQL could not store (a NUL,
+a lone surrogate, a number that is not finite, a token count no call can have) fails the call
+``unstorable_reply`` — after the one call, never retried — instead of failing a write later with the
+reply in the database's error text.
 """
 
 from __future__ import annotations
 
 import hashlib
 import json
+import math
 import re
 import socket
 import threading
@@ -264,6 +269,62 @@ def checked_tool_calls(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:
         if len(json.dumps(call.arguments)) > TOOL_ARGUMENTS_CHARS:
             raise ExecutorError("malformed_reply", f"a tool call's arguments exceed {TOOL_ARGUMENTS_CHARS} characters")
     return calls
+
+
+# A reply's token counts: a count outside 0..USAGE_COUNT_MAX is no count (PostgreSQL's bigint ends at
+# 2^63 - 1, and no call reads or writes a hundred million tokens). Tool arguments nest at most this deep.
+USAGE_COUNT_MAX = 100_000_000
+ARGUMENTS_DEPTH_MAX = 64
+
+
+def storable(reply: Reply) -> Reply:
+    """``reply`` when the database can store every part of it; ``ExecutorError("unstorable_reply")``
+    otherwise (not retry-safe: the model answered, and asking again costs again). The error names what
+    kind of part is wrong, never its text."""
+    problem = _text_problem(reply.content)
+    for key, value in reply.usage.items():
+        if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= USAGE_COUNT_MAX:
+            problem = problem or f"a token count ({key[:32]}) is not a count between 0 and {USAGE_COUNT_MAX}"
+    for call in reply.tool_calls:
+        problem = problem or _text_problem(call.id) or _text_problem(call.name) or _json_problem(call.arguments)
+    if problem is not None:
+        raise ExecutorError("unstorable_reply", f"the model's reply cannot be stored: {problem}")
+    return reply
+
+
+def _text_problem(text: str) -> str | None:
+    if "\x00" in text:
+        return "it holds a NUL character"
+    try:
+        text.encode("utf-8")
+    except UnicodeEncodeError:
+        return "it holds a lone surrogate"
+    return None
+
+
+def _json_problem(value: Any) -> str | None:
+    """The first part of a tool call's arguments PostgreSQL's jsonb cannot hold (iterative: a deep
+    document cannot exhaust the stack)."""
+    stack: list[tuple[Any, int]] = [(value, 0)]
+    while stack:
+        item, depth = stack.pop()
+        if depth > ARGUMENTS_DEPTH_MAX:
+            return f"tool arguments nest deeper than {ARGUMENTS_DEPTH_MAX}"
+        if isinstance(item, str):
+            found = _text_problem(item)
+        elif isinstance(item, float):
+            found = None if math.isfinite(item) else "a tool argument is a number that is not finite"
+        elif isinstance(item, dict):
+            found = next(filter(None, (_text_problem(str(k)) for k in item)), None)
+            stack.extend((v, depth + 1) for v in item.values())
+        elif isinstance(item, list):
+            found = None
+            stack.extend((v, depth + 1) for v in item)
+        else:
+            found = None
+        if found is not None:
+            return found
+    return None
 
 
 DEFAULT_MAX_INPUT_TOKENS = 16_000

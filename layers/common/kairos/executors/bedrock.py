@@ -25,6 +25,7 @@ effect).
 | ModelErrorException, other errors | peer_error | no | no |
 | no credentials | secret_unavailable | no | no |
 | no text in the reply | malformed_reply | no | no |
+| a reply the database cannot store (``kairos.executors.base.storable``) | unstorable_reply | no | no |
 
 Content over 65,536 characters is cut and marked ``truncated`` (see ``openai``); ``truncated`` is also
 set when the model stopped at ``maxTokens``. Usage is reported as ``prompt_tokens``,
@@ -52,6 +53,7 @@ from kairos.executors.base import (
     checked_tool_calls,
     digest,
     max_tokens,
+    storable,
     user_content,
 )
 
@@ -231,5 +233,5 @@ def _reply(response: Any) -> Reply:
         value = raw_usage.get(source)
         if isinstance(value, int) and not isinstance(value, bool):
             usage[key] = value
-    return Reply(content=text, usage=usage, truncated=cut or response.get("stopReason") == "max_tokens",
-                 tool_calls=calls)
+    return storable(Reply(content=text, usage=usage, truncated=cut or response.get("stopReason") == "max_tokens",
+                          tool_calls=calls))

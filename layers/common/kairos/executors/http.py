@@ -128,7 +128,9 @@ class HttpExecutor:
 
 
 def _reply(body: bytes, *, cut: bool) -> Reply:
-    text, shortened = bounded_content(body.decode("utf-8", errors="replace"))
+    # Undecodable bytes and NULs (which PostgreSQL text cannot hold) become U+FFFD: the target has
+    # acted, so its answer is kept rather than failing the run after the effect.
+    text, shortened = bounded_content(body.decode("utf-8", errors="replace").replace("\x00", "\ufffd"))
     return Reply(content=text, truncated=cut or shortened)
 
 

@@ -23,6 +23,7 @@ classifies what happened:
 | other non-2xx (4xx, redirects) | peer_error | no | no |
 | 2xx body over 1 MiB | reply_too_large | no | no |
 | 2xx not JSON, or no ``choices[0].message.content`` string | malformed_reply | no | no |
+| 2xx the database cannot store (NUL, NaN or 1e999 in arguments, a bad count) | unstorable_reply | no | no |
 
 A reply's content longer than 65,536 characters (about the 8,192-token cap) is cut there and marked
 ``truncated=True`` rather than refused: the model has already done the work and been paid for, and a
@@ -63,6 +64,7 @@ from kairos.executors.base import (
     max_tokens,
     recorded_target,
     secret_errors,
+    storable,
     user_content,
 )
 
@@ -198,7 +200,7 @@ def _tool_calls(message: Any) -> tuple[ToolCall, ...]:
             if not isinstance(arguments, dict) or not isinstance(item["id"], str):
                 raise TypeError("tool call arguments are not a JSON object")
             calls.append(ToolCall(id=item["id"][:128], name=str(function["name"])[:64], arguments=arguments))
-    except (ValueError, KeyError, TypeError) as exc:
+    except (ValueError, KeyError, TypeError, RecursionError) as exc:
         raise ExecutorError("malformed_reply", "the model asked for a tool call that cannot be read") from exc
     return checked_tool_calls(tuple(calls))
 
@@ -209,7 +211,7 @@ def _reply(body: bytes) -> Reply:
         choice = data["choices"][0]
         message = choice["message"]
         content = message.get("content")
-    except (ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError, AttributeError) as exc:
+    except (ValueError, UnicodeDecodeError, KeyError, IndexError, TypeError, AttributeError, RecursionError) as exc:
         raise ExecutorError("malformed_reply", "the model's reply is not a chat completion with content") from exc
     calls = _tool_calls(message)
     if calls and content is None:
@@ -223,6 +225,6 @@ def _reply(body: bytes) -> Reply:
         for key in ("prompt_tokens", "completion_tokens", "total_tokens"):
             value = raw_usage.get(key)
             if isinstance(value, int) and not isinstance(value, bool):
-                usage[key] = value
+                usage[key] = value  # storable() bounds it
     stopped_short = isinstance(choice, dict) and choice.get("finish_reason") == "length"
-    return Reply(content=text, usage=usage, truncated=cut or stopped_short, tool_calls=calls)
+    return storable(Reply(content=text, usage=usage, truncated=cut or stopped_short, tool_calls=calls))
