@@ -188,3 +188,48 @@ def test_usage_equals_the_model_servers_answers_for_the_run_the_day_and_the_ceil
     outcome = work(db, refused, owner_daily_tokens=total + 64)
     assert (outcome.result, outcome.reason_code) == ("failed", "budget_exhausted")
     assert len(fake_openai.requests) == answered
+
+
+class Crash(BaseException):
+    """The worker process dies here."""
+
+
+def test_a_retry_and_a_rescue_lose_nothing_the_earlier_attempts_spent(
+        api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    from kairos.probes import Probes
+    from kairos.tick.repair import Repair
+
+    fake_openai.usage = {"prompt_tokens": IN, "completion_tokens": OUT, "total_tokens": IN + OUT}
+    # Attempt 1: a model turn asks for schedules_list, the tool answers, the next turn gets a 503: the
+    # run is requeued. Attempt 2 dies after reserving its model call, before sending it; the rescue
+    # requeues the run. Attempt 3 asks the model again and publishes. Two answers carried usage.
+    fake_openai.statuses = [200, 503]
+    fake_openai.script = [tool_call("list-1", "schedules_list", {}), {"content": "You have none."}]
+    run_id = chat(api, fake_openai, tools=["schedules"], approval="never")
+    assert work(db, run_id).result == "retry"
+    assert counted(run_usage(api, run_id)) == {"input_tokens": IN, "output_tokens": OUT, "calls": 1,
+                                                "tool_calls": 1, "steps": 2}
+
+    probes = Probes()
+
+    def die(**_: Any) -> None:
+        raise Crash()
+
+    probes.on("after_reserve", die)
+    with pytest.raises(Crash):
+        process(db, run_id, settings=settings(), probes=probes)
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (run_id,))
+    assert Repair(db, api.sqs, api.queue_url, restart_limit=5).rescue_once().requeued == 1
+    api.messages()
+    fake_openai.script = [{"content": "You have none."}]
+    assert work(db, run_id).result == "succeeded"
+
+    assert fake_openai.statuses == [] and len(fake_openai.requests) == 3  # 200, 503, 200
+    usage = run_usage(api, run_id)
+    assert counted(usage) == {"input_tokens": 2 * IN, "output_tokens": 2 * OUT, "calls": 2, "tool_calls": 1,
+                              "steps": 3}
+    [ledger] = rows(api.url, "SELECT * FROM usage_ledger WHERE owner = 'alice'")
+    assert (ledger["input_tokens"], ledger["output_tokens"], ledger["calls"], ledger["runs"]) == (
+        2 * IN, 2 * OUT, 2, 1)
+    assert (ledger["reserved_tokens"], ledger["reserved_cost_usd"]) == (0, 0)
