@@ -54,6 +54,14 @@ def refused(url: str, allow: list[str], resolve: egress.Resolver = no_resolution
         ("http://[64:ff9b::a9fe:a9fe]/", ["::/0"], "metadata"),
         ("http://[::a9fe:a9fe]/", ["::/0"], "metadata"),
         ("http://[2002:a9fe:a9fe::1]/", ["::/0"], "metadata"),
+        ("http://[::ffff:0:169.254.169.254]/", ["::/0"], "metadata"),  # IPv4-translated (SIIT)
+        ("http://[64:ff9b:1:a9fe:a9:fe00::]/", ["::/0"], "metadata"),  # local-use NAT64, a /48 prefix
+        # multicast: never an HTTP destination
+        ("http://224.0.0.1/", ["0.0.0.0/0"], "multicast"),
+        ("http://239.255.255.250:1900/", ["239.0.0.0/8"], "multicast"),
+        ("http://[ff02::1]/", ["::/0"], "multicast"),
+        ("http://[ff0e::1]/", ["ff00::/8"], "multicast"),
+        ("http://[::ffff:224.0.0.251]/", ["::/0"], "multicast"),
     ],
 )
 def test_link_local_and_metadata_are_refused_even_when_allowed(url: str, allow: list[str], why: str) -> None:
@@ -81,6 +89,13 @@ def test_a_listed_host_name_does_not_unlock_a_metadata_address(caplog: pytest.Lo
         ("http://100.64.0.1/", "not a public address"),  # carrier-grade NAT
         ("http://[::ffff:10.0.0.1]/", "private"),
         ("http://[fd12:3456::1]/", "private"),
+        ("http://[fec0::1]/", "not a public address"),  # site-local
+        ("http://[64:ff9b:1:a00:0:100::]/", "not a public address"),  # local-use NAT64 prefix (10.0.0.1)
+        ("http://[64:ff9b:1:0808:08:0800::]/", "not a public address"),  # ... even when it carries 8.8.8.8
+        ("http://[64:ff9b::a00:1]/", "private"),  # well-known NAT64 prefix carrying 10.0.0.1
+        ("http://[64:ff9b::7f00:1]/", "loopback"),  # ... carrying 127.0.0.1
+        ("http://[::ffff:0:10.0.0.1]/", "private"),  # IPv4-translated
+        ("http://[3fff::1]/", "not a public address"),  # documentation
     ],
 )
 def test_non_public_addresses_are_refused_unless_allowed(url: str, kind: str) -> None:
@@ -98,6 +113,9 @@ def test_non_public_addresses_are_refused_unless_allowed(url: str, kind: str) ->
         ("http://[::1]:8080/", ["::1"]),
         ("http://[::1]:8080/", ["[::1]"]),
         ("http://[::ffff:10.0.0.1]/", ["10.0.0.0/8"]),
+        ("http://[fec0::1]/", ["fec0::/10"]),
+        ("http://[64:ff9b:1:a00:0:100::]/", ["64:ff9b:1::/48"]),
+        ("http://[64:ff9b::8.8.8.8]/", []),  # the well-known NAT64 prefix carrying a public address
     ],
 )
 def test_non_public_addresses_pass_when_allowed(url: str, allow: list[str]) -> None:

@@ -4,13 +4,17 @@
 once and returns a ``ResolvedTarget`` whose addresses have all passed: an address passes when it is
 public (``ipaddress`` ``is_global``) or it, its network, or the host by name is listed in ``allow``
 (``KAIROS_EGRESS_ALLOW``: hosts, addresses or CIDRs). Link-local addresses (169.254.0.0/16,
-fe80::/10), cloud metadata endpoints and the unspecified address are refused always, listed or not;
-an IPv6 address that embeds an IPv4 one (mapped, compatible, NAT64, 6to4, Teredo) is judged by that
-too. A refused literal address is ``ExecutorError("egress_refused")`` naming the address and why. A host
-*name* that does not resolve, or resolves to an address that is refused, is one and the same
-``connect_failed`` (retry-safe: nothing was sent) with one message: a run's reason must not tell an
-owner what the function's resolver knows (which internal names exist and where they point). The
-difference is logged for the operator only (``egress.unresolved`` / ``egress_refused``).
+fe80::/10), cloud metadata endpoints, multicast (224.0.0.0/4, ff00::/8) and the unspecified address
+are refused always, listed or not. ``ipaddress`` calls some ranges global that are not public
+destinations (``NOT_PUBLIC``: site-local fec0::/10, the local-use NAT64 prefix 64:ff9b:1::/48,
+documentation and SRv6 ranges): they are refused unless listed, like private ones. An IPv6 address
+that embeds an IPv4 one (mapped, translated, compatible, NAT64 — well-known or local-use — 6to4,
+Teredo) is judged by that too. A refused literal address is ``ExecutorError("egress_refused")``
+naming the address and why. A host *name* that does not resolve, or resolves to an address that is
+refused, is one and the same ``connect_failed`` (retry-safe: nothing was sent) with one message: a
+run's reason must not tell an owner what the function's resolver knows (which internal names exist
+and where they point). The difference is logged for the operator only (``egress.unresolved`` /
+``egress_refused``).
 
 An allow entry may name a port (``127.0.0.1:8001``, ``[::1]:8001``, ``host.internal:8443``): it then
 allows that port only. The local stack allows its demo model that way, and nothing else on loopback.
@@ -58,8 +62,19 @@ ALWAYS_REFUSED: tuple[tuple[IPNetwork, str], ...] = (
     (ipaddress.ip_network("168.63.129.16/32"), "a cloud platform address"),  # Azure WireServer
     (ipaddress.ip_network("0.0.0.0/8"), "the unspecified address (it reaches this host)"),
     (ipaddress.ip_network("::/128"), "the unspecified address (it reaches this host)"),
+    (ipaddress.ip_network("224.0.0.0/4"), "a multicast address"),
+    (ipaddress.ip_network("ff00::/8"), "a multicast address"),
+)
+# Not public destinations, though ``ipaddress.is_global`` (Python 3.11) says they are.
+NOT_PUBLIC: tuple[IPNetwork, ...] = (
+    ipaddress.ip_network("fec0::/10"),  # site-local (deprecated, still routed inside some sites)
+    ipaddress.ip_network("64:ff9b:1::/48"),  # local-use IPv4/IPv6 translation (RFC 8215)
+    ipaddress.ip_network("3fff::/20"),  # documentation (RFC 9637)
+    ipaddress.ip_network("5f00::/16"),  # SRv6 SIDs (RFC 9602)
 )
 _NAT64 = ipaddress.ip_network("64:ff9b::/96")
+_LOCAL_NAT64 = ipaddress.ip_network("64:ff9b:1::/48")
+_V4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 
@@ -307,8 +322,11 @@ def _embedded(address: IPAddress) -> list[IPAddress]:
             found.append(address.sixtofour)
         if address.teredo is not None:
             found.extend(address.teredo)
-        if address in _NAT64 or (address in _V4_COMPATIBLE and int(address) > 1):
+        if address in _NAT64 or address in _V4_TRANSLATED or (address in _V4_COMPATIBLE and int(address) > 1):
             found.append(ipaddress.IPv4Address(int(address) & 0xFFFFFFFF))
+        if address in _LOCAL_NAT64:  # a /48 prefix: the IPv4 address is in bits 48-63 and 72-87 (RFC 6052)
+            packed = address.packed
+            found.append(ipaddress.IPv4Address(packed[6:8] + packed[9:11]))
     return found
 
 
@@ -323,7 +341,7 @@ def _refusal(address: IPAddress, *, host_allowed: bool,
     if host_allowed or any(c.version == n.version and c in n for c in inner for n in networks):
         return None
     for candidate in inner:
-        if not candidate.is_global:
+        if not candidate.is_global or any(candidate.version == n.version and candidate in n for n in NOT_PUBLIC):
             return f"{_kind(candidate)}; list the host or a CIDR in KAIROS_EGRESS_ALLOW to allow it"
     return None
 
