@@ -35,15 +35,17 @@ def wait_for(lines: queue.Queue[str], pattern: str, log: list[str], timeout: flo
     raise AssertionError(f"no line matching {pattern!r}; output so far:\n{''.join(log)}")
 
 
-def start_dev(cwd: Path, *, drop: tuple[str, ...] = ()) -> tuple[subprocess.Popen[str], queue.Queue[str], list[str]]:
+def start_dev(cwd: Path, *, drop: tuple[str, ...] = (), args: tuple[str, ...] = ()
+              ) -> tuple[subprocess.Popen[str], queue.Queue[str], list[str]]:
     """``kairos dev`` as a newcomer starts it, in ``cwd`` (a fresh data directory, a free port, a 1 s
-    tick, none of this process's database or queue settings, nor the ``drop`` variables), with a thread
-    reading its output into the returned queue and log. The caller stops it."""
+    tick, none of this process's database or queue settings, nor the ``drop`` variables; ``args`` added,
+    e.g. ``--reset``), with a thread reading its output into the returned queue and log. The caller
+    stops it."""
     unset = ("DATABASE_URL", "AWS_ENDPOINT_URL", "RUN_QUEUE_URL", *drop)
     env = {k: v for k, v in os.environ.items() if k not in unset}
     env["PYTHONUNBUFFERED"] = "1"
     proc = subprocess.Popen(
-        [sys.executable, "-m", "kairos", "dev", "--port", "0", "--tick-seconds", "1", "--data-dir", "state"],
+        [sys.executable, "-m", "kairos", "dev", "--port", "0", "--tick-seconds", "1", "--data-dir", "state", *args],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,
     )
     lines: queue.Queue[str] = queue.Queue()

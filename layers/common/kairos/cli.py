@@ -351,6 +351,9 @@ def build_parser() -> argparse.ArgumentParser:
     dev.add_argument("--demo-port", type=int, default=None,
                      help="port of the demo model (default: the API's port + 1, or a free one with --port 0)")
     dev.add_argument("--once", action="store_true", help="set up, print the demo, and exit")
+    dev.add_argument("--reset", action="store_true",
+                     help="forget what earlier starts kept (embedded database, secrets, queued messages, demo "
+                          "token) before starting")
     dev.add_argument("--log-level", default="WARNING", help="level of the handlers' JSON logs (default WARNING)")
     dev.set_defaults(func=_cmd_dev)
 

@@ -5,7 +5,9 @@
   of ``functions/<name>/app.py``.
 * ``apigw``: a local stand-in for API Gateway's HTTP API (real HTTP in, payload v2 events out).
 * ``postgres``: an embedded PostgreSQL server for the stack, the tests and the benchmarks.
-* ``devstate``: what ``kairos dev`` keeps in its data directory (``env`` for the CLI, ``demo.json``).
+* ``devstate``: what ``kairos dev`` keeps in its data directory (``env`` for the CLI, ``demo.json``) and
+  ``--reset``.
+* ``awsstate``: moto's server for the stack, its secrets and queued messages kept in ``aws.json``.
 * ``demo_model``: the demo model (deterministic chat completions driven by ``demo:`` directives);
   ``demo_server`` serves it for ``kairos dev`` with a local ``/sink`` for the ``http_post`` tool.
 

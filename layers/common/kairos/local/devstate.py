@@ -6,6 +6,13 @@
   in another terminal with nothing exported.
 * ``demo.json``: the demo webhook schedule's id and token, so a restart prints the same webhook URL
   instead of rotating the token (only its hash is in the database).
+* ``aws.json``: the secrets and queued messages moto holds, saved on every change (``kairos.local.awsstate``).
+* ``pgdata``: the embedded PostgreSQL's data (``kairos.local.postgres``).
+
+``reset`` (``kairos dev --reset``) forgets all of it before the stack starts: it stops the embedded
+server a crashed stack left running and deletes ``pgdata``, ``aws.json``, ``demo.json`` and ``env``, and
+nothing else in the directory (which may be one the user named). It refuses (``postgres.InUse``) while
+a running stack holds the database; a ``DATABASE_URL`` database is the user's and is left alone.
 
 Guarantees: both files are created with mode 0600 (and an existing one is put back to 0600 before it
 is written), and the token is never logged: it appears only in the URL lines the demo prints.
@@ -21,6 +28,8 @@ from typing import Any
 
 ENV_FILE = "env"
 DEMO_FILE = "demo.json"
+AWS_FILE = "aws.json"  # kairos.local.awsstate.STATE_FILE
+PGDATA = "pgdata"
 
 
 def write_private(path: Path, text: str) -> None:
@@ -55,6 +64,25 @@ def load_demo(data_dir: Path) -> dict[str, Any]:
 
 def save_demo(data_dir: Path, *, schedule_id: str, token: str) -> None:
     write_private(data_dir / DEMO_FILE, json.dumps({"schedule_id": schedule_id, "token": token}) + "\n")
+
+
+def reset(data_dir: Path, *, external_database: bool) -> list[str]:
+    """Forgets what the stack keeps in ``data_dir`` (see the module's docstring); a line per thing done."""
+    from kairos.local import postgres
+
+    done = []
+    pgdata = data_dir / PGDATA
+    if external_database:
+        done.append("DATABASE_URL is yours: its data is kept")
+    elif pgdata.exists():
+        postgres.remove(pgdata)
+        done.append(f"embedded database deleted ({pgdata})")
+    for name, what in ((AWS_FILE, "secrets and queued messages"), (DEMO_FILE, "demo webhook token"),
+                       (ENV_FILE, "CLI environment")):
+        if (data_dir / name).exists():
+            (data_dir / name).unlink()
+            done.append(f"{what} deleted ({data_dir / name})")
+    return done or ["nothing to forget"]
 
 
 def merge_dev_tokens(existing: str | None, token: str, principal: str) -> str:

