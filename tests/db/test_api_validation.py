@@ -204,6 +204,20 @@ def test_start_with_a_step_crons_are_accepted_through_the_api(api: Api, conversa
     assert [f["local_time"][11:16] for f in preview.json["fires"]] == expected
 
 
+@pytest.mark.parametrize("cron", ["\uff10 7 * * *", "0\u30007 * * *", "0 7 * * \uff11-\uff15", "0\u00a07 * * *"])
+def test_a_cron_with_anything_but_ascii_is_a_422_on_create_and_patch(
+        api: Api, conversation: str, cron: str) -> None:
+    # Fullwidth digits and Unicode spaces read as cron by str.split() and int(), not by other cron readers.
+    created = api.alice.post("/v1/schedules", {"conversation_id": conversation, "prompt": "p", "cron": cron})
+    assert created.status == 422 and ("cron", "cron_syntax") in fields_of(created), created.text
+    schedule = api.alice.post("/v1/schedules", {"conversation_id": conversation, "prompt": "p",
+                                                "cron": "0 7 * * 1-5"})
+    patched = api.alice.patch(f"/v1/schedules/{schedule.json['schedule']['id']}", {"cron": cron})
+    assert patched.status == 422 and ("cron", "cron_syntax") in fields_of(patched), patched.text
+    stored = api.alice.get(f"/v1/schedules/{schedule.json['schedule']['id']}").json["schedule"]
+    assert stored["cron"] == "0 7 * * 1-5"
+
+
 def test_a_start_with_a_step_every_minute_is_refused_by_the_limit(api: Api, conversation: str) -> None:
     answer = api.alice.post("/v1/schedules", {"conversation_id": conversation, "prompt": "p", "cron": "0/1 * * * *"})
     assert_shape(answer, code="limit_exceeded")

@@ -510,6 +510,11 @@ def test_concurrent_iterations_of_one_expression_do_not_disturb_each_other() -> 
         (cron("30-10 * * * *"), ("cron", "cron_syntax")),
         (cron("0,,5 * * * *"), ("cron", "cron_syntax")),
         (cron("0 0 * foo *"), ("cron", "cron_syntax")),
+        # ASCII only: Unicode spaces and digits read by str.split() / int() are refused, not normalised
+        (cron("0\u30007 * * *"), ("cron", "cron_syntax")),  # ideographic (fullwidth) space
+        (cron("0\u00a07 * * *"), ("cron", "cron_syntax")),  # no-break space
+        (cron("\uff10 7 * * *"), ("cron", "cron_syntax")),  # fullwidth digit zero
+        (cron("0 7 * * \u0661-\u0665"), ("cron", "cron_syntax")),  # Arabic-Indic digits
         (cron("0 0 31 2 *"), ("cron", "fires_never")),
         (cron("0 0 30,31 2 */2"), ("cron", "fires_never")),
         (cron(""), ("cron", "required")),

@@ -656,6 +656,13 @@ def cron_problems(expression: object) -> list[FieldError]:
     """Every problem of a cron expression on its own (field ``cron``), whatever the rest of the rule."""
     if not expression or not isinstance(expression, str):
         return [FieldError("cron", "required", "kind 'cron' needs a cron expression, e.g. '0 7 * * 1-5'")]
+    # ASCII only: str.split() and int() also read Unicode spaces (U+3000, U+00A0) and digits (fullwidth,
+    # Arabic-Indic), so without this a rule could be stored that other cron readers see differently.
+    foreign = sorted({c for c in expression if not c.isascii()})
+    if foreign:
+        shown = ", ".join(f"U+{ord(c):04X}" for c in foreign[:5])
+        return [FieldError("cron", "cron_syntax", f"cron takes ASCII characters only (digits 0-9, letters, space, "
+                                                  f"* , - /); found {shown}")]
     try:
         _compile(expression)
     except ValidationFailed as exc:

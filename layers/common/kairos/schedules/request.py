@@ -310,7 +310,9 @@ def _notify_url_problems(url: str, allow: Sequence[str]) -> list[FieldError]:
     return []
 
 
-_DAILY = re.compile(r"(\d{1,2})\s+(\d{1,2})\s+\*\s+\*\s+\*")
+# ASCII only: without re.ASCII, \d and \s also match fullwidth digits and Unicode spaces, and int()
+# reads those digits, so "\uff10 7 * * *" became a daily interval while the cron evaluator refuses it.
+_DAILY = re.compile(r"(\d{1,2})\s+(\d{1,2})\s+\*\s+\*\s+\*", re.ASCII)
 _DAILY_ANCHOR_DAY = datetime(1970, 1, 1, tzinfo=UTC)
 
 
