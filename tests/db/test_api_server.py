@@ -194,6 +194,18 @@ def test_a_bad_content_length_is_400_and_closes(recorder: tuple[Recorder, apigw.
     assert handler.events == []
 
 
+@pytest.mark.parametrize("lengths", [(b"2", b"2"), (b"2", b"10")])
+def test_a_duplicated_content_length_is_400_and_closes(recorder: tuple[Recorder, apigw.ApiGatewayServer],
+                                                       lengths: tuple[bytes, bytes]) -> None:
+    """Two Content-Length fields, equal or not, leave the body's end ambiguous: refused, not the first taken."""
+    handler, server = recorder
+    headers = b"".join(b"Content-Length: " + n + b"\r\n" for n in lengths)
+    answer = _raw(server, b"POST /x HTTP/1.1\r\nHost: x\r\n" + headers + b"\r\n{}")
+    assert answer.startswith(b"HTTP/1.1 400"), answer
+    assert b"Connection: close" in answer
+    assert handler.events == []
+
+
 def test_a_broken_chunk_is_400(recorder: tuple[Recorder, apigw.ApiGatewayServer]) -> None:
     handler, server = recorder
     answer = _raw(server, b"POST /x HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\nzz\r\nab\r\n0\r\n\r\n")

@@ -235,3 +235,76 @@ def test_the_calendar_names_the_same_mistakes_with_the_same_words(api: Api, conv
                                           dst_gap="sideways"))  # type: ignore[arg-type]
     library = {(f.field, f.rule) for f in info.value.fields}
     assert set(fields_of(answer)) == library == {("interval_seconds", "min"), ("dst_gap", "enum")}
+
+
+# ---- times are RFC 3339 text, days YYYY-MM-DD (issue 37, item 13) -----------------------------------
+
+
+def test_unix_seconds_are_refused_where_an_instant_or_a_day_is_documented(api: Api, conversation: str) -> None:
+    schedule = api.alice.post("/v1/schedules", {"conversation_id": conversation, "prompt": "p", "cron": "0 * * * *"})
+    sid = schedule.json["schedule"]["id"]
+    for after in ("1700000000", "0", "1700000000.5", "20300101T070000Z", "2030-01-01"):
+        preview = api.alice.get(f"/v1/schedules/{sid}/preview?after={after}")
+        assert_shape(preview)
+        assert fields_of(preview) == [("after", "type")], (after, preview.text)
+    good = api.alice.get(f"/v1/schedules/{sid}/preview?count=1&after=2030-01-01T07:30:00%2B02:00")
+    assert good.status == 200 and good.json["fires"][0]["fire_at"] == "2030-01-01T06:00:00Z"
+    backfill = api.alice.post(f"/v1/schedules/{sid}/backfill", {"from": 1700000000, "until": "1700003600"})
+    assert_shape(backfill)
+    assert set(fields_of(backfill)) == {("from", "type"), ("until", "type")}
+    for query, field in (("from=86400", "from"), ("until=1700000000", "until"), ("from=20260101", "from")):
+        usage = api.alice.get(f"/v1/usage?{query}")
+        assert_shape(usage)
+        assert fields_of(usage) == [(field, "type")], (query, usage.text)
+
+
+@pytest.mark.parametrize("until", ["0001-01-01", "0001-01-07"])
+def test_a_usage_window_before_the_calendar_begins_is_a_422_naming_until(api: Api, until: str) -> None:
+    answer = api.alice.get(f"/v1/usage?until={until}")
+    assert_shape(answer)
+    assert fields_of(answer) == [("until", "min")]
+    assert api.alice.get("/v1/usage?from=0001-01-01&until=0001-01-03").status == 200
+
+
+# ---- routes without a body refuse one (issue 37, item 13) ------------------------------------------
+
+BODYLESS = [spec for spec in api_app.ROUTES if spec.method != "GET" and not spec.has_body and not spec.public]
+
+
+def test_every_route_that_takes_no_body_is_listed() -> None:
+    assert {s.key for s in BODYLESS} >= {"POST /v1/approvals/{id}/approve", "POST /v1/approvals/{id}/deny",
+                                         "POST /v1/runs/{id}/cancel", "POST /v1/runs/{id}/retry",
+                                         "POST /v1/schedules/{id}/trigger", "POST /v1/schedules/{id}/pause",
+                                         "DELETE /v1/secrets/{name}", "DELETE /v1/schedules/{id}"}
+
+
+@pytest.mark.parametrize("spec", BODYLESS, ids=lambda spec: spec.key)
+def test_a_body_sent_to_a_route_that_takes_none_is_a_422(api: Api, spec: RouteSpec) -> None:
+    target = spec.path.replace("{id}", str(uuid.uuid4())).replace("{name}", "key")
+    answer = api.alice(spec.method, target, {"arguments": {"url": "https://elsewhere.example"}})
+    assert_shape(answer)
+    assert fields_of(answer) == [("body", "no_body")]
+    assert api.alice(spec.method, target, raw=b"text", headers={"content-type": "text/plain"}).status == 422
+    # No body (or only whitespace) reaches the route: a missing object's 404.
+    assert api.alice(spec.method, target).status == 404
+    assert api.alice(spec.method, target, raw=b" \r\n").status == 404
+
+
+def test_approve_with_arguments_is_refused_and_decides_nothing(api: Api) -> None:
+    from tests import factories
+
+    parked = factories.run(api.url, state="awaiting_approval", attempt=1, fence=1)
+    approval = factories.approval(api.url, run_row=parked)
+    answer = api.alice.post(f"/v1/approvals/{approval['id']}/approve", {"arguments": {"order": 1}})
+    assert_shape(answer)
+    assert rows(api.url, "SELECT state FROM approvals WHERE id = %(id)s", {"id": approval["id"]}) == [
+        {"state": "pending"}]
+    assert api.alice.post(f"/v1/approvals/{approval['id']}/approve").status == 200
+
+
+def test_the_openapi_document_gives_a_204_no_body(api: Api) -> None:
+    document = api.anonymous.get("/v1/openapi.json").json
+    no_content = [(path, method) for path, operations in document["paths"].items()
+                  for method, operation in operations.items() if "204" in operation["responses"]]
+    assert no_content == [("/v1/secrets/{name}", "delete")]
+    assert document["paths"]["/v1/secrets/{name}"]["delete"]["responses"]["204"] == {"description": "No Content"}

@@ -35,6 +35,7 @@ TIMEZONE_AWARE = "timezone_aware"  # an instant without a UTC offset
 INVALID = "invalid"  # a value our own validator refused without a rule of its own
 MAX_DEPTH = "max_depth"  # JSON nested deeper than a body may be
 INVALID_CHARACTER = "invalid_character"  # NUL or a lone surrogate: PostgreSQL cannot store it
+NO_BODY = "no_body"  # a body sent to a route that takes none (it would be ignored)
 CURSOR = "cursor"  # a page cursor (``before``) this API did not hand out for that list (kairos.pages)
 
 # pydantic error type -> rule. Errors raised by our own validators (``PydanticCustomError``) carry

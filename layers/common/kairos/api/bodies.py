@@ -4,7 +4,8 @@
 media type is 415; not UTF-8 or not JSON is 400 ``malformed_json``; arrays and objects nested deeper
 than ``MAX_JSON_DEPTH`` are 422 ``max_depth`` (``check_depth``: one pass over the structural
 characters, no recursion, so it runs on hook bodies too); NUL characters or lone surrogates, which
-PostgreSQL cannot store, are 422 ``invalid_character`` naming the first such field. ``raw_body(event)``
+PostgreSQL cannot store, are 422 ``invalid_character`` naming the first such field. ``refuse(event)``
+runs for the other private routes that change something: a body there is 422 ``no_body``. ``raw_body(event)``
 is the body as bytes (base64 decoded when the event says so), as the webhook receiver and the
 idempotency ledger see it.
 
@@ -23,6 +24,7 @@ from kairos.api.resolver import JSON
 from kairos.errors import (
     INVALID_CHARACTER,
     MAX_DEPTH,
+    NO_BODY,
     FieldError,
     MalformedJson,
     UnsupportedMediaType,
@@ -57,6 +59,13 @@ def screen(event: Mapping[str, Any]) -> None:
     if bad is not None:
         raise ValidationFailed([FieldError(bad or "body", INVALID_CHARACTER,
                                            "text must not contain NUL characters or unpaired surrogates")])
+
+
+def refuse(event: Mapping[str, Any]) -> None:
+    """For a route that takes no body: ``ValidationFailed`` (``body`` / ``no_body``) when one is sent,
+    rather than ignoring what the caller meant (``approve`` with ``{"arguments": …}``)."""
+    if raw_body(event).strip():
+        raise ValidationFailed([FieldError("body", NO_BODY, "this route takes no body; send none")])
 
 
 def check_depth(text: str) -> None:

@@ -6,7 +6,8 @@ Powertools builds the paths, parameters, bodies and responses from the route sig
 /v1/schedules`` (the strict ``schedules.ScheduleRequest``; the chat-style shorthand it also
 accepts is canonicalized before that validation and named in the description) and ``POST
 /v1/hooks/{token}`` (any body up to 64 KiB, with its idempotency and signature headers). Powertools'
-default 422 schema is replaced by the one error shape. Nothing here reads a request.
+default 422 schema is replaced by the one error shape, and a 204 is described without content (it has
+none). Nothing here reads a request.
 """
 
 from __future__ import annotations
@@ -66,7 +67,8 @@ def document(app: APIGatewayHttpResolver) -> dict[str, Any]:
     _describe_body(doc, components, "/v1/loops", models.LoopCreate, description=LOOP_POLICIES)
     _describe_hook(doc)
     _describe_idempotent_creates(doc)
-    for name in ("HTTPValidationError", "ValidationError"):
+    _no_content(doc)
+    for name in ("HTTPValidationError", "ValidationError", "Empty"):
         if f'"#/components/schemas/{name}"' not in _text(doc["paths"]):
             components.pop(name, None)
     return doc
@@ -124,6 +126,15 @@ def _describe_idempotent_creates(doc: dict[str, Any]) -> None:
                            "with the same body answers the first response again (a webhook's token included), "
                            "with another body 422; nothing is created twice.",
         })
+
+
+def _no_content(doc: dict[str, Any]) -> None:
+    """A 204 answers no body (``kairos.api.app`` sends none): its response describes no content."""
+    for operations in doc["paths"].values():
+        for operation in operations.values():
+            answer = operation.get("responses", {}).get("204")
+            if answer is not None:
+                operation["responses"]["204"] = {"description": "No Content"}
 
 
 def _text(value: Any) -> str:

@@ -17,7 +17,7 @@ path is never logged (webhook tokens travel in it) — the server's own access l
 and status only; bodies above ``max_body`` (API Gateway's 10 MB) answer 413 without calling the
 handler, whether the body comes with ``Content-Length`` or chunked (a chunked body is read to its end,
 so no leftover bytes are taken for a next request); a ``Content-Length`` that is not a non-negative
-integer answers 400 and closes the connection; the listen backlog (128) takes bursts of concurrent
+integer, or given twice, answers 400 and closes the connection; the listen backlog (128) takes bursts of concurrent
 clients. Not emulated: stages other than ``$default``, custom domains, throttling, CORS.
 """
 
@@ -153,7 +153,10 @@ class _RequestHandler(BaseHTTPRequestHandler):
         """The request body, from ``Content-Length`` or chunked transfer coding, within ``max_body``."""
         if "chunked" in self.headers.get("Transfer-Encoding", "").lower():
             return self._read_chunked()
-        raw = (self.headers.get("Content-Length") or "0").strip()
+        given = self.headers.get_all("Content-Length") or []
+        if len(given) > 1:  # two lengths (even equal ones): which body is meant is ambiguous (smuggling)
+            raise _Refused(400, "Bad Request")
+        raw = (given[0] if given else "0").strip()
         if not raw.isdigit():  # "-1", "abc", "1, 2": API Gateway answers 400 and so does this server
             raise _Refused(400, "Bad Request")
         length = int(raw)

@@ -30,11 +30,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from pydantic import AwareDatetime, BaseModel, ConfigDict, Field, StrictInt, ValidationError
+from pydantic import BaseModel, ConfigDict, Field, StrictInt, ValidationError
 
 from kairos import calendar, db, identity, occurrences
 from kairos.errors import Conflict, FieldError, NotFound, ValidationFailed, from_validation_error
-from kairos.instants import rfc3339
+from kairos.instants import RFC3339Instant, rfc3339
 from kairos.observability import logger
 from kairos.schedules import Schedule
 from kairos.schedules.request import TIMED_KINDS, rule_of
@@ -48,8 +48,8 @@ _RUN_DECISIONS = ("dispatched", "queued_behind")
 class BackfillRequest(BaseModel):
     model_config = ConfigDict(extra="forbid", frozen=True, populate_by_name=True)
 
-    from_: AwareDatetime = Field(alias="from", description="first instant considered (inclusive), RFC 3339")
-    until: AwareDatetime = Field(description="end of the window (exclusive), at most now")
+    from_: RFC3339Instant = Field(alias="from", description="first instant considered (inclusive), RFC 3339")
+    until: RFC3339Instant = Field(description="end of the window (exclusive), at most now")
     max: StrictInt = Field(default=MAX_INSTANTS, ge=1, le=MAX_INSTANTS,
                            description="refuse the request when the window holds more instants than this")
 

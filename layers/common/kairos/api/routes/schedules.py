@@ -20,13 +20,12 @@ from uuid import UUID
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
-from pydantic import AwareDatetime
 
 from kairos import occurrences, pages, runtime, schedules
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import BEFORE, LIMIT, database, etag, header, idempotent, ok, parse_id, send_committed
-from kairos.instants import offset_text, rfc3339
+from kairos.instants import RFC3339Instant, offset_text, rfc3339
 from kairos.schedules import last_run
 
 router = Routes()
@@ -106,7 +105,7 @@ def edit_schedule(id: str, body: Annotated[dict[str, Any], Body(description="Sch
 def preview_schedule(
     id: str,
     count: Annotated[int, Query(ge=1, le=schedules.PREVIEW_MAX)] = 10,
-    after: Annotated[AwareDatetime | None, Query(description="RFC 3339 instant with offset")] = None,
+    after: Annotated[RFC3339Instant | None, Query(description="RFC 3339 instant with offset")] = None,
 ) -> Response[dict[str, Any]]:
     owner = principal()
     schedule_id = parse_id(id, "schedule")

@@ -16,7 +16,8 @@ from kairos import budgets
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import database, ok
-from kairos.errors import FieldError, ValidationFailed
+from kairos.errors import MIN, FieldError, ValidationFailed
+from kairos.instants import IsoDay
 
 router = Routes()
 
@@ -25,18 +26,27 @@ router = Routes()
                  summary=f"Your tokens, cost and runs per UTC day in [from, until) (at most {budgets.MAX_USAGE_DAYS} "
                          f"days; until defaults to tomorrow, from to {budgets.DEFAULT_USAGE_DAYS} days before until)")
 def get_usage(
-    start: Annotated[date | None, Query(alias="from", description="first UTC day (YYYY-MM-DD), inclusive")] = None,
-    until: Annotated[date | None, Query(description="UTC day (YYYY-MM-DD) after the last one, exclusive")] = None,
+    start: Annotated[IsoDay | None, Query(alias="from", description="first UTC day (YYYY-MM-DD), inclusive")] = None,
+    until: Annotated[IsoDay | None, Query(description="UTC day (YYYY-MM-DD) after the last one, exclusive")] = None,
 ) -> Response[dict[str, Any]]:
     owner = principal()
     with database().transaction() as conn:
         if until is None:
             until = budgets.today(conn) + timedelta(days=1)  # today included
         if start is None:
-            start = until - timedelta(days=budgets.DEFAULT_USAGE_DAYS)
+            start = _default_start(until)
         _check(start, until)
         days = budgets.days(conn, owner=owner, start=start, until=until)
     return ok(200, models.UsageDays, {"days": [d.as_json() for d in days]})
+
+
+def _default_start(until: date) -> date:
+    """``DEFAULT_USAGE_DAYS`` before ``until``; a day too early to count back from (0001-01-01 overflowed
+    the calendar: a 500) is ``until`` / ``min``."""
+    earliest = date.min + timedelta(days=budgets.DEFAULT_USAGE_DAYS)
+    if until < earliest:
+        raise ValidationFailed([FieldError("until", MIN, f"until is {earliest.isoformat()} or later, or give from")])
+    return until - timedelta(days=budgets.DEFAULT_USAGE_DAYS)
 
 
 def _check(start: date, until: date) -> None:
