@@ -1,0 +1,108 @@
+"""docs/try.md, taken from the page itself: every ```sh block run in order, in one bash, with curl and jq
+against `kairos dev` started as a newcomer starts it, its agents talking to the stack's demo model — tools
+with an approval, a goal loop's question, a corpus run, a backfill and a retry. Also the banner's own
+demo conversation and its curl line."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import shlex
+import shutil
+import subprocess
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from tests.support.output import start_dev, stop_dev, wait_for
+
+pytestmark = pytest.mark.slow
+
+ROOT = Path(__file__).resolve().parents[2]
+MARK = "=== block "
+
+
+def blocks() -> list[str]:
+    """Every ```sh block of docs/try.md, in order."""
+    found = re.findall(r"^```sh\n(.*?)\n```", (ROOT / "docs" / "try.md").read_text(encoding="utf-8"), re.S | re.M)
+    assert len(found) == 6, "docs/try.md: the settings and five steps"
+    return found
+
+
+def script() -> str:
+    """The blocks as one bash script, each announced by a marker line so its output can be told apart."""
+    return "\n".join(f"echo '{MARK}{n}'\n{block}" for n, block in enumerate(blocks()))
+
+
+def outputs(stdout: str) -> list[list[str]]:
+    parts = re.split(rf"^{MARK}\d+\n", stdout, flags=re.M)
+    return [p.splitlines() for p in parts[1:]]
+
+
+@pytest.mark.skipif(not (shutil.which("curl") and shutil.which("jq")), reason="the page uses curl and jq")
+def test_every_block_of_try_md_runs_against_kairos_dev_and_its_demo_model() -> None:
+    # Not under pytest's 0700 temporary root: the embedded PostgreSQL runs as its own user, which must
+    # reach its data directory.
+    tmp_path = Path(tempfile.mkdtemp(prefix="kairos-try-"))
+    tmp_path.chmod(0o755)
+    proc, lines, log = start_dev(tmp_path, drop=("KAIROS_DEV_TOKENS", "KAIROS_EGRESS_ALLOW"))
+    try:
+        base = wait_for(lines, r"^api\s+(http://\S+)", log).group(1).rstrip("/")
+        demo = wait_for(lines, r"^demo model (http://\S+)/v1 ", log).group(1)
+        banner_conversation = wait_for(lines, r"^conversation (\S+) uses it", log).group(1)
+        try_line = wait_for(lines, r"^try:  (curl .*/messages .*)$", log).group(1)
+        wait_for(lines, r"^running ", log)
+
+        # The banner's conversation answers its own curl line, through the demo model.
+        posted = subprocess.run(shlex.split(try_line), capture_output=True, text=True, timeout=60, check=True)
+        run_id = json.loads(posted.stdout)["run_id"]
+        assert _settled(base, run_id)["state"] == "succeeded"
+        entries = _get(base, f"/v1/conversations/{banner_conversation}")["conversation"]["entries"]
+        assert entries[-1]["content"] == "demo: Hello, demo model"
+
+        started = time.monotonic()
+        done = subprocess.run(["bash", "-euo", "pipefail", "-c", script()], capture_output=True, text=True,
+                              env={**os.environ, "KAIROS": base, "DEMO": demo}, timeout=600, cwd=tmp_path)
+        assert done.returncode == 0, f"{done.stdout}\n{done.stderr}\n{''.join(log)}"
+        settings, tools, loop, corpus, backfill, retry = outputs(done.stdout)
+        assert time.monotonic() - started < 300  # every step well inside five minutes, all of them together too
+
+        assert settings == ["demo: Hello there"]
+        assert tools[0].startswith('{"tool":"http_post"') and tools[1] == "approved"
+        assert tools[2].startswith('demo: http_post answered {"status": 200')
+        assert [json.loads(line) for line in tools[3:]] == [{"path": "/sink/team", "body": {"text": "deploy done"}}]
+        assert loop == ["Which environment first?", "The owner answered: staging", "active", "cancelled"]
+        partitions, covered, key = json.loads(corpus[0])
+        assert (partitions, covered) == (2, 3) and key.endswith("/records.jsonl")
+        assert [json.loads(line) for line in corpus[1:]] == [
+            ["items/0", "Alpha launch moved to March."], ["items/1", "Beta needs two more reviewers."],
+            ["items/2", "Gamma shipped."]]
+        assert backfill[0] == "paused" and json.loads(backfill[2]) == ["backfill", "succeeded"]
+        attempts, reason, actions = json.loads(retry[0])
+        assert (attempts, reason) == (3, "peer_error") and "retry_run" in actions
+        assert retry[1].startswith("demo: Write the nightly report for ")
+    finally:
+        stop_dev(proc)
+        shutil.rmtree(tmp_path, ignore_errors=True)
+
+
+def _get(base: str, path: str) -> dict[str, object]:
+    done = subprocess.run(["curl", "-fsS", f"{base}{path}", "-H", "Authorization: Bearer dev-token-alice"],
+                          capture_output=True, text=True, timeout=60, check=True)
+    answer: dict[str, object] = json.loads(done.stdout)
+    return answer
+
+
+def _settled(base: str, run_id: str, timeout: float = 120) -> dict[str, object]:
+    """The run once it is no longer queued or running (a deadline, not a fixed wait)."""
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        run = _get(base, f"/v1/runs/{run_id}")["run"]
+        assert isinstance(run, dict)
+        if run["state"] not in ("queued", "running"):
+            return run
+        time.sleep(0.5)
+    raise AssertionError(f"run {run_id} did not settle in {timeout} s")
