@@ -8,7 +8,14 @@ answers a goal loop's question and sees its run finish; reads a failed run's dia
 actions; gets not-found for an unknown run; and sees a value containing ``<script>`` as text. The first
 load stays under 200 KB and draws the schedules page in under a second, and fits a phone's width.
 Deployed, the page signs in with OIDC authorization code + PKCE against the issuer and keeps the token
-out of the URL. Waiting is Playwright's auto-waiting ``expect``, never a sleep."""
+out of the URL. Issue 37: an approval's arguments read as JSON escaped once; the inbox shows each
+note's kind, run, reason and time; a message is cleared on navigation; a wrong token is "not
+accepted" and Sign out shows only when signed in; the New-schedule picker offers no run thread; a goal
+loop shows its goal and offers no Trigger or Backfill.
+
+Waiting is Playwright's auto-waiting ``expect``, never a sleep, and always on what the test asserts:
+no table or element is read once right after an action (the page redraws when its fetch answers), and
+no URL or element that was already there before the action is taken as the sign that it moved on."""
 
 from __future__ import annotations
 
@@ -113,12 +120,29 @@ def test_approving_a_parked_tool_call_lets_the_run_finish(page: Any, stack: Stac
 
     row = page.locator("#approvals-table tr", has_text="http_post")
     expect(row).to_contain_text(run_id[:8])
-    expect(row).to_contain_text("order")  # the bounded preview of the arguments
+    # The bounded preview of the arguments, as indented JSON escaped once: no \" of a second encoding.
+    arguments = row.locator("td").nth(1)
+    expect(arguments).to_contain_text('"body": {\n    "order": 42\n  }')
+    expect(arguments).to_contain_text(f'"url": "http://127.0.0.1:{model.port}/target/hook"')
+    expect(row).not_to_contain_text('\\"')
     row.get_by_role("button", name="Approve").click()
     expect(page.locator("#toast")).to_contain_text("Approved")
     expect(page.locator("#approvals-table")).not_to_contain_text(run_id[:8])
 
-    page.goto(f"{stack.console}#/runs/{run_id}")
+    # The inbox holds the request's note: its kind, its run (a link to the run), why, and when. The
+    # message about the approval stays on the page it was shown on.
+    page.click("#nav a[data-page=inbox]")
+    expect(page.locator("#toast")).to_have_text("")
+    expect(page.locator("#toast")).to_be_hidden()
+    note = page.locator("#inbox .note[data-kind=approval_requested]", has=page.locator(f'a[href="#/runs/{run_id}"]'))
+    expect(note).to_have_count(1)
+    expect(note.locator(".note-kind")).to_have_text("Approval requested")
+    expect(note.locator(".note-reason")).to_have_text("http_post call waits for your approval")
+    expect(note.locator(".note-time")).to_have_text(re.compile(r"\d{1,4}\D\d{1,2}\D\d{1,4}.*\d:\d\d"))
+    expect(note.locator(".note-run")).to_have_text(f"run {run_id[:8]}")
+    note.locator(".note-run").click()
+    expect(page.locator("h1")).to_have_text(f"Run {run_id[:8]}")
+
     expect(page.locator("#run-state")).to_have_text("succeeded")
     expect(page.locator("#timeline [data-type='approval.approved']")).to_be_visible()
     expect(page.locator("#output-text")).to_have_text("Posted.")
@@ -169,12 +193,97 @@ def test_a_failed_run_shows_its_diagnosis_and_recovery_actions(page: Any, stack:
     retried = page.url.rsplit("/", 1)[-1]
     again = stack.api("GET", f"/v1/runs/{retried}")["run"]
     assert (again["schedule_id"], again["source"]) == (created["schedule"]["id"], "manual"), again
+    # The old page showed "failed" too: the new run's own page first, then its state.
+    expect(page.locator("h1")).to_have_text(f"Run {retried[:8]}")
     expect(page.locator("#run-state")).to_have_text("failed")  # the same refusing model, a new run
 
 
 def test_an_unknown_run_id_shows_not_found(page: Any, stack: Stack) -> None:
     sign_in(page, stack, f"#/runs/{uuid.uuid4()}")
     expect(page.locator("#not-found")).to_contain_text("Run not found")
+
+
+def test_a_wrong_token_is_not_accepted_and_sign_out_shows_only_when_signed_in(page: Any, stack: Stack) -> None:
+    page.goto(stack.console + "#/schedules")
+    signout = page.locator("#signout")
+    expect(page.locator("#signin")).to_be_visible()
+    expect(signout).to_be_hidden()  # nothing to sign out of on the sign-in page
+    page.fill("#token", "not-a-token")
+    page.click("#signin button[type=submit]")
+    expect(page.locator("#signin .error")).to_have_text("That token was not accepted: check it and sign in again.")
+    expect(signout).to_be_hidden()
+
+    page.fill("#token", TOKEN)
+    page.click("#signin button[type=submit]")
+    expect(page.locator("#schedules-table")).to_be_visible()
+    expect(signout).to_be_visible()
+    # A token the API took before and refuses now: that session ended.
+    page.evaluate("sessionStorage.setItem('kairos.token', JSON.stringify({token: 'revoked', accepted: true}))")
+    page.click("#nav a[data-page=runs]")
+    expect(page.locator("#signin .error")).to_have_text("Your session ended; sign in again.")
+    expect(signout).to_be_hidden()
+
+    page.fill("#token", TOKEN)
+    page.click("#signin button[type=submit]")
+    expect(page.locator("#runs-table")).to_be_visible()
+    signout.click()
+    expect(page.locator("#signin")).to_be_visible()
+    expect(signout).to_be_hidden()
+
+
+def test_the_new_schedule_picker_lists_your_conversations_not_run_threads(
+        page: Any, stack: Stack, model: Model) -> None:
+    home = conversation(stack, model.agent("ok"), "picker home")
+    hook = stack.api("POST", "/v1/schedules", {"conversation_id": home, "prompt": "Summarize", "kind": "webhook",
+                                               "name": "forking hook", "mode": "fork"})
+    run_id = stack.hook(hook["webhook"]["url"], {"n": 1})
+    sign_in(page, stack, f"#/runs/{run_id}")
+    expect(page.locator("#run-state")).to_have_text("succeeded")
+    thread = stack.api("GET", f"/v1/runs/{run_id}")["run"]["conversation_id"]
+    assert thread not in (None, home)
+    listed = stack.api("GET", "/v1/conversations?limit=100")["conversations"]
+    assert thread in [c["id"] for c in listed]  # the API's full list holds the run's thread
+    own = stack.api("GET", "/v1/conversations?threads=false&limit=100")["conversations"]
+
+    page.click("#nav a[data-page=schedules]")
+    page.get_by_role("link", name="New schedule").click()
+    options = page.locator("#schedule-form select[name=conversation_id] option")
+    expect(options).to_have_text([f"{c['title'] or 'untitled'} · {c['id'][:8]}" for c in own])
+    expect(options.filter(has_text=home[:8])).to_have_count(1)
+    expect(options.filter(has_text=thread[:8])).to_have_count(0)
+
+
+def test_a_goal_loop_shows_its_goal_and_offers_no_trigger_or_backfill(page: Any, stack: Stack, model: Model) -> None:
+    conversation_id = conversation(stack, model.agent("goal"), "loop shown")
+    now = datetime.now(UTC)
+    loop = stack.api("POST", "/v1/loops", {  # its first fire is a day away: it stays still while the page is read
+        "conversation_id": conversation_id, "name": "backlog loop", "prompt": "Tidy the backlog",
+        "interval_seconds": 86400, "starts_at": (now + timedelta(days=1)).isoformat(),
+        "goal": {"outcome": "No stale issues", "constraints": ["never close a P0"]},
+        "ends_at": (now + timedelta(days=7)).isoformat(), "max_occurrences": 3})["schedule"]
+    sign_in(page, stack)
+
+    row = page.locator("#schedules-table tr", has=page.get_by_role("link", name="backlog loop"))
+    expect(row).to_contain_text("goal loop")
+    expect(row.locator(".goal")).to_have_text("Goal: No stale issues")
+    expect(row.get_by_role("button", name="Pause")).to_be_visible()
+    expect(row.get_by_role("button", name="Trigger")).to_have_count(0)  # the API refuses it: 409 loop_policy
+
+    row.get_by_role("link", name="backlog loop").click()
+    expect(page.locator("#goal-outcome")).to_have_text("No stale issues")
+    expect(page.locator(".facts")).to_contain_text("never close a P0")
+    expect(page.get_by_role("button", name="Pause")).to_be_visible()
+    expect(page.get_by_role("button", name="Trigger")).to_have_count(0)
+    expect(page.locator("summary", has_text="Backfill")).to_have_count(0)
+
+    # Edited through the loop's own route (the schedule route refuses a loop with 409).
+    page.get_by_role("link", name="Edit").click()
+    expect(page.locator("#schedule-form select[name=mode]")).to_have_count(0)  # fixed for a loop
+    page.fill("textarea[name=prompt]", "Tidy the backlog, gently")
+    page.click("#schedule-form button[type=submit]")
+    expect(page.locator(".facts")).to_contain_text("Tidy the backlog, gently")
+    expect(page.locator("#toast")).to_have_text("Saved")  # the message of the edit outlives its own navigation
+    assert stack.api("GET", f"/v1/loops/{loop['id']}")["schedule"]["prompt"] == "Tidy the backlog, gently"
 
 
 def test_a_value_containing_script_renders_as_text(page: Any, stack: Stack, model: Model) -> None:
@@ -188,7 +297,7 @@ def test_a_value_containing_script_renders_as_text(page: Any, stack: Stack, mode
     expect(page.locator("h1")).to_have_text(hostile)
     expect(page.locator(".facts")).to_contain_text(hostile)
     assert page.evaluate("window.__pwned") is None
-    assert page.locator("main img, main script").count() == 0
+    expect(page.locator("main img, main script")).to_have_count(0)
 
 
 # Set in the page before any of its scripts: when the schedules table first exists, in ms since navigation.
@@ -252,7 +361,8 @@ def test_the_schedule_controls_pause_resume_edit_backfill_and_rotate_the_token(
     page.get_by_role("button", name="Resume").click()
     expect(page.locator(".head .badge")).to_have_text("active")
 
-    revision = int(page.locator(".facts dd").nth(2).text_content() or "0")
+    revision = stack.api("GET", f"/v1/schedules/{cron['schedule']['id']}")["schedule"]["revision"]
+    expect(page.locator(".facts dd").nth(2)).to_have_text(str(revision))
     page.get_by_role("link", name="Edit").click()
     page.fill("textarea[name=prompt]", "Daily digest, shorter")
     page.click("#schedule-form button[type=submit]")
@@ -313,11 +423,12 @@ def test_usage_status_inbox_and_runs_pages_draw_from_the_api(page: Any, stack: S
     page.goto(f"{stack.console}#/usage?days=7")
     chart = page.locator("#usage-chart")
     expect(chart.locator("g")).to_have_count(7)  # one bar group per UTC day of the window
-    heights = chart.locator("g").last.locator("rect").evaluate_all("rs => rs.map(r => +r.getAttribute('height'))")
-    assert all(h > 0 for h in heights), heights  # today's input and output bars are drawn
+    for bar in ("in", "out"):  # today's input and output bars are drawn
+        expect(chart.locator("g").last.locator(f"rect.{bar}")).not_to_have_attribute("height", "0")
 
-    page.click("#nav a[data-page=status]")
-    status = stack.api("GET", "/v1/status")["status"]
+    with page.expect_response(lambda r: urlsplit(r.url).path.endswith("/v1/status")) as answered:
+        page.click("#nav a[data-page=status]")
+    status = answered.value.json()["status"]  # what the page was given, not a second read that may differ
     expect(page.locator("#due-backlog .value")).to_have_text(str(status["due_backlog"]))
     expect(page.locator("#dlq-depth .value")).to_have_text("n/a")  # no RUN_DLQ_URL locally
 
@@ -328,7 +439,9 @@ def test_usage_status_inbox_and_runs_pages_draw_from_the_api(page: Any, stack: S
     expect(page.locator("#runs-table")).to_be_visible()
     page.select_option("#filter-source", "chat")
     page.click("#run-filters button[type=submit]")
-    expect(page).to_have_url(re.compile(r"#/runs\?source=chat$"))
-    expect(page.locator("#runs-table")).to_contain_text(run_id[:8])
-    sources = page.locator("#runs-table tbody td:nth-child(3)")
-    assert set(sources.all_text_contents()) == {"chat"}
+    expect(page).to_have_url(re.compile(r"#/runs\?source=chat$"))  # the filter is in the address
+    # The unfiltered table held this run too: wait for the filtered one, row for row as the API lists it.
+    chat = stack.api("GET", "/v1/runs?source=chat&limit=25")["runs"]
+    assert run_id in [r["id"] for r in chat]
+    expect(page.locator("#runs-table tbody td:nth-child(1)")).to_have_text([r["id"][:8] for r in chat])
+    expect(page.locator("#runs-table tbody td:nth-child(3)")).to_have_text(["chat"] * len(chat))

@@ -222,12 +222,16 @@ def page(browser: Any, stack: Stack, request: pytest.FixtureRequest) -> Iterator
 
 
 def sign_in(page: Any, stack: Stack, fragment: str = "#/schedules") -> None:
-    """Signs in through the console's own form, landing on ``fragment``."""
+    """Signs in through the console's own form, landing on ``fragment`` once the API has answered it.
+
+    The form goes away as soon as it is submitted, whatever the API then says of the token: the page
+    drawn from the API's answer (anything in the view) is what shows the sign-in held."""
     from playwright.sync_api import expect
 
     page.goto(stack.console + fragment)
     page.fill("#token", TOKEN)
     page.click("#signin button[type=submit]")
+    expect(page.locator("main > .view > *").first).to_be_attached()
     expect(page.locator("#signin")).to_have_count(0)
 
 

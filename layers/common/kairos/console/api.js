@@ -2,7 +2,7 @@
 // with the signed-in user's bearer token. Paths are literal documented routes of the OpenAPI document
 // (tests/unit/test_console.py reads each call(...) in these files and checks it against the document).
 
-import { token, signOut } from "./auth.js";
+import { accepted, markAccepted, token, signOut } from "./auth.js";
 
 export class ApiError extends Error {
   constructor(status, body) {
@@ -26,7 +26,13 @@ export async function call(method, path, body, headers = {}) {
   const text = await response.text();
   let parsed = null;
   try { parsed = text ? JSON.parse(text) : null; } catch { parsed = null; }
-  if (response.status === 401) signOut("Your session ended; sign in again.");
+  // A 401 signs out, once: a request that was sent with a token already signed out changes nothing.
+  if (response.status === 401 && bearer === token()) {
+    signOut(bearer && !accepted() ? "That token was not accepted: check it and sign in again."
+      : "Your session ended; sign in again.");
+  } else if (response.status !== 401 && bearer && bearer === token()) {
+    markAccepted();
+  }
   if (!response.ok) throw new ApiError(response.status, parsed);
   return parsed;
 }

@@ -2,7 +2,7 @@
 // its own module, loaded when first visited; render(view, route) draws into a fresh view and may
 // return a cleanup function (a live run's follower stops when the user leaves the page).
 
-import { h, replace, errorBox } from "./dom.js";
+import { clearToast, h, replace, errorBox } from "./dom.js";
 import { finishOidc, loadConfig, signedIn, signOut, startOidc, useDevToken, whenSignedOut } from "./auth.js";
 
 const PAGES = {
@@ -34,6 +34,7 @@ export function go(hash) {
 
 async function route() {
   if (cleanup) { cleanup(); cleanup = null; }
+  clearToast();  // a message belongs to the page it was shown on
   if (!signedIn()) { showSignIn(); return; }
   document.getElementById("signout").hidden = config.auth !== "oidc" && config.auth !== "dev";
   const current = parseRoute(location.hash);
@@ -59,6 +60,7 @@ async function route() {
 
 function showSignIn(message) {
   document.getElementById("signout").hidden = true;
+  clearToast({ force: true });
   if (config.auth === "oidc") {
     replace(main, h("section", { class: "card narrow" },
       h("h1", {}, "Sign in"),

@@ -5,9 +5,25 @@
 import { call, qs } from "./api.js";
 import { errorBox, h, replace, table, toast, when } from "./dom.js";
 
-function preview(value) {
-  if (value === null || value === undefined) return "";
-  return typeof value === "string" ? value : JSON.stringify(value);
+// The JSON text of a preview's value, indented; a string that is itself JSON (the API gives the
+// arguments as their JSON text) is parsed first, so nothing is escaped twice. A text that does not
+// parse (the bounded preview cut it) is shown as it is. Always text: it reaches the page as textContent.
+export function pretty(value) {
+  if (typeof value === "string") {
+    try { return JSON.stringify(JSON.parse(value), null, 2); } catch { return value; }
+  }
+  return JSON.stringify(value, null, 2);
+}
+
+// What the approver must see of a call: each field of its preview but the tool (its own column),
+// the arguments last and whole as far as the preview goes, and whether they were cut.
+function preview(p) {
+  if (!p || typeof p !== "object") return h("code", { class: "wrap" }, p === null || p === undefined ? "" : String(p));
+  const rest = Object.entries(p).filter(([key]) => !["tool", "arguments", "truncated"].includes(key));
+  return h("div", { class: "preview" },
+    rest.map(([key, value]) => h("div", { class: "muted" }, `${key} `, h("code", {}, typeof value === "string" ? value : JSON.stringify(value)))),
+    "arguments" in p ? h("pre", { class: "args" }, pretty(p.arguments)) : null,
+    p.truncated ? h("div", { class: "muted" }, "Cut to the preview's bound: the call holds more.") : null);
 }
 
 async function approvals(box) {
@@ -24,7 +40,7 @@ async function approvals(box) {
   replace(box, h("h2", {}, "Tool calls waiting for approval"), list.length
     ? table(["Tool", "Arguments", "Run", "Expires", ""], list.map((a) => h("tr", { dataset: { approval: a.id } },
       h("td", {}, a.tool),
-      h("td", {}, h("code", { class: "wrap" }, preview(a.preview))),
+      h("td", {}, preview(a.preview)),
       h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(a.run_id)}` }, a.run_id.slice(0, 8))),
       h("td", {}, when(a.expires_at)),
       h("td", {}, h("div", { class: "actions" },

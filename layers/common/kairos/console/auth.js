@@ -26,6 +26,19 @@ export function token() {
 
 export function signedIn() { return Boolean(token()); }
 
+// Whether the API has ever taken the current token: a 401 then means the session ended; before
+// that, the token itself was not accepted (a mistyped dev token says so, not "session ended").
+export function accepted() {
+  const saved = JSON.parse(sessionStorage.getItem(KEY) || "null");
+  return Boolean(saved && saved.accepted);
+}
+
+export function markAccepted() {
+  const saved = JSON.parse(sessionStorage.getItem(KEY) || "null");
+  if (!saved || saved.accepted) return;
+  sessionStorage.setItem(KEY, JSON.stringify({ ...saved, accepted: true }));
+}
+
 export function whenSignedOut(callback) { onSignOut = callback; }
 
 export function signOut(message) {

@@ -55,12 +55,27 @@ export function ago(iso) {
   return `${Math.round(secs / 86400)}d ago`;
 }
 
-export function toast(message, kind = "info") {
+// A message about what the user just did, for 5 s. It belongs to the page it was shown on: leaving
+// that page clears it (clearToast, called by the router), unless it announces the very navigation it
+// precedes ({ carry: true }: "Saved", then the saved schedule's page), which it then survives once.
+export function toast(message, kind = "info", { carry = false } = {}) {
   const box = document.getElementById("toast");
+  box.hidden = false;
   box.className = `show ${kind}`;
   box.textContent = message;
+  toast.carry = carry;
   clearTimeout(toast.timer);
-  toast.timer = setTimeout(() => { box.className = ""; }, 5000);
+  toast.timer = setTimeout(() => clearToast({ force: true }), 5000);
+}
+
+export function clearToast({ force = false } = {}) {
+  if (toast.carry && !force) { toast.carry = false; return; }
+  const box = document.getElementById("toast");
+  clearTimeout(toast.timer);
+  toast.carry = false;
+  box.className = "";
+  box.textContent = "";
+  box.hidden = true;
 }
 
 export function table(headers, rows, attrs = {}) {

@@ -1,6 +1,8 @@
 // Schedules: the list (status, last run, next fire in the schedule's zone), one schedule (its next
 // fires in local time with offset and fold, DST changes marked; occurrences; pause, resume, trigger,
 // edit, backfill, cancel, rotate a webhook token showing the new URL once), and the create form.
+// A goal loop (loop: true) is a schedule with a goal: it shows its goal, and is neither triggered nor
+// backfilled (the API refuses both with 409 loop_policy); it is edited through the loops route.
 
 import { call, qs } from "./api.js";
 import { badge, errorBox, field, h, replace, table, toast, when } from "./dom.js";
@@ -17,6 +19,11 @@ export function inZone(iso, zone) {
 }
 
 function rule(s) {
+  if (s.loop) return `goal loop · ${plainRule(s)}`;
+  return plainRule(s);
+}
+
+function plainRule(s) {
   if (s.kind === "cron") return `cron ${s.cron}`;
   if (s.kind === "interval") return `every ${s.interval_seconds}s`;
   if (s.kind === "once") return `once at ${when(s.starts_at)}`;
@@ -46,7 +53,7 @@ function controls(s, done) {
   if (s.status === "paused" || s.status === "draft") {
     buttons.push(act("Resume", () => run(() => call("POST", `/v1/schedules/${id}/resume`), done, "Resumed")));
   }
-  if (s.status === "active" || s.status === "paused") {
+  if (!s.loop && (s.status === "active" || s.status === "paused")) {
     buttons.push(act("Trigger", () => run(() => call("POST", `/v1/schedules/${id}/trigger`), done,
       (a) => `Run ${a.run_id} queued`)));
   }
@@ -61,9 +68,10 @@ function controls(s, done) {
 
 async function renderList(main) {
   const { schedules } = await call("GET", "/v1/schedules");
-  const rows = schedules.map((s) => h("tr", {},
+  const rows = schedules.map((s) => h("tr", { dataset: { schedule: s.id } },
     h("td", {}, h("a", { href: `#/schedules/${encodeURIComponent(s.id)}` }, s.name || s.id.slice(0, 8))),
-    h("td", {}, rule(s), h("div", { class: "muted" }, s.timezone)),
+    h("td", {}, rule(s), s.loop && s.goal ? h("div", { class: "goal" }, `Goal: ${s.goal.outcome}`) : null,
+      h("div", { class: "muted" }, s.timezone)),
     h("td", {}, badge(s.status)),
     h("td", {}, s.last_run
       ? [h("a", { href: `#/runs/${encodeURIComponent(s.last_run.id)}` }, badge(s.last_run.state)), " ",
@@ -125,6 +133,7 @@ async function renderOne(main, id, shown) {
     shown ? shownOnce(shown) : null,
     h("dl", { class: "facts" },
       h("dt", {}, "Rule"), h("dd", {}, rule(s)),
+      s.loop ? goalFacts(s) : null,
       h("dt", {}, "Zone"), h("dd", {}, `${s.timezone} (gap ${s.dst_gap}, fold ${s.dst_fold})`),
       h("dt", {}, "Revision"), h("dd", {}, String(s.revision)),
       h("dt", {}, "Prompt"), h("dd", { class: "pre" }, s.prompt || ""),
@@ -135,7 +144,7 @@ async function renderOne(main, id, shown) {
     h("div", { class: "actions" }, controls(s, again), extra,
       h("a", { class: "button", href: `#/schedules/${sid}/edit` }, "Edit"),
       h("a", { class: "button", href: `#/runs?schedule_id=${sid}` }, "Runs")),
-    s.kind !== "webhook" ? backfillForm(s, again) : null,
+    s.kind !== "webhook" && !s.loop ? backfillForm(s, again) : null,
     h("h2", {}, "Next fires"), fireBox,
     h("h2", {}, "Occurrences"), occurrences);
   await more(25);
@@ -145,6 +154,21 @@ async function renderOne(main, id, shown) {
     h("td", {}, String(o.schedule_revision)),
     h("td", {}, o.run_id ? h("a", { href: `#/runs/${encodeURIComponent(o.run_id)}` }, o.run_id.slice(0, 8)) : "—"))))
     : h("p", { class: "muted" }, "None yet."));
+}
+
+// A loop's goal as the API shows it: the outcome, its constraints, and the verification's digest only
+// (the verification text is given to the loop's runs, never shown back).
+function goalFacts(s) {
+  const goal = s.goal || {};
+  return [
+    h("dt", {}, "Goal"), h("dd", { class: "pre", id: "goal-outcome" }, goal.outcome || "—"),
+    (goal.constraints || []).length
+      ? [h("dt", {}, "Constraints"), h("dd", {}, h("ul", {}, goal.constraints.map((c) => h("li", {}, c))))] : null,
+    h("dt", {}, "Goal revision"), h("dd", {}, String(goal.revision ?? s.goal_revision ?? "—")),
+    s.input_run_id ? [h("dt", {}, "Waiting on"), h("dd", {},
+      h("a", { href: `#/runs/${encodeURIComponent(s.input_run_id)}` }, `run ${s.input_run_id.slice(0, 8)}`),
+      " (answer its question under Approvals)")] : null,
+  ];
 }
 
 function backfillForm(s, done) {
@@ -177,7 +201,7 @@ async function renderForm(main, id) {
   const inputs = {
     name: h("input", { name: "name", value: s.name || "", maxlength: 200 }),
     prompt: h("textarea", { name: "prompt", required: true, rows: 3 }, s.prompt || ""),
-    kind: select("kind", KINDS, s.kind || "cron"),
+    kind: select("kind", s.loop ? ["cron", "interval"] : KINDS, s.kind || "cron"),
     cron: h("input", { name: "cron", value: s.cron || "0 7 * * 1-5", placeholder: "0 7 * * 1-5" }),
     interval_seconds: h("input", { name: "interval_seconds", type: "number", min: 300, value: s.interval_seconds || "" }),
     starts_at: h("input", { name: "starts_at", type: "datetime-local" }),
@@ -189,7 +213,8 @@ async function renderForm(main, id) {
   };
   let conversation = null;
   if (!editing) {
-    const { conversations } = await call("GET", `/v1/conversations${qs({ limit: 100 })}`);
+    // Only the conversations the user made: the threads fork and fresh runs leave are not pickable.
+    const { conversations } = await call("GET", `/v1/conversations${qs({ threads: "false", limit: 100 })}`);
     conversation = select("conversation_id", conversations.map((c) => c.id), conversations[0]?.id);
     for (const [i, c] of conversations.entries()) conversation.options[i].textContent = `${c.title || "untitled"} · ${c.id.slice(0, 8)}`;
   }
@@ -201,21 +226,27 @@ async function renderForm(main, id) {
     field("Cron (5 fields, wall clock of the zone)", inputs.cron), field("Interval seconds", inputs.interval_seconds),
     field("Starts at (once / interval anchor)", inputs.starts_at), field("Time zone (IANA)", inputs.timezone),
     h("div", { class: "row" }, field("DST gap", inputs.dst_gap), field("DST fold", inputs.dst_fold),
-      field("Mode", inputs.mode), field("Overlap", inputs.overlap)),
+      s.loop ? null : [field("Mode", inputs.mode), field("Overlap", inputs.overlap)]),
+    s.loop ? h("p", { class: "muted" }, "A goal loop always appends to its conversation and skips a fire while a run " +
+      "is in flight; its goal is changed through the loops API.") : null,
     problem, h("button", { type: "submit", class: "primary" }, editing ? "Save" : "Create"));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
     const kind = inputs.kind.value;
     const body = { name: inputs.name.value, prompt: inputs.prompt.value, kind, timezone: inputs.timezone.value,
-      dst_gap: inputs.dst_gap.value, dst_fold: inputs.dst_fold.value, mode: inputs.mode.value,
-      overlap: inputs.overlap.value };
+      dst_gap: inputs.dst_gap.value, dst_fold: inputs.dst_fold.value };
+    if (!s.loop) Object.assign(body, { mode: inputs.mode.value, overlap: inputs.overlap.value });
     if (kind === "cron") body.cron = inputs.cron.value;
     if (kind === "interval") body.interval_seconds = Number(inputs.interval_seconds.value);
     if (inputs.starts_at.value) body.starts_at = new Date(inputs.starts_at.value).toISOString();
     try {
-      if (editing) {
+      if (editing && s.loop) {  // a loop is edited through its own route (the schedule route refuses it)
+        await call("PATCH", `/v1/loops/${encodeURIComponent(id)}`, body, { "If-Match": `"${s.revision}"` });
+        toast("Saved", "ok", { carry: true });
+        location.hash = `#/schedules/${encodeURIComponent(id)}`;
+      } else if (editing) {
         await call("PATCH", `/v1/schedules/${encodeURIComponent(id)}`, body, { "If-Match": `"${s.revision}"` });
-        toast("Saved", "ok");
+        toast("Saved", "ok", { carry: true });
         location.hash = `#/schedules/${encodeURIComponent(id)}`;
       } else {
         body.conversation_id = conversation.value;
