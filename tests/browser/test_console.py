@@ -124,6 +124,7 @@ def test_approving_a_parked_tool_call_lets_the_run_finish(page: Any, stack: Stac
     arguments = row.locator("td").nth(1)
     expect(arguments).to_contain_text('"body": {\n    "order": 42\n  }')
     expect(arguments).to_contain_text(f'"url": "http://127.0.0.1:{model.port}/target/hook"')
+    expect(arguments.locator(".target")).to_have_text(f"POST http://127.0.0.1:{model.port}/target/hook")
     expect(row).not_to_contain_text('\\"')
     row.get_by_role("button", name="Approve").click()
     expect(page.locator("#toast")).to_contain_text("Approved")

@@ -15,15 +15,20 @@ export function pretty(value) {
   return JSON.stringify(value, null, 2);
 }
 
-// What the approver must see of a call: each field of its preview but the tool (its own column),
-// the arguments last and whole as far as the preview goes, and whether they were cut.
+// What the approver must see of a call: where it goes first (an http call's method and whole URL),
+// then the arguments as far as the preview goes, whether they were cut, and what the body that will
+// be sent is (its size and SHA-256); any other field of the preview as it is. The tool has its column.
 function preview(p) {
   if (!p || typeof p !== "object") return h("code", { class: "wrap" }, p === null || p === undefined ? "" : String(p));
-  const rest = Object.entries(p).filter(([key]) => !["tool", "arguments", "truncated"].includes(key));
+  const target = p.target && typeof p.target === "object" ? p.target : null;
+  const body = p.body && typeof p.body === "object" ? p.body : null;
+  const rest = Object.entries(p).filter(([key]) => !["tool", "target", "arguments", "truncated", "body"].includes(key));
   return h("div", { class: "preview" },
+    target ? h("div", { class: "target" }, h("strong", {}, `${target.method || ""} `), h("code", { class: "wrap" }, target.url)) : null,
     rest.map(([key, value]) => h("div", { class: "muted" }, `${key} `, h("code", {}, typeof value === "string" ? value : JSON.stringify(value)))),
     "arguments" in p ? h("pre", { class: "args" }, pretty(p.arguments)) : null,
-    p.truncated ? h("div", { class: "muted" }, "Cut to the preview's bound: the call holds more.") : null);
+    p.truncated ? h("div", { class: "muted" }, "Cut to the preview's bound: the call holds more.") : null,
+    body && body.sha256 ? h("div", { class: "muted" }, `body sent: ${body.bytes} bytes, SHA-256 ${body.sha256}`) : null);
 }
 
 async function approvals(box) {
