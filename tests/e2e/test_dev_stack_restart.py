@@ -1,12 +1,12 @@
 """`kairos dev` keeps what it holds across a restart, a crash included, until `--reset`.
 
 Given the local stack started as a newcomer starts it, when an owner stores a secret, writes a
-conversation that references it, and a message waits in the run queue (delayed, as a deferred run's
-does), and the stack is then killed outright (SIGKILL), then the next start has the same secret under
-the same reference (its value readable through it), the conversation, the waiting message and the
-same demo webhook URL; Ctrl-C then stops everything, the database the crashed stack left running
-included. A start with `--reset` forgets all of it: no secret, no conversation, an empty queue, a new
-webhook URL.
+conversation that references it, a message waits in the run queue (delayed, as a deferred run's
+does) and an object is in S3, and the stack is then killed outright (SIGKILL), then the next start has
+the same secret under the same reference (its value readable through it), the conversation, the
+waiting message, the object and the same demo webhook URL; Ctrl-C then stops everything, the
+database the crashed stack left running included. A start with `--reset` forgets all of it: no
+secret, no conversation, an empty queue and bucket, a new webhook URL.
 """
 
 from __future__ import annotations
@@ -39,13 +39,15 @@ def _started(cwd: Path, *args: str) -> tuple[subprocess.Popen[str], str, str, li
     return proc, base, token, log, lines
 
 
-def _aws(cwd: Path) -> tuple[Any, Any, str]:
-    """Clients for the running stack's moto, and its run queue's URL, from the env file it wrote."""
+def _aws(cwd: Path) -> tuple[Any, Any, str, Any]:
+    """Clients for the running stack's moto and its run queue's URL, from the env file it wrote:
+    (secretsmanager, sqs, queue URL, s3)."""
     env = dict(line.split("=", 1) for line in (cwd / "state" / "env").read_text().splitlines()
                if "=" in line and not line.startswith("#"))
     where = {"endpoint_url": env["AWS_ENDPOINT_URL"], "region_name": "us-east-1",
              "aws_access_key_id": "local", "aws_secret_access_key": "local"}
-    return boto3.client("secretsmanager", **where), boto3.client("sqs", **where), env["RUN_QUEUE_URL"]
+    return (boto3.client("secretsmanager", **where), boto3.client("sqs", **where), env["RUN_QUEUE_URL"],
+            boto3.client("s3", **where))
 
 
 def _waiting(sqs: Any, queue_url: str) -> tuple[int, int]:
@@ -78,9 +80,10 @@ def test_secrets_queued_messages_and_the_demo_hook_survive_a_crash_until_reset(t
         status, made = _http("POST", f"{base}/v1/conversations", {"agent": agent, "title": "keeps"}, AUTH)
         assert status == 201, made
         conversation = made["conversation"]["id"]
-        _, sqs, queue_url = _aws(tmp_path)
+        _, sqs, queue_url, s3 = _aws(tmp_path)
         waiting = json.dumps({"run_id": str(uuid.uuid4())})
         sqs.send_message(QueueUrl=queue_url, MessageBody=waiting, DelaySeconds=900)
+        s3.put_object(Bucket="kairos-exports", Key="alice/kept.txt", Body=b"an object")
     finally:
         proc.kill()  # a crash: nothing runs on the way out
         proc.wait(timeout=60)
@@ -88,11 +91,12 @@ def test_secrets_queued_messages_and_the_demo_hook_survive_a_crash_until_reset(t
     proc, base, hook_again, log, _ = _started(tmp_path)
     try:
         assert hook_again == hook
-        assert "aws state  1 secrets, 1 queued messages restored" in "".join(log)
+        assert "aws state  1 secrets, 1 queued messages, 1 S3 objects restored" in "".join(log)
         status, listed = _http("GET", f"{base}/v1/secrets", headers=AUTH)
         assert status == 200 and [(s["name"], s["reference"]) for s in listed["secrets"]] == [("openai", reference)]
-        sm, sqs, queue_url = _aws(tmp_path)
+        sm, sqs, queue_url, s3 = _aws(tmp_path)
         assert sm.get_secret_value(SecretId=reference)["SecretString"] == "sk-e2e-kept"  # as a run resolves it
+        assert s3.get_object(Bucket="kairos-exports", Key="alice/kept.txt")["Body"].read() == b"an object"
         status, shown = _http("GET", f"{base}/v1/conversations/{conversation}", headers=AUTH)
         assert status == 200 and shown["conversation"]["agent"]["api_key_secret"] == reference
         assert _waiting(sqs, queue_url) == (0, 1)
@@ -107,8 +111,9 @@ def test_secrets_queued_messages_and_the_demo_hook_survive_a_crash_until_reset(t
         status, listed = _http("GET", f"{base}/v1/secrets", headers=AUTH)
         assert status == 200 and listed["secrets"] == []
         assert _http("GET", f"{base}/v1/conversations/{conversation}", headers=AUTH)[0] == 404
-        _, sqs, queue_url = _aws(tmp_path)
+        _, sqs, queue_url, s3 = _aws(tmp_path)
         assert _waiting(sqs, queue_url) == (0, 0)
+        assert s3.list_objects_v2(Bucket="kairos-exports").get("Contents", []) == []
     finally:
         _stop(proc, log)
     assert _using(tmp_path) == []

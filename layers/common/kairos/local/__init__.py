@@ -7,7 +7,7 @@
 * ``postgres``: an embedded PostgreSQL server for the stack, the tests and the benchmarks.
 * ``devstate``: what ``kairos dev`` keeps in its data directory (``env`` for the CLI, ``demo.json``) and
   ``--reset``.
-* ``awsstate``: moto's server for the stack, its secrets and queued messages kept in ``aws.json``.
+* ``awsstate``: moto's server for the stack, its secrets, queued messages and objects kept in ``aws.json``.
 * ``demo_model``: the demo model (deterministic chat completions driven by ``demo:`` directives);
   ``demo_server`` serves it for ``kairos dev`` with a local ``/sink`` for the ``http_post`` tool.
 

@@ -1,13 +1,15 @@
 """moto for ``kairos dev``, with what it holds kept in the data directory across restarts.
 
-moto keeps Secrets Manager and SQS in memory: a restart of the local stack used to forget every secret
-an owner had stored (conversations kept the dead reference and failed ``secret_unavailable``) and every
-message still waiting in the run queue. ``MotoServer`` is moto's threaded server with one addition:
-once ``keep`` has been called, after each request it answers it reads the state of those two services
-and, when it changed, writes it to ``<data-dir>/aws.json`` before the answer goes out. A secret that
-``PUT /v1/secrets`` stored, or a message SQS accepted, is on disk by the time the caller hears so, and
-a stack killed outright (SIGKILL) loses nothing it acknowledged. ``keep`` first puts the saved state
-back through moto's own API, then starts saving.
+moto keeps Secrets Manager, SQS and S3 in memory: a restart of the local stack used to forget every
+secret an owner had stored (conversations kept the dead reference and failed ``secret_unavailable``),
+every message still waiting in the run queue and every object (corpus sources, exports).
+``MotoServer`` is moto's threaded server with one addition: once ``keep`` has been called, after each
+request it answers it reads the state of those services and, when it changed, writes it to
+``<data-dir>/aws.json`` (objects' bodies to ``<data-dir>/aws-s3/``, one file per content digest)
+before the answer goes out. A secret that ``PUT /v1/secrets`` stored, a message SQS accepted or an
+object S3 took is on disk by the time the caller hears so, and a stack killed outright (SIGKILL) loses
+nothing it acknowledged. ``keep`` first puts the saved state back through moto's API, then starts
+saving.
 
 What is kept:
 
@@ -21,13 +23,16 @@ What is kept:
   visibility timeout passes; receive counts start again. The tick's repair remains the backstop it
   is on AWS: a queued run whose message is lost anyway is sent again once its handoff is stale.
 
-Not kept: a secret's earlier versions, secrets scheduled for deletion, message attributes, S3 objects.
-``kairos dev --reset`` deletes the file (``kairos.local.devstate.reset``).
+* each bucket, and each object's current body, content type and user metadata.
 
-Guarantees: the file is written 0600 through a temporary file and a rename (never half written); an
+Not kept: a secret's earlier versions, secrets scheduled for deletion, message attributes, objects'
+earlier versions and times, bucket settings. ``kairos dev --reset`` deletes all of it
+(``kairos.local.devstate.reset``).
+
+Guarantees: each file is written 0600 through a temporary file and a rename (never half written); an
 unreadable file is moved aside as ``aws.json.unreadable`` with one line, never silently overwritten;
 values are never printed. Reads moto's models (``secretsmanager_backends``, ``sqs_backends``) for the
-snapshot: ``tests/unit/test_local_awsstate.py`` fails if a moto upgrade changes them.
+snapshot, and ``s3_backends``: ``tests/unit/test_local_awsstate.py`` fails if a moto upgrade changes them.
 """
 
 from __future__ import annotations
@@ -46,6 +51,8 @@ from typing import Any
 from kairos.local import devstate
 
 STATE_FILE = devstate.AWS_FILE  # "aws.json"
+BLOBS = devstate.AWS_BLOBS  # "aws-s3": S3 objects' bodies, one file per content digest
+_USER_META = "x-amz-meta-"
 FORMAT = 1
 CUSTOM_ID_TAG = "_custom_id_"  # moto: a resource created with this tag takes its value as its id
 _CREDENTIALS: dict[str, Any] = {"aws_access_key_id": "local", "aws_secret_access_key": "local"}
@@ -86,7 +93,7 @@ class MotoServer:
     def keep(self, data_dir: Path, endpoint: str) -> dict[str, int]:
         """Puts back what ``data_dir`` holds, then saves every change there; what was restored."""
         path = data_dir / STATE_FILE
-        restored = restore(endpoint, load(path))
+        restored = restore(endpoint, load(path), data_dir / BLOBS)
         with self._lock:
             self._path = path
             self._written = path.read_text(encoding="utf-8") if path.exists() else None
@@ -94,15 +101,31 @@ class MotoServer:
         return restored
 
     def save(self) -> None:
-        """Writes the current state when it changed since the last write (no-op before ``keep``)."""
+        """Writes the current state when it changed since the last write (no-op before ``keep``):
+        new objects' bodies first, then the state that names them, then bodies no longer named go."""
         with self._lock:
             if self._path is None:
                 return
-            text = json.dumps(snapshot(), sort_keys=True, indent=1) + "\n"
+            bodies: dict[str, Any] = {}
+            for attempt in range(3):  # moto's dicts may change under a concurrent request: read again
+                try:
+                    bodies.clear()
+                    text = json.dumps(snapshot(bodies), sort_keys=True, indent=1) + "\n"
+                    break
+                except RuntimeError:
+                    if attempt == 2:
+                        raise
             if text == self._written:
                 return
+            blobs = self._path.parent / BLOBS
+            for name, key in bodies.items():
+                if not (blobs / name).exists():
+                    write_atomically(blobs / name, key.value)
             write_atomically(self._path, text)
             self._written = text
+            for stale in (blobs.iterdir() if blobs.is_dir() else ()):
+                if stale.name not in bodies and not stale.name.startswith("."):
+                    stale.unlink(missing_ok=True)
 
     def _saving(self, app: Callable[..., Iterable[bytes]]) -> Callable[..., Iterable[bytes]]:
         def wsgi(environ: dict[str, Any], start_response: Callable[..., Any]) -> Iterable[bytes]:
@@ -113,6 +136,8 @@ class MotoServer:
                 close = getattr(answer, "close", None)
                 if close is not None:
                     close()
+            if _reads_only(environ):
+                return body
             try:
                 self.save()
             except Exception as exc:  # noqa: BLE001 - the stack stays up; the line says what was not kept
@@ -122,8 +147,27 @@ class MotoServer:
         return wsgi
 
 
-def snapshot() -> dict[str, Any]:
-    """The secrets and queued messages moto holds now (values included: the file is private)."""
+# Calls that change nothing the snapshot holds (the worker long-polls ReceiveMessage every second; a
+# receive changes only what is not kept: receive counts and visibility). Anything else is snapshotted.
+_READS = frozenset({
+    "ReceiveMessage", "GetQueueAttributes", "GetQueueUrl", "ListQueues", "ListQueueTags",
+    "ListDeadLetterSourceQueues", "GetSecretValue", "BatchGetSecretValue", "DescribeSecret", "ListSecrets",
+    "ListSecretVersionIds", "GetResourcePolicy",
+})
+
+
+def _reads_only(environ: dict[str, Any]) -> bool:
+    """A request that cannot change the saved state: S3's GET and HEAD, and the JSON protocol's reads."""
+    if environ.get("REQUEST_METHOD") in ("GET", "HEAD"):
+        return True
+    return str(environ.get("HTTP_X_AMZ_TARGET", "")).rpartition(".")[2] in _READS
+
+
+def snapshot(bodies: dict[str, Any] | None = None) -> dict[str, Any]:
+    """The secrets, queued messages and S3 objects moto holds now (values included: the file is
+    private). Objects are named by their ETag (a digest of their content); ``bodies`` receives each
+    one's moto key by that name, to write its body."""
+    from moto.s3.models import s3_backends
     from moto.secretsmanager.models import FakeSecret, secretsmanager_backends
     from moto.sqs.models import sqs_backends
 
@@ -148,8 +192,24 @@ def snapshot() -> dict[str, Any]:
                              "deduplication_id": m.deduplication_id} for m in list(queue._messages)]
                 if messages:
                     queues.append({"region": region, "name": name, "messages": messages})
+    buckets: list[dict[str, Any]] = []
+    for _account, partitions in list(s3_backends.items()):
+        for _partition, s3_backend in list(partitions.items()):
+            for name, bucket in list(s3_backend.buckets.items()):
+                objects = []
+                for key_name, key in list(bucket.keys.items()):
+                    blob = str(key.etag).strip('"')
+                    meta = dict(key.metadata or {})
+                    objects.append({"key": key_name, "body": blob, "content_type": meta.get("content-type"),
+                                    "metadata": {k[len(_USER_META):]: v for k, v in meta.items()
+                                                 if k.startswith(_USER_META)}})
+                    if bodies is not None:
+                        bodies[blob] = key
+                buckets.append({"region": bucket.region_name, "name": name,
+                                "objects": sorted(objects, key=lambda o: o["key"])})
     return {"format": FORMAT, "secrets": sorted(secrets, key=lambda s: (s["region"], s["name"])),
-            "queues": sorted(queues, key=lambda q: (q["region"], q["name"]))}
+            "queues": sorted(queues, key=lambda q: (q["region"], q["name"])),
+            "buckets": sorted(buckets, key=lambda b: b["name"])}
 
 
 def load(path: Path) -> dict[str, Any]:
@@ -170,12 +230,12 @@ def load(path: Path) -> dict[str, Any]:
     return saved
 
 
-def restore(endpoint: str, saved: dict[str, Any]) -> dict[str, int]:
-    """Creates the saved secrets (same ARNs) and sends the saved messages (with the delay they had
-    left) through moto's API at ``endpoint``; counts of each."""
+def restore(endpoint: str, saved: dict[str, Any], blobs: Path) -> dict[str, int]:
+    """Creates the saved secrets (same ARNs), sends the saved messages (with the delay they had left)
+    and puts the saved objects (bodies from ``blobs``) through moto's API at ``endpoint``; counts."""
     import boto3
 
-    counts = {"secrets": 0, "messages": 0}
+    counts = {"secrets": 0, "messages": 0, "objects": 0}
     for secret in saved.get("secrets", []):
         client = boto3.client("secretsmanager", endpoint_url=endpoint, region_name=secret["region"], **_CREDENTIALS)
         if _restore_secret(client, secret):
@@ -194,6 +254,24 @@ def restore(endpoint: str, saved: dict[str, Any]) -> dict[str, int]:
             sqs.send_message(QueueUrl=url, MessageBody=message["body"],
                              **({"DelaySeconds": min(900, left)} if left > 0 else {}), **extra)
             counts["messages"] += 1
+    for bucket in saved.get("buckets", []):
+        s3: Any = boto3.client("s3", endpoint_url=endpoint, region_name=bucket["region"], **_CREDENTIALS)
+        where = {} if bucket["region"] == "us-east-1" else {
+            "CreateBucketConfiguration": {"LocationConstraint": bucket["region"]}}
+        try:
+            s3.create_bucket(Bucket=bucket["name"], **where)
+        except (s3.exceptions.BucketAlreadyOwnedByYou, s3.exceptions.BucketAlreadyExists):
+            pass
+        for item in bucket["objects"]:
+            try:
+                body = (blobs / item["body"]).read_bytes()
+            except OSError:
+                print(f"aws state  the body of s3://{bucket['name']}/{item['key']} is missing: not restored",
+                      file=sys.stderr)
+                continue
+            s3.put_object(Bucket=bucket["name"], Key=item["key"], Body=body, Metadata=item.get("metadata") or {},
+                          **({"ContentType": item["content_type"]} if item.get("content_type") else {}))
+            counts["objects"] += 1
     return counts
 
 
@@ -229,14 +307,14 @@ def _keep_times(secret: dict[str, Any], arn: str, region: str) -> None:
         found.last_changed_date = secret.get("changed") or found.last_changed_date
 
 
-def write_atomically(path: Path, text: str) -> None:
-    """``text`` to ``path`` (mode 0600) through a temporary file and a rename: whole or not at all."""
-    path.parent.mkdir(parents=True, exist_ok=True)
+def write_atomically(path: Path, data: str | bytes) -> None:
+    """``data`` to ``path`` (mode 0600) through a temporary file and a rename: whole or not at all."""
+    path.parent.mkdir(mode=0o700, parents=True, exist_ok=True)
     temporary = path.with_name(f".{path.name}.{os.getpid()}.tmp")
     fd = os.open(temporary, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
     os.fchmod(fd, 0o600)  # O_CREAT's mode applies to a new file only
-    with os.fdopen(fd, "w", encoding="utf-8") as out:
-        out.write(text)
+    with os.fdopen(fd, "wb") as out:
+        out.write(data.encode("utf-8") if isinstance(data, str) else data)
         out.flush()
         os.fsync(out.fileno())
     os.replace(temporary, path)

@@ -6,11 +6,12 @@
   in another terminal with nothing exported.
 * ``demo.json``: the demo webhook schedule's id and token, so a restart prints the same webhook URL
   instead of rotating the token (only its hash is in the database).
-* ``aws.json``: the secrets and queued messages moto holds, saved on every change (``kairos.local.awsstate``).
+* ``aws.json`` and ``aws-s3/``: the secrets, queued messages and S3 objects moto holds, saved on every
+  change (``kairos.local.awsstate``).
 * ``pgdata``: the embedded PostgreSQL's data (``kairos.local.postgres``).
 
 ``reset`` (``kairos dev --reset``) forgets all of it before the stack starts: it stops the embedded
-server a crashed stack left running and deletes ``pgdata``, ``aws.json``, ``demo.json`` and ``env``, and
+server a crashed stack left running and deletes ``pgdata``, ``aws.json``, ``aws-s3``, ``demo.json`` and ``env``, and
 nothing else in the directory (which may be one the user named). It refuses (``postgres.InUse``) while
 a running stack holds the database; a ``DATABASE_URL`` database is the user's and is left alone.
 
@@ -22,6 +23,7 @@ from __future__ import annotations
 
 import json
 import os
+import shutil
 from collections.abc import Mapping
 from pathlib import Path
 from typing import Any
@@ -29,6 +31,7 @@ from typing import Any
 ENV_FILE = "env"
 DEMO_FILE = "demo.json"
 AWS_FILE = "aws.json"  # kairos.local.awsstate.STATE_FILE
+AWS_BLOBS = "aws-s3"  # the bodies of the S3 objects aws.json names
 PGDATA = "pgdata"
 
 
@@ -77,7 +80,10 @@ def reset(data_dir: Path, *, external_database: bool) -> list[str]:
     elif pgdata.exists():
         postgres.remove(pgdata)
         done.append(f"embedded database deleted ({pgdata})")
-    for name, what in ((AWS_FILE, "secrets and queued messages"), (DEMO_FILE, "demo webhook token"),
+    if (data_dir / AWS_BLOBS).is_dir():
+        shutil.rmtree(data_dir / AWS_BLOBS)
+        done.append(f"S3 objects deleted ({data_dir / AWS_BLOBS})")
+    for name, what in ((AWS_FILE, "secrets, queued messages and S3 objects"), (DEMO_FILE, "demo webhook token"),
                        (ENV_FILE, "CLI environment")):
         if (data_dir / name).exists():
             (data_dir / name).unlink()

