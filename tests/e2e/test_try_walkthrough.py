@@ -14,6 +14,7 @@ import subprocess
 import tempfile
 import time
 from pathlib import Path
+from typing import Any
 
 import pytest
 
@@ -84,19 +85,38 @@ def test_every_block_of_try_md_runs_against_kairos_dev_and_its_demo_model() -> N
         attempts, reason, actions = json.loads(retry[0])
         assert (attempts, reason) == (3, "peer_error") and "retry_run" in actions
         assert retry[1].startswith("demo: Write the nightly report for ")
+
+        # What the page says of the egress check: runs reach the demo model's address and port, not the
+        # rest of loopback (here the local API itself); an approved call there is a tool error.
+        content = "demo: call http_post " + json.dumps({"url": f"{base}/v1/schedules", "body": {}})
+        run_id = _post(base, f"/v1/conversations/{banner_conversation}/messages", {"content": content})["run_id"]
+        assert _settled(base, run_id)["state"] == "awaiting_approval"
+        (approval,) = [a for a in _get(base, "/v1/approvals?state=pending")["approvals"] if a["run_id"] == run_id]
+        _post(base, f"/v1/approvals/{approval['id']}/approve", None)
+        assert _settled(base, run_id)["state"] == "succeeded"
+        text = _get(base, f"/v1/runs/{run_id}/output")["output"]["text"]
+        assert text.startswith('demo: http_post answered {"error": {"code": "egress_refused"'), text
     finally:
         stop_dev(proc)
         shutil.rmtree(tmp_path, ignore_errors=True)
 
 
-def _get(base: str, path: str) -> dict[str, object]:
+def _get(base: str, path: str) -> dict[str, Any]:
     done = subprocess.run(["curl", "-fsS", f"{base}{path}", "-H", "Authorization: Bearer dev-token-alice"],
                           capture_output=True, text=True, timeout=60, check=True)
-    answer: dict[str, object] = json.loads(done.stdout)
+    answer: dict[str, Any] = json.loads(done.stdout)
     return answer
 
 
-def _settled(base: str, run_id: str, timeout: float = 120) -> dict[str, object]:
+def _post(base: str, path: str, body: Any) -> dict[str, Any]:
+    data = [] if body is None else ["-H", "Content-Type: application/json", "-d", json.dumps(body)]
+    done = subprocess.run(["curl", "-fsS", "-X", "POST", f"{base}{path}", "-H", "Authorization: Bearer dev-token-alice",
+                           *data], capture_output=True, text=True, timeout=60, check=True)
+    answer: dict[str, Any] = json.loads(done.stdout)
+    return answer
+
+
+def _settled(base: str, run_id: str, timeout: float = 120) -> dict[str, Any]:
     """The run once it is no longer queued or running (a deadline, not a fixed wait)."""
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
