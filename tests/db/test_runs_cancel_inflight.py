@@ -43,7 +43,7 @@ class HoldingServer:
 @pytest.fixture
 def holding(monkeypatch: pytest.MonkeyPatch) -> Iterator[HoldingServer]:
     monkeypatch.setenv("KAIROS_E2E_HOLD_KEY", "whsec_" + "a2V5" * 8)
-    monkeypatch.setenv("KAIROS_SHARED_SECRETS", "env:KAIROS_E2E_HOLD_KEY@127.0.0.1")
+    monkeypatch.setenv("KAIROS_SHARED_SECRETS", "env:KAIROS_E2E_HOLD_KEY@http://127.0.0.1:*")
     state = HoldingServer()
 
     class Handler(BaseHTTPRequestHandler):

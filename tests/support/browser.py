@@ -159,7 +159,8 @@ def stack(model: Model) -> Iterator[Stack]:
     cwd.chmod(0o755)
     env = {k: v for k, v in os.environ.items() if k not in ("DATABASE_URL", "AWS_ENDPOINT_URL", "RUN_QUEUE_URL")}
     env.update({"PYTHONUNBUFFERED": "1", "KAIROS_BROWSER_MODEL_KEY": MODEL_KEY,
-                "KAIROS_SHARED_SECRETS": "env:KAIROS_BROWSER_MODEL_KEY@127.0.0.1", "KAIROS_EGRESS_ALLOW": "127.0.0.1"})
+                "KAIROS_SHARED_SECRETS": "env:KAIROS_BROWSER_MODEL_KEY@http://127.0.0.1:*",
+                "KAIROS_EGRESS_ALLOW": "127.0.0.1"})
     proc = subprocess.Popen(
         [sys.executable, "-m", "kairos", "dev", "--port", "0", "--tick-seconds", "1", "--data-dir", "state"],
         cwd=cwd, env=env, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)

@@ -85,7 +85,6 @@ class FakeOpenAI:
 def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
     """A local OpenAI-compatible server answering chat completions (``statuses`` first, then 200s)."""
     monkeypatch.setenv("KAIROS_E2E_OPENAI_KEY", OPENAI_KEY)
-    monkeypatch.setenv("KAIROS_SHARED_SECRETS", "env:KAIROS_E2E_OPENAI_KEY@127.0.0.1")
     state = FakeOpenAI()
 
     class Handler(BaseHTTPRequestHandler):
@@ -118,6 +117,8 @@ def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
 
     server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
     state.port = server.server_address[1]
+    # The shared key may travel in clear text to this server's port only (an entry names both).
+    monkeypatch.setenv("KAIROS_SHARED_SECRETS", f"env:KAIROS_E2E_OPENAI_KEY@http://127.0.0.1:{state.port}")
     thread = threading.Thread(target=server.serve_forever, daemon=True)
     thread.start()
     try:

@@ -31,7 +31,7 @@ def signing_secret(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("KAIROS_TEST_PLAIN_SECRET", "plain-text-secret")
     # Shared keys go only to their host: these two to the local peers the tests run.
     monkeypatch.setenv("KAIROS_SHARED_SECRETS",
-                       "env:KAIROS_TEST_HOOK_SECRET@127.0.0.1,env:KAIROS_TEST_PLAIN_SECRET@127.0.0.1")
+                       "env:KAIROS_TEST_HOOK_SECRET@http://127.0.0.1:*,env:KAIROS_TEST_PLAIN_SECRET@http://127.0.0.1:*")
     yield
 
 

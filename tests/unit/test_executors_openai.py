@@ -39,7 +39,7 @@ SETTINGS = Settings(egress_allow=("127.0.0.1",))
 def api_key(monkeypatch: pytest.MonkeyPatch) -> Iterator[None]:
     monkeypatch.setenv("KAIROS_TEST_OPENAI_KEY", KEY)
     monkeypatch.setenv("KAIROS_SHARED_SECRETS",
-                       "env:KAIROS_TEST_OPENAI_KEY@127.0.0.1,env:KAIROS_TEST_OPENAI_KEY@llm.example.test")
+                       "env:KAIROS_TEST_OPENAI_KEY@http://127.0.0.1:*,env:KAIROS_TEST_OPENAI_KEY@http://llm.example.test:*")
     yield
 
 

@@ -26,7 +26,7 @@ REGION = "eu-central-1"
 ACCOUNT = "123456789012"
 MODEL = "https://api.openai.com/v1"
 POLICY = secrets.Policy.from_env({
-    "KAIROS_SHARED_SECRETS": "env:OPENAI_API_KEY@api.openai.com, env:LOCAL_KEY@127.0.0.1:8080",
+    "KAIROS_SHARED_SECRETS": "env:OPENAI_API_KEY@api.openai.com, env:LOCAL_KEY@http://127.0.0.1:8080",
     "DATABASE_SECRET_ARN": f"arn:aws:secretsmanager:{REGION}:{ACCOUNT}:secret:kairos/alice/db-AbCdEf",
 })
 # The function's own environment: what an agent must never be able to name.
@@ -112,7 +112,35 @@ def test_shared_keys_resolve_from_the_environment_only_when_set() -> None:
 def test_malformed_shared_entries_share_nothing() -> None:
     policy = secrets.Policy.from_env({"KAIROS_SHARED_SECRETS": "OPENAI_API_KEY@api.openai.com,env:K,env:K@,"
                                                                "env:K@h:notaport,env:K@u@h,env:OK@ok.example"})
-    assert policy.shared == frozenset({("OK", "ok.example")})
+    assert policy.shared == frozenset({("OK", "https", "ok.example", 443)})
+    odd = secrets.Policy.from_env({"KAIROS_SHARED_SECRETS": "env:K@ftp://h,env:K@https://h/v1,env:K@h:8080:*,"
+                                                            "env:K@http://h:*:1,env:K@http://"})
+    assert odd.shared == frozenset()
+
+
+def test_a_shared_key_travels_only_over_https_to_the_default_port_unless_its_entry_says_otherwise() -> None:
+    # A bare host is https on 443: not in clear text, not to another port of the same host.
+    secrets.check("env:OPENAI_API_KEY", owner="alice", audience="https://api.openai.com:443/v1", policy=POLICY)
+    for audience in ("http://api.openai.com:25/", "http://api.openai.com/v1", "https://api.openai.com:8443/v1",
+                     "HTTP://api.openai.com:443/v1"):
+        assert refused("env:OPENAI_API_KEY", audience=audience) == "secret_audience", audience
+    with pytest.raises(secrets.Refused) as info:
+        secrets.check("env:OPENAI_API_KEY", owner="alice", audience="http://api.openai.com:25/", policy=POLICY)
+    assert "https://api.openai.com;" in info.value.message
+    # An entry may name the scheme, a port, or any port (':*') of its host.
+    policy = secrets.Policy.from_env({"KAIROS_SHARED_SECRETS": "env:A@http://local.test, env:B@https://llm.test:8443,"
+                                                               "env:C@llm.test:8443, env:D@http://127.0.0.1:*,"
+                                                               "env:E@HTTPS://[::1]:9443"})
+    allowed = [("A", "http://local.test/v1"), ("A", "http://local.test:80/v1"), ("B", "https://llm.test:8443/v1"),
+               ("C", "https://llm.test:8443/v1"), ("D", "http://127.0.0.1:41234/v1"), ("D", "http://127.0.0.1/v1"),
+               ("E", "https://[::1]:9443/v1")]
+    refused_ = [("A", "https://local.test/v1"), ("A", "http://local.test:8080/v1"), ("B", "http://llm.test:8443/v1"),
+                ("C", "http://llm.test:8443/v1"), ("C", "https://llm.test/v1"), ("D", "https://127.0.0.1:41234/v1"),
+                ("D", "http://localhost:41234/v1"), ("E", "http://[::1]:9443/v1")]
+    for name, audience in allowed:
+        secrets.check(f"env:{name}", owner="alice", audience=audience, policy=policy)
+    for name, audience in refused_:
+        assert refused(f"env:{name}", audience=audience, policy=policy) == "secret_audience", (name, audience)
 
 
 # --- ARNs: only the caller's namespace, never the database secret ----------------------------------

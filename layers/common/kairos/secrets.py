@@ -4,9 +4,13 @@ A reference is a capability (DESIGN.md "Credentials"). Two forms exist, and each
 the owner who wrote it and the audience the secret would reach:
 
 * ``env:NAME`` names a key the operator shares. It is valid only when ``KAIROS_SHARED_SECRETS`` lists
-  ``env:NAME@host`` (or ``@host:port``), and then only for an agent whose ``base_url`` host is that
-  host. Nothing else in the function's environment (``AWS_*``, ``DATABASE_*``, …) can be named: the
-  list decides, never the environment, so a refusal says nothing about which variables exist.
+  it with an audience, and then only for an agent whose ``base_url`` is that audience: scheme, host
+  and port. ``env:NAME@host`` is ``https://host:443`` only, so a key never travels in clear text or to
+  another port of its host unless the entry says so: ``@host:8443`` (https on that port),
+  ``@http://host`` (port 80), ``@http://host:8080``, ``@https://host:8443``, and ``:*`` for any port
+  (``@http://127.0.0.1:*``, a local model on a port chosen at start). Nothing else in the function's
+  environment (``AWS_*``, ``DATABASE_*``, …) can be named: the list decides, never the environment,
+  so a refusal says nothing about which variables exist.
 * A Secrets Manager ARN is valid only when its secret name lies in the caller's own namespace,
   ``<KAIROS_SECRET_PREFIX>/<owner>/`` (``namespace``), has no empty, ``.`` or ``..`` segment, and is not
   the database secret (``DATABASE_SECRET_ARN``), whatever its name.
@@ -106,7 +110,8 @@ class Refused(Exception):
 class Policy:
     """What ``KAIROS_SHARED_SECRETS``, ``KAIROS_SECRET_PREFIX`` and ``DATABASE_SECRET_ARN`` allow."""
 
-    shared: frozenset[tuple[str, str]] = frozenset()  # (variable name, host or host:port, lower case)
+    # (variable name, scheme, host in lower case, port or None for any): where each shared key may go
+    shared: frozenset[tuple[str, str, str, int | None]] = frozenset()
     prefix: str = DEFAULT_PREFIX
     database_secret_arn: str | None = None
 
@@ -120,27 +125,49 @@ class Policy:
 @lru_cache(maxsize=16)
 def _policy(shared_list: str, prefix: str, database_secret_arn: str | None) -> Policy:
     """Parsed once per distinct setting (a container has one), so a bad entry is logged once."""
-    shared: set[tuple[str, str]] = set()
+    shared: set[tuple[str, str, str, int | None]] = set()
     for entry in filter(None, (e.strip() for e in shared_list.split(","))):
-        reference, at, host = entry.rpartition("@")
+        reference, at, audience = entry.partition("@")
         match = _ENV.fullmatch(reference)
-        if not at or match is None or not _host_ok(host):
+        parsed = _shared_audience(audience) if at and match is not None else None
+        if match is None or parsed is None:
             # An operator's typo: say so (the entry names a variable, never a value) and share nothing.
             logger.warning("KAIROS_SHARED_SECRETS entry ignored",
                            extra={"action": "secret_shared_entry_invalid", "entry": entry[:200]})
             continue
-        shared.add((match.group(1), host.lower().rstrip(".")))
+        shared.add((match.group(1), *parsed))
     return Policy(frozenset(shared), prefix.strip().strip("/") or DEFAULT_PREFIX, database_secret_arn)
 
 
-def _host_ok(host: str) -> bool:
-    """``host`` or ``host:port``, nothing more."""
+_DEFAULT_PORTS = {"http": 80, "https": 443}
+
+
+def _shared_audience(text: str) -> tuple[str, str, int | None] | None:
+    """``[scheme://]host[:port|:*]`` as (scheme, host, port or None for any); https and its default
+    port unless the entry names others; None when it is not that shape."""
+    scheme, found, rest = text.partition("://")
+    if not found:
+        scheme, rest = "https", text
+    scheme = scheme.lower()
+    any_port = rest.endswith(":*")
+    rest = rest[:-2] if any_port else rest
+    if scheme not in _DEFAULT_PORTS or "@" in rest:
+        return None
     try:
-        parts = urlsplit(f"//{host}")
-        parts.port  # noqa: B018 - raises ValueError for a port that is not a number in range
+        parts = urlsplit(f"//{rest}")
+        port = parts.port  # raises ValueError for a port that is not a number in range
     except ValueError:
-        return False
-    return bool(parts.hostname) and parts.username is None and not parts.path and not parts.query
+        return None
+    if not parts.hostname or parts.path or parts.query or parts.fragment or (any_port and port is not None):
+        return None
+    return scheme, parts.hostname.lower().rstrip("."), None if any_port else (port or _DEFAULT_PORTS[scheme])
+
+
+def _shown(scheme: str, host: str, port: int | None) -> str:
+    shown = f"[{host}]" if ":" in host else host
+    if port is None:
+        return f"{scheme}://{shown}:*"
+    return f"{scheme}://{shown}" + ("" if port == _DEFAULT_PORTS[scheme] else f":{port}")
 
 
 def namespace(owner: str, policy: Policy) -> str:
@@ -180,33 +207,37 @@ def check(reference: str, *, owner: str, audience: str | None, policy: Policy | 
 
 
 def _check_shared(name: str, reference: str, audience: str | None, policy: Policy) -> None:
-    hosts = sorted(host for shared, host in policy.shared if shared == name)
-    if not hosts:
+    places = sorted((scheme, host, port) for shared, scheme, host, port in policy.shared if shared == name)
+    if not places:
         raise Refused("secret_reference",
                       f"{reference} is not a key the operator shares; store your own key with "
                       "PUT /v1/secrets/{name} and give the reference it answers")
-    target = _audience_host(audience)
-    if target is None or not any(_same_host(host, target) for host in hosts):
-        where = "this use has no model host" if audience is None else "base_url's host is not that host"
-        raise Refused("secret_audience", f"{reference} may only be sent to {', '.join(hosts)}; {where}")
+    target = _audience(audience)
+    if target is None or not any(_reaches(place, target) for place in places):
+        where = ("this use has no model host" if audience is None
+                 else "base_url's scheme, host and port are not those")
+        raise Refused("secret_audience",
+                      f"{reference} may only be sent to {', '.join(_shown(*p) for p in places)}; {where}")
 
 
-def _audience_host(audience: str | None) -> tuple[str, int] | None:
+def _audience(audience: str | None) -> tuple[str, str, int] | None:
+    """(scheme, host, port) of the URL a key would travel to."""
     if audience is None:
         return None
     try:
         parts = urlsplit(audience)
-        port = parts.port or {"http": 80, "https": 443}.get(parts.scheme)
+        scheme = parts.scheme.lower()
+        port = parts.port or _DEFAULT_PORTS.get(scheme)
     except ValueError:
         return None
     if not parts.hostname or port is None:
         return None
-    return parts.hostname.lower().rstrip("."), port
+    return scheme, parts.hostname.lower().rstrip("."), port
 
 
-def _same_host(shared: str, target: tuple[str, int]) -> bool:
-    host, _, port = shared.partition(":")
-    return host == target[0] and (not port or int(port) == target[1])
+def _reaches(place: tuple[str, str, int | None], target: tuple[str, str, int]) -> bool:
+    scheme, host, port = place
+    return (scheme, host) == target[:2] and (port is None or port == target[2])
 
 
 def _check_owned(name: str, owner: str, policy: Policy) -> None:
