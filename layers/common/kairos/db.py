@@ -32,7 +32,24 @@ the same code runs statement by statement (one round trip each), same results.
 
 Connections: one small pool per process (a Lambda container uses one connection at a time; the
 local stack and tests call handlers from several threads, which must never share a connection).
-A broken connection is discarded by the pool's check and replaced on the next call.
+What a database restart or failover (Aurora behind RDS Proxy) does to them, and what the pool does:
+
+* a connection the server ended while it sat in the pool (a restart, a failover, ``pg_terminate_backend``)
+  is never handed out: the pool's ``check`` looks at its socket first (a zero-timeout poll, no round
+  trip: the server's goodbye or a closed socket is there to read) and runs psycopg_pool's own
+  ``check_connection`` on anything the poll finds, and on every connection idle longer than
+  ``CHECK_AFTER_IDLE_SECONDS``. A quiet socket returned a moment ago is handed out without a round
+  trip — the run path's counted round trips stay what they were;
+* a connection that fails, in the check or in use, is discarded (psycopg_pool closes a broken
+  connection when it comes back) and the pool is drained: the other idle connections died in the
+  same event, and each would otherwise cost its own failed check and back-off pause;
+* a caller waits at most ``CONNECTION_WAIT_SECONDS`` for a working connection (``PoolTimeout``, an
+  ``OperationalError``), well inside API Gateway's 29 s: ``unavailable`` tells such errors from a
+  fault of the request, and the API answers them 503 with ``Retry-After`` (a GET is tried once more
+  first when a connection failed in use: ``lost``);
+* reconnecting gives up after the same wait (``reconnect_timeout``) instead of backing off for
+  minutes, and the next caller connects at once: the pool recovers as soon as the database does;
+  a connection attempt to an unreachable host gives up after ``CONNECT_TIMEOUT_SECONDS``.
 
 Time: every query that needs "now" takes ``%(now)s`` and uses ``coalesce(%(now)s, now())``, so the
 database clock is the authority and tests can move it.
@@ -41,6 +58,7 @@ database clock is the authority and tests can move it.
 from __future__ import annotations
 
 import re
+import select
 import threading
 import time
 from collections.abc import Iterator, Mapping
@@ -49,8 +67,9 @@ from importlib import resources
 from typing import Any, LiteralString, NamedTuple, cast
 
 import psycopg
+from psycopg.conninfo import conninfo_to_dict
 from psycopg.rows import dict_row
-from psycopg_pool import ConnectionPool
+from psycopg_pool import ConnectionPool, PoolTimeout
 
 Row = dict[str, Any]
 Params = Mapping[str, Any]
@@ -140,23 +159,73 @@ def atomic(conn: psycopg.Connection[Row]) -> Iterator[None]:
         yield
 
 
-# A connection returned to the pool less than this long ago is handed out without a check: it was
-# healthy a moment ago, and the round trip would cost every transaction. Older ones (a Lambda
-# container thawed after minutes, a server restart) are checked and replaced when broken. The return
-# time is stamped by Database's own context managers, not by a pool ``reset`` callback: with one,
-# psycopg_pool hands every returned connection to a worker thread.
+# A connection returned to the pool less than this long ago, whose socket has nothing to read, is
+# handed out without a round trip: it was healthy a moment ago, and a session the server ended since
+# (a restart, a failover, ``pg_terminate_backend``, an idle timeout) has left its FATAL message or a
+# closed socket to read. Older ones (a Lambda container thawed after minutes) always get psycopg_pool's
+# check. The return time is stamped by Database's own context managers, not by a pool ``reset``
+# callback: with one, psycopg_pool hands every returned connection to a worker thread.
 CHECK_AFTER_IDLE_SECONDS = 5.0
 _RETURNED_AT = "kairos_returned_at"
+
+# How long a caller waits for a working connection before ``PoolTimeout``: the API must answer (503)
+# well inside API Gateway's 29 s, and the tick and the run worker fail their invocation instead of
+# spending it. Reconnection attempts (1 s, 2 s… apart) give up after the same time, so a caller that
+# comes once the database is back connects at once. Nothing Kairos does holds a connection this long.
+CONNECTION_WAIT_SECONDS = 5.0
+# libpq's connect_timeout (whole seconds) unless the URL sets one: a host that drops packets (a
+# failed-over writer) cannot hold the pool's one growing attempt for the kernel's minutes.
+CONNECT_TIMEOUT_SECONDS = 5
 
 
 def _mark_returned(conn: psycopg.Connection[Any]) -> None:
     setattr(conn, _RETURNED_AT, time.monotonic())
 
 
-def _check_if_idle(conn: psycopg.Connection[Any]) -> None:
+def _has_input(conn: psycopg.Connection[Any]) -> bool:
+    """Whether an idle connection's socket has something to read (or hung up): PostgreSQL never speaks
+    unasked to an idle session that does not ``LISTEN`` except to end it. A zero-timeout poll."""
+    try:
+        fd = conn.fileno()
+    except psycopg.Error:  # closed
+        return True
+    if hasattr(select, "poll"):
+        poller = select.poll()
+        poller.register(fd, select.POLLIN | select.POLLPRI)
+        return bool(poller.poll(0))
+    readable, _, _ = select.select([fd], [], [], 0)
+    return bool(readable)
+
+
+def _check(conn: psycopg.Connection[Any]) -> None:
+    """The pool's check (see ``CHECK_AFTER_IDLE_SECONDS``): raises for a connection that does not work."""
     returned = getattr(conn, _RETURNED_AT, None)
-    if returned is None or time.monotonic() - returned > CHECK_AFTER_IDLE_SECONDS:
-        ConnectionPool.check_connection(conn)
+    if returned is not None and time.monotonic() - returned <= CHECK_AFTER_IDLE_SECONDS \
+            and not _has_input(conn):
+        return
+    ConnectionPool.check_connection(conn)
+
+
+# SQLSTATEs of a session the server ended or would not begin: admin_shutdown (a restart, a failover,
+# pg_terminate_backend), crash_shutdown, cannot_connect_now (starting up, shutting down, recovering),
+# too_many_connections. Class 08 (connection_exception) is the rest.
+_UNAVAILABLE_STATES = frozenset({"57P01", "57P02", "57P03", "53300"})
+
+
+def unavailable(error: BaseException) -> bool:
+    """Whether ``error`` is the database out of reach for the moment — no working connection within
+    ``CONNECTION_WAIT_SECONDS`` (``PoolTimeout``), or a connection that failed or was ended by the
+    server — rather than a fault of the request: a caller may try again shortly (API: 503)."""
+    if not isinstance(error, psycopg.OperationalError):
+        return False
+    state = error.sqlstate
+    return state is None or state.startswith("08") or state in _UNAVAILABLE_STATES
+
+
+def lost(error: BaseException) -> bool:
+    """Whether ``error`` is a connection that failed in use (``unavailable``, not the pool's wait
+    running out): an idempotent request may be tried once more, on a fresh connection."""
+    return unavailable(error) and not isinstance(error, PoolTimeout)
 
 
 # psycopg prepares a statement after this many executions unless told per call; every named query
@@ -172,36 +241,64 @@ class Database:
         self.url = url
         self.prepared_statements = prepared_statements
         self.pipeline = pipeline
+        kwargs: dict[str, Any] = {"row_factory": dict_row,
+                                  "prepare_threshold": _ONLY_WHEN_ASKED if prepared_statements else None}
+        if "connect_timeout" not in conninfo_to_dict(url):
+            kwargs["connect_timeout"] = CONNECT_TIMEOUT_SECONDS
         self._pool = ConnectionPool(
             url,
             min_size=0,
             max_size=max_size,
-            kwargs={"row_factory": dict_row,
-                    "prepare_threshold": _ONLY_WHEN_ASKED if prepared_statements else None},
-            check=_check_if_idle,
+            kwargs=kwargs,
+            check=self._check,
+            timeout=CONNECTION_WAIT_SECONDS,
+            reconnect_timeout=CONNECTION_WAIT_SECONDS,
             open=True,
             name="kairos",
         )
 
+    def _check(self, conn: psycopg.Connection[Any]) -> None:
+        try:
+            _check(conn)
+        except psycopg.Error:
+            self._drain()
+            raise
+
+    def _drain(self) -> None:
+        """A connection failed: its idle siblings most likely died in the same event (a restart, a
+        failover), so they are closed and replaced now rather than found dead one checkout at a time."""
+        self._pool.drain()
+
     @contextmanager
-    def transaction(self) -> Iterator[psycopg.Connection[Row]]:
-        """A connection inside one transaction: committed on exit, rolled back on error."""
+    def _borrowed(self) -> Iterator[psycopg.Connection[Row]]:
+        """A pooled connection (the pool's transaction handling: commit on exit, roll back on error); one
+        that broke in use is discarded by the pool when it comes back, and the idle ones are drained."""
         with self._pool.connection() as conn:
             try:
                 yield cast("psycopg.Connection[Row]", conn)
+            except BaseException:
+                if conn.broken:
+                    self._drain()
+                raise
             finally:
                 _mark_returned(conn)
 
     @contextmanager
+    def transaction(self) -> Iterator[psycopg.Connection[Row]]:
+        """A connection inside one transaction: committed on exit, rolled back on error."""
+        with self._borrowed() as conn:
+            yield conn
+
+    @contextmanager
     def connection(self) -> Iterator[psycopg.Connection[Row]]:
         """A connection in autocommit mode, for callers that manage statements one by one."""
-        with self._pool.connection() as conn:
+        with self._borrowed() as conn:
             conn.autocommit = True
             try:
-                yield cast("psycopg.Connection[Row]", conn)
+                yield conn
             finally:
-                conn.autocommit = False
-                _mark_returned(conn)
+                if not conn.closed:  # a lost connection refuses the setting; the pool discards it anyway
+                    conn.autocommit = False
 
     @contextmanager
     def explicit(self) -> Iterator[psycopg.Connection[Row]]:

@@ -276,10 +276,20 @@ class UnsupportedMediaType(KairosError):
     code = "unsupported_media_type"
 
 
+# ``Retry-After`` of a 503: the database pool recovers as soon as the database does (a failover takes
+# seconds to half a minute), and a caller retrying sooner only meets the same answer.
+RETRY_AFTER_SECONDS = 5
+
+
 class ServiceUnavailable(KairosError):
-    """A service Kairos depends on (Secrets Manager) failed; nothing was changed, the caller may retry."""
+    """A service Kairos depends on (the database, Secrets Manager) failed or could not be reached; the
+    caller may retry after ``retry_after`` seconds (``Retry-After``)."""
 
     code = "service_unavailable"
+
+    def __init__(self, message: str, *, retry_after: int = RETRY_AFTER_SECONDS) -> None:
+        super().__init__(message)
+        self.retry_after = retry_after
 
 
 # The one mapping from domain errors to HTTP. Order matters only for subclasses (none overlap).

@@ -18,6 +18,12 @@ and returns its response:
 5. every error leaves in one shape, ``{"error": {"code", "message", "fields": [...]}}``
    (``kairos.api.errors``), anything unexpected as 500 ``internal`` with no detail (logged).
 
+The database out of reach (``kairos.db.unavailable``: a restart or failover, no connection within the
+pool's wait) answers 503 ``service_unavailable`` with ``Retry-After``, well inside API Gateway's
+timeout. A GET whose connection failed in use (``kairos.db.lost``) is first tried once more: the pool
+has discarded that connection, so the second try runs on a fresh one. Writes are not tried again —
+the connection may have failed after the commit — and their caller gets the 503.
+
 Logging: one access line per request with ``action="api_request"``, the route *key* (``POST
 /v1/hooks/{token}``, never the raw path), the status and the duration. Paths, path parameters,
 headers and bodies are never logged (the webhook token is in the path; bodies carry prompts).
@@ -36,9 +42,10 @@ from collections.abc import Mapping
 from functools import lru_cache
 from typing import Any
 
+import psycopg
 from aws_lambda_powertools.event_handler import Response
 
-from kairos import runtime
+from kairos import db, runtime
 from kairos.api import auth, bodies, errors, models, resolver
 from kairos.api.resolver import JSON, Resolver, Routes, RouteSpec
 from kairos.api.routes import (
@@ -141,6 +148,18 @@ def _resolve(spec: RouteSpec, event: Mapping[str, Any], context: Any) -> dict[st
     return result
 
 
+def _resolve_once_more_if_lost(spec: RouteSpec, event: Mapping[str, Any], context: Any) -> dict[str, Any]:
+    """``_resolve``, and a GET whose database connection failed in use once more (see the module doc)."""
+    try:
+        return _resolve(spec, event, context)
+    except psycopg.OperationalError as error:
+        if spec.method != "GET" or not db.lost(error):
+            raise
+        logger.info("database connection lost; the read is tried once more", extra={
+            "action": "api_read_retried", "route": spec.key, "error_type": type(error).__name__})
+    return _resolve(spec, event, context)
+
+
 def handle(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     """One HTTP API v2 event in, its response out (see the module doc)."""
     started = time.perf_counter()
@@ -148,9 +167,16 @@ def handle(event: Mapping[str, Any], context: Any = None) -> dict[str, Any]:
     spec, allowed = app.match(method, path)
     resolver.begin(spec)
     try:
-        result = _unmatched(method, path, allowed) if spec is None else _resolve(spec, event, context)
+        result = (_unmatched(method, path, allowed) if spec is None
+                  else _resolve_once_more_if_lost(spec, event, context))
     except KairosError as error:
         result = _to_lambda(errors.error_response(error))
+    except psycopg.OperationalError as error:
+        if not db.unavailable(error):
+            errors.log_unexpected(error)
+            result = _to_lambda(errors.error_response(errors.internal()))
+        else:
+            result = _to_lambda(errors.database_unavailable(error))
     except Exception as error:  # noqa: BLE001 - outside the resolver (settings, auth): same 500, logged
         errors.log_unexpected(error)
         result = _to_lambda(errors.error_response(errors.internal()))

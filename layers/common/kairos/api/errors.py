@@ -1,11 +1,14 @@
 """Every error the API answers, in DESIGN.md's one shape: ``{"error": {"code", "message", "fields": [...]}}``.
 
 ``error_response`` turns a domain error (``kairos.errors``) into its response: the status from
-``kairos.errors.http_status``, ``Retry-After`` for a rate limit. ``router`` carries the exception
-handlers the resolver takes with ``include_router``: domain errors as they are; Powertools' request
-validation errors translated to field/rule by ``kairos.errors.from_pydantic`` (the one table the
-library's own validation uses; ``translate``), or 400 ``malformed_json`` for a body that is not JSON;
-an unsupported media type as 415; an unmatched route as 404; a response that broke its own model,
+``kairos.errors.http_status``, ``Retry-After`` for a rate limit and an unavailable service.
+``router`` carries the exception handlers the resolver takes with ``include_router``: domain errors
+as they are; Powertools' request validation errors translated to field/rule by
+``kairos.errors.from_pydantic`` (the one table the library's own validation uses; ``translate``), or
+400 ``malformed_json`` for a body that is not JSON; an unsupported media type as 415; an unmatched
+route as 404; the database out of reach (a restart, a failover, no connection within the pool's
+wait: ``kairos.db.unavailable``) as 503 with ``Retry-After``, left to ``kairos.api.app.handle`` so
+that a GET is tried once more first (``database_unavailable``); a response that broke its own model,
 and anything unexpected, as 500 ``internal`` with no detail — logged with the route key (and the
 traceback), never the path, a header or a body.
 """
@@ -15,6 +18,7 @@ from __future__ import annotations
 from collections.abc import Callable, Mapping, Sequence
 from typing import Any, TypeVar, cast
 
+import psycopg
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.api_gateway import Router
 from aws_lambda_powertools.event_handler.exceptions import NotFoundError
@@ -24,6 +28,7 @@ from aws_lambda_powertools.event_handler.openapi.exceptions import (
 )
 from pydantic import ValidationError
 
+from kairos import db
 from kairos.api.resolver import JSON, route_key
 from kairos.errors import (
     INVALID,
@@ -32,6 +37,7 @@ from kairos.errors import (
     MalformedJson,
     NotFound,
     RateLimited,
+    ServiceUnavailable,
     UnsupportedMediaType,
     ValidationFailed,
     from_pydantic,
@@ -56,9 +62,18 @@ def internal() -> KairosError:
 
 def error_response(error: KairosError, headers: Mapping[str, str] | None = None) -> Response[dict[str, Any]]:
     headers = dict(headers or {})
-    if isinstance(error, RateLimited):
+    if isinstance(error, RateLimited | ServiceUnavailable):
         headers["Retry-After"] = str(error.retry_after)
     return Response(status_code=http_status(error), content_type=JSON, body=error.as_body(), headers=headers)
+
+
+def database_unavailable(error: Exception) -> Response[dict[str, Any]]:
+    """503 ``service_unavailable`` with ``Retry-After`` for the database out of reach (``kairos.db.unavailable``:
+    a restart, a failover, no connection within the pool's wait). Logged by class and SQLSTATE only."""
+    logger.warning("database unavailable", extra={"action": "api_database_unavailable", "route": route_key(),
+                                                  "error_type": type(error).__name__,
+                                                  "sqlstate": getattr(error, "sqlstate", None)})
+    return error_response(ServiceUnavailable("the database is unavailable for the moment; try again shortly"))
 
 
 def log_unexpected(error: Exception) -> None:
@@ -106,6 +121,14 @@ def _on_media_type(_: RequestUnsupportedContentType) -> Response[dict[str, Any]]
 @_on(NotFoundError)
 def _on_not_found(_: NotFoundError) -> Response[dict[str, Any]]:
     return error_response(NotFound("route"))
+
+
+@_on(psycopg.OperationalError)
+def _on_database_error(error: psycopg.OperationalError) -> Response[dict[str, Any]]:
+    if db.unavailable(error):
+        raise error  # answered by kairos.api.app.handle: a GET is tried once more, else 503 (database_unavailable)
+    log_unexpected(error)
+    return error_response(internal())
 
 
 @_on(Exception)

