@@ -84,7 +84,8 @@ def test_every_block_of_try_md_runs_against_kairos_dev_and_its_demo_model() -> N
         assert backfill[0] == "paused" and json.loads(backfill[2]) == ["backfill", "succeeded"]
         attempts, reason, actions = json.loads(retry[0])
         assert (attempts, reason) == (3, "peer_error") and "retry_run" in actions
-        assert retry[1].startswith("demo: Write the nightly report for ")
+        assert json.loads(retry[1]) == ["run.queued", True]  # the retry names the run it retries
+        assert retry[2].startswith("demo: Write the nightly report for ")
 
         # What the page says of the egress check: runs reach the demo model's address and port, not the
         # rest of loopback (here the local API itself); an approved call there is a tool error.
