@@ -12,6 +12,8 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
 from kairos import cli
 from kairos.corpus import answers
 from kairos.executors.base import ExecutionRequest, ExecutorError, ModelTurn, ToolResult, ToolSpec
@@ -180,7 +182,9 @@ def test_max_tokens_cuts_a_text_answer() -> None:
 
 
 @pytest.mark.parametrize("body", [None, [], {}, {"messages": []}, {"messages": [{"content": "x"}]},
-                                  {"messages": [{"role": "user", "content": "x"}], "stream": "yes"}])
+                                  {"messages": [{"role": "user", "content": "x"}], "stream": "yes"},
+                                  {"messages": [{"role": "user", "content": "x"}, {"role": "assistant",
+                                                                                 "tool_calls": 5}]}])
 def test_a_malformed_request_is_a_400_in_the_openai_shape(body: Any) -> None:
     answer = DemoModel().answer(body)
     assert answer.status == 400 and answer.body["error"]["type"] == "invalid_request_error"
@@ -309,3 +313,30 @@ def test_the_demo_port_follows_the_api_port_and_a_taken_one_is_one_line_and_exit
     assert code == 2 and captured.out == ""
     assert captured.err == f"kairos dev: demo model port {port} is in use; pass --demo-port (0 picks a free one)\n"
     assert not (tmp_path / ".kairos").exists()  # refused before anything started
+
+
+def test_a_directive_the_answer_cannot_hold_is_named_as_text() -> None:
+    asked = assistant_call("goal_report", {"disposition": "needs_input"})
+    answered = {"status": "answered", "question": "Which?", "answer": "demo: goal maybe"}
+    reply = message(DemoModel().answer(request('demo: goal needs_input "Which?"', asked,
+                                               tool_result(json.dumps(answered)))))
+    assert reply["content"].startswith("demo: cannot read the directive in the answer on line 1: ")
+
+
+_json = st.recursive(st.none() | st.booleans() | st.integers() | st.text(max_size=20),
+                     lambda inner: st.lists(inner, max_size=3) | st.dictionaries(st.text(max_size=8), inner,
+                                                                                 max_size=3),
+                     max_leaves=10)
+_message = st.fixed_dictionaries({"role": st.sampled_from(["user", "assistant", "tool"])},
+                                 optional={"content": _json, "tool_calls": _json, "tool_call_id": _json})
+
+
+@settings(max_examples=300, deadline=None)
+@given(st.lists(_message, min_size=1, max_size=5), _json)
+def test_any_request_gets_an_answer_never_an_exception(turns: list[dict[str, Any]], extra: Any) -> None:
+    messages = [{"role": "user", "content": "demo: call http_post {}"}, *turns]
+    answer = DemoModel().answer({"model": "kairos-demo", "messages": messages, "max_tokens": extra})
+    assert answer.status in (200, 400)
+    json.dumps(answer.body)  # the answer is JSON
+    if answer.status == 200:
+        demo_model.stream_chunks(answer, include_usage=True)

@@ -264,6 +264,8 @@ def _request_problem(request: Any) -> str | None:
         return "messages must be a non-empty array"
     if not all(isinstance(m, dict) and isinstance(m.get("role"), str) for m in messages):
         return "every message is an object with a role"
+    if not all(isinstance(m.get("tool_calls"), list | None) for m in messages):
+        return "a message's tool_calls is an array"
     if "stream" in request and not isinstance(request["stream"], bool):
         return "stream must be true or false"
     return None
