@@ -123,6 +123,30 @@ def test_a_corpus_killed_at_every_boundary_exports_the_same_bytes_with_each_call
     assert sum(model.calls.values()) == 50
 
 
+@pytest.mark.parametrize(("answer", "code"), [
+    ('{"id": "a", "kind": "doc", "score": NaN}', "unstorable"),
+    ('{"id": "a", "kind": "doc", "score": 1e999}', "unstorable"),
+    ('{"id": "a", "kind": "doc", "text": "LEAKMARK\\u0000"}', "unstorable"),
+    ('{"id": "a\\u0000", "kind": "doc"}', "unstorable"),
+    ('{"id": "a", "kind": "doc", "deep": ' + "[" * 5_000 + "]" * 5_000 + "}", "not_json"),
+])
+def test_an_answer_the_database_cannot_store_is_an_invalid_answer_not_a_stuck_run(
+        db: Database, db_url: str, s3: Any, caplog: pytest.LogCaptureFixture, answer: str, code: str) -> None:
+    # Given a map answer that is JSON Lines but holds a NUL, NaN or 1e999 (or nests past the parser)
+    put_items(s3, 40)
+    model = Model(invalid=lambda n, g: n == 1, invalid_answer=answer)
+    run_id = corpus_run(db_url, s3_spec())
+
+    outcome = work(db, run_id, model)
+
+    # Then that partition is repaired like any invalid answer and fails; the run publishes the rest
+    assert outcome.result == "succeeded"
+    assert [model.calls[(1, g)] for g in range(3)] == [1, 1, 1]
+    [part] = rows(db_url, "SELECT state, error_code FROM corpus_partitions WHERE run_id = %s AND n = 1", run_id)
+    assert (part["state"], part["error_code"]) == ("failed", f"invalid_jsonl:{code}")
+    assert "LEAKMARK" not in caplog.text
+
+
 def test_merge_keeps_every_partition_field_and_later_partitions_win(
         db: Database, db_url: str, s3: Any) -> None:
     put_items(s3, 40)

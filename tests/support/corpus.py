@@ -36,8 +36,10 @@ class Model:
     """A scripted model: answers each partition with one ``doc`` record per item and a shared
     ``topic`` record (merged by reduce); counts its calls per (partition, generation)."""
 
-    def __init__(self, invalid: Callable[[int, int], bool] = lambda n, g: False) -> None:
+    def __init__(self, invalid: Callable[[int, int], bool] = lambda n, g: False,
+                 invalid_answer: str = "Here are your records: not JSON") -> None:
         self.invalid = invalid
+        self.invalid_answer = invalid_answer
         self.calls: Counter[tuple[int, int]] = Counter()
         self.lock = threading.Lock()
         self.executor = ScriptedExecutor(on_send=self.answer)
@@ -50,7 +52,7 @@ class Model:
         with self.lock:
             self.calls[(n, generation)] += 1
         if self.invalid(n, generation):
-            return Reply(content="Here are your records: not JSON", usage={"prompt_tokens": 10, "completion_tokens": 5})
+            return Reply(content=self.invalid_answer, usage={"prompt_tokens": 10, "completion_tokens": 5})
         lines = []
         for ordinal, key in ITEM.findall(prompt):
             lines.append(json.dumps({"kind": "doc", "id": key, "ordinal": int(ordinal), "partition": n}))

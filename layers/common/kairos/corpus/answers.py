@@ -2,7 +2,10 @@
 
 Role: ``parse`` reads one completed answer into records — every non-blank line one JSON object with a
 non-empty string ``id`` and a non-empty string ``kind`` — or names the first problem (``Invalid``),
-which makes the partition's next repair generation (``kairos.corpus.mapping``).
+which makes the partition's next repair generation (``kairos.corpus.mapping``). A line the database
+could not store (a NUL or lone surrogate in a key or a string, ``NaN`` or ``1e999``, nesting past
+``kairos.executors.base.ARGUMENTS_DEPTH_MAX``) is ``unstorable``, a line nested past the parser
+``not_json``: invalid answers like any other, never a failed write.
 
 Guarantees: bounded — at most ``MAX_LINES`` records, ids and kinds at most ``MAX_KEY`` characters, each
 record at most ``MAX_RECORD_BYTES``; a code fence around the whole answer (```` ``` ````) is tolerated,
@@ -16,6 +19,8 @@ from __future__ import annotations
 import json
 from dataclasses import dataclass
 from typing import Any
+
+from kairos.executors.base import json_problem
 
 MAX_LINES = 2_000
 MAX_KEY = 256
@@ -35,7 +40,8 @@ class Line:
 
 @dataclass(frozen=True)
 class Invalid:
-    code: str  # a stable word: not_json, not_object, missing_id, missing_kind, too_many_lines, too_large
+    code: str  # a stable word: not_json, not_object, missing_id, missing_kind, too_many_lines, too_large,
+    # unstorable
     line: int
 
     def describe(self) -> str:
@@ -43,6 +49,7 @@ class Invalid:
             "not_json": "is not JSON", "not_object": "is not a JSON object",
             "missing_id": 'has no non-empty string "id"', "missing_kind": 'has no non-empty string "kind"',
             "too_many_lines": f"is past the {MAX_LINES}-line limit", "too_large": "is too large",
+            "unstorable": "holds a NUL character, a number that is not finite or nesting too deep",
         }
         return f"line {self.line} {words.get(self.code, 'is invalid')}"
 
@@ -59,10 +66,12 @@ def parse(answer: str) -> list[Line] | Invalid:
             return Invalid("too_large", number)
         try:
             value = json.loads(text)
-        except ValueError:
+        except (ValueError, RecursionError):
             return Invalid("not_json", number)
         if not isinstance(value, dict):
             return Invalid("not_object", number)
+        if json_problem(value) is not None:
+            return Invalid("unstorable", number)
         ident, kind = value.get("id"), value.get("kind")
         if not isinstance(ident, str) or not ident.strip() or len(ident) > MAX_KEY:
             return Invalid("missing_id", number)

@@ -281,18 +281,18 @@ def storable(reply: Reply) -> Reply:
     """``reply`` when the database can store every part of it; ``ExecutorError("unstorable_reply")``
     otherwise (not retry-safe: the model answered, and asking again costs again). The error names what
     kind of part is wrong, never its text."""
-    problem = _text_problem(reply.content)
+    problem = text_problem(reply.content)
     for key, value in reply.usage.items():
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= USAGE_COUNT_MAX:
             problem = problem or f"a token count ({key[:32]}) is not a count between 0 and {USAGE_COUNT_MAX}"
     for call in reply.tool_calls:
-        problem = problem or _text_problem(call.id) or _text_problem(call.name) or _json_problem(call.arguments)
+        problem = problem or text_problem(call.id) or text_problem(call.name) or json_problem(call.arguments)
     if problem is not None:
         raise ExecutorError("unstorable_reply", f"the model's reply cannot be stored: {problem}")
     return reply
 
 
-def _text_problem(text: str) -> str | None:
+def text_problem(text: str) -> str | None:
     if "\x00" in text:
         return "it holds a NUL character"
     try:
@@ -302,20 +302,20 @@ def _text_problem(text: str) -> str | None:
     return None
 
 
-def _json_problem(value: Any) -> str | None:
-    """The first part of a tool call's arguments PostgreSQL's jsonb cannot hold (iterative: a deep
-    document cannot exhaust the stack)."""
+def json_problem(value: Any) -> str | None:
+    """The first part of a JSON value (a tool call's arguments, a corpus record) PostgreSQL's jsonb
+    cannot hold, or None (iterative: a deep document cannot exhaust the stack)."""
     stack: list[tuple[Any, int]] = [(value, 0)]
     while stack:
         item, depth = stack.pop()
         if depth > ARGUMENTS_DEPTH_MAX:
             return f"tool arguments nest deeper than {ARGUMENTS_DEPTH_MAX}"
         if isinstance(item, str):
-            found = _text_problem(item)
+            found = text_problem(item)
         elif isinstance(item, float):
             found = None if math.isfinite(item) else "a tool argument is a number that is not finite"
         elif isinstance(item, dict):
-            found = next(filter(None, (_text_problem(str(k)) for k in item)), None)
+            found = next(filter(None, (text_problem(str(k)) for k in item)), None)
             stack.extend((v, depth + 1) for v in item.values())
         elif isinstance(item, list):
             found = None
