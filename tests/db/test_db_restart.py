@@ -5,8 +5,8 @@ of this module's own (an embedded server: ``pg_ctl restart -m immediate`` and ``
 never touch the session's shared server), with the handlers' per-process pool
 (``kairos.runtime.database``) holding four idle connections when the server goes:
 
-* right after an immediate restart the API's first GET and first POST, and the next tick, answer
-  correctly: a connection the restart ended is never handed out;
+* right after an immediate restart the API's first GET and first POST, the next tick and the next
+  run worker invocation succeed: a connection the restart ended is never handed out;
 * a connection that fails in use (a network that says nothing until the connection is used) is
   discarded: a GET is tried once more on a fresh one, a write answers 503 with ``Retry-After``;
 * while the server is down a webhook delivery answers 503 with ``Retry-After`` within 10 s (API
@@ -35,9 +35,10 @@ from kairos.local.stack import load_function
 from psycopg import sql
 
 from tests.support.api import Api, count, hook, rows
-from tests.support.aws import LambdaContext, scheduled_event
+from tests.support.aws import LambdaContext, run_body, scheduled_event, sqs_event
 
 tick_app = load_function("tick")
+run_app = load_function("run")
 TEMPLATE = "kairos_restart_template"
 POOL_SIZE = 4  # runtime.database()'s pool: db.shared's default max_size
 _names = itertools.count()
@@ -133,6 +134,21 @@ def test_the_tick_succeeds_on_its_first_invocation_after_an_immediate_restart(ap
     [sent] = api.messages()
     [run] = rows(api.url, "SELECT id, schedule_id, state FROM runs")
     assert (sent["run_id"], str(run["schedule_id"]), run["state"]) == (str(run["id"]), schedule_id, "queued")
+
+
+def test_the_run_worker_succeeds_on_its_first_invocation_after_an_immediate_restart(
+        api: Api, server: LocalPostgres) -> None:
+    due_schedule(api)
+    assert tick()["dispatched"] == 1
+    [message] = api.messages()
+    fill_pool()
+
+    server.restart(mode="immediate")
+
+    response = run_app.handler(sqs_event(run_body(uuid.UUID(message["run_id"]))), LambdaContext())
+    assert response["batchItemFailures"] == [], response
+    [run] = rows(api.url, "SELECT state, attempt FROM runs WHERE id = %(id)s", {"id": message["run_id"]})
+    assert (run["state"], run["attempt"]) == ("succeeded", 1)
 
 
 def test_a_connection_that_fails_in_use_is_discarded_a_get_is_tried_again_and_a_write_answers_503(
