@@ -78,10 +78,11 @@ class Routes(Router):
     def endpoint(self, method: str, rule: str, *, status: int, model: type[BaseModel], errors: Sequence[int],
                  summary: str, public: bool = False, has_body: bool = False,
                  ) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
-        """``route`` with the OpenAPI responses built: ``status`` answers ``model``; 422, 500, 401 (unless
-        ``public``) and every code in ``errors`` answer ``ErrorBody``."""
+        """``route`` with the OpenAPI responses built: ``status`` answers ``model``; 422, 500, 503 (the
+        database out of reach: ``kairos.api.app``), 401 (unless ``public``) and every code in ``errors``
+        answer ``ErrorBody``."""
         self.specs.append(RouteSpec(method, rule, public, has_body))
-        codes = sorted({*errors, 422, 500, *(() if public else (401,))})
+        codes = sorted({*errors, 422, 500, 503, *(() if public else (401,))})
         responses: dict[int, Any] = {status: {"description": "OK", "content": {JSON: {"model": model}}}}
         for code in codes:
             responses[code] = {"description": _ERROR_TEXT[code], "content": {JSON: {"model": models.ErrorBody}}}
