@@ -511,3 +511,29 @@ def test_a_source_inside_its_owners_namespace_reads_only_that_namespace(
     keys = [r["key"] for r in rows(db_url, "SELECT key FROM corpus_items WHERE run_id = %s ORDER BY ordinal",
                                    run["id"])]
     assert keys == [f"bob/docs/{i:05d}.txt" for i in range(3)]
+
+
+def test_the_export_bucket_is_never_a_corpus_source_even_when_listed(db: Database, db_url: str, s3: Any) -> None:
+    from kairos.corpus import spec
+    from kairos.errors import ValidationFailed
+
+    # Given alice's finished export, and an operator who listed the export bucket among the corpus buckets
+    run_id = corpus_run(db_url, {"source": {"items": ["a", "b"]}})
+    assert work(db, run_id, Model()).result == "succeeded"
+    both = Settings(corpus_buckets=(SOURCE, EXPORTS), export_bucket=EXPORTS)
+    # When an owner named "exports" (whose namespace is the exports' prefix) maps it
+    with pytest.raises(ValidationFailed) as refused:
+        spec.validate({"source": {"s3": {"bucket": EXPORTS}}, "instructions": "x"}, owner="exports",
+                      buckets=both.readable_corpus_buckets)
+    assert [(f.field, f.rule) for f in refused.value.fields] == [("corpus.source.s3.bucket", "bucket_not_allowed")]
+    thief = factories.schedule(db_url, owner="exports")
+    stored = factories.run(db_url, schedule_row=thief, source="manual", corpus=json.dumps(
+        {"partition_size": 20, "max_items": 100, "formats": ["jsonl"], "instructions": "Summarise.",
+         "source": {"s3": {"bucket": EXPORTS, "prefix": "exports/"}}}))
+    model = Model()
+
+    outcome = work(db, uuid.UUID(str(stored["id"])), model, settings=both)
+
+    # Then nothing of the bucket is read
+    assert (outcome.result, outcome.reason_code) == ("failed", "corpus_source_refused")
+    assert sum(model.calls.values()) == 0

@@ -95,4 +95,4 @@ def _corpus_of(raw: object, *, owner: str) -> dict[str, Any] | None:
     from kairos import runtime
     from kairos.corpus import spec
 
-    return spec.validate(raw["corpus"], buckets=runtime.settings().corpus_buckets, owner=owner)
+    return spec.validate(raw["corpus"], buckets=runtime.settings().readable_corpus_buckets, owner=owner)

@@ -192,6 +192,12 @@ class Settings:
             run_dlq_url=env.get("RUN_DLQ_URL") or None,
         )
 
+    @property
+    def readable_corpus_buckets(self) -> tuple[str, ...]:
+        """The buckets a corpus may read: ``corpus_buckets`` less the export bucket, which holds every
+        owner's exports under ``exports/<owner>/`` (an owner named ``exports`` would own that prefix)."""
+        return tuple(b for b in self.corpus_buckets if b != self.export_bucket)
+
     def resolve_database_url(self) -> str:
         if self.database_url:
             return self.database_url

@@ -154,7 +154,7 @@ def _enumerate(c: Corpus) -> str:
     The stored source is checked again first (``spec.out_of_scope``): a prefix outside the owner's
     namespace or a bucket no longer allowed fails the run ``corpus_source_refused`` before any listing.
     """
-    refused = spec.out_of_scope(c.spec, owner=c.owner, buckets=c.run.settings.corpus_buckets)
+    refused = spec.out_of_scope(c.spec, owner=c.owner, buckets=c.run.settings.readable_corpus_buckets)
     if refused is not None:
         logger.warning("corpus source refused", extra={"action": "corpus_source_refused",
                                                        "run_id": str(c.run_id), "rule": refused})

@@ -411,7 +411,7 @@ def _corpus(raw: object, problems: list[FieldError], *, owner: str) -> dict[str,
     from kairos.corpus import spec as corpus_spec
 
     try:
-        return corpus_spec.validate(raw, buckets=runtime.settings().corpus_buckets, owner=owner)
+        return corpus_spec.validate(raw, buckets=runtime.settings().readable_corpus_buckets, owner=owner)
     except ValidationFailed as error:
         problems.extend(error.fields)
         return None
