@@ -110,17 +110,23 @@ def test_the_first_get_and_post_right_after_an_immediate_restart_answer_correctl
         api: Api, server: LocalPostgres) -> None:
     conversation = api.conversation()
     fill_pool()
-
     server.restart(mode="immediate")
 
     first = api.alice.get(f"/v1/conversations/{conversation['id']}")
     assert first.status == 200, first.text
     assert first.json["conversation"]["id"] == conversation["id"]
-    created = new_conversation(api)
-    assert created.status == 201, created.text
+    then = new_conversation(api)
+    assert then.status == 201, then.text
+
+    fill_pool()
+    server.restart(mode="immediate")
+
+    first_write = new_conversation(api)
+    assert first_write.status == 201, first_write.text
     listed = api.alice.get("/v1/conversations")
     assert listed.status == 200, listed.text
-    assert {c["id"] for c in listed.json["conversations"]} == {conversation["id"], created.json["conversation"]["id"]}
+    made = {conversation["id"], then.json["conversation"]["id"], first_write.json["conversation"]["id"]}
+    assert {c["id"] for c in listed.json["conversations"]} == made
 
 
 def test_the_tick_succeeds_on_its_first_invocation_after_an_immediate_restart(api: Api, server: LocalPostgres) -> None:
