@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+from kairos.local.demo_model import DemoModel
 
 from tests.support.output import start_dev, stop_dev, wait_for
 
@@ -97,6 +98,18 @@ def test_every_block_of_try_md_runs_against_kairos_dev_and_its_demo_model() -> N
         assert _settled(base, run_id)["state"] == "succeeded"
         text = _get(base, f"/v1/runs/{run_id}/output")["output"]["text"]
         assert text.startswith('demo: http_post answered {"error": {"code": "egress_refused"'), text
+
+        # Kairos counted, call for call, what the demo model answered: across an approval park, a
+        # question park, tool loops, a corpus run, a backfill and a failed run with its retry.
+        # (Less the settings block's own call straight to the model, which no run made.)
+        answered = json.loads(subprocess.run(["curl", "-fsS", f"{demo}/usage"], capture_output=True, text=True,
+                                             timeout=60, check=True).stdout)
+        direct = DemoModel().answer({"model": "kairos-demo", "stream": True,
+                                     "messages": [{"role": "user", "content": "Hello there"}]}).body["usage"]
+        days = _get(base, "/v1/usage")["days"]
+        counted = {k: sum(d[k] for d in days) for k in ("input_tokens", "output_tokens")}
+        assert counted == {"input_tokens": answered["prompt_tokens"] - direct["prompt_tokens"],
+                           "output_tokens": answered["completion_tokens"] - direct["completion_tokens"]}
     finally:
         stop_dev(proc)
         shutil.rmtree(tmp_path, ignore_errors=True)

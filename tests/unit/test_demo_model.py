@@ -258,6 +258,17 @@ def test_a_slow_answer_takes_its_time_streamed_or_not(server: demo_server.DemoMo
         assert status == 200 and time.monotonic() - started >= 0.9
 
 
+def test_it_sums_the_usage_of_the_completions_it_answered(server: demo_server.DemoModelServer) -> None:
+    first, second = request("Hello"), request("Hi there\ndemo: slow 0", stream=True)
+    post(f"{server.base_url}/chat/completions", first)
+    post(f"{server.base_url}/chat/completions", second)
+    post(f"{server.base_url}/chat/completions", request("x\ndemo: fail 500"))  # a failure reports no usage
+    usages = [DemoModel().answer(r).body["usage"] for r in (first, second)]
+    with urllib.request.urlopen(f"{server.url}/usage", timeout=30) as resp:
+        assert json.loads(resp.read()) == {"calls": 2, "prompt_tokens": sum(u["prompt_tokens"] for u in usages),
+                                           "completion_tokens": sum(u["completion_tokens"] for u in usages)}
+
+
 def test_the_sink_keeps_what_it_receives(server: demo_server.DemoModelServer) -> None:
     assert json.loads(post(f"{server.url}/sink/team", {"text": "hi"})[1]) == {"received": {"text": "hi"}, "count": 1}
     assert json.loads(post(f"{server.url}/sink/team", {"text": "again"})[1])["count"] == 2

@@ -4,9 +4,11 @@ Role: ``DemoModelServer`` serves ``kairos.local.demo_model`` on loopback: ``POST
 (a JSON answer, or ``"stream": true`` server-sent events ending ``data: [DONE]``) and ``GET
 /v1/models``. ``POST /sink`` (or any path under it) is a local target for the ``http_post`` tool: it
 keeps the last 100 bodies it received (``GET /sink`` lists them) and answers ``{"received": <the
-body>, "count": <how many this path received>}``. The stack allows exactly this server's address and
-port through the egress check (``egress_allow``: ``KAIROS_EGRESS_ALLOW``, in the local stack only), so
-runs reach it and nothing else on loopback. ``bind`` picks its port (the API's + 1 by default);
+body>, "count": <how many this path received>}``. ``GET /usage`` sums the usage of every completion it
+answered since it started (``calls``, ``prompt_tokens``, ``completion_tokens``): what Kairos's own
+accounting should match. The stack allows exactly this server's address and port through the egress
+check (``egress_allow``: ``KAIROS_EGRESS_ALLOW``, in the local stack only), so runs reach it and
+nothing else on loopback. ``bind`` picks its port (the API's + 1 by default);
 ``ensure_conversation`` and ``print_banner`` keep and print one conversation whose agent uses it.
 
 Guarantees: requests are bounded (8 MiB; a missing or bad ``Content-Length`` answers 411 / 400); a
@@ -57,6 +59,24 @@ class _Sink:
             return {"received": list(self.received)}
 
 
+@dataclass
+class _Tally:
+    """The completions this server answered and the usage it reported in them, since it started."""
+
+    counts: dict[str, int] = field(default_factory=lambda: {"calls": 0, "prompt_tokens": 0, "completion_tokens": 0})
+    lock: threading.Lock = field(default_factory=threading.Lock)
+
+    def add(self, usage: dict[str, int]) -> None:
+        with self.lock:
+            self.counts["calls"] += 1
+            self.counts["prompt_tokens"] += usage["prompt_tokens"]
+            self.counts["completion_tokens"] += usage["completion_tokens"]
+
+    def totals(self) -> dict[str, int]:
+        with self.lock:
+            return dict(self.counts)
+
+
 class _Handler(BaseHTTPRequestHandler):
     server: _Server
     protocol_version = "HTTP/1.1"
@@ -67,6 +87,8 @@ class _Handler(BaseHTTPRequestHandler):
             self._json(200, {"object": "list", "data": [{"id": MODEL, "object": "model", "owned_by": "kairos"}]})
         elif path == "/sink":
             self._json(200, self.server.sink.listing())
+        elif path == "/usage":
+            self._json(200, self.server.tally.totals())
         else:
             self._json(404, error_answer(404, "no such route", "invalid_request_error").body)
 
@@ -96,6 +118,8 @@ class _Handler(BaseHTTPRequestHandler):
         streamed = isinstance(request, dict) and request.get("stream") is True and answer.completion
         if not streamed and answer.delay and self.server.stopping.wait(answer.delay):
             return  # the server is stopping: no answer
+        if answer.completion:
+            self.server.tally.add(answer.body["usage"])
         if not streamed:
             self._json(answer.status, answer.body)
             return
@@ -150,6 +174,7 @@ class _Server(ThreadingHTTPServer):
     def __init__(self, address: tuple[str, int]) -> None:
         self.model = DemoModel()
         self.sink = _Sink()
+        self.tally = _Tally()
         self.stopping = threading.Event()
         super().__init__(address, _Handler)
 
