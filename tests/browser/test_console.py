@@ -282,8 +282,9 @@ def test_a_goal_loop_shows_its_goal_and_offers_no_trigger_or_backfill(page: Any,
     expect(page.locator("#schedule-form select[name=mode]")).to_have_count(0)  # fixed for a loop
     page.fill("textarea[name=prompt]", "Tidy the backlog, gently")
     page.click("#schedule-form button[type=submit]")
-    expect(page.locator(".facts")).to_contain_text("Tidy the backlog, gently")
+    expect(page.locator("#schedule-form")).to_have_count(0)  # saved, and the navigation to the loop began
     expect(page.locator("#toast")).to_have_text("Saved")  # the message of the edit outlives its own navigation
+    expect(page.locator(".facts")).to_contain_text("Tidy the backlog, gently")
     assert stack.api("GET", f"/v1/loops/{loop['id']}")["schedule"]["prompt"] == "Tidy the backlog, gently"
 
 
@@ -435,6 +436,7 @@ def test_usage_status_inbox_and_runs_pages_draw_from_the_api(page: Any, stack: S
 
     page.click("#nav a[data-page=inbox]")
     expect(page.locator("#inbox")).to_be_visible()
+    expect(page.locator("#inbox")).not_to_have_text("Loading…")  # drawn from the inboxes, not just begun
 
     page.click("#nav a[data-page=runs]")
     expect(page.locator("#runs-table")).to_be_visible()

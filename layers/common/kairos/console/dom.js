@@ -69,7 +69,12 @@ export function toast(message, kind = "info", { carry = false } = {}) {
 }
 
 export function clearToast({ force = false } = {}) {
-  if (toast.carry && !force) { toast.carry = false; return; }
+  if (toast.carry && !force) {  // shown for 5 s on the page it announces
+    toast.carry = false;
+    clearTimeout(toast.timer);
+    toast.timer = setTimeout(() => clearToast({ force: true }), 5000);
+    return;
+  }
   const box = document.getElementById("toast");
   clearTimeout(toast.timer);
   toast.carry = false;
