@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 import socket
+import threading
 import time
 import urllib.error
 import urllib.request
@@ -351,3 +352,22 @@ def test_any_request_gets_an_answer_never_an_exception(turns: list[dict[str, Any
     json.dumps(answer.body)  # the answer is JSON
     if answer.status == 200:
         demo_model.stream_chunks(answer, include_usage=True)
+
+
+def test_a_slow_answer_stops_waiting_when_its_client_goes_away(server: demo_server.DemoModelServer) -> None:
+    body = json.dumps(request("Hi\ndemo: slow 300")).encode()
+    with socket.create_connection((server.host, server.port), timeout=30) as client:
+        client.sendall(b"POST /v1/chat/completions HTTP/1.1\r\nHost: x\r\nContent-Type: application/json\r\n"
+                       b"Content-Length: " + str(len(body)).encode() + b"\r\n\r\n" + body)
+    # The handler notices the closed connection and frees its thread well before the 300 s.
+    deadline = time.monotonic() + 20
+    while time.monotonic() < deadline and _handler_threads() > 0:
+        time.sleep(0.1)
+    assert _handler_threads() == 0
+    status, body_back, _ = post(f"{server.base_url}/chat/completions", request("still here"))
+    assert status == 200 and json.loads(body_back)["choices"][0]["message"]["content"] == "demo: still here"
+
+
+def _handler_threads() -> int:
+    """Threads of the server answering a request (ThreadingHTTPServer names them Thread-N (process_request_thread))."""
+    return sum(1 for t in threading.enumerate() if "process_request_thread" in t.name)

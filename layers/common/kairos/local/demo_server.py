@@ -12,7 +12,9 @@ nothing else on loopback. ``bind`` picks its port (the API's + 1 by default);
 ``ensure_conversation`` and ``print_banner`` keep and print one conversation whose agent uses it.
 
 Guarantees: requests are bounded (8 MiB; a missing or bad ``Content-Length`` answers 411 / 400); a
-slow answer stops when the server stops; a taken port is one line and exit 2 before anything starts.
+slow answer stops when the server stops or its client goes away (a cancelled run's call is
+aborted), and a client gone mid-answer is no traceback on the console; a taken port is one line and
+exit 2 before anything starts.
 Must not: log requests (prompts and tool bodies travel in them); ship (``kairos.local`` is left out
 of the Lambda layer).
 """
@@ -21,8 +23,11 @@ from __future__ import annotations
 
 import errno
 import json
+import select
+import socket
 import sys
 import threading
+import time
 import uuid
 from collections import deque
 from collections.abc import Iterator
@@ -116,8 +121,9 @@ class _Handler(BaseHTTPRequestHandler):
         answer = self.server.model.answer(request) if request is not None else \
             error_answer(400, "the body is not JSON", "invalid_request_error")
         streamed = isinstance(request, dict) and request.get("stream") is True and answer.completion
-        if not streamed and answer.delay and self.server.stopping.wait(answer.delay):
-            return  # the server is stopping: no answer
+        if not streamed and answer.delay and not self._wait(answer.delay):
+            self.close_connection = True
+            return  # the server is stopping, or the client went away (a cancelled run aborts its call)
         if answer.completion:
             self.server.tally.add(answer.body["usage"])
         if not streamed:
@@ -137,7 +143,10 @@ class _Handler(BaseHTTPRequestHandler):
             self.send_header("Connection", "close")
             self.close_connection = True
         self.end_headers()
-        self.wfile.write(payload)
+        try:
+            self.wfile.write(payload)
+        except OSError:
+            self.close_connection = True  # the client went away before its answer
 
     def _stream(self, chunks: list[dict[str, Any]], seconds: float) -> None:
         self.send_response(200)
@@ -149,12 +158,28 @@ class _Handler(BaseHTTPRequestHandler):
         pause = seconds / len(chunks) if chunks else 0.0
         try:
             for item in _events(chunks):
-                if pause and self.server.stopping.wait(pause):
+                if pause and not self._wait(pause):
                     return
                 self.wfile.write(item)
                 self.wfile.flush()
         except OSError:
             return  # the client went away (a cancelled run aborts its call)
+
+    def _wait(self, seconds: float) -> bool:
+        """Waits ``seconds``; False as soon as the server stops or the client closes its connection."""
+        deadline = time.monotonic() + seconds
+        while (left := deadline - time.monotonic()) > 0:
+            if self.server.stopping.is_set():
+                return False
+            readable, _, _ = select.select([self.connection], [], [], min(left, 0.2))
+            if readable:
+                try:
+                    if not self.connection.recv(1, socket.MSG_PEEK):
+                        return False  # the peer closed its side: nobody is waiting for the answer
+                except OSError:
+                    return False
+                self.server.stopping.wait(min(deadline - time.monotonic(), 0.2))  # pipelined bytes: keep time
+        return not self.server.stopping.is_set()
 
     def log_message(self, format: str, *args: Any) -> None:
         return  # never log requests: prompts and tool bodies travel in them
@@ -170,6 +195,12 @@ class _Server(ThreadingHTTPServer):
     daemon_threads = True
     allow_reuse_address = True
     request_queue_size = 64
+
+    def handle_error(self, request: Any, client_address: Any) -> None:
+        """A client that went away mid-answer is no error; anything else is one line (never a request)."""
+        error = sys.exc_info()[1]
+        if not isinstance(error, OSError):
+            print(f"demo model: a request failed ({type(error).__name__})", file=sys.stderr)
 
     def __init__(self, address: tuple[str, int]) -> None:
         self.model = DemoModel()
