@@ -10,6 +10,7 @@ import os
 import re
 import shlex
 import shutil
+import socket
 import subprocess
 import tempfile
 import time
@@ -140,3 +141,33 @@ def _settled(base: str, run_id: str, timeout: float = 120) -> dict[str, Any]:
             return run
         time.sleep(0.5)
     raise AssertionError(f"run {run_id} did not settle in {timeout} s")
+
+
+def test_the_demo_conversation_and_its_answers_survive_a_restart() -> None:
+    """On the same ports (as `./scripts/dev` always starts: 8000 and 8001), a restart prints the same demo
+    conversation, its transcript kept, and it answers again through the restarted demo model."""
+    tmp_path = Path(tempfile.mkdtemp(prefix="kairos-try-"))
+    tmp_path.chmod(0o755)
+    with socket.socket() as one, socket.socket() as two:
+        one.bind(("127.0.0.1", 0))
+        two.bind(("127.0.0.1", 0))
+        ports = ("--port", str(one.getsockname()[1]), "--demo-port", str(two.getsockname()[1]))
+    seen: list[str] = []
+    try:
+        for attempt in range(2):
+            proc, lines, log = start_dev(tmp_path, drop=("KAIROS_DEV_TOKENS", "KAIROS_EGRESS_ALLOW"), args=ports)
+            try:
+                base = wait_for(lines, r"^api\s+(http://\S+)", log).group(1).rstrip("/")
+                seen.append(wait_for(lines, r"^conversation (\S+) uses it", log).group(1))
+                wait_for(lines, r"^running ", log)
+                content = f"Hello again ({attempt})"
+                run_id = _post(base, f"/v1/conversations/{seen[-1]}/messages", {"content": content})["run_id"]
+                assert _settled(base, run_id)["state"] == "succeeded"
+                entries = _get(base, f"/v1/conversations/{seen[-1]}")["conversation"]["entries"]
+                assert [e["content"] for e in entries] == [
+                    c for n in range(attempt + 1) for c in (f"Hello again ({n})", f"demo: Hello again ({n})")]
+            finally:
+                stop_dev(proc)
+        assert seen[0] == seen[1]
+    finally:
+        shutil.rmtree(tmp_path, ignore_errors=True)
