@@ -182,6 +182,11 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         sched = action(conn, args.id)
         _print(args, sched.as_json(), [f"{k:<26} {v}" for k, v in sched.as_json().items() if k != "prompt"])
         return 0
+    return _runs(args, conn, operations)
+
+
+def _runs(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    verb = args.verb
     if verb == "list":
         rows = operations.list_runs(conn, schedule_id=args.schedule, state=args.state, limit=args.limit)
         _print(args, [r.as_json() for r in rows], [_run_line(r) for r in rows] or ["no runs"])
