@@ -6,7 +6,8 @@ never touch the session's shared server), with the handlers' per-process pool
 (``kairos.runtime.database``) holding four idle connections when the server goes:
 
 * right after an immediate restart the API's first GET and first POST, the next tick and the next
-  run worker invocation succeed: a connection the restart ended is never handed out;
+  run worker invocation succeed: a connection the restart ended is never handed out; a run whose
+  model call spans the restart finishes in the same attempt;
 * a connection that fails in use (a network that says nothing until the connection is used) is
   discarded: a GET is tried once more on a fresh one, a write answers 503 with ``Retry-After``;
 * while the server is down a webhook delivery answers 503 with ``Retry-After`` within 10 s (API
@@ -30,12 +31,15 @@ from typing import Any
 import psycopg
 import pytest
 from kairos import db, migrations, runtime
+from kairos.executors.base import PreparedCall, Reply
 from kairos.local.postgres import LocalPostgres
 from kairos.local.stack import load_function
+from kairos.runs.worker import process
 from psycopg import sql
 
 from tests.support.api import Api, count, hook, rows
 from tests.support.aws import LambdaContext, run_body, scheduled_event, sqs_event
+from tests.support.executors import ScriptedExecutor
 
 tick_app = load_function("tick")
 run_app = load_function("run")
@@ -155,6 +159,33 @@ def test_the_run_worker_succeeds_on_its_first_invocation_after_an_immediate_rest
     assert response["batchItemFailures"] == [], response
     [run] = rows(api.url, "SELECT state, attempt FROM runs WHERE id = %(id)s", {"id": message["run_id"]})
     assert (run["state"], run["attempt"]) == ("succeeded", 1)
+
+
+def test_a_run_whose_model_call_spans_an_immediate_restart_succeeds_with_one_call_and_a_whole_trace(
+        api: Api, server: LocalPostgres) -> None:
+    """The restart happens while the worker waits on the model (no connection held): its next transaction
+    gets a live connection, so the run finishes in this attempt — the model is not called again by a
+    rescue — and its trace has no gap."""
+    due_schedule(api)
+    assert tick()["dispatched"] == 1
+    [message] = api.messages()
+    run_id = uuid.UUID(message["run_id"])
+    fill_pool()
+
+    def restart_during_the_call(prepared: PreparedCall, timeout: float) -> Reply:
+        server.restart(mode="immediate")
+        return Reply(content="the answer", usage={"prompt_tokens": 3, "completion_tokens": 5})
+
+    model = ScriptedExecutor(on_send=restart_during_the_call)
+    outcome = process(runtime.database(), run_id, settings=runtime.settings(), executor_factory=model.factory)
+
+    assert (outcome.result, outcome.state) == ("succeeded", "succeeded"), outcome
+    assert len(model.requests) == 1
+    events = rows(api.url, "SELECT seq, type, attempt FROM run_events WHERE run_id = %(id)s ORDER BY seq",
+                  {"id": run_id})
+    assert [e["seq"] for e in events] == list(range(events[0]["seq"], events[0]["seq"] + len(events)))
+    assert {e["attempt"] for e in events if e["type"] != "run.queued"} == {1}
+    assert events[-1]["type"] == "run.succeeded"
 
 
 def test_a_connection_that_fails_in_use_is_discarded_a_get_is_tried_again_and_a_write_answers_503(
