@@ -197,7 +197,7 @@ def _has_input(conn: psycopg.Connection[Any]) -> bool:
     return bool(readable)
 
 
-def _check(conn: psycopg.Connection[Any]) -> None:
+def _check_connection(conn: psycopg.Connection[Any]) -> None:
     """The pool's check (see ``CHECK_AFTER_IDLE_SECONDS``): raises for a connection that does not work."""
     returned = getattr(conn, _RETURNED_AT, None)
     if returned is not None and time.monotonic() - returned <= CHECK_AFTER_IDLE_SECONDS \
@@ -259,7 +259,7 @@ class Database:
 
     def _check(self, conn: psycopg.Connection[Any]) -> None:
         try:
-            _check(conn)
+            _check_connection(conn)
         except psycopg.Error:
             self._drain()
             raise
