@@ -8,35 +8,19 @@ Ctrl-C (SIGINT) stops everything, leaving no process behind.
 
 from __future__ import annotations
 
-import json
 import signal
 import subprocess
 import time
-import urllib.request
 from pathlib import Path
-from typing import Any
 
 import psutil
 import pytest
 
-from tests.support.output import start_dev, wait_for
+from tests.support.output import http_json, start_dev, wait_for
 
 pytestmark = pytest.mark.slow
 
 DEV_TOKEN = "dev-token-alice"
-
-
-def _http(method: str, url: str, body: dict[str, Any] | None = None, headers: dict[str, str] | None = None
-          ) -> tuple[int, dict[str, Any]]:
-    data = None if body is None else json.dumps(body).encode()
-    request = urllib.request.Request(url, data=data, method=method, headers=headers or {})
-    if data is not None:
-        request.add_header("content-type", "application/json")
-    try:
-        with urllib.request.urlopen(request, timeout=30) as response:
-            return response.status, json.loads(response.read() or b"{}")
-    except urllib.error.HTTPError as err:
-        return err.code, json.loads(err.read() or b"{}")
 
 
 def test_kairos_dev_runs_a_webhook_end_to_end_and_stops_cleanly(tmp_path: Path) -> None:
@@ -46,7 +30,7 @@ def test_kairos_dev_runs_a_webhook_end_to_end_and_stops_cleanly(tmp_path: Path) 
         wait_for(lines, r"^running ", log)
         base = hook_url.split("/v1/hooks/")[0]
 
-        status, accepted = _http("POST", hook_url, {"hello": "world"}, {"Idempotency-Key": "e2e-1"})
+        status, accepted = http_json("POST", hook_url, {"hello": "world"}, {"Idempotency-Key": "e2e-1"})
         assert status == 202, accepted
         run_id = accepted["run_id"]
 
@@ -54,7 +38,7 @@ def test_kairos_dev_runs_a_webhook_end_to_end_and_stops_cleanly(tmp_path: Path) 
         deadline = time.monotonic() + 120
         state = None
         while time.monotonic() < deadline:
-            status, body = _http("GET", f"{base}/v1/runs/{run_id}", headers=auth)
+            status, body = http_json("GET", f"{base}/v1/runs/{run_id}", headers=auth)
             assert status == 200, body
             state = body["run"]["state"]
             if state in ("succeeded", "failed", "cancelled", "abandoned"):
@@ -62,13 +46,13 @@ def test_kairos_dev_runs_a_webhook_end_to_end_and_stops_cleanly(tmp_path: Path) 
             time.sleep(0.2)  # polling a state with a deadline, not timing an outcome
         assert state == "succeeded", "".join(log)
 
-        status, page = _http("GET", f"{base}/v1/runs/{run_id}/events?after=0", headers=auth)
+        status, page = http_json("GET", f"{base}/v1/runs/{run_id}/events?after=0", headers=auth)
         assert status == 200
         types = [e["type"] for e in page["events"]]
         assert types[0] == "run.queued" and types[-1] == "run.succeeded", types
         assert "run.claimed" in types and "output.published" in types
 
-        status, output = _http("GET", f"{base}/v1/runs/{run_id}/output", headers=auth)
+        status, output = http_json("GET", f"{base}/v1/runs/{run_id}/output", headers=auth)
         assert status == 200 and output["output"]["state"] == "available"
     finally:
         children = psutil.Process(proc.pid).children(recursive=True) if proc.poll() is None else []

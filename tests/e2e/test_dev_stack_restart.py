@@ -22,8 +22,7 @@ import boto3
 import psutil
 import pytest
 
-from tests.e2e.test_dev_stack import _http
-from tests.support.output import start_dev, wait_for
+from tests.support.output import http_json, start_dev, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -72,12 +71,12 @@ def _using(path: Path) -> list[int]:
 def test_secrets_queued_messages_and_the_demo_hook_survive_a_crash_until_reset(tmp_path: Path) -> None:
     proc, base, hook, log, _ = _started(tmp_path)
     try:
-        status, stored = _http("PUT", f"{base}/v1/secrets/openai", {"value": "sk-e2e-kept"}, AUTH)
+        status, stored = http_json("PUT", f"{base}/v1/secrets/openai", {"value": "sk-e2e-kept"}, AUTH)
         assert status in (200, 201), stored
         reference = stored["secret"]["reference"]
         agent = {"executor": "openai", "model": "gpt-4o-mini", "base_url": "https://api.openai.com/v1",
                  "api_key_secret": reference}
-        status, made = _http("POST", f"{base}/v1/conversations", {"agent": agent, "title": "keeps"}, AUTH)
+        status, made = http_json("POST", f"{base}/v1/conversations", {"agent": agent, "title": "keeps"}, AUTH)
         assert status == 201, made
         conversation = made["conversation"]["id"]
         _, sqs, queue_url, s3 = _aws(tmp_path)
@@ -92,12 +91,12 @@ def test_secrets_queued_messages_and_the_demo_hook_survive_a_crash_until_reset(t
     try:
         assert hook_again == hook
         assert "aws state  1 secrets, 1 queued messages, 1 S3 objects restored" in "".join(log)
-        status, listed = _http("GET", f"{base}/v1/secrets", headers=AUTH)
+        status, listed = http_json("GET", f"{base}/v1/secrets", headers=AUTH)
         assert status == 200 and [(s["name"], s["reference"]) for s in listed["secrets"]] == [("openai", reference)]
         sm, sqs, queue_url, s3 = _aws(tmp_path)
         assert sm.get_secret_value(SecretId=reference)["SecretString"] == "sk-e2e-kept"  # as a run resolves it
         assert s3.get_object(Bucket="kairos-exports", Key="alice/kept.txt")["Body"].read() == b"an object"
-        status, shown = _http("GET", f"{base}/v1/conversations/{conversation}", headers=AUTH)
+        status, shown = http_json("GET", f"{base}/v1/conversations/{conversation}", headers=AUTH)
         assert status == 200 and shown["conversation"]["agent"]["api_key_secret"] == reference
         assert _waiting(sqs, queue_url) == (0, 1)
     finally:
@@ -108,9 +107,9 @@ def test_secrets_queued_messages_and_the_demo_hook_survive_a_crash_until_reset(t
     try:
         assert "reset      embedded database deleted" in "".join(log)
         assert hook_reset != hook
-        status, listed = _http("GET", f"{base}/v1/secrets", headers=AUTH)
+        status, listed = http_json("GET", f"{base}/v1/secrets", headers=AUTH)
         assert status == 200 and listed["secrets"] == []
-        assert _http("GET", f"{base}/v1/conversations/{conversation}", headers=AUTH)[0] == 404
+        assert http_json("GET", f"{base}/v1/conversations/{conversation}", headers=AUTH)[0] == 404
         _, sqs, queue_url, s3 = _aws(tmp_path)
         assert _waiting(sqs, queue_url) == (0, 0)
         assert s3.list_objects_v2(Bucket="kairos-exports").get("Contents", []) == []
