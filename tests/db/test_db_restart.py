@@ -244,7 +244,8 @@ def test_deliveries_while_the_database_is_down_answer_503_in_time_and_the_next_o
     after = hook(api, token, {"n": 3}, headers={"idempotency-key": "after"})
     took_after = time.monotonic() - started
     assert after.status == 202, after.text
-    assert took_after < 3, f"the pool took {took_after:.1f} s to reconnect to a server that was back"
+    # The old pool waited out its reconnect back-off (29.5 s here); 10 s leaves a loaded machine room.
+    assert took_after < 10, f"the pool took {took_after:.1f} s to reconnect to a server that was back"
     keys = rows(api.url, "SELECT idempotency_key FROM occurrences ORDER BY fire_at")
     assert [k["idempotency_key"] for k in keys] == ["before", "after"], "the refused deliveries recorded nothing"
     assert uuid.UUID(after.json["run_id"])
