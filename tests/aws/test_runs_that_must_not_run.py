@@ -1,8 +1,8 @@
 """Runs that must not run (issue 10, items 2, 6 and 9): the public handlers end to end.
 
 Schedules are made through the API handler, fired by the tick handler, and their run ids reach the
-run handler as the SQS messages the tick really sent (moto). Time moves the way DESIGN.md lets a
-black-box test move it: by editing ``next_fire_at``, ``runs.expires_at`` and ``runs.handoff_at``.
+run handler as the SQS messages the tick really sent (moto). Time moves the way a black-box
+test can move it: by editing ``next_fire_at``, ``runs.expires_at`` and ``runs.handoff_at``.
 
 * The claim refuses a run whose schedule was paused (by its owner or by the three-failure pause) or
   cancelled (``cancelled``), an older fire delivered after a newer one started (``abandoned``,

@@ -1,4 +1,4 @@
-"""Finding work that already exists (DESIGN.md "Steering runs", Find), through the API handler on real PostgreSQL.
+"""Finding work that already exists (docs/api.md "Steering runs"), through the API handler on real PostgreSQL.
 
 ``GET /v1/runs`` (filters, keyset pages), ``last_run`` on every schedule, ``GET /v1/schedules/{id}/occurrences``
 and ``GET /v1/conversations``. The paging tests are built to defeat the two usual mistakes: runs are

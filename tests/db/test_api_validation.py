@@ -1,7 +1,7 @@
 """Bad input through the API handler: every field error in one answer, one rule vocabulary, bounded
 input (issue 10, items 5, 8 and the 500s of item 10), on a real database.
 
-Each answer is the DESIGN.md error shape, ``{"error": {"code", "message", "fields": [{"field", "rule",
+Each answer is the one error shape (docs/api.md), ``{"error": {"code", "message", "fields": [{"field", "rule",
 "message"}]}}`` (``Answer.error`` checks the keys), a 4xx naming field and rule, never a 500.
 """
 

@@ -1,4 +1,4 @@
-"""Credentials end to end (DESIGN.md "Credentials"): through the public API and run handlers, real
+"""Credentials end to end (docs/api.md "Credentials"): through the public API and run handlers, real
 PostgreSQL, moto for SQS and Secrets Manager, and a real local model server that records what it is
 sent.
 

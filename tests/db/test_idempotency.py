@@ -5,7 +5,7 @@ GitHub's ``X-GitHub-Delivery`` is a key, after ``Idempotency-Key`` and ``webhook
 Creates: ``POST /v1/schedules`` and ``POST /v1/conversations`` with an ``Idempotency-Key`` make one
 object per owner and key in 24 h; the same body answers the first response again (the webhook token
 included), another body 422; the first response is stored sealed, never the token or the key in clear.
-Time moves the way DESIGN.md says black-box tests move it: by editing ``expires_at``.
+Time moves the way a black-box test can move it: by editing ``expires_at``.
 """
 
 from __future__ import annotations

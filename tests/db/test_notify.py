@@ -1,4 +1,4 @@
-"""Deliver (DESIGN.md "Steering runs"): a schedule's ``notify`` reports run endings — an inbox note per
+"""Deliver (docs/architecture.md "Schedules and time"): a schedule's ``notify`` reports run endings — an inbox note per
 matching run, written when the tick settles it, and a Standard Webhooks POST sent by the tick's deliver
 step from the ``notify_deliveries`` outbox, retried with backoff, once per run as far as the receiver
 can tell (``webhook-id`` = the run id). Real PostgreSQL, a real local HTTP server as the receiver.

@@ -1,4 +1,5 @@
-"""Retention (``kairos.tick.prune``, DESIGN.md "Steering runs" / Forget) against real PostgreSQL.
+"""Retention (``kairos.tick.prune``; docs/architecture.md "Runs, traces and guarantees") against real
+PostgreSQL.
 
 Runs are executed by the real worker (a scripted executor), so their threads are the fork and fresh
 conversations the claim creates; time moves by setting ``finished_at`` back, as black-box tests move it.

@@ -1,4 +1,4 @@
-"""Bounded model input (DESIGN.md "The run"): the system prompt, the run's prompt and as many of the
+"""Bounded model input (docs/api.md "API", max_input_tokens): the system prompt, the run's prompt and as many of the
 newest transcript entries as fit ``max_input_tokens`` (characters / 4) reach the model; the rest is
 left out behind one marker, chosen in SQL. Runs go through the real ``openai`` executor to a local
 OpenAI-compatible server, on real PostgreSQL."""

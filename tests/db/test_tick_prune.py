@@ -1,7 +1,7 @@
 """The tick's cleaner (``kairos.tick.prune``): expired receipts go, live ones stay, requests never prune.
 
 Receipts are made through the API handler (webhook deliveries and idempotent creates); time moves by
-editing ``expires_at``, as DESIGN.md says black-box tests move it.
+editing ``expires_at``, the way a black-box test can move it.
 """
 
 from __future__ import annotations

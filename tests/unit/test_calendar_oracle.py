@@ -3,9 +3,9 @@
 The oracle shares nothing with ``kairos.calendar`` but ``zoneinfo``: its own cron field expander and
 Vixie day matcher, a walk over local wall minutes that finds each minute's UTC instant(s) by
 round-tripping fold 0 and fold 1 (two instants = a repeated wall time, none = a wall time in a gap),
-the first existing wall minute after a gap, and DESIGN.md's policies applied to that. Hypothesis
-generates the expressions (minute/hour lists, steps, ranges, ``N/S`` starts with a step; day fields with
-and without ``*``).
+the first existing wall minute after a gap, and the dst_gap/dst_fold policies (docs/architecture.md)
+applied to that. Hypothesis generates the expressions (minute/hour lists, steps, ranges, ``N/S`` starts with a
+step; day fields with and without ``*``).
 
 Three checks:
 * dense: every wall minute of an eight-hour window around each UTC-offset change in six zones

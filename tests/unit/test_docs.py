@@ -4,6 +4,7 @@
 from __future__ import annotations
 
 import re
+import subprocess
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -35,3 +36,35 @@ def test_every_relative_link_resolves() -> None:
 
 def test_the_readme_stays_under_150_lines() -> None:
     assert len((ROOT / "README.md").read_text(encoding="utf-8").splitlines()) <= 150
+
+
+# The product contract the code was first written against lives outside the repository; every
+# reference to it now points at the docs/ section or module docstring that explains the same thing.
+# Applied migrations are the exception: their text is checksummed into every database they reached
+# (kairos.migrations refuses an applied file that changed), so their first comments stay as written.
+# A new migration may not add a reference.
+_OUTSIDE_DOCUMENT = "DESIGN" + ".md"
+_FROZEN_MIGRATIONS = {
+    f"layers/common/kairos/migrations/{name}.sql"
+    for name in (
+        "0001_init", "0003_run_expiry", "0004_append_only_deletes", "0007_revisions", "0008_retention",
+        "0009_notify", "0010_keyset_pages", "0011_budgets", "0012_chat_tools_approvals", "0014_corpus",
+        "0015_goals",
+    )
+}
+
+
+def _tracked_files() -> list[str]:
+    listed = subprocess.run(["git", "ls-files", "-z"], cwd=ROOT, capture_output=True, check=True)
+    return [name for name in listed.stdout.decode("utf-8").split("\0") if name]
+
+
+def test_no_tracked_file_points_at_a_document_outside_the_repository() -> None:
+    mentions = []
+    for name in _tracked_files():
+        path = ROOT / name
+        if not path.is_file() or name in _FROZEN_MIGRATIONS:
+            continue
+        if _OUTSIDE_DOCUMENT.encode() in path.read_bytes():
+            mentions.append(name)
+    assert mentions == []

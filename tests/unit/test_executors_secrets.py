@@ -1,4 +1,4 @@
-"""Secret references as capabilities (DESIGN.md "Credentials"): which references an owner may use,
+"""Secret references as capabilities (docs/api.md "Credentials"): which references an owner may use,
 where a shared key may travel, and resolving them (``env:`` and Secrets Manager through moto, in
 process), with the per-container cache and failures that never reveal a secret.
 

@@ -31,7 +31,7 @@ ROOT = Path(__file__).resolve().parents[2]
 TEMPLATE = ROOT / "template.yaml"
 EVENTS = ROOT / "events"
 
-# DESIGN.md "API", plus the token rotation route the API's issue adds, the console's operator status
+# The routes of docs/api.md, plus the token rotation route the API's issue adds, the console's operator status
 # and the console's static files (issue 16).
 ROUTES = {
     "POST /v1/conversations",

@@ -1,4 +1,4 @@
-"""Agents: the agent JSON's strict model and its validation (DESIGN.md "The run"), one home.
+"""Agents: the agent JSON's strict model and its validation (docs/api.md "API"), one home.
 
 Role: ``AgentConfig`` is the one pydantic model of an agent config: declared fields only, secrets only
 as references (``env:NAME`` or a Secrets Manager ARN), ``base_url`` an http(s) URL without
@@ -62,7 +62,7 @@ SecretReference = Annotated[StrictStr, Field(max_length=2_048), AfterValidator(_
 
 
 class AgentConfig(BaseModel):
-    """The agent JSON of DESIGN.md "The run"; extra fields are refused."""
+    """The agent JSON (docs/api.md "API"); extra fields are refused."""
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
@@ -72,9 +72,9 @@ class AgentConfig(BaseModel):
     base_url: StrictStr | None = Field(default=None, max_length=2_048)
     api_key_secret: SecretReference | None = None
     max_tokens: StrictInt | None = Field(default=None, ge=1, le=8_192)
-    # Bounded model input (DESIGN.md "The run"): default 16,000 when unset (kairos.executors.base).
+    # Bounded model input (docs/api.md "API"): default 16,000 when unset (kairos.executors.base).
     max_input_tokens: StrictInt | None = Field(default=None, ge=1, le=100_000)
-    # The tool loop (DESIGN.md "Agent tools, approvals and budgets"): openai and bedrock only.
+    # The tool loop (docs/api.md "Agents that act"): openai and bedrock only.
     tools: list[Literal["schedules", "http"]] | None = Field(default=None, max_length=2)
     max_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS_CAP)
     approval: Literal["never", "mutations", "always"] | None = None

@@ -1,6 +1,6 @@
 """Approval waits: a tool call that needs a person parks its run without holding a worker.
 
-Role (DESIGN.md "Agent tools, approvals and budgets"):
+Role (docs/api.md "Agents that act"):
 
 * ``request`` — the worker, for a call its agent's ``approval`` policy gates: one fenced transaction
   writes the ``approvals`` row (bound to run, attempt, step, call, tool and the canonical argument

@@ -1,6 +1,6 @@
 """Per-owner budgets: running slots, the queued-run cap, daily token and cost ceilings, and usage.
 
-Role: the server caps of DESIGN.md "Agent tools, approvals and budgets", all configured in
+Role: the server caps of docs/api.md "Budgets", all configured in
 ``kairos.settings`` (``KAIROS_OWNER_CONCURRENCY``, ``KAIROS_OWNER_QUEUE_MAX``,
 ``KAIROS_OWNER_DAILY_TOKENS``, ``KAIROS_OWNER_DAILY_COST_USD``, ``KAIROS_MODEL_PRICES``):
 

@@ -2,7 +2,7 @@
 
 Preview and dispatch both call this module, so what a user previews is exactly what the tick fires.
 
-Rules (DESIGN.md "Time"):
+Rules (docs/architecture.md "Schedules and time"):
 
 * ``cron``: five Vixie fields (minute hour day-of-month month day-of-week) matched on the *local
   wall clock* of an IANA zone (each expression compiled once into sorted allowed values per field,

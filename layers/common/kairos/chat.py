@@ -6,8 +6,8 @@ prompt, the conversation's agent answers it) and is handed to SQS after commit. 
 conversation run one at a time in the order they were posted: a turn posted while an earlier one has
 not ended waits for it (``queued_behind``), so two answers never interleave in the transcript.
 
-A chat run is the only kind the ``schedules`` tool works in (DESIGN.md "No scheduling from scheduled
-work"), and only in a conversation no run created.
+A chat run is the only kind the ``schedules`` tool works in (docs/architecture.md "Schedules and
+time": no schedule created from inside a run), and only in a conversation no run created.
 
 Guarantees: a refused message (not a string, empty, over ``MAX_CONTENT_BYTES``, unknown field) writes
 nothing; another owner's conversation is the same ``NotFound`` as a missing one; a turn over the owner's

@@ -68,7 +68,7 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "agent_invalid": ("target", False, ("check_agent_config",), "The agent configuration cannot be executed."),
     "egress_refused": ("target", False, ("check_agent_config", "check_egress_allow"),
                        "The agent's endpoint is not an allowed destination."),
-    # Not retry-eligible (DESIGN.md "Credentials"): the reference is refused or names nothing until the
+    # Not retry-eligible (docs/api.md "Credentials"): the reference is refused or names nothing until the
     # owner fixes it; a Secrets Manager outage is retried on the same run without this entry's say.
     "secret_unavailable": ("target", False, ("check_secret",),
                            "The agent's API key could not be read, or the agent may not use it."),

@@ -1,6 +1,6 @@
 """Domain exceptions, and the one table that maps them to HTTP status and error code.
 
-Library code raises these; the API handler turns them into the error shape DESIGN.md fixes:
+Library code raises these; the API handler turns them into the one error shape (docs/api.md "API"):
 ``{"error": {"code", "message", "fields": [{"field", "rule", "message"}]}}``. Messages are written
 for the caller (a person or a model correcting one request): they never carry SQL, stack traces,
 hashes or tokens. Nothing matches on message text. Field errors name their rule from one vocabulary

@@ -1,6 +1,6 @@
 """Input requests: a goal loop run's question to its owner, parked without holding a worker.
 
-Role (DESIGN.md "Goals and loops"):
+Role (docs/api.md "Goal loops"):
 
 * ``ask`` — the run worker, for a ``goal_report`` with disposition ``needs_input``
   (``kairos.goals.report``), inside its fenced transaction: writes the ``input_requests`` row bound to

@@ -1,6 +1,6 @@
 """Secret references: what an owner may name, where a key may travel, and the owners' own key store.
 
-A reference is a capability (DESIGN.md "Credentials"). Two forms exist, and each is checked against
+A reference is a capability (docs/api.md "Credentials"). Two forms exist, and each is checked against
 the owner who wrote it and the audience the secret would reach:
 
 * ``env:NAME`` names a key the operator shares. It is valid only when ``KAIROS_SHARED_SECRETS`` lists

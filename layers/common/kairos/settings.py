@@ -1,4 +1,4 @@
-"""Settings read from the environment (the contract table of DESIGN.md), validated once.
+"""Settings read from the environment (the table in docs/operations.md "Configuration"), validated once.
 
 ``DATABASE_URL`` wins; otherwise ``DATABASE_SECRET_ARN`` names a Secrets Manager secret in the RDS
 shape (``{"host", "port", "username", "password", "dbname"}``) that is read once per container.
@@ -26,7 +26,7 @@ from urllib.parse import quote
 
 DEFAULT_RETENTION_DAYS = 30
 MAX_RETENTION_DAYS = 3650
-# Per-owner budgets (DESIGN.md "Agent tools, approvals and budgets"; kairos.budgets).
+# Per-owner budgets (docs/api.md "Budgets"; kairos.budgets).
 DEFAULT_OWNER_CONCURRENCY = 4
 MAX_OWNER_CONCURRENCY = 1000
 DEFAULT_OWNER_QUEUE_MAX = 200
@@ -35,7 +35,7 @@ DEFAULT_OWNER_DAILY_TOKENS = 2_000_000
 MAX_OWNER_DAILY_TOKENS = 10**12
 DEFAULT_OWNER_DAILY_COST_USD = 50.0
 MAX_OWNER_DAILY_COST_USD = 10**9
-# Corpus runs (DESIGN.md "Corpus runs"; kairos.corpus): partitions at once per run.
+# Corpus runs (docs/api.md "Corpus runs"; kairos.corpus): partitions at once per run.
 DEFAULT_CORPUS_MAX_CONCURRENCY = 1
 MAX_CORPUS_MAX_CONCURRENCY = 16
 

@@ -1,4 +1,4 @@
-"""Agent tools: what a model in a tool loop may call (DESIGN.md "Agent tools, approvals and budgets").
+"""Agent tools: what a model in a tool loop may call (docs/api.md "Agents that act").
 
 Role: an agent lists ``tools``; ``specs`` turns that into what the model sees. Two families:
 

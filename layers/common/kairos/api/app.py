@@ -1,4 +1,4 @@
-"""The HTTP API: every route of DESIGN.md "API" on one Powertools resolver, and ``handle``, its entry point.
+"""The HTTP API: every route of docs/api.md on one Powertools resolver, and ``handle``, its entry point.
 
 ``app`` is a ``kairos.api.resolver.Resolver`` that joins the routers of ``kairos.api.routes``
 (conversations, schedules, secrets, hooks, runs, corpus, approvals, input requests, loops, usage, status,

@@ -1,4 +1,4 @@
-"""Every error the API answers, in DESIGN.md's one shape: ``{"error": {"code", "message", "fields": [...]}}``.
+"""Every error the API answers, in one shape (docs/api.md "API"): ``{"error": {"code", "message", "fields": [...]}}``.
 
 ``error_response`` turns a domain error (``kairos.errors``) into its response: the status from
 ``kairos.errors.http_status``, ``Retry-After`` for a rate limit and an unavailable service.

@@ -251,7 +251,7 @@ CONTENT_CHAR_LIMIT = 65_536
 READ_LIMIT = 1 << 20
 
 
-# Model input is bounded (DESIGN.md "The run"): the system prompt, the run's user turn and as many of
+# Model input is bounded (docs/api.md "API", max_input_tokens): the system prompt, the run's user turn and as many of
 # the newest transcript entries as fit the agent's ``max_input_tokens``, estimated as characters / 4.
 # An entry also costs its framing (role and JSON around the content), counted as 4 tokens, so an
 # empty entry is not free and a window never holds more than the budget / 16 entries.

@@ -1,4 +1,4 @@
-"""Goals and bounded agent loops (DESIGN.md "Goals and loops").
+"""Goals and bounded agent loops (docs/api.md "Goal loops").
 
 A loop is a schedule row marked ``loop``: ``POST /v1/loops`` is the only way to make one
 (``kairos.goals.loops``), with fixed policies the schedule routes cannot loosen (``policy``). Its goal

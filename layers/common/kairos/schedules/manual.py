@@ -1,4 +1,4 @@
-"""Run now and retry: ``manual`` occurrences an owner asks for (DESIGN.md "Steering runs").
+"""Run now and retry: ``manual`` occurrences an owner asks for (docs/api.md "Steering runs").
 
 Role: ``trigger`` records a ``manual`` occurrence of the schedule's current revision at the
 database's now; ``retry`` records one for a run that ended ``failed``, ``abandoned``, ``expired`` or

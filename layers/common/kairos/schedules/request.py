@@ -82,7 +82,7 @@ NAME_MAX = 200
 CRON_MAX = 200
 INTERVAL_MAX_SECONDS = 366 * 86_400
 MAX_OCCURRENCES_MAX = 1_000_000
-# How late a scheduled run without catch-up may still start, from its fire instant (DESIGN.md "The run").
+# How late a scheduled run without catch-up may still start, from its fire instant (docs/api.md "API").
 MAX_DELAY_DEFAULT_SECONDS = 600
 MAX_DELAY_MIN_SECONDS = 60
 MAX_DELAY_MAX_SECONDS = 86_400
@@ -93,8 +93,9 @@ TOKEN_OVERLAP_MAX_SECONDS = 604_800
 DAY = 86_400
 
 TIMED_KINDS = frozenset({ScheduleKind.CRON, ScheduleKind.INTERVAL, ScheduleKind.ONCE})
-# A schedule's notify when the request gives none: every unhappy end, to the inbox only (DESIGN.md
-# "Steering runs"). Migration 0009 writes the same default for the rows that existed before it.
+# A schedule's notify when the request gives none: every unhappy end, to the inbox only
+# (docs/architecture.md "Schedules and time"). Migration 0009 writes the same default for the rows
+# that existed before it.
 NOTIFY_ON_DEFAULT: tuple[RunState, ...] = (RunState.FAILED, RunState.ABANDONED, RunState.EXPIRED,
                                            RunState.POLICY_BLOCKED)
 URL_MAX = 2_048
@@ -157,7 +158,7 @@ class ScheduleRequest(BaseModel):
     # {"on": [terminal run states], "webhook"?: {"url", "secret"}}, checked by ``validate_notify``;
     # ``parse_request`` always fills it in (the default when absent).
     notify: dict[str, Any] | None = None
-    # A corpus run's spec (DESIGN.md "Corpus runs"), checked by ``kairos.corpus.spec.validate``.
+    # A corpus run's spec (docs/api.md "Corpus runs"), checked by ``kairos.corpus.spec.validate``.
     corpus: dict[str, Any] | None = None
 
     @field_validator("prompt")
@@ -392,7 +393,7 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
         raise ValidationFailed(problems) from None
 
     if request.kind is ScheduleKind.INTERVAL and request.starts_at is None:
-        request = request.model_copy(update={"starts_at": now})  # DESIGN: the anchor defaults to now
+        request = request.model_copy(update={"starts_at": now})  # an interval's anchor defaults to now
     problems.extend(_check_semantics(request, now))
     if problems:
         raise ValidationFailed(problems)

@@ -63,7 +63,7 @@ SELECT e.seq, e.role, e.content, e.run_id, e.created_at
 
 -- name: conversation_entries_window (prepared)
 -- The newest entries of the merged transcript that fit a budget of characters, oldest first, without
--- the given run's own entries (bounded model input, DESIGN.md "The run"). An entry costs its length
+-- the given run's own entries (bounded model input, docs/api.md "API", max_input_tokens). An entry costs its length
 -- plus a fixed overhead (its framing), so at most budget / overhead + 1 of the newest entries are
 -- measured, and only the ones that fit are returned: the transcript is never read whole. The kept
 -- entries are a contiguous newest run (the running sum only grows), never a gap-filled selection.

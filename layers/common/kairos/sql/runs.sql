@@ -21,7 +21,7 @@
 -- Only while the owner has fewer than owner_slots runs running (awaiting_approval and awaiting_input
 -- hold no slot); otherwise zero rows, and the caller finds the run still queued (runs_defer).
 -- Or refuses it, decided inside this same update from the run row it updates and its schedule (no
--- check-then-claim race), ending it without any call (DESIGN.md "The run"): `cancelled` when the
+-- check-then-claim race), ending it without any call (docs/api.md "API": catch_up, max_delay_seconds): `cancelled` when the
 -- schedule is neither active nor completed (schedule_cancelled, else schedule_paused; a loop run of a
 -- revision older than the loop's goal: goal_revised; the run a paused loop waits on is let through); `expired`
 -- once expires_at has passed; `abandoned` (superseded) when a newer scheduled fire of the schedule

@@ -1,6 +1,6 @@
 """The tick: settle, repair, fire — PostgreSQL decides, SQS only carries run ids.
 
-Role: what TickFunction runs every minute (DESIGN.md "The tick"). ``Tick.run`` does, in order:
+Role: what TickFunction runs every minute (docs/architecture.md "How it works"). ``Tick.run`` does, in order:
 
 1. settle (``kairos.tick.settle``): ended runs are accounted to their schedules, each once; 3
    failures in a row pause a schedule with an inbox note; runs queued behind an ended run are

@@ -1,15 +1,15 @@
 """Prune: the tick's cleaner — expired receipts, and run threads and payloads past retention (River's cleaner).
 
 Role: webhook receipts (``webhook_receipts``) and idempotent-create receipts (``idempotency_receipts``)
-live 24 h (DESIGN.md "Webhooks"); once expired they answer nothing (a key is new again) and only take
+live 24 h (docs/api.md "API", webhooks); once expired they answer nothing (a key is new again) and only take
 space. Ended runs keep their thread (the fork or fresh conversation the run created), their webhook
 payload and the rest of what they said or were told for ``KAIROS_RETENTION_DAYS`` (default 30) after
 they end; then the thread's entries are deleted, the payload is cleared, the step log (model turns,
 tool arguments and answers), corpus outputs and records and settled budget reservations are deleted,
 approvals' argument previews and input requests' questions become a marker, and the run is stamped
-``pruned_at`` (DESIGN.md "Steering runs" / Forget). ``Prune.run_once`` handles up to ``batch`` rows of
-each kind, oldest first, skipping rows another transaction holds; the tick repeats it while a kind had
-a full batch and time is left.
+``pruned_at`` (docs/architecture.md "Runs, traces and guarantees", Retention). ``Prune.run_once``
+handles up to ``batch`` rows of each kind, oldest first, skipping rows another transaction holds;
+the tick repeats it while a kind had a full batch and time is left.
 
 Guarantees: only receipts whose ``expires_at`` has passed and runs that ended (and were settled) more
 than the retention ago, by the database's clock, are touched. A run keeps its state, output reference,

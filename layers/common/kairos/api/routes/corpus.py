@@ -1,4 +1,4 @@
-"""Corpus runs: progress, records, pause and resume (DESIGN.md "Corpus runs"; ``kairos.corpus``).
+"""Corpus runs: progress, records, pause and resume (docs/api.md "Corpus runs"; ``kairos.corpus``).
 
 ``GET /v1/runs/{id}/corpus`` answers the phase, coverage, partitions by state and export handles;
 ``/corpus/records?after=&limit=`` the canonical records in (kind, id) keyset pages. ``POST
