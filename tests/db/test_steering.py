@@ -132,6 +132,12 @@ def test_a_retry_is_a_new_run_of_the_same_revision_and_the_old_one_stays_as_it_e
     assert run_row(api.url, failed["id"])["state"] == "failed"
     [event] = rows(api.url, "SELECT data FROM run_events WHERE run_id = %s", new["id"])
     assert event["data"]["retry_of"] == str(failed["id"])
+    # The API shows it on the run, and null on a run no retry made.
+    shown = api.alice.get(f"/v1/runs/{new['id']}").json["run"]
+    assert shown["retry_of"] == str(failed["id"])
+    assert api.alice.get(f"/v1/runs/{failed['id']}").json["run"]["retry_of"] is None
+    listed = {r["id"]: r["retry_of"] for r in api.alice.get(f"/v1/runs?schedule_id={s['id']}").json["runs"]}
+    assert listed == {str(new["id"]): str(failed["id"]), str(failed["id"]): None}
     # Retrying the same run again answers the run the first retry made.
     again = api.alice.post(f"/v1/runs/{failed['id']}/retry")
     assert again.status == 202 and again.json == answer.json

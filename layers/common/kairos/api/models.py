@@ -175,6 +175,8 @@ class RunOut(_Open):
     state: str
     conversation_id: str | None = Field(description="the thread the run wrote to (a fork's or fresh run's own "
                                                     "conversation); null until it is claimed")
+    retry_of: str | None = Field(description="the run a POST /v1/runs/{id}/retry made this one from; null "
+                                             "for any other run")
 
 
 class RunEnvelope(_Strict):

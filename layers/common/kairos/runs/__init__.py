@@ -57,6 +57,7 @@ class Run:
     fence: int
     conversation_id: UUID | None
     source_conversation_id: UUID
+    retry_of: UUID | None  # the run a retry made this one from; None for any other run
     cancel_requested_at: datetime | None
     output: dict[str, Any] | None
     usage: dict[str, Any] | None
@@ -80,6 +81,7 @@ class Run:
             fence=int(row["fence"]),
             conversation_id=row["conversation_id"],
             source_conversation_id=row["source_conversation_id"],
+            retry_of=row["retry_of"],
             cancel_requested_at=row["cancel_requested_at"],
             output=row["output"],
             usage=row["usage"],
@@ -90,8 +92,9 @@ class Run:
         )
 
     def as_json(self) -> dict[str, Any]:
-        """The API shape: ids, state, attempt, target conversation, times (RFC 3339 UTC), usage,
-        diagnosis and the output reference (``{"conversation_id", "entry_seq", "attempt"}``)."""
+        """The API shape: ids (``retry_of``: the run a retry made this one from, else null), state, attempt,
+        target conversation, times (RFC 3339 UTC), usage, diagnosis and the output reference
+        (``{"conversation_id", "entry_seq", "attempt"}``)."""
         return {
             "id": str(self.id),
             "schedule_id": None if self.schedule_id is None else str(self.schedule_id),
@@ -105,6 +108,7 @@ class Run:
             # source); null until a claim sets it. The source is the conversation it was scheduled from.
             "conversation_id": None if self.conversation_id is None else str(self.conversation_id),
             "source_conversation_id": str(self.source_conversation_id),
+            "retry_of": None if self.retry_of is None else str(self.retry_of),
             "cancel_requested": self.cancel_requested_at is not None,
             "created_at": trace.rfc3339(self.created_at),
             "started_at": trace.rfc3339(self.started_at),
