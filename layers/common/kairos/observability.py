@@ -2,8 +2,8 @@
 
 Logs are JSON with a stable ``action`` key and the ids involved; never a token, secret, prompt or
 completion. Metrics are CloudWatch EMF in the ``Kairos`` namespace; ``METRIC_NAMES`` lists every
-name the code emits (the template's alarms and the README refer to these, and a test holds them
-together).
+name the code emits (the template's alarms and docs/operations.md's table refer to these;
+``tests/unit/test_metric_names.py`` scans the code for emitted names and holds the three together).
 """
 
 from __future__ import annotations
@@ -63,6 +63,7 @@ METRIC_NAMES: frozenset[str] = frozenset(
         # run
         "Claims",
         "ClaimConflicts",
+        "ClaimsDeferred",  # the owner's running slots were full (kairos.budgets)
         "LeasesLost",
         "RunSucceeded",
         "RunFailed",
@@ -72,5 +73,6 @@ METRIC_NAMES: frozenset[str] = frozenset(
         # api
         "WebhooksAccepted",
         "WebhooksRejected",
+        "WebhooksFailed",  # the database refused to record a delivery (503)
     }
 )
