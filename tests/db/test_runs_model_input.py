@@ -160,13 +160,13 @@ def test_the_window_reads_each_ancestor_by_its_key_whatever_the_statistics(db_ur
         conn.execute("ANALYZE conversation_entries")
         conn.execute("SET plan_cache_mode = force_generic_plan")
         query = db_queries["conversation_entries_window"]
-        names = {"conversation_id": "$1::uuid", "run_id": "$2", "budget": "$3", "overhead": "$4"}
+        names = {"conversation_id": "$1::uuid", "run_ids": "$2", "budget": "$3", "overhead": "$4"}
         for name, placeholder in names.items():
             query = query.replace(f"%({name})s", placeholder)
         # The shipped query with $n placeholders (not user input)
         conn.execute(f"PREPARE window_plan AS {query}")  # type: ignore[arg-type]
         plan = "\n".join(str(row["QUERY PLAN"]) for row in conn.execute(
-            sql.SQL("EXPLAIN EXECUTE window_plan({}, NULL, 32000, 16)").format(sql.Literal(str(child.id)))))
+            sql.SQL("EXPLAIN EXECUTE window_plan({}, '{{}}', 32000, 16)").format(sql.Literal(str(child.id)))))
 
     # Then no plan node scans a table whole: each lineage member and its entries are index ranges
     assert "conversation_entries_pkey" in plan

@@ -19,6 +19,7 @@ from psycopg.rows import dict_row
 
 from tests import factories
 from tests.support.api import Api
+from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent
 
 
 def rows(url: str, query: str, *args: Any) -> list[dict[str, Any]]:
@@ -286,3 +287,40 @@ def test_a_chat_turn_retry_waits_behind_the_conversations_unfinished_turn(api: A
     new = run_row(api.url, answer.json["run_id"])
     assert new["blocked_by_run_id"] == uuid.UUID(second) and new["prompt"] == "one"
     assert api.messages() == []  # sent when the turn before it ends
+
+
+def test_a_retried_chat_turn_asks_its_message_once_and_the_transcript_holds_it_once(
+        api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    from kairos.runs.worker import process
+
+    # Given a conversation with an earlier exchange, and a turn whose model call failed
+    created = api.alice.post("/v1/conversations", {"agent": openai_agent(fake_openai)})
+    assert created.status == 201, created.text
+    conversation = created.json["conversation"]["id"]
+    first = api.alice.post(f"/v1/conversations/{conversation}/messages", {"content": "Hello"}).json["run_id"]
+    assert process(db, uuid.UUID(first), settings=OPENAI_SETTINGS).result == "succeeded"
+    turn = api.alice.post(f"/v1/conversations/{conversation}/messages", {"content": "What is new?"}).json["run_id"]
+    fake_openai.statuses = [400]
+    failed = process(db, uuid.UUID(turn), settings=OPENAI_SETTINGS)
+    assert failed.result == "failed", failed
+    assert run_row(api.url, turn)["state"] == "failed"
+
+    # When it is retried (twice: the first retry fails too)
+    retry = api.alice.post(f"/v1/runs/{turn}/retry")
+    assert retry.status == 202, retry.text
+    fake_openai.statuses = [400]
+    assert process(db, uuid.UUID(retry.json["run_id"]), settings=OPENAI_SETTINGS).result == "failed"
+    again = api.alice.post(f"/v1/runs/{retry.json['run_id']}/retry")
+    assert again.status == 202, again.text
+    assert process(db, uuid.UUID(again.json["run_id"]), settings=OPENAI_SETTINGS).result == "succeeded"
+
+    # Then each retry's model call carried the message once, as its last user message, after the history
+    for body in fake_openai.bodies()[2:]:
+        users = [m["content"] for m in body["messages"] if m["role"] == "user"]
+        assert users == ["Hello", "What is new?"], body["messages"]
+    assert len(fake_openai.requests) == 4
+    # and the transcript holds it once (the first turn's entry), answered by the last retry
+    entries = api.alice.get(f"/v1/conversations/{conversation}").json["conversation"]["entries"]
+    assert [(e["role"], e["content"]) for e in entries] == [
+        ("user", "Hello"), ("assistant", "Good morning from the fake model."),
+        ("user", "What is new?"), ("assistant", "Good morning from the fake model.")]

@@ -28,7 +28,7 @@ Must not: log or return secrets; log prompts or entry contents; rewrite or delet
 from __future__ import annotations
 
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
@@ -287,22 +287,26 @@ class Window:
 
 
 def window(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, budget_chars: int,
-           entry_overhead: int, exclude_run: uuid.UUID | None = None) -> Window:
+           entry_overhead: int, exclude_run: uuid.UUID | None = None,
+           exclude_runs: Sequence[uuid.UUID] = ()) -> Window:
     """As many of the newest entries of the merged transcript as fit ``budget_chars``, each costing
-    its length plus ``entry_overhead``, leaving out ``exclude_run``'s own entries. Chosen in SQL: only
-    the entries that fit are read into memory, however long the transcript."""
+    its length plus ``entry_overhead``, leaving out ``exclude_run``'s and ``exclude_runs``' own entries
+    (a run's, and a retry's: those of the runs it retries). Chosen in SQL: only the entries that fit
+    are read into memory, however long the transcript."""
     return send_window(conn, conversation_id, budget_chars=budget_chars, entry_overhead=entry_overhead,
-                       exclude_run=exclude_run)()
+                       exclude_run=exclude_run, exclude_runs=exclude_runs)()
 
 
 def send_window(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, budget_chars: int,
-                entry_overhead: int, exclude_run: uuid.UUID | None = None) -> Callable[[], Window]:
+                entry_overhead: int, exclude_run: uuid.UUID | None = None,
+                exclude_runs: Sequence[uuid.UUID] = ()) -> Callable[[], Window]:
     """``window`` in two halves: the query is sent now (queued, in a pipeline) and the returned
     function reads its answer (after the pipeline's sync)."""
     if entry_overhead < 1:
         raise ValueError("entry_overhead must be positive")
     cursor = db.send(conn, "conversation_entries_window",
-                     {"conversation_id": conversation_id, "run_id": exclude_run,
+                     {"conversation_id": conversation_id,
+                      "run_ids": [*([] if exclude_run is None else [exclude_run]), *exclude_runs],
                       "budget": max(0, budget_chars), "overhead": entry_overhead})
 
     def read() -> Window:

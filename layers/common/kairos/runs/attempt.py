@@ -25,7 +25,7 @@ from __future__ import annotations
 
 import math
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal, NamedTuple
@@ -242,15 +242,25 @@ def _prepare(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, now: d
         logger.warning("run not replayed", extra={"action": "run_not_replayed", **log,
                                                   "effects": [str(e.id) for e in blockers]})
         return _fail(conn, run_id, row, "ambiguous_effect", now)
-    found = attempt > 1 and db.fetch_one(
-        conn, "conversation_entries_find_for_run",
-        {"conversation_id": conversation_id, "run_id": run_id, "role": "user"}) is not None
+    retried: list[UUID] = []  # the runs a retry descends from: their entries are not its model input
+    if row.get("retry_of") is not None:
+        # A retry asks its message again: the transcript keeps the retried run's user entry (written once)
+        # and the model sees the message once, as this run's prompt, not also as that entry.
+        chain = db.fetch_one(conn, "conversation_entries_find_retried_prompt",
+                             {"run_id": run_id, "conversation_id": conversation_id})
+        assert chain is not None
+        retried, found = list(chain["run_ids"][1:]), bool(chain["prompted"])
+    else:
+        found = attempt > 1 and db.fetch_one(
+            conn, "conversation_entries_find_for_run",
+            {"conversation_id": conversation_id, "run_id": run_id, "role": "user"}) is not None
     if not found:
         seq = moves.append_entry(conn, run_id, fence, conversation_id, role="user",
                                  content=_prompt_entry(run_id, row), now=now)
         if seq is None:
             raise RuntimeError("fence changed while the run row was locked")
-    return Claimed(row, fence, attempt, conversation_id, _send_model_input(conn, run_id, row, conversation_id)())
+    return Claimed(row, fence, attempt, conversation_id,
+                   _send_model_input(conn, run_id, row, conversation_id, retried)())
 
 
 def _fail(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, reason: str, now: datetime | None, *,
@@ -264,14 +274,15 @@ def _fail(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, reason: s
 
 
 def _send_model_input(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row,
-                      conversation_id: UUID) -> Callable[[], ModelInput]:
+                      conversation_id: UUID, retried: Sequence[UUID] = ()) -> Callable[[], ModelInput]:
     """The system prompt, the run's user turn and as many of the newest transcript entries as fit
     ``max_input_tokens`` (characters / 4); older entries are left out behind one marker. The
     window is chosen in SQL (``conversations.window``): the rest of the transcript is never read.
     Its query is sent now; the function returned reads the answer (after a pipeline's sync)."""
     budget = _input_budget(row)
     read_window = conversations.send_window(conn, conversation_id, budget_chars=budget.entries,
-                                            entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
+                                            entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id,
+                                            exclude_runs=retried)
     return lambda: _model_input(budget, read_window())
 
 

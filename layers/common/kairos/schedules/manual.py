@@ -4,7 +4,8 @@ Role: ``trigger`` records a ``manual`` occurrence of the schedule's current revi
 database's now; ``retry`` records one for a run that ended ``failed``, ``abandoned``, ``expired`` or
 ``cancelled``, re-executing that run's revision (its prompt, agent and payload) as a new run whose
 ``retry_of`` names it — the old run stays as it ended. A chat turn (no schedule) retries into its
-conversation: a new ``chat`` run posting the same message again, behind any unfinished turn. Both go
+conversation: a new ``chat`` run asking the same message again, behind any unfinished turn (its claim
+writes no second user entry when the retried turn wrote one, ``kairos.runs.attempt``). Both go
 through ``kairos.occurrences`` (the one way a fire is recorded) and ``kairos.overlap`` (the one overlap
 rule; a chat turn's retry queues behind instead): a fire the policy would skip
 answers ``OverlapConflict`` (409 ``overlap``) naming the run in the way, and records nothing; a fire
@@ -100,7 +101,7 @@ def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, no
 
 
 def _retry_turn(conn: psycopg.Connection[db.Row], run: db.Row, *, owner: str, now: datetime | None) -> Manual:
-    """A failed chat turn's retry: the same message (and corpus) posted again to the same conversation as a
+    """A failed chat turn's retry: the same message (and corpus) asked again in the same conversation as a
     new ``chat`` run, ``retry_of`` the old one, queued behind the conversation's unfinished turn if any (turns
     run one at a time, ``kairos.chat``). The run is locked before the conversation, as a worker takes them."""
     run_id: uuid.UUID = run["id"]

@@ -36,6 +36,21 @@ SELECT seq FROM conversation_entries
  ORDER BY seq
  LIMIT 1;
 
+-- name: conversation_entries_find_retried_prompt
+-- A retry's chain (the run, the run it retries, that one's, …: at most 100) and whether one of them
+-- already wrote its user entry (the prompt) into the conversation: a retry asks that entry again and
+-- does not write a second one.
+WITH RECURSIVE chain (id, retry_of, depth) AS (
+    SELECT id, retry_of, 0 FROM runs WHERE id = %(run_id)s
+    UNION ALL
+    SELECT r.id, r.retry_of, c.depth + 1 FROM chain c JOIN runs r ON r.id = c.retry_of WHERE c.depth < 100
+)
+SELECT array_agg(c.id ORDER BY c.depth) AS run_ids,
+       coalesce(bool_or(EXISTS (SELECT 1 FROM conversation_entries e
+                                 WHERE e.conversation_id = %(conversation_id)s AND e.run_id = c.id
+                                   AND e.role = 'user')), false) AS prompted
+  FROM chain c;
+
 -- name: conversation_entries_get_output
 -- The answer entry a run's output references, read through the owner's conversation.
 SELECT e.content, e.created_at
@@ -63,7 +78,7 @@ SELECT e.seq, e.role, e.content, e.run_id, e.created_at
 
 -- name: conversation_entries_window (prepared)
 -- The newest entries of the merged transcript that fit a budget of characters, oldest first, without
--- the given run's own entries (bounded model input, docs/api.md "API", max_input_tokens). An entry costs its length
+-- the given runs' own entries (the run's, and those of the runs it retries: bounded model input, docs/api.md "API", max_input_tokens). An entry costs its length
 -- plus a fixed overhead (its framing), so at most budget / overhead + 1 of the newest entries are
 -- measured, and only the ones that fit are returned: the transcript is never read whole. The kept
 -- entries are a contiguous newest run (the running sum only grows), never a gap-filled selection.
@@ -88,7 +103,7 @@ WITH RECURSIVE lineage (id, parent_id, fork_seq, upto, depth) AS (
                    SELECT e.seq, e.role, e.content, e.run_id, e.created_at
                      FROM conversation_entries e
                     WHERE e.conversation_id = l.id AND e.seq <= coalesce(l.upto, 2147483647)
-                      AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid)
+                      AND (e.run_id IS NULL OR e.run_id <> ALL (%(run_ids)s::uuid[]))
                     ORDER BY e.seq DESC
                     LIMIT greatest(%(budget)s::integer, 0) / %(overhead)s::integer + 1) e
              ORDER BY e.seq DESC
@@ -98,7 +113,7 @@ WITH RECURSIVE lineage (id, parent_id, fork_seq, upto, depth) AS (
 ), total AS (
     SELECT coalesce(sum((SELECT count(*) FROM conversation_entries e
                           WHERE e.conversation_id = l.id AND e.seq <= coalesce(l.upto, 2147483647)
-                            AND (%(run_id)s::uuid IS NULL OR e.run_id IS DISTINCT FROM %(run_id)s::uuid))), 0)
+                            AND (e.run_id IS NULL OR e.run_id <> ALL (%(run_ids)s::uuid[])))), 0)
            AS entries
       FROM lineage l
 )
