@@ -6,10 +6,12 @@ from __future__ import annotations
 import threading
 import uuid
 from collections import deque
+from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
 
 import psycopg
+from kairos import budgets
 from kairos.db import Database
 from kairos.executors.base import ExecutorError, PreparedCall, Reply
 from kairos.probes import Probes
@@ -438,3 +440,20 @@ def test_a_vanished_workers_reservation_is_given_back_by_the_rescue_and_the_repl
     ledger = _ledger(db_url)
     assert (ledger["reserved_tokens"], ledger["input_tokens"], ledger["output_tokens"]) == (0, 3, 5)
     assert (ledger["calls"], ledger["runs"]) == (1, 1)
+
+
+def test_today_is_the_utc_date_of_the_given_now_and_else_the_databases(db_url: str) -> None:
+    # Given an instant late on 1 March UTC, written in a zone where it is already 2 March
+    late = datetime(2026, 3, 2, 1, 30, tzinfo=timezone(timedelta(hours=2)))
+    database = Database(db_url)
+    try:
+        with database.transaction() as conn:
+            # When the day is asked for at that instant, and then at the database's own clock
+            moved = budgets.today(conn, now=late)
+            real = budgets.today(conn)
+            clock = conn.execute("SELECT (now() AT TIME ZONE 'UTC')::date AS d").fetchone()
+    finally:
+        database.close()
+    # Then the moved clock gives its UTC day, and no now gives the database's
+    assert moved == date(2026, 3, 1)
+    assert clock is not None and real == clock["d"]

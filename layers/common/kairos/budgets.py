@@ -206,9 +206,9 @@ def days(conn: psycopg.Connection[db.Row], *, owner: str, start: date, until: da
                 int(r["calls"]), int(r["runs"])) for r in rows]
 
 
-def today(conn: psycopg.Connection[db.Row]) -> date:
-    """The database's UTC date (the ledger's days are the database's)."""
-    row = db.fetch_one(conn, "usage_ledger_today")
+def today(conn: psycopg.Connection[db.Row], *, now: datetime | None = None) -> date:
+    """The UTC date of ``now``, by default the database's (the ledger's days are the database's)."""
+    row = db.fetch_one(conn, "usage_ledger_today", {"now": now})
     assert row is not None
     value: date = row["today"]
     return value

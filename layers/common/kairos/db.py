@@ -51,8 +51,9 @@ What a database restart or failover (Aurora behind RDS Proxy) does to them, and 
   minutes, and the next caller connects at once: the pool recovers as soon as the database does;
   a connection attempt to an unreachable host gives up after ``CONNECT_TIMEOUT_SECONDS``.
 
-Time: every query that needs "now" takes ``%(now)s`` and uses ``coalesce(%(now)s, now())``, so the
-database clock is the authority and tests can move it.
+Time: every named query that needs "now" takes ``%(now)s`` and uses ``coalesce(%(now)s::timestamptz,
+now())``, so the database clock is the authority and tests can move it (``tests/unit/test_sql_time.py``
+holds every query to it; only the migrations' column defaults read the clock directly).
 """
 
 from __future__ import annotations

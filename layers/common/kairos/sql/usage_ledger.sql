@@ -35,5 +35,5 @@ SELECT d.day::date AS day, coalesce(l.input_tokens, 0) AS input_tokens, coalesce
  ORDER BY d.day;
 
 -- name: usage_ledger_today
--- The database's UTC date.
-SELECT (now() AT TIME ZONE 'UTC')::date AS today;
+-- The UTC date of now (the database's clock unless a test moves it).
+SELECT (coalesce(%(now)s::timestamptz, now()) AT TIME ZONE 'UTC')::date AS today;
