@@ -3,7 +3,8 @@
 Each state set is a StrEnum whose values are exactly those of the schema's check constraints (a
 test reads them back from PostgreSQL). Each state's comment says which component moves a row out of
 it. Moves are applied by single guarded ``UPDATE … WHERE state = …`` statements in the SQL files;
-``RUN_MOVES`` and ``SCHEDULE_MOVES`` are the tables those statements follow.
+``RUN_MOVES`` and ``SCHEDULE_MOVES`` are the tables those statements follow; docs/architecture.md draws
+them, and ``EventType``'s list, and tests/unit/test_docs_architecture.py holds the drawings equal to them.
 
 tests/unit/test_state_moves.py scans every named query and every Python string of the package that
 updates ``runs`` or ``schedules``; for each one assigning ``runs.state`` / ``schedules.status`` it
