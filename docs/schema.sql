@@ -1,0 +1,892 @@
+-- The current Kairos schema: pg_dump --schema-only of a database the migrations in
+-- layers/common/kairos/migrations/ built, normalised (kairos.local.schema). Generated: do not edit;
+-- regenerate with ./scripts/schema. tests/db/test_schema_file.py holds it equal to the migrations.
+-- pg_dump major version: 18
+
+CREATE FUNCTION public.kairos_allow_pruning() RETURNS void
+    LANGUAGE sql
+    AS $$
+    SELECT set_config('kairos.pruning', 'on', true)
+$$;
+
+COMMENT ON FUNCTION public.kairos_allow_pruning() IS 'Lets the current transaction DELETE from occurrences, run_events and conversation_entries (the retention pruner only).';
+
+CREATE FUNCTION public.kairos_record_revision() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    INSERT INTO schedule_revisions (schedule_id, revision, definition, valid_from)
+    VALUES (NEW.id, NEW.revision, kairos_schedule_definition(NEW),
+            CASE WHEN TG_OP = 'INSERT' THEN NEW.created_at ELSE NEW.updated_at END)
+    ON CONFLICT (schedule_id, revision) DO NOTHING;
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION public.kairos_refuse_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF coalesce(current_setting('kairos.pruning', true), '') = 'on' THEN
+        RETURN NULL;
+    END IF;
+    RAISE EXCEPTION '% rows are append-only: % is refused outside the retention pruner', TG_TABLE_NAME, TG_OP
+        USING ERRCODE = 'restrict_violation',
+              HINT = 'the pruner calls kairos_allow_pruning() in its transaction first';
+END;
+$$;
+
+CREATE FUNCTION public.kairos_refuse_revision_change() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION 'schedule_revisions rows are immutable: % is refused', TG_OP
+        USING ERRCODE = 'restrict_violation';
+END;
+$$;
+
+CREATE FUNCTION public.kairos_refuse_update() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION '% rows are immutable', TG_TABLE_NAME USING ERRCODE = 'restrict_violation';
+END;
+$$;
+
+CREATE FUNCTION public.kairos_run_usage(run uuid) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT jsonb_object_agg(s.key, s.total)
+      FROM (SELECT u.key, sum((u.value #>> '{}')::numeric) AS total
+              FROM effects e CROSS JOIN LATERAL jsonb_each(e.usage) AS u(key, value)
+             WHERE e.run_id = run AND e.state = 'settled' AND jsonb_typeof(e.usage) = 'object'
+               AND jsonb_typeof(u.value) = 'number'
+             GROUP BY u.key) AS s
+$$;
+
+CREATE TABLE public.schedules (
+    id uuid NOT NULL,
+    owner text NOT NULL,
+    conversation_id uuid NOT NULL,
+    name text DEFAULT ''::text NOT NULL,
+    prompt text NOT NULL,
+    kind text NOT NULL,
+    cron text,
+    interval_seconds integer,
+    starts_at timestamp with time zone,
+    ends_at timestamp with time zone,
+    max_occurrences integer,
+    timezone text DEFAULT 'UTC'::text NOT NULL,
+    dst_gap text DEFAULT 'auto'::text NOT NULL,
+    dst_fold text DEFAULT 'auto'::text NOT NULL,
+    mode text DEFAULT 'fork'::text NOT NULL,
+    catch_up boolean DEFAULT false NOT NULL,
+    overlap text DEFAULT 'allow'::text NOT NULL,
+    agent jsonb,
+    signing jsonb,
+    status text DEFAULT 'active'::text NOT NULL,
+    revision integer DEFAULT 1 NOT NULL,
+    next_fire_at timestamp with time zone,
+    last_fire_at timestamp with time zone,
+    fire_count integer DEFAULT 0 NOT NULL,
+    consecutive_failures integer DEFAULT 0 NOT NULL,
+    token_hash text,
+    previous_token_hash text,
+    previous_token_expires_at timestamp with time zone,
+    rate_limit_per_minute integer,
+    created_by_run_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    max_delay_seconds integer DEFAULT 600 NOT NULL,
+    notify jsonb DEFAULT '{"on": ["failed", "abandoned", "expired", "policy_blocked"]}'::jsonb NOT NULL,
+    corpus jsonb,
+    loop boolean DEFAULT false NOT NULL,
+    goal jsonb,
+    goal_revision integer,
+    input_run_id uuid,
+    CONSTRAINT schedules_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
+    CONSTRAINT schedules_draft_is_loop CHECK (((status <> 'draft'::text) OR loop)),
+    CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['auto'::text, 'first'::text, 'last'::text, 'both'::text]))),
+    CONSTRAINT schedules_dst_gap_check CHECK ((dst_gap = ANY (ARRAY['auto'::text, 'shift_forward'::text, 'skip'::text]))),
+    CONSTRAINT schedules_fire_count_check CHECK ((fire_count >= 0)),
+    CONSTRAINT schedules_goal_iff_loop CHECK (((goal IS NULL) = (NOT loop))),
+    CONSTRAINT schedules_input_run_is_loop CHECK (((input_run_id IS NULL) OR loop)),
+    CONSTRAINT schedules_interval_seconds_check CHECK (((interval_seconds IS NULL) OR (interval_seconds > 0))),
+    CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'interval'::text, 'once'::text, 'webhook'::text]))),
+    CONSTRAINT schedules_loop_policies CHECK (((NOT loop) OR ((goal IS NOT NULL) AND (goal_revision IS NOT NULL) AND (kind = ANY (ARRAY['cron'::text, 'interval'::text])) AND (catch_up = false) AND (overlap = 'skip'::text) AND (mode = 'append'::text) AND (ends_at IS NOT NULL) AND (max_occurrences IS NOT NULL) AND (max_occurrences <= 500)))),
+    CONSTRAINT schedules_max_delay_bounds CHECK (((max_delay_seconds >= 60) AND (max_delay_seconds <= 86400))),
+    CONSTRAINT schedules_max_occurrences_check CHECK (((max_occurrences IS NULL) OR (max_occurrences > 0))),
+    CONSTRAINT schedules_mode_check CHECK ((mode = ANY (ARRAY['fork'::text, 'append'::text, 'fresh'::text]))),
+    CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['allow'::text, 'skip'::text, 'queue_one'::text, 'cancel_replace'::text]))),
+    CONSTRAINT schedules_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT schedules_rate_limit_per_minute_check CHECK (((rate_limit_per_minute IS NULL) OR (rate_limit_per_minute > 0))),
+    CONSTRAINT schedules_revision_check CHECK ((revision >= 1)),
+    CONSTRAINT schedules_rule CHECK ((((kind = 'cron'::text) AND (cron IS NOT NULL)) OR ((kind = 'interval'::text) AND (interval_seconds IS NOT NULL) AND (starts_at IS NOT NULL)) OR ((kind = 'once'::text) AND (starts_at IS NOT NULL)) OR (kind = 'webhook'::text))),
+    CONSTRAINT schedules_status_check CHECK ((status = ANY (ARRAY['draft'::text, 'active'::text, 'paused'::text, 'cancelled'::text, 'completed'::text]))),
+    CONSTRAINT schedules_timed_cursor CHECK (((kind = 'webhook'::text) OR (status <> 'active'::text) OR (next_fire_at IS NOT NULL))),
+    CONSTRAINT schedules_webhook_token CHECK (((kind = 'webhook'::text) = (token_hash IS NOT NULL))),
+    CONSTRAINT schedules_window CHECK (((ends_at IS NULL) OR (starts_at IS NULL) OR (ends_at > starts_at)))
+);
+
+CREATE FUNCTION public.kairos_schedule_definition(s public.schedules) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT to_jsonb(s) - ARRAY['id', 'owner', 'conversation_id', 'status', 'revision', 'next_fire_at',
+                               'last_fire_at', 'fire_count', 'consecutive_failures', 'token_hash',
+                               'previous_token_hash', 'previous_token_expires_at', 'created_by_run_id',
+                               'created_at', 'updated_at', 'input_run_id']
+$$;
+
+CREATE FUNCTION public.kairos_settle_usage() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    res usage_reservations%ROWTYPE;
+    used_in bigint := 0;
+    used_out bigint := 0;
+    used_cost numeric := 0;
+    first_of_day boolean := false;
+BEGIN
+    SELECT * INTO res FROM usage_reservations WHERE effect_id = NEW.id AND settled_at IS NULL FOR UPDATE;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    IF NEW.state = 'settled' THEN
+        IF NEW.usage IS NOT NULL THEN
+            used_in := greatest(coalesce((NEW.usage ->> 'input_tokens')::bigint, 0), 0);
+            used_out := greatest(coalesce((NEW.usage ->> 'output_tokens')::bigint, 0), 0);
+            used_cost := greatest(coalesce((NEW.usage ->> 'cost_usd')::numeric, 0), 0);
+        END IF;
+        first_of_day := NOT EXISTS (
+            SELECT 1 FROM usage_reservations o
+             WHERE o.run_id = res.run_id AND o.day = res.day AND o.effect_id <> res.effect_id
+               AND o.settled_at IS NOT NULL AND o.input_tokens IS NOT NULL);
+    END IF;
+    UPDATE usage_reservations
+       SET settled_at = coalesce(NEW.settled_at, now()),
+           input_tokens = CASE WHEN NEW.state = 'settled' THEN used_in END,
+           output_tokens = CASE WHEN NEW.state = 'settled' THEN used_out END,
+           used_cost_usd = CASE WHEN NEW.state = 'settled' THEN used_cost END
+     WHERE effect_id = res.effect_id;
+    UPDATE usage_ledger
+       SET reserved_tokens = greatest(reserved_tokens - res.tokens, 0),
+           reserved_cost_usd = greatest(reserved_cost_usd - res.cost_usd, 0),
+           input_tokens = input_tokens + used_in,
+           output_tokens = output_tokens + used_out,
+           cost_usd = cost_usd + used_cost,
+           calls = calls + CASE WHEN NEW.state = 'settled' THEN 1 ELSE 0 END,
+           runs = runs + CASE WHEN first_of_day THEN 1 ELSE 0 END
+     WHERE owner = res.owner AND day = res.day;
+    RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION public.kairos_widen_check(tbl regclass, col text, added text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    con record;
+    allowed text;
+BEGIN
+    SELECT c.conname, pg_get_constraintdef(c.oid) AS def INTO con
+      FROM pg_constraint c
+     WHERE c.conrelid = tbl AND c.contype = 'c'
+       AND pg_get_constraintdef(c.oid) ~ ('\m' || col || '\M.*= ANY')
+     LIMIT 1;
+    IF con IS NULL THEN
+        RAISE EXCEPTION 'no IN-list check constraint on %.%', tbl, col;
+    END IF;
+    SELECT string_agg(quote_literal(v), ', ' ORDER BY v) INTO allowed
+      FROM (SELECT (regexp_matches(con.def, '''([^'']+)''::text', 'g'))[1] AS v
+            UNION SELECT unnest(added)) AS vals;  -- UNION: each value once
+    EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', tbl, con.conname);
+    EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %I CHECK (%I = ANY (ARRAY[%s]))',
+                   tbl, con.conname, col, allowed);
+END;
+$$;
+
+CREATE TABLE public.approvals (
+    id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    owner text NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempt integer NOT NULL,
+    step integer NOT NULL,
+    call_id text NOT NULL,
+    tool text NOT NULL,
+    args_digest text NOT NULL,
+    preview jsonb NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    decided_at timestamp with time zone,
+    decided_by text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT approvals_decided CHECK (((state = 'pending'::text) = (decided_at IS NULL))),
+    CONSTRAINT approvals_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT approvals_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'approved'::text, 'applied'::text, 'denied'::text, 'expired'::text, 'retired'::text])))
+);
+
+CREATE TABLE public.conversation_entries (
+    conversation_id uuid NOT NULL,
+    seq integer NOT NULL,
+    role text NOT NULL,
+    content text NOT NULL,
+    run_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT conversation_entries_role_check CHECK ((role = ANY (ARRAY['system'::text, 'user'::text, 'assistant'::text, 'tool'::text]))),
+    CONSTRAINT conversation_entries_seq_check CHECK ((seq >= 1))
+);
+
+CREATE TABLE public.conversations (
+    id uuid NOT NULL,
+    owner text NOT NULL,
+    title text,
+    agent jsonb NOT NULL,
+    parent_id uuid,
+    fork_seq integer,
+    origin_run_id uuid,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT conversations_fork_point CHECK (((parent_id IS NULL) = (fork_seq IS NULL))),
+    CONSTRAINT conversations_fork_seq_nonneg CHECK (((fork_seq IS NULL) OR (fork_seq >= 0))),
+    CONSTRAINT conversations_owner_check CHECK ((owner <> ''::text))
+);
+
+CREATE TABLE public.corpus_exports (
+    run_id uuid NOT NULL,
+    format text NOT NULL,
+    bucket text NOT NULL,
+    key text NOT NULL,
+    upload_id text,
+    parts jsonb DEFAULT '[]'::jsonb NOT NULL,
+    last_kind text,
+    last_id text,
+    bytes bigint DEFAULT 0 NOT NULL,
+    sha256 text,
+    done boolean DEFAULT false NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT corpus_exports_format_check CHECK ((format = ANY (ARRAY['jsonl'::text, 'graphml'::text])))
+);
+
+CREATE TABLE public.corpus_items (
+    run_id uuid NOT NULL,
+    ordinal integer NOT NULL,
+    key text NOT NULL,
+    digest text NOT NULL,
+    bytes bigint NOT NULL,
+    CONSTRAINT corpus_items_bytes_check CHECK ((bytes >= 0)),
+    CONSTRAINT corpus_items_ordinal_check CHECK ((ordinal >= 0))
+);
+
+CREATE TABLE public.corpus_outputs (
+    run_id uuid NOT NULL,
+    partition integer NOT NULL,
+    line integer NOT NULL,
+    kind text NOT NULL,
+    id text NOT NULL,
+    data jsonb NOT NULL
+);
+
+CREATE TABLE public.corpus_partitions (
+    run_id uuid NOT NULL,
+    n integer NOT NULL,
+    first_ordinal integer NOT NULL,
+    last_ordinal integer NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    generation integer DEFAULT 0 NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    answer text,
+    answer_generation integer,
+    records integer DEFAULT 0 NOT NULL,
+    error_code text,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT corpus_partitions_answer_generation CHECK (((answer IS NULL) = (answer_generation IS NULL))),
+    CONSTRAINT corpus_partitions_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT corpus_partitions_generation_check CHECK (((generation >= 0) AND (generation <= 2))),
+    CONSTRAINT corpus_partitions_lease_iff_running CHECK (((state = 'running'::text) = (lease_token IS NOT NULL))),
+    CONSTRAINT corpus_partitions_n_check CHECK ((n >= 0)),
+    CONSTRAINT corpus_partitions_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'running'::text, 'succeeded'::text, 'failed'::text])))
+);
+
+CREATE TABLE public.corpus_records (
+    run_id uuid NOT NULL,
+    kind text NOT NULL,
+    id text NOT NULL,
+    data jsonb NOT NULL,
+    lineage jsonb NOT NULL
+);
+
+CREATE TABLE public.corpus_runs (
+    run_id uuid NOT NULL,
+    owner text NOT NULL,
+    phase text DEFAULT 'enumerate'::text NOT NULL,
+    items_total integer DEFAULT 0 NOT NULL,
+    partitions_total integer DEFAULT 0 NOT NULL,
+    created_at timestamp with time zone NOT NULL,
+    updated_at timestamp with time zone NOT NULL,
+    CONSTRAINT corpus_runs_items_total_check CHECK ((items_total >= 0)),
+    CONSTRAINT corpus_runs_partitions_total_check CHECK ((partitions_total >= 0)),
+    CONSTRAINT corpus_runs_phase_check CHECK ((phase = ANY (ARRAY['enumerate'::text, 'map'::text, 'reconcile'::text, 'reduce'::text, 'export'::text, 'publish'::text, 'complete'::text])))
+);
+
+CREATE TABLE public.effects (
+    id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    fence bigint NOT NULL,
+    attempt integer NOT NULL,
+    step text NOT NULL,
+    kind text NOT NULL,
+    mutation boolean DEFAULT true NOT NULL,
+    target text NOT NULL,
+    request_digest text NOT NULL,
+    state text DEFAULT 'reserved'::text NOT NULL,
+    usage jsonb,
+    error_code text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    settled_at timestamp with time zone,
+    CONSTRAINT effects_kind_check CHECK ((kind = ANY (ARRAY['model_call'::text, 'http_call'::text, 'tool_call'::text]))),
+    CONSTRAINT effects_settled_iff_final CHECK (((state = 'reserved'::text) = (settled_at IS NULL))),
+    CONSTRAINT effects_state_check CHECK ((state = ANY (ARRAY['reserved'::text, 'settled'::text, 'ambiguous'::text, 'failed'::text])))
+);
+
+CREATE TABLE public.idempotency_receipts (
+    key_digest text NOT NULL,
+    request_digest text NOT NULL,
+    status integer NOT NULL,
+    sealed bytea NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    CONSTRAINT idempotency_receipts_status_check CHECK (((status >= 200) AND (status <= 299)))
+);
+
+CREATE TABLE public.inbox_notes (
+    id bigint NOT NULL,
+    conversation_id uuid NOT NULL,
+    box text DEFAULT 'notes'::text NOT NULL,
+    kind text NOT NULL,
+    body jsonb DEFAULT '{}'::jsonb NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT inbox_notes_box_check CHECK ((box = ANY (ARRAY['notes'::text, 'queued'::text])))
+);
+
+ALTER TABLE public.inbox_notes ALTER COLUMN id ADD GENERATED ALWAYS AS IDENTITY (
+    SEQUENCE NAME public.inbox_notes_id_seq
+    START WITH 1
+    INCREMENT BY 1
+    NO MINVALUE
+    NO MAXVALUE
+    CACHE 1
+);
+
+CREATE TABLE public.input_requests (
+    id uuid NOT NULL,
+    owner text NOT NULL,
+    run_id uuid NOT NULL,
+    attempt integer NOT NULL,
+    step integer NOT NULL,
+    call_id text NOT NULL,
+    schedule_id uuid NOT NULL,
+    revision integer NOT NULL,
+    conversation_id uuid NOT NULL,
+    question text NOT NULL,
+    question_digest text NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    answer_digest text,
+    answer_entry_seq bigint,
+    decided_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT input_requests_answered CHECK ((((state = 'answered'::text) = (answer_digest IS NOT NULL)) AND ((answer_digest IS NULL) = (answer_entry_seq IS NULL)))),
+    CONSTRAINT input_requests_decided CHECK (((state = 'pending'::text) = (decided_at IS NULL))),
+    CONSTRAINT input_requests_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT input_requests_question_check CHECK (((length(question) >= 1) AND (length(question) <= 4000))),
+    CONSTRAINT input_requests_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'answered'::text, 'cancelled'::text, 'expired'::text])))
+);
+
+CREATE TABLE public.kairos_migrations (
+    version integer NOT NULL,
+    name text NOT NULL,
+    checksum text NOT NULL,
+    applied_at timestamp with time zone DEFAULT now() NOT NULL
+);
+
+CREATE TABLE public.notify_deliveries (
+    run_id uuid NOT NULL,
+    schedule_id uuid NOT NULL,
+    owner text NOT NULL,
+    url text NOT NULL,
+    secret_ref text NOT NULL,
+    state text DEFAULT 'pending'::text NOT NULL,
+    attempts integer DEFAULT 0 NOT NULL,
+    next_attempt_at timestamp with time zone DEFAULT now() NOT NULL,
+    last_status integer,
+    last_error text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    CONSTRAINT notify_deliveries_attempts_check CHECK ((attempts >= 0)),
+    CONSTRAINT notify_deliveries_finished_iff_final CHECK (((state <> 'pending'::text) = (finished_at IS NOT NULL))),
+    CONSTRAINT notify_deliveries_last_error_check CHECK ((length(last_error) <= 500)),
+    CONSTRAINT notify_deliveries_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT notify_deliveries_state_check CHECK ((state = ANY (ARRAY['pending'::text, 'delivered'::text, 'gave_up'::text])))
+);
+
+CREATE TABLE public.occurrences (
+    id uuid NOT NULL,
+    schedule_id uuid,
+    source text NOT NULL,
+    fire_at timestamp with time zone NOT NULL,
+    local_time timestamp without time zone NOT NULL,
+    utc_offset interval NOT NULL,
+    fold smallint DEFAULT 0 NOT NULL,
+    timezone text NOT NULL,
+    tzdata_version text NOT NULL,
+    schedule_revision integer NOT NULL,
+    decision text NOT NULL,
+    covers_from timestamp with time zone,
+    covers_until timestamp with time zone,
+    covers_count integer DEFAULT 1 NOT NULL,
+    idempotency_key text,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    key_generation integer DEFAULT 0 NOT NULL,
+    CONSTRAINT occurrences_covers_count_check CHECK ((covers_count >= 1)),
+    CONSTRAINT occurrences_decision_check CHECK ((decision = ANY (ARRAY['dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text]))),
+    CONSTRAINT occurrences_fold_check CHECK ((fold = ANY (ARRAY[0, 1]))),
+    CONSTRAINT occurrences_key_generation_check CHECK ((key_generation >= 0)),
+    CONSTRAINT occurrences_keyed CHECK (((source <> ALL (ARRAY['webhook'::text, 'manual'::text])) OR (idempotency_key IS NOT NULL))),
+    CONSTRAINT occurrences_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
+    CONSTRAINT occurrences_source_check CHECK ((source = ANY (ARRAY['scheduled'::text, 'manual'::text, 'backfill'::text, 'webhook'::text, 'chat'::text])))
+);
+
+CREATE TABLE public.run_events (
+    run_id uuid NOT NULL,
+    seq integer NOT NULL,
+    type text NOT NULL,
+    at timestamp with time zone DEFAULT now() NOT NULL,
+    attempt integer NOT NULL,
+    fence bigint DEFAULT 0 NOT NULL,
+    step text,
+    data jsonb DEFAULT '{}'::jsonb NOT NULL,
+    CONSTRAINT run_events_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT run_events_seq_check CHECK ((seq >= 1)),
+    CONSTRAINT run_events_type_check CHECK ((type = ANY (ARRAY['run.queued'::text, 'run.claimed'::text, 'step.started'::text, 'step.progress'::text, 'step.finished'::text, 'effect.reserved'::text, 'effect.settled'::text, 'output.published'::text, 'run.rescued'::text, 'run.cancel_requested'::text, 'run.deferred'::text, 'approval.waiting'::text, 'approval.approved'::text, 'approval.denied'::text, 'input.waiting'::text, 'input.answered'::text, 'corpus.phase'::text, 'corpus.partition'::text, 'run.paused'::text, 'run.resumed'::text, 'run.succeeded'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.expired'::text, 'run.abandoned'::text, 'run.policy_blocked'::text])))
+);
+
+CREATE TABLE public.run_steps (
+    run_id uuid NOT NULL,
+    n integer NOT NULL,
+    kind text NOT NULL,
+    name text NOT NULL,
+    call_id text,
+    record jsonb NOT NULL,
+    attempt integer NOT NULL,
+    fence bigint NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    CONSTRAINT run_steps_kind_check CHECK ((kind = ANY (ARRAY['model'::text, 'tool'::text]))),
+    CONSTRAINT run_steps_n_check CHECK ((n >= 1))
+);
+
+CREATE TABLE public.runs (
+    id uuid NOT NULL,
+    occurrence_id uuid NOT NULL,
+    schedule_id uuid,
+    owner text NOT NULL,
+    source text NOT NULL,
+    source_conversation_id uuid NOT NULL,
+    conversation_id uuid,
+    mode text NOT NULL,
+    prompt text NOT NULL,
+    payload jsonb,
+    agent jsonb NOT NULL,
+    catch_up boolean DEFAULT false NOT NULL,
+    state text DEFAULT 'queued'::text NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    restarts integer DEFAULT 0 NOT NULL,
+    fence bigint DEFAULT 0 NOT NULL,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    heartbeat_at timestamp with time zone,
+    cancel_requested_at timestamp with time zone,
+    blocked_by_run_id uuid,
+    handoff_at timestamp with time zone,
+    handoff_count integer DEFAULT 0 NOT NULL,
+    last_seq integer DEFAULT 0 NOT NULL,
+    runtime_limit_seconds integer DEFAULT 600 NOT NULL,
+    output jsonb,
+    usage jsonb,
+    diagnosis jsonb,
+    settled_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    expires_at timestamp with time zone,
+    unclaimed_handoffs integer DEFAULT 0 NOT NULL,
+    retry_of uuid,
+    pruned_at timestamp with time zone,
+    deferred_at timestamp with time zone,
+    corpus jsonb,
+    pause_requested_at timestamp with time zone,
+    paused_at timestamp with time zone,
+    CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT runs_failed_has_diagnosis CHECK (((state <> ALL (ARRAY['failed'::text, 'abandoned'::text])) OR (diagnosis IS NOT NULL))),
+    CONSTRAINT runs_fence_check CHECK ((fence >= 0)),
+    CONSTRAINT runs_finished_iff_terminal CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
+    CONSTRAINT runs_lease_iff_running CHECK ((((state = 'running'::text) = (lease_token IS NOT NULL)) AND ((lease_token IS NULL) = (lease_expires_at IS NULL)))),
+    CONSTRAINT runs_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT runs_mode_check CHECK ((mode = ANY (ARRAY['fork'::text, 'append'::text, 'fresh'::text]))),
+    CONSTRAINT runs_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT runs_pruned_after_finish CHECK (((pruned_at IS NULL) OR (finished_at IS NOT NULL))),
+    CONSTRAINT runs_restarts_check CHECK ((restarts >= 0)),
+    CONSTRAINT runs_runtime_limit_seconds_check CHECK ((runtime_limit_seconds > 0)),
+    CONSTRAINT runs_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
+    CONSTRAINT runs_settled_after_finish CHECK (((settled_at IS NULL) OR (finished_at IS NOT NULL))),
+    CONSTRAINT runs_source_check CHECK ((source = ANY (ARRAY['scheduled'::text, 'manual'::text, 'backfill'::text, 'webhook'::text, 'chat'::text]))),
+    CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text]))),
+    CONSTRAINT runs_succeeded_has_output CHECK (((state <> 'succeeded'::text) OR (output IS NOT NULL))),
+    CONSTRAINT runs_unclaimed_handoffs_nonneg CHECK ((unclaimed_handoffs >= 0))
+)
+WITH (fillfactor='50');
+
+CREATE TABLE public.schedule_revisions (
+    schedule_id uuid NOT NULL,
+    revision integer NOT NULL,
+    definition jsonb NOT NULL,
+    valid_from timestamp with time zone NOT NULL,
+    CONSTRAINT schedule_revisions_revision_check CHECK ((revision >= 1))
+);
+
+CREATE TABLE public.usage_ledger (
+    owner text NOT NULL,
+    day date NOT NULL,
+    reserved_tokens bigint DEFAULT 0 NOT NULL,
+    reserved_cost_usd numeric DEFAULT 0 NOT NULL,
+    input_tokens bigint DEFAULT 0 NOT NULL,
+    output_tokens bigint DEFAULT 0 NOT NULL,
+    cost_usd numeric DEFAULT 0 NOT NULL,
+    calls integer DEFAULT 0 NOT NULL,
+    runs integer DEFAULT 0 NOT NULL,
+    CONSTRAINT usage_ledger_calls_check CHECK ((calls >= 0)),
+    CONSTRAINT usage_ledger_cost_usd_check CHECK ((cost_usd >= (0)::numeric)),
+    CONSTRAINT usage_ledger_input_tokens_check CHECK ((input_tokens >= 0)),
+    CONSTRAINT usage_ledger_output_tokens_check CHECK ((output_tokens >= 0)),
+    CONSTRAINT usage_ledger_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT usage_ledger_reserved_cost_usd_check CHECK ((reserved_cost_usd >= (0)::numeric)),
+    CONSTRAINT usage_ledger_reserved_tokens_check CHECK ((reserved_tokens >= 0)),
+    CONSTRAINT usage_ledger_runs_check CHECK ((runs >= 0))
+);
+
+CREATE TABLE public.usage_reservations (
+    effect_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    owner text NOT NULL,
+    day date NOT NULL,
+    tokens bigint NOT NULL,
+    cost_usd numeric NOT NULL,
+    input_tokens bigint,
+    output_tokens bigint,
+    used_cost_usd numeric,
+    settled_at timestamp with time zone,
+    CONSTRAINT usage_reservations_cost_usd_check CHECK ((cost_usd >= (0)::numeric)),
+    CONSTRAINT usage_reservations_tokens_check CHECK ((tokens >= 0))
+);
+
+CREATE TABLE public.webhook_receipts (
+    schedule_id uuid NOT NULL,
+    idempotency_key text NOT NULL,
+    request_digest text NOT NULL,
+    occurrence_id uuid NOT NULL,
+    run_id uuid NOT NULL,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    expires_at timestamp with time zone NOT NULL,
+    generation integer DEFAULT 0 NOT NULL,
+    CONSTRAINT webhook_receipts_generation_check CHECK ((generation >= 0))
+);
+
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT approvals_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT approvals_run_id_step_call_id_key UNIQUE (run_id, step, call_id);
+
+ALTER TABLE ONLY public.conversation_entries
+    ADD CONSTRAINT conversation_entries_pkey PRIMARY KEY (conversation_id, seq);
+
+ALTER TABLE ONLY public.conversations
+    ADD CONSTRAINT conversations_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.corpus_exports
+    ADD CONSTRAINT corpus_exports_pkey PRIMARY KEY (run_id, format);
+
+ALTER TABLE ONLY public.corpus_items
+    ADD CONSTRAINT corpus_items_pkey PRIMARY KEY (run_id, ordinal);
+
+ALTER TABLE ONLY public.corpus_outputs
+    ADD CONSTRAINT corpus_outputs_pkey PRIMARY KEY (run_id, partition, line);
+
+ALTER TABLE ONLY public.corpus_partitions
+    ADD CONSTRAINT corpus_partitions_pkey PRIMARY KEY (run_id, n);
+
+ALTER TABLE ONLY public.corpus_records
+    ADD CONSTRAINT corpus_records_pkey PRIMARY KEY (run_id, kind, id);
+
+ALTER TABLE ONLY public.corpus_runs
+    ADD CONSTRAINT corpus_runs_pkey PRIMARY KEY (run_id);
+
+ALTER TABLE ONLY public.effects
+    ADD CONSTRAINT effects_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.effects
+    ADD CONSTRAINT effects_run_id_fence_step_key UNIQUE (run_id, fence, step);
+
+ALTER TABLE ONLY public.idempotency_receipts
+    ADD CONSTRAINT idempotency_receipts_pkey PRIMARY KEY (key_digest);
+
+ALTER TABLE ONLY public.inbox_notes
+    ADD CONSTRAINT inbox_notes_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.input_requests
+    ADD CONSTRAINT input_requests_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.input_requests
+    ADD CONSTRAINT input_requests_run_id_step_call_id_key UNIQUE (run_id, step, call_id);
+
+ALTER TABLE ONLY public.kairos_migrations
+    ADD CONSTRAINT kairos_migrations_pkey PRIMARY KEY (version);
+
+ALTER TABLE ONLY public.notify_deliveries
+    ADD CONSTRAINT notify_deliveries_pkey PRIMARY KEY (run_id);
+
+ALTER TABLE ONLY public.occurrences
+    ADD CONSTRAINT occurrences_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.run_events
+    ADD CONSTRAINT run_events_pkey PRIMARY KEY (run_id, seq);
+
+ALTER TABLE ONLY public.run_steps
+    ADD CONSTRAINT run_steps_pkey PRIMARY KEY (run_id, n);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_occurrence_id_key UNIQUE (occurrence_id);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.schedule_revisions
+    ADD CONSTRAINT schedule_revisions_pkey PRIMARY KEY (schedule_id, revision);
+
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
+
+ALTER TABLE ONLY public.usage_ledger
+    ADD CONSTRAINT usage_ledger_pkey PRIMARY KEY (owner, day);
+
+ALTER TABLE ONLY public.usage_reservations
+    ADD CONSTRAINT usage_reservations_pkey PRIMARY KEY (effect_id);
+
+ALTER TABLE ONLY public.webhook_receipts
+    ADD CONSTRAINT webhook_receipts_pkey PRIMARY KEY (schedule_id, idempotency_key);
+
+CREATE INDEX approvals_owner_idx ON public.approvals USING btree (owner, state, created_at DESC);
+
+CREATE INDEX approvals_pending_expiry_idx ON public.approvals USING btree (expires_at) WHERE ((state = 'pending'::text) AND (decided_at IS NULL));
+
+CREATE INDEX conversations_owner_idx ON public.conversations USING btree (owner, created_at DESC, id DESC);
+
+CREATE INDEX conversations_parent_idx ON public.conversations USING btree (parent_id) WHERE (parent_id IS NOT NULL);
+
+CREATE INDEX effects_run_idx ON public.effects USING btree (run_id, state);
+
+CREATE INDEX idempotency_receipts_expires_idx ON public.idempotency_receipts USING btree (expires_at);
+
+CREATE INDEX inbox_notes_conversation_idx ON public.inbox_notes USING btree (conversation_id, box, id DESC);
+
+CREATE UNIQUE INDEX input_requests_one_pending_idx ON public.input_requests USING btree (run_id) WHERE ((state = 'pending'::text) AND (run_id IS NOT NULL));
+
+CREATE INDEX input_requests_owner_idx ON public.input_requests USING btree (owner, state, created_at DESC);
+
+CREATE INDEX input_requests_schedule_pending_idx ON public.input_requests USING btree (schedule_id) WHERE ((state = 'pending'::text) AND (schedule_id IS NOT NULL));
+
+CREATE INDEX notify_deliveries_due_idx ON public.notify_deliveries USING btree (next_attempt_at) WHERE ((state = 'pending'::text) AND (next_attempt_at IS NOT NULL));
+
+CREATE INDEX notify_deliveries_schedule_idx ON public.notify_deliveries USING btree (schedule_id);
+
+CREATE UNIQUE INDEX occurrences_keyed_key ON public.occurrences USING btree (schedule_id, source, idempotency_key, key_generation) WHERE (source = ANY (ARRAY['webhook'::text, 'manual'::text]));
+
+CREATE INDEX occurrences_schedule_idx ON public.occurrences USING btree (schedule_id, fire_at DESC, id DESC);
+
+CREATE UNIQUE INDEX occurrences_timed_key ON public.occurrences USING btree (schedule_id, source, fire_at) WHERE (source = ANY (ARRAY['scheduled'::text, 'backfill'::text]));
+
+CREATE INDEX runs_blocked_idx ON public.runs USING btree (blocked_by_run_id) WHERE (blocked_by_run_id IS NOT NULL);
+
+CREATE INDEX runs_conversation_chat_idx ON public.runs USING btree (source_conversation_id, created_at) WHERE (source = 'chat'::text);
+
+CREATE INDEX runs_handoff_idx ON public.runs USING btree (created_at) WHERE ((state = 'queued'::text) AND (blocked_by_run_id IS NULL) AND (max_attempts >= 1));
+
+CREATE INDEX runs_owner_active_idx ON public.runs USING btree (owner, state) WHERE ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (owner IS NOT NULL));
+
+CREATE INDEX runs_owner_created_idx ON public.runs USING btree (owner, created_at DESC, id DESC);
+
+CREATE INDEX runs_prunable_idx ON public.runs USING btree (finished_at) WHERE ((pruned_at IS NULL) AND (finished_at IS NOT NULL));
+
+CREATE UNIQUE INDEX runs_retry_of_idx ON public.runs USING btree (retry_of) WHERE (retry_of IS NOT NULL);
+
+CREATE INDEX runs_running_idx ON public.runs USING btree (id) WHERE ((state = 'running'::text) AND (lease_token IS NOT NULL));
+
+CREATE INDEX runs_schedule_active_idx ON public.runs USING btree (schedule_id) WHERE ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (schedule_id IS NOT NULL));
+
+CREATE INDEX runs_schedule_backfill_idx ON public.runs USING btree (schedule_id, created_at DESC) WHERE (source = 'backfill'::text);
+
+CREATE INDEX runs_schedule_created_idx ON public.runs USING btree (schedule_id, created_at DESC, id DESC);
+
+CREATE INDEX runs_unsettled_chat_idx ON public.runs USING btree (finished_at) WHERE ((schedule_id IS NULL) AND (finished_at IS NOT NULL) AND (settled_at IS NULL));
+
+CREATE INDEX runs_unsettled_idx ON public.runs USING btree (finished_at) WHERE ((finished_at IS NOT NULL) AND (settled_at IS NULL));
+
+CREATE INDEX schedules_conversation_idx ON public.schedules USING btree (conversation_id, created_at);
+
+CREATE INDEX schedules_due_key_idx ON public.schedules USING btree (next_fire_at, id) WHERE ((status = 'active'::text) AND (next_fire_at IS NOT NULL));
+
+CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, created_at, id);
+
+CREATE UNIQUE INDEX schedules_previous_token_hash_key ON public.schedules USING btree (previous_token_hash) WHERE (previous_token_hash IS NOT NULL);
+
+CREATE UNIQUE INDEX schedules_token_hash_key ON public.schedules USING btree (token_hash) WHERE (token_hash IS NOT NULL);
+
+CREATE INDEX usage_reservations_run_idx ON public.usage_reservations USING btree (run_id, day);
+
+CREATE INDEX webhook_receipts_expires_idx ON public.webhook_receipts USING btree (expires_at);
+
+CREATE TRIGGER conversation_entries_immutable BEFORE UPDATE ON public.conversation_entries FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
+
+CREATE TRIGGER conversation_entries_no_delete BEFORE DELETE ON public.conversation_entries FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER conversation_entries_no_truncate BEFORE TRUNCATE ON public.conversation_entries FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER effects_settle_usage AFTER UPDATE OF state ON public.effects FOR EACH ROW WHEN (((old.state = 'reserved'::text) AND (new.state <> 'reserved'::text))) EXECUTE FUNCTION public.kairos_settle_usage();
+
+CREATE TRIGGER occurrences_immutable BEFORE UPDATE ON public.occurrences FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
+
+CREATE TRIGGER occurrences_no_delete BEFORE DELETE ON public.occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER occurrences_no_truncate BEFORE TRUNCATE ON public.occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER run_events_immutable BEFORE UPDATE ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
+
+CREATE TRIGGER run_events_no_delete BEFORE DELETE ON public.run_events FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER run_events_no_truncate BEFORE TRUNCATE ON public.run_events FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER run_steps_no_delete BEFORE DELETE ON public.run_steps FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER run_steps_no_update BEFORE UPDATE ON public.run_steps FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
+
+CREATE TRIGGER schedule_revisions_immutable BEFORE UPDATE ON public.schedule_revisions FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_revision_change();
+
+CREATE TRIGGER schedules_record_revision_insert AFTER INSERT ON public.schedules FOR EACH ROW EXECUTE FUNCTION public.kairos_record_revision();
+
+CREATE TRIGGER schedules_record_revision_update AFTER UPDATE OF revision ON public.schedules FOR EACH ROW WHEN ((new.revision <> old.revision)) EXECUTE FUNCTION public.kairos_record_revision();
+
+ALTER TABLE ONLY public.approvals
+    ADD CONSTRAINT approvals_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.conversation_entries
+    ADD CONSTRAINT conversation_entries_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(id);
+
+ALTER TABLE ONLY public.conversations
+    ADD CONSTRAINT conversations_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES public.conversations(id);
+
+ALTER TABLE ONLY public.corpus_exports
+    ADD CONSTRAINT corpus_exports_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.corpus_runs(run_id);
+
+ALTER TABLE ONLY public.corpus_items
+    ADD CONSTRAINT corpus_items_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.corpus_runs(run_id);
+
+ALTER TABLE ONLY public.corpus_outputs
+    ADD CONSTRAINT corpus_outputs_run_id_partition_fkey FOREIGN KEY (run_id, partition) REFERENCES public.corpus_partitions(run_id, n);
+
+ALTER TABLE ONLY public.corpus_partitions
+    ADD CONSTRAINT corpus_partitions_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.corpus_runs(run_id);
+
+ALTER TABLE ONLY public.corpus_records
+    ADD CONSTRAINT corpus_records_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.corpus_runs(run_id);
+
+ALTER TABLE ONLY public.corpus_runs
+    ADD CONSTRAINT corpus_runs_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.effects
+    ADD CONSTRAINT effects_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.inbox_notes
+    ADD CONSTRAINT inbox_notes_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(id);
+
+ALTER TABLE ONLY public.input_requests
+    ADD CONSTRAINT input_requests_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(id);
+
+ALTER TABLE ONLY public.input_requests
+    ADD CONSTRAINT input_requests_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.input_requests
+    ADD CONSTRAINT input_requests_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id);
+
+ALTER TABLE ONLY public.notify_deliveries
+    ADD CONSTRAINT notify_deliveries_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.notify_deliveries
+    ADD CONSTRAINT notify_deliveries_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id);
+
+ALTER TABLE ONLY public.occurrences
+    ADD CONSTRAINT occurrences_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id);
+
+ALTER TABLE ONLY public.run_events
+    ADD CONSTRAINT run_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.run_steps
+    ADD CONSTRAINT run_steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_blocked_by_run_id_fkey FOREIGN KEY (blocked_by_run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(id);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(id);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_retry_of_fkey FOREIGN KEY (retry_of) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id);
+
+ALTER TABLE ONLY public.runs
+    ADD CONSTRAINT runs_source_conversation_id_fkey FOREIGN KEY (source_conversation_id) REFERENCES public.conversations(id);
+
+ALTER TABLE ONLY public.schedule_revisions
+    ADD CONSTRAINT schedule_revisions_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id);
+
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(id);
+
+ALTER TABLE ONLY public.schedules
+    ADD CONSTRAINT schedules_input_run_id_fkey FOREIGN KEY (input_run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.usage_reservations
+    ADD CONSTRAINT usage_reservations_effect_id_fkey FOREIGN KEY (effect_id) REFERENCES public.effects(id);
+
+ALTER TABLE ONLY public.usage_reservations
+    ADD CONSTRAINT usage_reservations_owner_day_fkey FOREIGN KEY (owner, day) REFERENCES public.usage_ledger(owner, day);
+
+ALTER TABLE ONLY public.usage_reservations
+    ADD CONSTRAINT usage_reservations_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.webhook_receipts
+    ADD CONSTRAINT webhook_receipts_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(id);
+
+ALTER TABLE ONLY public.webhook_receipts
+    ADD CONSTRAINT webhook_receipts_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+
+ALTER TABLE ONLY public.webhook_receipts
+    ADD CONSTRAINT webhook_receipts_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id);
