@@ -68,3 +68,13 @@ def test_no_tracked_file_points_at_a_document_outside_the_repository() -> None:
         if _OUTSIDE_DOCUMENT.encode() in path.read_bytes():
             mentions.append(name)
     assert mentions == []
+
+
+def test_every_test_file_the_docs_name_exists() -> None:
+    """docs/development.md's table of rules names the test holding each one: a renamed test breaks it."""
+    missing = []
+    for doc in DOCS:
+        for named in re.findall(r"`(tests/[\w/*]+\.py)`", doc.read_text(encoding="utf-8")):
+            if not list(ROOT.glob(named)):
+                missing.append(f"{doc.name}: {named}")
+    assert missing == []
