@@ -1,7 +1,8 @@
 """A model reply the database cannot store — a NUL in its text or in a tool call's arguments, a number
 that is not finite, a lone surrogate, a token count no call can have — ends its run ``failed``
 (``unstorable_reply``, not retry-eligible) at once, after exactly one call to a real local
-OpenAI-compatible server, and nothing of the reply reaches the logs or the database."""
+OpenAI-compatible server, and nothing of the reply reaches the logs or the database — but its usage
+does: the server answered and billed the call, so the run, the day and the ledger count it."""
 
 from __future__ import annotations
 
@@ -47,6 +48,10 @@ CASES = {
                                  '{"prompt_tokens": 21, "completion_tokens": -7}'),
 }
 
+# The (input, output) tokens each case is counted with when not the answered 21 and 7: the count that
+# is out of range is the unstorable part, and is counted 0; the other count is the provider's.
+COUNTED = {"usage_at_2_63": (0, 7), "negative_usage": (21, 0)}
+
 
 def rows(url: str, query: str, *args: Any) -> list[dict[str, Any]]:
     with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
@@ -76,8 +81,18 @@ def test_an_unstorable_reply_fails_the_run_at_once_after_one_call_and_is_never_l
     [ended] = rows(db_url, "SELECT state, lease_token, diagnosis FROM runs WHERE id = %s", run_id)
     assert ended["state"] == "failed" and ended["lease_token"] is None
     assert ended["diagnosis"]["reason_code"] == "unstorable_reply" and ended["diagnosis"]["retry_eligible"] is False
-    [effect] = rows(db_url, "SELECT state, error_code FROM effects WHERE run_id = %s", run_id)
-    assert (effect["state"], effect["error_code"]) == ("failed", "unstorable_reply")
+    # The model answered (and its provider billed the call): the call is settled, refused, and counted
+    # with the counts it answered — a count that is no count (the unstorable part) counted 0
+    [effect] = rows(db_url, "SELECT state, error_code, usage FROM effects WHERE run_id = %s", run_id)
+    assert (effect["state"], effect["error_code"]) == ("settled", "unstorable_reply")
+    tokens = COUNTED.get(case, (21, 7))
+    assert (effect["usage"]["input_tokens"], effect["usage"]["output_tokens"], effect["usage"]["calls"]) == (
+        *tokens, 1)
+    [usage] = rows(db_url, "SELECT owner, usage FROM runs WHERE id = %s", run_id)
+    assert (usage["usage"]["input_tokens"], usage["usage"]["output_tokens"], usage["usage"]["calls"]) == (*tokens, 1)
+    [ledger] = rows(db_url, "SELECT * FROM usage_ledger WHERE owner = %s", usage["owner"])
+    assert (ledger["input_tokens"], ledger["output_tokens"], ledger["calls"], ledger["runs"]) == (*tokens, 1, 1)
+    assert (ledger["reserved_tokens"], ledger["reserved_cost_usd"]) == (0, 0)
     # and nothing of the reply is in a log line or a row
     logged = "\n".join(f"{r.getMessage()} {r.__dict__} {r.exc_text or ''}" for r in caplog.records)
     assert MARK not in logged and "9223372036854775808" not in logged

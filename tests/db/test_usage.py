@@ -233,3 +233,24 @@ def test_a_retry_and_a_rescue_lose_nothing_the_earlier_attempts_spent(
     assert (ledger["input_tokens"], ledger["output_tokens"], ledger["calls"], ledger["runs"]) == (
         2 * IN, 2 * OUT, 2, 1)
     assert (ledger["reserved_tokens"], ledger["reserved_cost_usd"]) == (0, 0)
+
+
+def test_a_corpus_call_whose_reply_cannot_be_stored_still_counts_what_the_model_answered(
+        api: Api, db: Database, fake_openai: FakeOpenAI, corpus_env: Any) -> None:
+    # The server answers (and bills) 120/30, but its text holds a NUL: the run fails unstorable_reply
+    fake_openai.usage = {"prompt_tokens": IN, "completion_tokens": OUT, "total_tokens": IN + OUT}
+    fake_openai.script = [{"raw": json.dumps({
+        "id": "c", "object": "chat.completion", "usage": fake_openai.usage,
+        "choices": [{"index": 0, "finish_reason": "stop",
+                     "message": {"role": "assistant", "content": "bad \u0000 answer"}}]}).encode()}]
+    run_id = chat(api, fake_openai, content="summarise", corpus={
+        "source": {"items": [f"note {i}" for i in range(10)]}, "instructions": "Extract.", "partition_size": 10})
+    outcome = work(db, run_id)
+    assert (outcome.result, outcome.reason_code) == ("failed", "unstorable_reply")
+    assert len(fake_openai.requests) == 1
+
+    assert counted(run_usage(api, run_id)) == {"input_tokens": IN, "output_tokens": OUT, "calls": 1,
+                                                "tool_calls": None, "steps": 1}
+    [ledger] = rows(api.url, "SELECT * FROM usage_ledger WHERE owner = 'alice'")
+    assert (ledger["input_tokens"], ledger["output_tokens"], ledger["calls"], ledger["runs"]) == (IN, OUT, 1, 1)
+    assert (ledger["reserved_tokens"], ledger["reserved_cost_usd"]) == (0, 0)

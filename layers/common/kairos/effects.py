@@ -159,9 +159,11 @@ def settle(
     usage: Mapping[str, int] | None = None,
     trace_into: list[trace.Event] | None = None,
     now: datetime | None = None,
+    error_code: str | None = None,
 ) -> Effect | None:
-    """The call answered: ``reserved -> settled`` with its usage."""
-    return _close(conn, effect, fence=fence, state=EffectState.SETTLED, usage=usage, error_code=None,
+    """The call answered: ``reserved -> settled`` with its usage. ``error_code``: the answer came (and
+    counts) but was refused (``unstorable_reply``)."""
+    return _close(conn, effect, fence=fence, state=EffectState.SETTLED, usage=usage, error_code=error_code,
                   trace_into=trace_into, now=now)
 
 

@@ -33,6 +33,7 @@ from __future__ import annotations
 import dataclasses
 import threading
 import time
+from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, NoReturn
 
@@ -232,10 +233,9 @@ def _call(c: Corpus, part: db.Row) -> str | None:
         reply = executor.send(dataclasses.replace(prepared, abort=run.heartbeat.abort),
                               timeout=max(0.001, min(remaining, CALL_TIMEOUT_CAP_SECONDS)))
     except (ExecutorError, Failure) as error:
-        _call_failed(c, effect, base, error)
-    usage = budgets.priced({**{k: v for k, v in reply.usage.items() if isinstance(v, int) and not isinstance(v, bool)},
-                            "calls": 1, "duration_ms": int((time.monotonic() - started) * 1000)},
-                           agent.get("model"), run.settings)
+        answered = error.usage if isinstance(error, ExecutorError) else None  # a refused reply still counts
+        _call_failed(c, effect, base, error, None if answered is None else _priced(c, agent, answered, started))
+    usage = _priced(c, agent, reply.usage, started)
     events: list[trace.Event] = []
     with c.fenced() as (conn, _):
         if effects.settle(conn, effect, fence=c.fence, usage=usage, trace_into=events, now=run.now) is None:
@@ -268,13 +268,26 @@ def _reserve(c: Corpus, step: str, prepared: Any, agent: dict[str, Any], estimat
     return effect
 
 
-def _call_failed(c: Corpus, effect: effects.Effect, base: dict[str, Any], error: Exception) -> NoReturn:
-    """Closes the failed call's effect and puts the partition back; then the attempt stops: a cancel
-    (the heartbeat aborted the call) ends the run cancelled, anything else fails or retries it."""
+def _priced(c: Corpus, agent: dict[str, Any], counts: Mapping[str, Any], started: float) -> dict[str, Any]:
+    """One answered call's usage: the provider's integer counts, ``calls`` 1, its duration, priced."""
+    return budgets.priced({**{k: v for k, v in counts.items() if isinstance(v, int) and not isinstance(v, bool)},
+                           "calls": 1, "duration_ms": int((time.monotonic() - started) * 1000)},
+                          agent.get("model"), c.run.settings)
+
+
+def _call_failed(c: Corpus, effect: effects.Effect, base: dict[str, Any], error: Exception,
+                 usage: dict[str, Any] | None = None) -> NoReturn:
+    """Closes the failed call's effect (settled with ``usage`` when the model answered and its reply was
+    refused: the call counts) and puts the partition back; then the attempt stops: a cancel (the
+    heartbeat aborted the call) ends the run cancelled, anything else fails or retries it."""
     code = error.reason_code if isinstance(error, ExecutorError | Failure) else "internal"
     events: list[trace.Event] = []
     with c.fenced() as (conn, row):
-        effects.fail(conn, effect, fence=c.fence, error_code=code, trace_into=events, now=c.run.now)
+        if usage is not None:
+            effects.settle(conn, effect, fence=c.fence, usage=usage, error_code=code, trace_into=events,
+                           now=c.run.now)
+        else:
+            effects.fail(conn, effect, fence=c.fence, error_code=code, trace_into=events, now=c.run.now)
         db.fetch_one(conn, "corpus_partitions_release", base)
         c.events(conn, events)
         cancelled = row["cancel_requested_at"] is not None

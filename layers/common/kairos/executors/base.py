@@ -29,7 +29,7 @@ import math
 import re
 import socket
 import threading
-from collections.abc import Iterator
+from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
@@ -186,7 +186,7 @@ class ExecutorError(Exception):
     """A failed call, classified. ``reason_code`` is one of ``kairos.diagnosis.REASON_CODES``."""
 
     def __init__(self, reason_code: str, message: str, *, retry_safe: bool = False,
-                 outcome_unknown: bool = False) -> None:
+                 outcome_unknown: bool = False, usage: Mapping[str, int] | None = None) -> None:
         if reason_code not in REASON_CODES:
             raise ValueError(f"unknown reason code {reason_code}")
         super().__init__(message)
@@ -194,6 +194,9 @@ class ExecutorError(Exception):
         self.message = message
         self.retry_safe = retry_safe and not outcome_unknown
         self.outcome_unknown = outcome_unknown
+        # The counts of a call the model answered (and its provider billed) whose reply is refused all
+        # the same (``storable``): the call is counted with them. None: no answer to count.
+        self.usage = None if usage is None else dict(usage)
 
 
 @contextmanager
@@ -280,15 +283,20 @@ ARGUMENTS_DEPTH_MAX = 64
 def storable(reply: Reply) -> Reply:
     """``reply`` when the database can store every part of it; ``ExecutorError("unstorable_reply")``
     otherwise (not retry-safe: the model answered, and asking again costs again). The error names what
-    kind of part is wrong, never its text."""
+    kind of part is wrong, never its text, and carries the reply's counts (``usage``): the call was made
+    and billed, so it is counted — with each count that is a count, and a count that is not one (out of
+    0..USAGE_COUNT_MAX: no call has it, and it is what cannot be stored) left out, i.e. counted 0."""
     problem = text_problem(reply.content)
+    counts: dict[str, int] = {}
     for key, value in reply.usage.items():
         if isinstance(value, bool) or not isinstance(value, int) or not 0 <= value <= USAGE_COUNT_MAX:
             problem = problem or f"a token count ({key[:32]}) is not a count between 0 and {USAGE_COUNT_MAX}"
+        elif text_problem(key) is None:
+            counts[key] = value
     for call in reply.tool_calls:
         problem = problem or text_problem(call.id) or text_problem(call.name) or json_problem(call.arguments)
     if problem is not None:
-        raise ExecutorError("unstorable_reply", f"the model's reply cannot be stored: {problem}")
+        raise ExecutorError("unstorable_reply", f"the model's reply cannot be stored: {problem}", usage=counts)
     return reply
 
 

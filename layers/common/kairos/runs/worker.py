@@ -36,7 +36,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Sequence
+from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -183,8 +183,11 @@ class Execution:
         self.call_started = True
         try:
             reply = send(prepared, timeout=max(0.001, min(remaining, CALL_TIMEOUT_CAP_SECONDS)))
-        except ExecutorError as error:  # no answer: nothing used (its reservation is given back)
+        except ExecutorError as error:  # no answer: nothing used (its reservation is given back) ...
             self.heartbeat.step_finished()
+            if error.usage is not None and prepared.kind == "model_call":  # ... unless one came, refused
+                self.answered[effect.id] = budgets.priced(
+                    _counted(error.usage, time.monotonic() - started), agent.get("model"), self.settings)
             return self._call_failed(step, effect, prepared.mutation, error)
         self.heartbeat.step_finished()
         seconds = time.monotonic() - started
@@ -268,6 +271,9 @@ class Execution:
                                                 trace_into=events, now=self.now)
                 if reason != "runtime_limit":
                     reason = "ambiguous_effect"
+            elif effect.id in self.answered:  # the model answered (billed), its reply refused: counted
+                closed = effects.settle(conn, effect, fence=fence, usage=self.usage_of(effect),
+                                        error_code=error.reason_code, trace_into=events, now=self.now)
             else:
                 closed = effects.fail(conn, effect, fence=fence, error_code=error.reason_code, trace_into=events,
                                       now=self.now)
@@ -462,8 +468,13 @@ def _output_tokens(agent: dict[str, Any]) -> int:
 
 
 def _usage(reply: Reply, seconds: float) -> dict[str, Any]:
+    return _counted(reply.usage, seconds)
+
+
+def _counted(counts: Mapping[str, Any], seconds: float) -> dict[str, Any]:
+    """One answered call's usage: the provider's integer counts, ``calls`` 1 and its duration."""
     usage: dict[str, Any] = {
-        k: v for k, v in reply.usage.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
+        k: v for k, v in counts.items() if isinstance(k, str) and isinstance(v, int) and not isinstance(v, bool)
     }
     usage["calls"] = 1
     usage["duration_ms"] = int(seconds * 1000)
