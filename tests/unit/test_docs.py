@@ -78,3 +78,15 @@ def test_every_test_file_the_docs_name_exists() -> None:
             if not list(ROOT.glob(named)):
                 missing.append(f"{doc.name}: {named}")
     assert missing == []
+
+
+def test_the_readme_quotes_the_benchmark_figures_of_docs_benchmarks() -> None:
+    """Every figure in the README's benchmark table is one docs/benchmarks.md states: the README quotes
+    the page, it does not keep figures of its own."""
+    readme = (ROOT / "README.md").read_text(encoding="utf-8")
+    section = readme[readme.index("## Benchmarks\n"):]
+    rows = [line for line in section[: section.index("\n## ")].splitlines() if line.startswith("| ")][1:]
+    assert len(rows) >= 5
+    page = (ROOT / "docs" / "benchmarks.md").read_text(encoding="utf-8")
+    figures = {n for row in rows for cell in row.split("|")[2:4] for n in re.findall(r"\d[\d,]*(?:\.\d+)?", cell)}
+    assert figures and sorted(n for n in figures if n not in page) == []

@@ -7,7 +7,7 @@ young collections, are promoted, and grow the old generation past its trigger, s
 run during the tick: each walks every object of the container (imports, caches, clients) to find
 that the batch's objects, freed by reference counting moments later, were never garbage. Measured on
 the distinct-rules bench: 0.1-0.3 s of a tick's 1.0-1.7 s of client CPU, all of it under the
-interpreter lock both fire workers share (docs/benchmarks.md, eighth pass).
+interpreter lock both fire workers share (issue 14's eighth pass, commit 7e15669).
 
 ``batch_threshold()`` raises the young threshold to ``BATCH_YOUNG`` for as long as one holder is
 inside it (the tick holds it for its whole run), and puts back what was set when the last holder
