@@ -9,7 +9,10 @@ Response models name the fields each envelope guarantees; the objects inside (a 
 event) come from their own modules' ``as_json()`` and may carry more fields (``extra="allow"``), so
 the document never promises less than the body holds. Times are RFC 3339 strings in UTC.
 Limits are the library's own (``conversations.TITLE_MAX``, ``secrets.VALUE_MAX_BYTES``, the token
-overlap of ``schedules``), never a second copy. Nothing here talks to the database.
+overlap of ``schedules``, ``goals.policy``'s goal and count caps, ``input_requests.ANSWER_MAX``), never a
+second copy: ``tests/unit/test_api_model_limits.py`` compares each bound with its constant. Limits
+written only in a description (``secrets.VALUE_MAX_BYTES``, a loop's horizon) are checked by the library,
+not by the model. Nothing here talks to the database.
 """
 
 from __future__ import annotations
@@ -18,7 +21,8 @@ from typing import Any, Literal
 
 from pydantic import BaseModel, ConfigDict, Field
 
-from kairos import conversations, schedules, secrets
+from kairos import conversations, input_requests, schedules, secrets
+from kairos.goals import policy
 
 
 # defer_build: a model's validator is built at its first use, not at import — a cold start builds only
@@ -201,9 +205,9 @@ class ApprovalList(_Strict):
 class LoopGoal(_Strict):
     """A loop's goal: what its runs work toward (``kairos.goals.policy.Goal``)."""
 
-    outcome: str = Field(min_length=1, max_length=2_000)
-    constraints: list[str] = Field(default_factory=list, max_length=20)
-    verification: str | None = Field(default=None, max_length=2_000,
+    outcome: str = Field(min_length=1, max_length=policy.OUTCOME_MAX)
+    constraints: list[str] = Field(default_factory=list, max_length=policy.CONSTRAINTS_MAX)
+    verification: str | None = Field(default=None, max_length=policy.VERIFICATION_MAX,
                                      description="how a run checks the outcome; shown back only as a digest")
 
 
@@ -221,13 +225,13 @@ class LoopCreate(_Strict):
     starts_at: str | None = None
     timezone: str = "UTC"
     ends_at: str
-    max_occurrences: int = Field(ge=1, le=500)
+    max_occurrences: int = Field(ge=1, le=policy.MAX_OCCURRENCES)
 
 
 class InputAnswer(_Strict):
     """``POST /v1/input-requests/{id}/answer``: the owner's answer, appended to the run's thread."""
 
-    answer: str = Field(min_length=1, max_length=8_000)
+    answer: str = Field(min_length=1, max_length=input_requests.ANSWER_MAX)
 
 
 class InputRequestOut(_Open):
