@@ -9,8 +9,12 @@ answer with ``ok`` (validated against its response model in ``kairos.api.models`
 through ``idempotent`` (``Idempotency-Key``, ``kairos.idempotency``).
 
 Library modules only some routes need (``kairos.runs``, ``kairos.webhooks``, ``kairos.handoff``,
-``kairos.idempotency``) are imported inside those routes: a container that serves only listings
-never loads them.
+``kairos.idempotency``) are imported inside those routes, so importing ``kairos.api.app`` does not load
+them. That saves only a process without SnapStart (the local stack, tests): the deployed ApiFunction
+(``functions/webhook/app.py``) imports ``kairos.snapstart``, which imports ``kairos.handoff``, and its
+before-snapshot step imports ``kairos.webhooks`` (with the calendar and ``kairos.idempotency``), so every
+restored copy holds those whatever it serves; of these only ``kairos.runs`` waits for its first route
+(``tests/unit/test_api_imports.py`` holds both).
 
 Must not: hold a domain rule, echo an id or a token in an error, or log a path, a header or a body.
 """

@@ -1,9 +1,10 @@
 """Runs: list them, read one, page through its trace, read its output, cancel it.
 
 ``kairos.runs`` (the run record, its reads and cancel; never the worker, which the API does not load)
-is imported by these routes when they are first called: a container that serves only schedules,
-conversations or webhooks never loads it. The trace is read only after ``runs.get`` has checked
-ownership (the trace has no owner column).
+is imported by these routes when they are first called, so importing the API (or warming its
+SnapStart snapshot) does not load it; a schedule's trigger or retry loads it too
+(``kairos.schedules.manual`` imports ``kairos.overlap``, which imports ``kairos.runs.moves``). The trace
+is read only after ``runs.get`` has checked ownership (the trace has no owner column).
 """
 
 from __future__ import annotations

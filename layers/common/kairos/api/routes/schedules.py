@@ -8,8 +8,8 @@ transaction.
 ``POST /v1/schedules`` reads its body raw so ``kairos.schedules`` can canonicalize the chat-style
 shorthand before its strict validation; the OpenAPI document describes the strict
 ``schedules.ScheduleRequest``. ``kairos.webhooks`` (with the calendar, the trace and the identities
-it needs) is imported only by the routes that hand out a token: listing or reading schedules never
-loads it.
+it needs) is imported only by the routes that hand out a token, so importing the routes does not load
+it; the deployed ApiFunction imports it anyway, before its SnapStart snapshot.
 """
 
 from __future__ import annotations
