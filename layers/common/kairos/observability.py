@@ -1,14 +1,21 @@
 """Logger, Metrics and Tracer: one of each per process, shared by the handlers and the library.
 
 Logs are JSON with a stable ``action`` key and the ids involved; never a token, secret, prompt or
-completion. Metrics are CloudWatch EMF in the ``Kairos`` namespace; ``METRIC_NAMES`` lists every
+completion. A logged exception whose chain holds a database (psycopg) error is written without that
+error's text: PostgreSQL's message, DETAIL and CONTEXT quote the values a statement carried (a model's
+output, a payload), so such an error is logged as its class and SQLSTATE only (``DatabaseErrorFilter``,
+installed on ``logger``; every exception log of the worker, the SQS handler and the API goes through it).
+Metrics are CloudWatch EMF in the ``Kairos`` namespace; ``METRIC_NAMES`` lists every
 name the code emits (the template's alarms and docs/operations.md's table refer to these;
 ``tests/unit/test_metric_names.py`` scans the code for emitted names and holds the three together).
 """
 
 from __future__ import annotations
 
+import logging
 import os
+import sys
+import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
@@ -18,6 +25,73 @@ SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "kairos")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Kairos")
 
 logger = Logger(service=SERVICE)
+
+
+def database_error(error: BaseException) -> bool:
+    """Whether ``error`` is a psycopg error (none can exist before psycopg is imported)."""
+    psycopg = sys.modules.get("psycopg")
+    return psycopg is not None and isinstance(error, psycopg.Error)
+
+
+def withheld(error: BaseException) -> str:
+    """``error``'s one-line description as a log may carry it: a database error's class and SQLSTATE
+    only (never its message, DETAIL, CONTEXT or the statement's parameters); any other as Python
+    writes it."""
+    if database_error(error):
+        kind = type(error)
+        sqlstate = getattr(error, "sqlstate", None) or "none"
+        return f"{kind.__module__}.{kind.__qualname__}: SQLSTATE {sqlstate} (its text is not logged)\n"
+    return "".join(traceback.format_exception_only(type(error), error))
+
+
+def safe_traceback(error: BaseException) -> str:
+    """``error``'s traceback with its chain (causes and contexts, oldest first), as Python writes it,
+    except that each database error in it is described by ``withheld``. Frames name files, lines and
+    functions, never values."""
+    chain: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not seen for seen in chain):
+        chain.append(current)
+        current = current.__cause__ or (None if current.__suppress_context__ else current.__context__)
+    parts: list[str] = []
+    for n, item in enumerate(reversed(chain)):
+        if n:
+            parts.append("\nThe above exception was followed by:\n\n")
+        if item.__traceback__ is not None:
+            parts.append("Traceback (most recent call last):\n")
+            parts.extend(traceback.format_tb(item.__traceback__))
+        parts.append(withheld(item))
+    return "".join(parts).rstrip("\n")
+
+
+def _chain_holds_database_error(error: BaseException) -> bool:
+    seen: list[BaseException] = []
+    current: BaseException | None = error
+    while current is not None and all(current is not s for s in seen):
+        if database_error(current):
+            return True
+        seen.append(current)
+        current = current.__cause__ or current.__context__
+    return False
+
+
+class DatabaseErrorFilter(logging.Filter):
+    """Rewrites a record whose exception chain holds a database error: the traceback is formatted now
+    by ``safe_traceback`` (``exc_text``, and Powertools' ``exception`` and ``exception_name`` keys) and
+    the exception itself is dropped from the record, so no handler or formatter can write its text."""
+
+    def filter(self, record: logging.LogRecord) -> bool:
+        error = record.exc_info[1] if isinstance(record.exc_info, tuple) else None
+        if error is not None and _chain_holds_database_error(error):
+            text = safe_traceback(error)
+            record.exc_info = None
+            record.exc_text = text
+            record.exception = text
+            record.exception_name = type(error).__name__
+        return True
+
+
+logger.addFilter(DatabaseErrorFilter())
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
 
 F = TypeVar("F", bound=Callable[..., Any])

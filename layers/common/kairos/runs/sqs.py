@@ -31,7 +31,9 @@ Per record:
 * An event that is not an SQS batch (no ``Records``, or none in it), and a record without a string
   ``messageId`` and ``body``, is refused with one log line (``action=bad_event`` / ``bad_record``)
   and acknowledged: it names no run, and SQS could not be told which message to deliver again.
-* A database error (connection lost, server down) raises for that record only: partial failure.
+* A database error (connection lost, server down) raises for that record only: partial failure. It
+  leaves the handler as ``RecordFailed`` naming its class and SQLSTATE only: the batch utility writes
+  the failing exception's text, and a psycopg error's text quotes the statement's values.
 
 Must not: trust anything in a message but the run id; log message bodies; share a database
 connection between concurrent invocations (``db.Database`` is a pool).
@@ -49,7 +51,7 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from kairos import handoff, runtime
 from kairos.db import Database
-from kairos.observability import logger
+from kairos.observability import database_error, logger, withheld
 from kairos.runs.attempt import Outcome
 from kairos.runs.worker import ExecutorFactory, process
 from kairos.settings import Settings
@@ -59,6 +61,10 @@ RetrySender = Callable[[UUID, int], None]
 
 class RedeliverRecord(Exception):
     """Report this record as a batch item failure so SQS delivers it again (not an error of the run)."""
+
+
+class RecordFailed(Exception):
+    """A record's database error as it leaves the handler: its class and SQLSTATE, never its text."""
 
 
 def parse_run_id(body: str | None) -> UUID | None:
@@ -178,9 +184,11 @@ def handle_batch(
                           lambda_remaining_ms=remaining, executor_factory=executor_factory)
         except RedeliverRecord:
             raise
-        except Exception:
+        except Exception as error:
             logger.exception("record failed; SQS will deliver it again",
                              extra={"action": "record_failed", "message_id": record.message_id})
+            if database_error(error):
+                raise RecordFailed(withheld(error).strip()) from None
             raise
 
     return dict(process_partial_response(event=event, record_handler=record_handler, processor=processor,
