@@ -7,6 +7,7 @@ Each answer is the one error shape (docs/api.md), ``{"error": {"code", "message"
 
 from __future__ import annotations
 
+import json
 import uuid
 from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
@@ -308,3 +309,35 @@ def test_the_openapi_document_gives_a_204_no_body(api: Api) -> None:
                   for method, operation in operations.items() if "204" in operation["responses"]]
     assert no_content == [("/v1/secrets/{name}", "delete")]
     assert document["paths"]["/v1/secrets/{name}"]["delete"]["responses"]["204"] == {"description": "No Content"}
+
+
+# ---- integer query parameters are ASCII digits -------------------------------------------------------
+
+NOT_ASCII_DIGITS = ["%EF%BC%91%EF%BC%90",  # U+FF11 U+FF10: a fullwidth "10", which Python's int() reads as 10
+                    "%D9%A3",  # U+0663: an Arabic-Indic three
+                    "%2B10", "%2010", "1_0", "10.0", "1e1"]
+
+
+def integer_query_parameters() -> list[tuple[str, str]]:
+    """Every (path, name) of an integer query parameter of a GET route, from the served OpenAPI document."""
+    from tests.unit.test_openapi_golden import served
+
+    found = []
+    for path, operations in json.loads(served())["paths"].items():
+        for parameter in operations.get("get", {}).get("parameters", []):
+            if parameter["in"] == "query" and parameter["schema"].get("type") == "integer":
+                found.append((path, parameter["name"]))
+    return found
+
+
+def test_every_integer_query_parameter_takes_ascii_digits_only(api: Api) -> None:
+    params = integer_query_parameters()
+    assert {("/v1/schedules/{id}/preview", "count"), ("/v1/runs", "limit"), ("/v1/runs/{id}/events", "after")} <= set(
+        params)
+    for path, name in params:
+        target = path.replace("{id}", str(uuid.uuid4()))
+        for value in NOT_ASCII_DIGITS:
+            answer = api.alice.get(f"{target}?{name}={value}")
+            assert_shape(answer)
+            assert fields_of(answer) == [(name, "type")], (path, name, value, answer.text)
+        assert api.alice.get(f"{target}?{name}=2").status != 422, (path, name)  # plain digits pass validation

@@ -12,7 +12,8 @@ and returns its response:
    needs a principal (``kairos.api.auth``): none → 401, before any validation or database work;
 3. bodies of the routes that take one are screened (``kairos.api.bodies``): another media type →
    415, not UTF-8 or not JSON → 400, nesting deeper than 64 levels or text PostgreSQL cannot store → 422;
-   a private route that takes none and is not a GET refuses a body → 422 ``no_body``;
+   a private route that takes none and is not a GET refuses a body → 422 ``no_body``; an integer
+   query parameter that is not ASCII digits → 422 naming it (``kairos.api.resolver.screen_integers``);
 4. the resolver validates parameters and bodies against ``kairos.api.models`` (``enable_validation``)
    and calls the route, which calls the library with the principal;
 5. every error leaves in one shape, ``{"error": {"code", "message", "fields": [...]}}``
@@ -140,6 +141,7 @@ def _resolve(spec: RouteSpec, event: Mapping[str, Any], context: Any) -> dict[st
         bodies.screen(event)
     elif spec.method != "GET" and not spec.public:  # the webhook trigger (public) takes any body
         bodies.refuse(event)
+    resolver.screen_integers(spec, event)
     result = app.resolve(dict(event), context)
     if result.get("statusCode") == 204:  # No Content: no body (Powertools would write "null")
         result["body"] = ""

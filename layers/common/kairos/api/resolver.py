@@ -12,7 +12,10 @@ a router's specs to the resolver's table, ``routes``, in the order the routers a
 
 That table is matched by ``handle`` before Powertools sees the request (``Resolver.match``): it is
 what answers 405 with ``Allow`` (Powertools would say 404) and what lets a private route answer 401
-before any validation or database work. ``principal()`` and ``route_key()`` are the request's caller
+before any validation or database work. A spec also names the route's integer query parameters
+(``integers``), which ``screen_integers`` holds to ASCII digits before Powertools parses them: pydantic
+would also read ``+10``, `` 10``, ``1_0`` and ``10.0`` as 10 (and Python's ``int()`` reads any Unicode
+digits, a fullwidth ``10`` too). ``principal()`` and ``route_key()`` are the request's caller
 and its route key, set by ``handle`` for the thread serving the request.
 
 Must not: read a body, talk to the database or decide what a principal may see.
@@ -22,17 +25,19 @@ from __future__ import annotations
 
 import re
 import threading
+import types
 from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
-from typing import Any
+from typing import Annotated, Any, Union, get_args, get_origin, get_type_hints
 
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
 from aws_lambda_powertools.event_handler.api_gateway import Router
+from aws_lambda_powertools.event_handler.openapi.params import Query
 from aws_lambda_powertools.utilities.data_classes.common import BaseProxyEvent
 from pydantic import BaseModel
 
 from kairos.api import models
-from kairos.errors import Unauthorized
+from kairos.errors import TYPE, FieldError, Unauthorized, ValidationFailed
 
 JSON = "application/json"
 
@@ -52,6 +57,7 @@ class RouteSpec:
     public: bool
     has_body: bool
     page: bool = False  # a static page (the console): in the route table, not in the OpenAPI document
+    integers: tuple[str, ...] = ()  # its integer query parameters, as the query names them
 
     @property
     def path(self) -> str:
@@ -81,7 +87,6 @@ class Routes(Router):
         """``route`` with the OpenAPI responses built: ``status`` answers ``model``; 422, 500, 503 (the
         database out of reach: ``kairos.api.app``), 401 (unless ``public``) and every code in ``errors``
         answer ``ErrorBody``."""
-        self.specs.append(RouteSpec(method, rule, public, has_body))
         codes = sorted({*errors, 422, 500, 503, *(() if public else (401,))})
         responses: dict[int, Any] = {status: {"description": "OK", "content": {JSON: {"model": model}}}}
         for code in codes:
@@ -89,7 +94,12 @@ class Routes(Router):
         route: Callable[[Callable[..., Any]], Callable[..., Any]] = self.route(
             rule, method, summary=summary, responses=responses, status_code=status,
             security=None if public else [{"bearer": []}])
-        return route
+
+        def register(handler: Callable[..., Any]) -> Callable[..., Any]:
+            self.specs.append(RouteSpec(method, rule, public, has_body, integers=integer_queries(handler)))
+            return route(handler)
+
+        return register
 
 
     def page(self, rule: str, *, summary: str) -> Callable[[Callable[..., Any]], Callable[..., Any]]:
@@ -99,6 +109,33 @@ class Routes(Router):
         route: Callable[[Callable[..., Any]], Callable[..., Any]] = self.route(
             rule, "GET", summary=summary, include_in_schema=False)
         return route
+
+
+def integer_queries(handler: Callable[..., Any]) -> tuple[str, ...]:
+    """The names (aliases when given) of ``handler``'s integer query parameters: ``Annotated[int, Query(…)]``
+    (or ``int | None``)."""
+    names: list[str] = []
+    for name, hint in get_type_hints(handler, include_extras=True).items():
+        if get_origin(hint) is not Annotated:
+            continue
+        base, *metadata = get_args(hint)
+        bases = get_args(base) if get_origin(base) in (Union, types.UnionType) else (base,)
+        query = next((m for m in metadata if isinstance(m, Query)), None)
+        if query is not None and int in bases:
+            names.append(query.alias or name)
+    return tuple(names)
+
+
+_ASCII_INTEGER = re.compile(r"-?[0-9]+")  # a minus too: a negative one is then named by its bound
+
+
+def screen_integers(spec: RouteSpec, event: Mapping[str, Any]) -> None:
+    """``ValidationFailed`` naming each integer query parameter of ``spec`` that is not ASCII digits."""
+    query = event.get("queryStringParameters") or {}
+    problems = [FieldError(name, TYPE, "give a whole number in ASCII digits (0-9)") for name in spec.integers
+                if isinstance(query.get(name), str) and not _ASCII_INTEGER.fullmatch(query[name])]
+    if problems:
+        raise ValidationFailed(problems)
 
 
 class Resolver(APIGatewayHttpResolver):
