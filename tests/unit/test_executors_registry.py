@@ -33,6 +33,44 @@ def test_the_agent_model_and_its_validation_know_exactly_the_registered_executor
     assert set(agents.EXECUTOR_NEEDS) == set(executors.NAMES)
 
 
+def test_the_catalog_is_the_one_list_of_executor_names() -> None:
+    """Every derived list equals the catalog, and no module of ``kairos`` spells a second list.
+
+    A second list is a tuple, list, set or dict literal (or a ``Literal[...]``) with two or more
+    executor names among its string elements: ``tools.FAMILIES`` has ``"http"`` only as a tool family.
+    """
+    import ast
+    from pathlib import Path
+
+    from kairos import agents
+    from kairos.executors import base, catalog
+    from kairos.runs import worker
+
+    assert executors.NAMES == tuple(sorted(catalog.CATALOG))
+    assert base.TOOL_EXECUTORS == {n for n, e in catalog.CATALOG.items() if e.tools} == {"openai", "bedrock"}
+    assert worker.MODEL_EXECUTORS == {n for n, e in catalog.CATALOG.items() if e.model_call}
+    assert agents.EXECUTOR_NEEDS == {n: e.needs for n, e in catalog.CATALOG.items()}
+    assert typing.get_args(agents.AgentConfig.model_fields["executor"].annotation) == tuple(catalog.CATALOG)
+
+    names = set(catalog.CATALOG)
+    package = Path(catalog.__file__).resolve().parents[1]
+    found = []
+    for path in sorted(package.rglob("*.py")):
+        if path == Path(catalog.__file__).resolve():
+            continue
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"))):
+            if isinstance(node, ast.Dict):
+                elements = [k for k in node.keys if k is not None]
+            elif isinstance(node, (ast.Tuple, ast.List, ast.Set)):
+                elements = list(node.elts)
+            else:
+                continue
+            strings = {e.value for e in elements if isinstance(e, ast.Constant) and isinstance(e.value, str)}
+            if len(strings & names) >= 2:
+                found.append(f"{path.relative_to(package)}:{node.lineno}")
+    assert not found, f"executor names listed outside kairos/executors/catalog.py: {found}"
+
+
 def test_an_unknown_executor_is_agent_invalid() -> None:
     with pytest.raises(ExecutorError) as info:
         executors.get("gpt-magic", settings=Settings())

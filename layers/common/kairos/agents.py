@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import os
 from collections.abc import Mapping
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 from urllib.parse import urlsplit
 
 from pydantic import (
@@ -34,16 +34,16 @@ from pydantic_core import PydanticCustomError
 
 from kairos import secrets
 from kairos.errors import REQUIRED, TYPE, FieldError, ValidationFailed, from_validation_error
-from kairos.executors.base import TOOL_EXECUTORS
+from kairos.executors.catalog import CATALOG, TOOL_EXECUTORS
+from kairos.executors.catalog import EXECUTOR_NEEDS as EXECUTOR_NEEDS
 
-# What each executor cannot work without (checked after the shape, so a model learns it at once
-# instead of at the first fire). Its keys are kairos.executors.registry.NAMES; a test holds them equal.
-EXECUTOR_NEEDS: dict[str, tuple[str, ...]] = {
-    "openai": ("model", "base_url"),
-    "bedrock": ("model",),
-    "http": ("base_url",),
-    "echo": (),
-}
+# EXECUTOR_NEEDS (from kairos.executors.catalog): what each executor cannot work without, checked
+# after the shape, so a model learns it at once instead of at the first fire.
+if TYPE_CHECKING:
+    ExecutorName = str
+else:
+    # The catalog's names as a Literal, in its order (pydantic's literal_error lists them so).
+    ExecutorName = Literal[tuple(CATALOG)]
 
 
 MAX_STEPS_DEFAULT = 8
@@ -66,7 +66,7 @@ class AgentConfig(BaseModel):
 
     model_config = ConfigDict(extra="forbid", frozen=True)
 
-    executor: Literal["openai", "bedrock", "http", "echo"]
+    executor: ExecutorName
     model: StrictStr | None = Field(default=None, min_length=1, max_length=200)
     system: StrictStr | None = Field(default=None, max_length=32_768)
     base_url: StrictStr | None = Field(default=None, max_length=2_048)

@@ -1,6 +1,7 @@
 """Executors: what calls a model endpoint (or stands in for one) for a run's agent.
 
 * ``registry``: an agent's ``executor`` name to the object that runs its calls (``get``, ``NAMES``).
+* ``catalog``: the one table of executor names and what each can do (tools, model calls, needs).
 * ``base``: the contract every executor keeps; ``egress``: the outbound HTTP every network executor uses.
 * ``echo``, ``openai``, ``http``, ``bedrock``: the executors.
 

@@ -35,11 +35,12 @@ from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol
 
 from kairos.diagnosis import REASON_CODES
+from kairos.executors.catalog import TOOL_EXECUTORS as TOOL_EXECUTORS
 from kairos.secrets import SecretUnavailable
 
 EffectKind = Literal["model_call", "http_call", "tool_call"]
-# The executors whose models call tools (a tool loop); an agent's ``tools`` need one of them.
-TOOL_EXECUTORS = frozenset({"openai", "bedrock"})
+# TOOL_EXECUTORS (imported above, from kairos.executors.catalog): the executors whose models call
+# tools (a tool loop); an agent's ``tools`` need one of them.
 
 
 @dataclass(frozen=True)

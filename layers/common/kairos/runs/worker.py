@@ -56,6 +56,7 @@ from kairos.executors.base import (
     Reply,
     max_tokens,
 )
+from kairos.executors.catalog import MODEL_EXECUTORS
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
@@ -75,8 +76,6 @@ CALL_TIMEOUT_CAP_SECONDS = 300.0
 
 ExecutorFactory = Callable[..., Executor]
 
-# The executors that send the transcript to a model: their input is bounded by max_input_tokens.
-MODEL_EXECUTORS: frozenset[str] = frozenset({"openai", "bedrock"})
 
 
 @dataclass
@@ -115,7 +114,7 @@ class Execution:
             from kairos.corpus.phases import execute as execute_corpus
 
             return execute_corpus(self)
-        model_call = str(agent.get("executor", "")) in MODEL_EXECUTORS
+        model_call = str(agent.get("executor", "")) in MODEL_EXECUTORS  # its input is bounded by max_input_tokens
         if model_call and claimed.model_input.limit is None:
             raise Failure("agent_invalid", summary="The agent's max_input_tokens is not a positive integer.")
         if model_call and claimed.model_input.too_large:
