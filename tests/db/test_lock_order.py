@@ -18,10 +18,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import approvals
+from kairos import approvals, schedules
 from kairos import db as kdb
 from kairos.db import Database
+from kairos.goals import loops
 from kairos.runs.worker import process
+from kairos.tick import Tick
 from psycopg.rows import dict_row
 
 from tests import factories
@@ -229,3 +231,70 @@ def test_a_decision_and_the_expiry_take_the_run_before_the_approval(api: Api) ->
         [after] = rows(api.url, "SELECT state FROM approvals WHERE id = %s", approval["id"])
         expected = {"approve": "approved", "deny": "denied", "expire": "pending"}[decide]
         assert after["state"] == expected, (decide, after)
+
+
+def loop_question(api: Api, db: Database, fake: FakeOpenAI) -> tuple[str, uuid.UUID]:
+    """A goal loop (through the API) whose run asked a question (the real worker parked it)."""
+    created = api.alice.post("/v1/conversations", {"agent": openai_agent(fake)})
+    loop = api.alice.post("/v1/loops", {
+        "conversation_id": created.json["conversation"]["id"], "prompt": "Tidy the backlog",
+        "goal": {"outcome": "No stale issues"}, "interval_seconds": 3600,
+        "ends_at": (datetime.now(UTC) + timedelta(days=7)).isoformat(), "max_occurrences": 10})
+    assert loop.status == 201, loop.text
+    loop_id = loop.json["schedule"]["id"]
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE schedules SET next_fire_at = now() - interval '1 second', "
+                     "starts_at = now() - interval '1 second' WHERE id = %s", (loop_id,))
+    Tick(db, api.sqs, api.queue_url, metrics=None).run()
+    [fired] = rows(api.url, "SELECT id FROM runs WHERE schedule_id = %s", loop_id)
+    api.messages()
+    fake.script = [tool_call("ask-1", "goal_report", {"disposition": "needs_input", "summary": "Need a decision",
+                                                      "question": "Close the maybe issues?"})]
+    assert process(db, fired["id"], settings=OPENAI_SETTINGS).result == "awaiting_input"
+    return loop_id, fired["id"]
+
+
+def loop_move(move: str, conn: Any, loop_id: str, done: threading.Event, failure: list[BaseException]) -> None:
+    try:
+        with kdb.atomic(conn):
+            if move == "cancel":
+                schedules.cancel(conn, uuid.UUID(loop_id), owner="alice")
+            else:
+                loops.edit(conn, uuid.UUID(loop_id), owner="alice", patch={"goal": {"outcome": "Something else"}})
+    except BaseException as error:
+        failure.append(error)  # reported to the test's thread
+    finally:
+        done.set()
+
+
+@pytest.mark.parametrize("move", ["cancel", "goal_edit"])
+def test_a_loop_cancel_and_goal_edit_take_the_waiting_run_before_the_loop(
+        api: Api, db: Database, fake_openai: FakeOpenAI, move: str) -> None:
+    """With the waiting run held elsewhere (as its worker holds it), the loop's cancel or goal edit waits
+    for the run without holding the loop: the holder can still take the loop (as a goal report does
+    next), so the two never deadlock."""
+    loop_id, run_id = loop_question(api, db, fake_openai)
+    with psycopg.connect(api.url, row_factory=dict_row) as holder, \
+            psycopg.connect(api.url, row_factory=dict_row) as mover:
+        holder.execute("SELECT 1 FROM runs WHERE id = %s FOR NO KEY UPDATE", (run_id,))
+        done = threading.Event()
+        failure: list[BaseException] = []
+        thread = threading.Thread(target=loop_move, args=(move, mover, loop_id, done, failure))
+        thread.start()
+        try:
+            waiting_on_a_lock(api.url, mover.info.backend_pid)
+            # The holder (a loop run's worker) takes the loop next: it must not be held by the move.
+            holder.execute("SET LOCAL lock_timeout = '2s'")
+            holder.execute("SELECT 1 FROM schedules WHERE id = %s FOR NO KEY UPDATE", (loop_id,))
+        finally:
+            holder.rollback()
+            thread.join(timeout=30)
+        assert done.is_set() and not failure, (move, failure)
+    # Then the move went through: the question and its run cancelled with the loop or the old goal
+    [run] = rows(api.url, "SELECT state, diagnosis FROM runs WHERE id = %s", run_id)
+    reason = "schedule_cancelled" if move == "cancel" else "goal_revised"
+    assert (run["state"], run["diagnosis"]["reason_code"]) == ("cancelled", reason)
+    [request] = rows(api.url, "SELECT state FROM input_requests WHERE run_id = %s", run_id)
+    assert request["state"] == "cancelled"
+    [loop] = rows(api.url, "SELECT status FROM schedules WHERE id = %s", loop_id)
+    assert loop["status"] == ("cancelled" if move == "cancel" else "draft")

@@ -151,10 +151,19 @@ def cancel_for_run(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, now: 
     return len(db.fetch_all(conn, "input_requests_cancel_for_run", {"run_id": run_id, "now": now}))
 
 
+def lock_waiting_runs(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str) -> None:
+    """Locks the runs that wait on ``owner``'s loop's pending requests. A loop's cancel and goal edit call
+    it before they lock the loop: one order everywhere, the run before its loop (a run's worker holds
+    its run when its goal report locks the loop), so the two never wait on each other in a cycle. A
+    question asked after this is asked under the loop's lock, which the caller takes next."""
+    db.fetch_all(conn, "input_requests_lock_waiting_runs", {"schedule_id": schedule_id, "owner": owner})
+
+
 def cancel_for_schedule(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, reason: str,
                         now: datetime | None = None) -> list[uuid.UUID]:
     """Cancels a loop's pending requests and ends each waiting run ``cancelled`` (``reason``: the loop
-    was cancelled, or its goal edited); the runs cancelled."""
+    was cancelled, or its goal edited); the runs cancelled. The caller locked the waiting runs before
+    the loop (``lock_waiting_runs``)."""
     from kairos.runs import moves
 
     cancelled: list[uuid.UUID] = []

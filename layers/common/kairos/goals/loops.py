@@ -112,6 +112,9 @@ def edit(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str
     if not isinstance(patch, Mapping):
         raise ValidationFailed([FieldError("body", "type", "give the changes as a JSON object")])
     with db.atomic(conn):
+        # The runs waiting on the loop's questions first, then the loop (a goal edit cancels them): the
+        # order a run's worker takes them in.
+        input_requests.lock_waiting_runs(conn, schedule_id, owner=owner)
         row = db.fetch_one(conn, "schedules_lock_owned", {"schedule_id": schedule_id, "owner": owner, "now": now})
         if row is None or not row["loop"]:
             raise NotFound("loop")

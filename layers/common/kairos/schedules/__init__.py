@@ -416,13 +416,15 @@ def cancel(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
            now: datetime | None = None) -> Schedule:
     """active, paused or draft -> cancelled (final); runs already claimed still finish. A loop's pending
     questions are cancelled with it, and the runs that wait on them (``kairos.input_requests``)."""
+    from kairos import input_requests
+
     with db.atomic(conn):
+        # The runs waiting on a loop's questions first, then the loop: a run's worker takes them in that order.
+        input_requests.lock_waiting_runs(conn, schedule_id, owner=owner)
         row = db.fetch_one(conn, "schedules_cancel", {"schedule_id": schedule_id, "owner": owner, "now": now})
         if row is None:
             raise _refused_move(conn, schedule_id, owner, "cancelled", "it is already cancelled or completed")
         if row["loop"]:
-            from kairos import input_requests
-
             input_requests.cancel_for_schedule(conn, schedule_id, reason="schedule_cancelled", now=now)
     return _moved(row, "schedule.cancelled")
 

@@ -51,6 +51,16 @@ UPDATE input_requests
  WHERE run_id = %(run_id)s AND state = 'pending'
 RETURNING id, run_id;
 
+-- name: input_requests_lock_waiting_runs
+-- The runs waiting on one owner's loop's pending requests, locked (in id order) before the loop is: a
+-- run first, then its loop, as the run's worker takes them (a goal report locks the loop under its run).
+SELECT r.id
+  FROM runs r
+ WHERE r.id IN (SELECT q.run_id FROM input_requests q
+                 WHERE q.schedule_id = %(schedule_id)s AND q.owner = %(owner)s AND q.state = 'pending')
+ ORDER BY r.id
+   FOR NO KEY UPDATE OF r;
+
 -- name: input_requests_pending_for_schedule
 -- A loop's pending requests (its cancel or goal edit cancels them, each run locked first).
 SELECT id, run_id FROM input_requests WHERE schedule_id = %(schedule_id)s AND state = 'pending' ORDER BY created_at;
