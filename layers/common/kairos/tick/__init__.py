@@ -45,6 +45,7 @@ from kairos.observability import logger
 from kairos.observability import metrics as default_metrics
 from kairos.probes import NO_PROBES, Probes
 from kairos.settings import DEFAULT_RETENTION_DAYS
+from kairos.tick import counts
 from kairos.tick.decision import GRACE
 from kairos.tick.deliver import Deliver, DeliverReport
 from kairos.tick.fire import DEFAULT_BATCH, Fire, FireReport, Key
@@ -116,43 +117,15 @@ class _Totals:
     deliver: list[DeliverReport] = field(default_factory=list)
 
     def report(self, duration_ms: float, stopped_for_time: bool) -> TickReport:
+        """The step reports' counted fields summed by name (``kairos.tick.counts``), plus what is not a sum."""
+        sums = counts.add_up([(SettleReport, self.settle), (RepairReport, self.repair), (FireReport, self.fire),
+                              (PruneReport, self.prune), (DeliverReport, self.deliver)])
         lags = [lag for f in self.fire for lag in f.lags]
         return TickReport(
-            settled=sum(s.settled for s in self.settle),
-            paused=sum(s.paused for s in self.settle) + sum(f.paused for f in self.fire),
-            released=sum(s.released for s in self.settle),
-            resent=sum(r.resent for r in self.repair),
-            rescued=sum(r.rescued for r in self.repair),
-            requeued=sum(r.requeued for r in self.repair),
-            abandoned=sum(r.abandoned for r in self.repair),
-            failed=sum(r.failed for r in self.repair),
-            cancelled=sum(r.cancelled for r in self.repair),
-            undeliverable=sum(r.undeliverable for r in self.repair),
-            approvals_expired=sum(r.approvals_expired for r in self.repair),
+            **sums,
             batches=sum(1 for f in self.fire if f.locked),
-            schedules=sum(f.locked for f in self.fire),
-            dispatched=sum(f.dispatched for f in self.fire),
-            skipped=sum(f.skipped for f in self.fire),
-            queued_behind=sum(f.queued_behind for f in self.fire),
-            fires_covered=sum(f.fires_covered for f in self.fire),
-            completed=sum(f.completed for f in self.fire),
-            conflicts=sum(f.conflicts for f in self.fire),
-            handoff_failures=sum(s.handoff_failures for s in self.settle)
-            + sum(r.handoff_failures for r in self.repair)
-            + sum(f.handoff_failures for f in self.fire),
-            pruned=sum(p.webhook_receipts + p.idempotency_receipts for p in self.prune),
-            notes=sum(s.notes for s in self.settle),
-            notify_delivered=sum(d.delivered for d in self.deliver),
-            notify_retried=sum(d.retried for d in self.deliver),
-            notify_gave_up=sum(d.gave_up for d in self.deliver),
-            runs_pruned=sum(p.runs for p in self.prune),
-            threads_pruned=sum(p.threads for p in self.prune),
-            entries_pruned=sum(p.entries for p in self.prune),
-            payloads_pruned=sum(p.payloads for p in self.prune),
             fire_lag_p50_seconds=statistics.median(lags) if lags else None,
             fire_lag_max_seconds=max(lags) if lags else None,
-            fire_db_seconds=sum(f.db_seconds for f in self.fire),
-            fire_sqs_seconds=sum(f.sqs_seconds for f in self.fire),
             duration_ms=duration_ms,
             stopped_for_time=stopped_for_time,
         )

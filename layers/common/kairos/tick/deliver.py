@@ -29,6 +29,7 @@ from dataclasses import dataclass
 from datetime import datetime, timedelta
 
 from kairos import conversations, db, notify, secrets
+from kairos.tick.counts import counted
 
 DEFAULT_LIMIT = 20
 # Longer than any attempt can take (connect and read are bounded by notify.SEND_TIMEOUT_SECONDS per address).
@@ -38,9 +39,9 @@ LEASE_SECONDS = 300
 @dataclass(frozen=True)
 class DeliverReport:
     attempted: int = 0
-    delivered: int = 0
-    retried: int = 0
-    gave_up: int = 0
+    delivered: int = counted("notify_delivered")
+    retried: int = counted("notify_retried")
+    gave_up: int = counted("notify_gave_up")
     full: bool = False  # stopped at the limit: more may be due
 
 

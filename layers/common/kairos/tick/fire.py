@@ -46,6 +46,7 @@ from kairos.errors import KairosError
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.states import Decision, Source, parse
+from kairos.tick.counts import counted
 from kairos.tick.decision import GRACE, Due, Plan, decide
 from kairos.tick.pause import pause_with_note
 
@@ -58,18 +59,18 @@ START: Key = (datetime(1, 1, 1, tzinfo=UTC), UUID(int=0))  # before every key: a
 class FireReport:
     """What one batch did. ``locked == 0`` means nothing was due (or all due rows were held)."""
 
-    locked: int = 0
-    dispatched: int = 0
-    skipped: int = 0  # skipped_late + skipped_overlap + expired + skipped_budget occurrences
-    queued_behind: int = 0
-    fires_covered: int = 0  # due instants accounted for (collapsed and skipped ones included)
-    completed: int = 0
-    paused: int = 0  # rules that no longer evaluate
-    conflicts: int = 0  # cursors someone else had moved, occurrences recorded before
-    handoff_failures: int = 0
+    locked: int = counted("schedules")
+    dispatched: int = counted()
+    skipped: int = counted()  # skipped_late + skipped_overlap + expired + skipped_budget occurrences
+    queued_behind: int = counted()
+    fires_covered: int = counted()  # due instants accounted for (collapsed and skipped ones included)
+    completed: int = counted()
+    paused: int = counted()  # rules that no longer evaluate
+    conflicts: int = counted()  # cursors someone else had moved, occurrences recorded before
+    handoff_failures: int = counted()
     lags: tuple[float, ...] = field(default=(), repr=False)  # now - fire_at of dispatched fires, seconds
-    db_seconds: float = 0.0
-    sqs_seconds: float = 0.0
+    db_seconds: float = counted("fire_db_seconds", default=0.0)
+    sqs_seconds: float = counted("fire_sqs_seconds", default=0.0)
     last_key: Key | None = None  # the last (next_fire_at, id) locked: where the next batch may resume
 
 

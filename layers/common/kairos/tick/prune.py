@@ -36,6 +36,7 @@ import psycopg
 from kairos import db
 from kairos.observability import logger
 from kairos.settings import DEFAULT_RETENTION_DAYS
+from kairos.tick.counts import counted
 
 DEFAULT_BATCH = 500
 # What an input request's question reads once its run is past retention (the column is never empty).
@@ -46,12 +47,12 @@ FORGOTTEN = "(forgotten: past retention)"
 class PruneReport:
     """What one pass removed, and whether a kind had a full batch (more may be left)."""
 
-    webhook_receipts: int = 0
-    idempotency_receipts: int = 0
-    runs: int = 0  # ended runs stamped pruned_at (their payload cleared, their own thread emptied)
-    threads: int = 0  # run threads whose entries were deleted
-    entries: int = 0
-    payloads: int = 0  # webhook payloads cleared
+    webhook_receipts: int = counted("pruned")
+    idempotency_receipts: int = counted("pruned")
+    runs: int = counted("runs_pruned")  # ended runs stamped pruned_at (their payload cleared, their own thread emptied)
+    threads: int = counted("threads_pruned")  # run threads whose entries were deleted
+    entries: int = counted("entries_pruned")
+    payloads: int = counted("payloads_pruned")  # webhook payloads cleared
     steps: int = 0  # step-log rows deleted (the model's turns, the tools' arguments and answers)
     corpus_rows: int = 0  # corpus outputs and records deleted
     previews: int = 0  # approvals' argument previews replaced by a marker

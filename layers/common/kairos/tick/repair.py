@@ -39,6 +39,7 @@ from psycopg.types.json import Jsonb
 from kairos import approvals, db, diagnosis, handoff, trace
 from kairos.observability import logger, metrics
 from kairos.states import EventType, RunState, Source, terminal_event
+from kairos.tick.counts import counted
 
 RESTART_LIMIT = 2
 FRESH = timedelta(seconds=30)  # a tick sends its new runs right after commit: leave them this long
@@ -49,17 +50,17 @@ DEFAULT_LIMIT = 500
 
 @dataclass(frozen=True)
 class RepairReport:
-    resent: int = 0
+    resent: int = counted()
     resend_full: bool = False
-    rescued: int = 0  # lease-expired runs handled (any outcome)
-    requeued: int = 0
-    abandoned: int = 0
-    failed: int = 0
-    cancelled: int = 0
+    rescued: int = counted()  # lease-expired runs handled (any outcome)
+    requeued: int = counted()
+    abandoned: int = counted()
+    failed: int = counted()
+    cancelled: int = counted()
     rescue_full: bool = False
-    handoff_failures: int = 0
-    undeliverable: int = 0  # queued runs given up after UNDELIVERABLE_AFTER unclaimed handoffs (failed)
-    approvals_expired: int = 0  # approval waits nobody decided in time: their runs ended policy_blocked
+    handoff_failures: int = counted()
+    undeliverable: int = counted()  # queued runs given up after UNDELIVERABLE_AFTER unclaimed handoffs (failed)
+    approvals_expired: int = counted()  # approval waits nobody decided in time: their runs ended policy_blocked
 
 
 @dataclass(frozen=True)

@@ -28,6 +28,7 @@ from uuid import UUID
 from kairos import db, handoff, notify
 from kairos.observability import logger
 from kairos.states import RunState
+from kairos.tick.counts import counted
 from kairos.tick.pause import pause_with_note
 
 PAUSE_AFTER = 3
@@ -37,11 +38,11 @@ DEFAULT_LIMIT = 500
 @dataclass(frozen=True)
 class SettleReport:
     schedules: int = 0  # schedules locked (a full batch means more may be waiting)
-    settled: int = 0
-    paused: int = 0
-    released: int = 0
-    handoff_failures: int = 0
-    notes: int = 0  # run_ended inbox notes written
+    settled: int = counted()
+    paused: int = counted()
+    released: int = counted()
+    handoff_failures: int = counted()
+    notes: int = counted()  # run_ended inbox notes written
     deliveries: int = 0  # notify webhooks owed
 
 
