@@ -12,6 +12,7 @@ from typing import Any
 import pytest
 from kairos.db import Database
 
+from tests import factories
 from tests.support.api import Api, count, rows
 from tests.support.executors import FakeOpenAI, openai_agent
 
@@ -222,3 +223,27 @@ def test_a_retried_create_with_its_idempotency_key_makes_one_loop(api: Api, fake
     other = api.alice.post("/v1/loops", {**payload, "max_occurrences": 3}, headers={"Idempotency-Key": "loop-1"})
     assert (first.status, again.status, other.status) == (201, 201, 422)
     assert first.json == again.json and count(api, "schedules") == 1
+
+
+def test_a_loop_runs_diagnosis_never_offers_the_retry_the_api_refuses(api: Api) -> None:
+    # A loop's run and a plain schedule's run, both failed by a retry-eligible peer error (as stored)
+    diagnosis = {"summary": "The agent's endpoint answered with an error.", "scope": "target",
+                 "reason_code": "peer_error", "retry_eligible": True,
+                 "recovery_actions": ["retry_run", "check_target"]}
+    loop = factories.loop(api.url, owner="alice", conversation_id=factories.conversation(api.url, owner="alice")["id"])
+    plain = factories.schedule(api.url, owner="alice")
+    loop_run = factories.run(api.url, schedule_row=loop, state="failed", diagnosis=diagnosis)
+    plain_run = factories.run(api.url, schedule_row=plain, state="failed", diagnosis=diagnosis)
+
+    # The loop's run is not retried by hand ...
+    refused = api.alice.post(f"/v1/runs/{loop_run['id']}/retry")
+    assert refused.status == 409 and refused.error["code"] == "loop_policy", refused.text
+    # ... so no read of it offers retry_run (the console draws a button per action); the rest stands
+    for shown in (api.alice.get(f"/v1/runs/{loop_run['id']}").json["run"]["diagnosis"],
+                  *[r["diagnosis"] for r in api.alice.get(f"/v1/runs?schedule_id={loop['id']}").json["runs"]],
+                  api.alice.get(f"/v1/runs/{loop_run['id']}/output").json["output"]["diagnosis"],
+                  api.alice.post(f"/v1/runs/{loop_run['id']}/cancel").json["run"]["diagnosis"]):
+        assert shown == {**diagnosis, "recovery_actions": ["check_target"]}, shown
+    # while a plain schedule's run keeps it, and its retry is taken
+    assert api.alice.get(f"/v1/runs/{plain_run['id']}").json["run"]["diagnosis"] == diagnosis
+    assert api.alice.post(f"/v1/runs/{plain_run['id']}/retry").status == 202

@@ -7,7 +7,8 @@ scope, retry eligibility, actions and plain-language summary per code (``diagnos
 summaries the tick's rescuer gives a run whose worker stopped (``rescued``).
 
 Guarantees: a diagnosis only ever carries a known reason code and actions from the closed list;
-``retry_run`` is offered only when the run is retry-eligible. Summaries are written for the owner
+``retry_run`` is offered only when the run is retry-eligible, and never on a goal loop's run (a loop
+fires its own next run; the retry route refuses one: ``for_loop_run``). Summaries are written for the owner
 and carry no provider text, prompt or secret.
 
 Must not: import anything above the foundation (the executors, the worker and the tick import it,
@@ -165,6 +166,14 @@ def diagnose(
         "retry_eligible": eligible,
         "recovery_actions": [a for a in actions if eligible or a != "retry_run"],
     }
+
+
+def for_loop_run(diagnosis: dict[str, Any] | None) -> dict[str, Any] | None:
+    """A goal loop run's diagnosis as shown: without ``retry_run``, which ``POST /v1/runs/{id}/retry``
+    refuses for a loop's run (409 ``loop_policy``: the loop fires its next run on its rule)."""
+    if diagnosis is None or "retry_run" not in (diagnosis.get("recovery_actions") or []):
+        return diagnosis
+    return {**diagnosis, "recovery_actions": [a for a in diagnosis["recovery_actions"] if a != "retry_run"]}
 
 
 # What the tick's rescuer says of a run whose worker stopped (its lease expired) and that it ends

@@ -31,7 +31,7 @@ from uuid import UUID
 import psycopg
 
 from kairos import db, pages, trace
-from kairos.diagnosis import diagnose
+from kairos.diagnosis import diagnose, for_loop_run
 from kairos.errors import NotFound
 from kairos.observability import logger
 from kairos.runs import moves
@@ -85,7 +85,9 @@ class Run:
             cancel_requested_at=row["cancel_requested_at"],
             output=row["output"],
             usage=row["usage"],
-            diagnosis=row["diagnosis"],
+            # A loop's run is not retried by hand (its loop fires the next one): not offered. The
+            # owner's reads carry ``loop`` (runs_get_owned, runs_list_owned, the cancel's statements).
+            diagnosis=for_loop_run(row["diagnosis"]) if row.get("loop") else row["diagnosis"],
             created_at=row["created_at"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],

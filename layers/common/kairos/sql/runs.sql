@@ -184,8 +184,9 @@ SELECT * FROM changed;
 SELECT * FROM runs WHERE id = %(run_id)s;
 
 -- name: runs_get_owned
--- One run of one owner; another owner's run is as absent as a missing one.
-SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
+-- One run of one owner; another owner's run is as absent as a missing one. loop: its schedule is a
+-- goal loop (the API does not offer retry_run on such a run's diagnosis).
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
 
 -- name: runs_list_owned
 -- One keyset page of an owner's runs, newest first: (created_at, id) strictly below the cursor
@@ -194,8 +195,8 @@ SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
 -- runs_schedule_created_idx with a schedule; limit is the page size plus one (is there more?). The
 -- other filters are checked on the rows of that range: a page of a rare state or of one conversation
 -- among many reads the owner's runs until it is full (no index per filter: each would cost every
--- claim and terminal update one more entry).
-SELECT *
+-- claim and terminal update one more entry). loop: as runs_get_owned.
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop
   FROM runs
  WHERE owner = %(owner)s
    AND (%(schedule_id)s::uuid IS NULL OR schedule_id = %(schedule_id)s::uuid)
@@ -220,8 +221,8 @@ SELECT s.schedule_id, r.id, r.state, r.source, r.created_at, r.finished_at
                       LIMIT 1) AS r;
 
 -- name: runs_lock_owned
--- One run of one owner, locked for a state change decided by the caller (cancel).
-SELECT * FROM runs WHERE id = %(run_id)s AND owner = %(owner)s FOR NO KEY UPDATE;
+-- One run of one owner, locked for a state change decided by the caller (cancel). loop: as runs_get_owned.
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop FROM runs WHERE id = %(run_id)s AND owner = %(owner)s FOR NO KEY UPDATE;
 
 -- name: runs_lock_fenced (prepared)
 -- The step boundary: locks the run while the caller's fence holds and reports a cancel request.
@@ -328,7 +329,7 @@ UPDATE runs
  WHERE id = %(run_id)s AND state IN ('queued', 'awaiting_approval', 'awaiting_input')
    AND (%(owner)s::text IS NULL OR owner = %(owner)s::text)
    AND (NOT %(requested_only)s::boolean OR cancel_requested_at IS NOT NULL)
-RETURNING *;
+RETURNING *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop;
 
 -- name: runs_request_cancel
 -- Marks a running run for cancellation; its worker ends it at the next heartbeat or step.
@@ -337,7 +338,7 @@ UPDATE runs
        cancel_requested_at = coalesce(%(now)s::timestamptz, now()),
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(run_id)s AND owner = %(owner)s AND state = 'running' AND cancel_requested_at IS NULL
-RETURNING *;
+RETURNING *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop;
 
 -- name: runs_stamp_handoff
 -- Records that SQS accepted these run ids (any state: a fast worker may have claimed one already).
@@ -532,7 +533,7 @@ RETURNING id;
 
 -- name: runs_ops_list
 -- Operators: the newest runs, optionally of one schedule or in one state.
-SELECT * FROM runs
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop FROM runs
  WHERE (%(schedule_id)s::uuid IS NULL OR schedule_id = %(schedule_id)s)
    AND (%(state)s::text IS NULL OR state = %(state)s)
  ORDER BY created_at DESC, id
@@ -540,7 +541,7 @@ SELECT * FROM runs
 
 -- name: runs_ops_get
 -- Operators: one run whoever owns it.
-SELECT * FROM runs WHERE id = %(id)s;
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop FROM runs WHERE id = %(id)s;
 
 -- name: runs_ops_events
 -- Operators: a run's whole trace in order (progress included).
