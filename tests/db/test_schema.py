@@ -52,6 +52,10 @@ def _check_values(url: str, table: str, column: str) -> set[str]:
         ("run_events", "type", states.EventType),
         ("effects", "state", states.EffectState),
         ("input_requests", "state", states.InputRequestState),
+        ("approvals", "state", states.ApprovalState),
+        ("notify_deliveries", "state", states.NotifyDeliveryState),
+        ("corpus_runs", "phase", states.CorpusPhase),
+        ("corpus_partitions", "state", states.CorpusPartitionState),
     ],
 )
 def test_check_constraints_match_the_enums(db_url: str, table: str, column: str, enum: type) -> None:

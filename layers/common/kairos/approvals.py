@@ -37,10 +37,10 @@ from kairos.errors import Conflict, FieldError, NotFound, ValidationFailed
 from kairos.executors.base import ToolCall
 from kairos.instants import rfc3339
 from kairos.observability import logger
-from kairos.states import EventType
+from kairos.states import ApprovalState, EventType
 
 EXPIRES_IN_SECONDS = 86_400
-STATES = ("pending", "approved", "applied", "denied", "expired", "retired")
+STATES = tuple(s.value for s in ApprovalState)
 
 
 @dataclass(frozen=True)

@@ -178,6 +178,48 @@ class InputRequestState(StrEnum):
     EXPIRED = "expired"  # final (reserved: no expiry yet; a loop waiting for input holds nothing)
 
 
+class ApprovalState(StrEnum):
+    """``approvals.state`` (kairos.approvals)."""
+
+    PENDING = "pending"  # out by: the owner (approved, denied), the tick past expires_at (expired), a cancel (retired)
+    APPROVED = "approved"  # out by: the worker applying the approved call, once (applied)
+    APPLIED = "applied"  # final
+    DENIED = "denied"  # final
+    EXPIRED = "expired"  # final
+    RETIRED = "retired"  # final: its run was cancelled
+
+
+class NotifyDeliveryState(StrEnum):
+    """``notify_deliveries.state`` (kairos.notify, the tick's deliver step)."""
+
+    PENDING = "pending"  # out by: the tick's deliver step (delivered, or gave_up after its last attempt)
+    DELIVERED = "delivered"  # final
+    GAVE_UP = "gave_up"  # final
+
+
+class CorpusPhase(StrEnum):
+    """``corpus_runs.phase``, in the order a corpus run moves through them (kairos.corpus.phases)."""
+
+    ENUMERATE = "enumerate"
+    MAP = "map"
+    RECONCILE = "reconcile"
+    REDUCE = "reduce"
+    EXPORT = "export"
+    PUBLISH = "publish"
+    COMPLETE = "complete"  # final
+
+
+class CorpusPartitionState(StrEnum):
+    """``corpus_partitions.state`` (kairos.corpus.mapping)."""
+
+    PENDING = "pending"  # out by: the map phase's lease (running)
+    # out by: its answer (succeeded), a repair (pending with the next generation, or failed once spent),
+    # a release (pause, cancel, retry-safe failure) or a new attempt's release_stale (pending)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+
+
 class EffectState(StrEnum):
     RESERVED = "reserved"  # out by: the reserving worker (settled, failed, ambiguous), rescue (ambiguous)
     SETTLED = "settled"

@@ -54,7 +54,7 @@ from kairos.executors.base import (
     digest,
     recorded_target,
 )
-from kairos.states import Source
+from kairos.states import ScheduleKind, Source
 
 RESULT_CHAR_LIMIT = 8_192  # what a tool answers the model (and the step log keeps), at most
 PREVIEW_CHARS = 2_000  # an approval preview's arguments, at most (http_post: its body, the URL is whole)
@@ -63,7 +63,8 @@ URL_MAX = 2_048  # an http_post URL, at most: an approver always sees it whole
 
 _SCHEDULE_FIELDS = {
     "prompt": {"type": "string"}, "name": {"type": "string"},
-    "kind": {"type": "string", "enum": ["cron", "interval", "once"]}, "cron": {"type": "string"},
+    "kind": {"type": "string", "enum": [ScheduleKind.CRON.value, ScheduleKind.INTERVAL.value,
+                                                     ScheduleKind.ONCE.value]}, "cron": {"type": "string"},
     "interval_seconds": {"type": "integer"}, "starts_at": {"type": "string", "format": "date-time"},
     "ends_at": {"type": "string", "format": "date-time"}, "timezone": {"type": "string"},
     "max_occurrences": {"type": "integer"},

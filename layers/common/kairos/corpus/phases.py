@@ -46,9 +46,9 @@ from kairos.observability import logger
 from kairos.runs import moves
 from kairos.runs.attempt import Outcome
 from kairos.runs.stops import Cancelled, Failure, LeaseLost
-from kairos.states import EventType, RunState
+from kairos.states import CorpusPhase, EventType, RunState
 
-PHASES = ("enumerate", "map", "reconcile", "reduce", "export", "publish", "complete")
+PHASES = tuple(p.value for p in CorpusPhase)
 
 
 def execute(run: Execution) -> Outcome:

@@ -27,6 +27,7 @@ from kairos import db
 from kairos.corpus.phases import coverage, handles
 from kairos.errors import FieldError, NotFound, ValidationFailed
 from kairos.instants import rfc3339
+from kairos.states import CorpusPartitionState
 
 MAX_LIMIT = 200
 DEFAULT_LIMIT = 50
@@ -48,7 +49,7 @@ def progress(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> d
     return {
         "phase": "enumerate" if state is None else state["phase"],
         "coverage": coverage({**{k: int(v) for k, v in counts.items()}, "items_total": items_total}),
-        "partitions": {k: int(counts[k]) for k in ("pending", "running", "succeeded", "failed")},
+        "partitions": {k: int(counts[k]) for k in (s.value for s in CorpusPartitionState)},
         "exports": handles(db.fetch_all(conn, "corpus_exports_list", {"run_id": run_id})),
     }
 

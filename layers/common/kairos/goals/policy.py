@@ -30,6 +30,7 @@ from pydantic import BaseModel, ConfigDict, Field, StrictStr, TypeAdapter, Valid
 
 from kairos.errors import FieldError, LoopPolicy, ValidationFailed, from_validation_error
 from kairos.schedules.request import Instant
+from kairos.states import ScheduleKind
 
 MAX_HORIZON_DAYS = 90
 MAX_OCCURRENCES = 500
@@ -93,7 +94,7 @@ def policy_problems(body: Mapping[str, Any], *, allowed: frozenset[str] = FIELDS
         elif name in _NEVER:
             problems.append(FieldError(name, "loop_policy", _NEVER[name]))
         elif name == "kind":
-            if value not in ("cron", "interval"):
+            if value not in (ScheduleKind.CRON, ScheduleKind.INTERVAL):
                 problems.append(FieldError("kind", "loop_policy", "a loop recurs: kind is cron or interval"))
         elif name not in allowed:
             problems.append(FieldError(str(name), "unknown_field", f"{name} is not a loop field"))

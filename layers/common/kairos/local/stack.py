@@ -58,6 +58,7 @@ from typing import Any
 
 from kairos.local import devstate
 from kairos.local.apigw import LocalContext
+from kairos.states import ScheduleStatus
 
 Handler = Callable[[dict[str, Any], Any], Any]
 
@@ -290,7 +291,8 @@ def create_demo(url: str, public_url: str, data_dir: Path | None = None) -> dict
             ).fetchone()
             if existing is not None:
                 found = schedules.list_for(conn, owner=DEV_PRINCIPAL, conversation_id=existing["id"])
-                kept = next((s for s in found if s.kind == "webhook" and s.status in ("active", "paused")), None)
+                live = (ScheduleStatus.ACTIVE, ScheduleStatus.PAUSED)
+                kept = next((s for s in found if s.kind == "webhook" and s.status in live), None)
                 token = None if kept is None else _demo_token(conn, kept.id, data_dir)
                 return {"conversation_id": existing["id"], "schedules": found, "token": token}
             conv = conversations.create(

@@ -42,7 +42,7 @@ from kairos.states import Decision, ScheduleStatus, Source
 
 MAX_WINDOW = timedelta(days=31)
 MAX_INSTANTS = 100
-_RUN_DECISIONS = ("dispatched", "queued_behind")
+_RUN_DECISIONS = (Decision.DISPATCHED, Decision.QUEUED_BEHIND)
 
 
 class BackfillRequest(BaseModel):

@@ -6,7 +6,7 @@ fails). Another owner's request answers the same 404 as a missing one.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
@@ -14,10 +14,14 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import database, ok, parse_id, send_committed
+from kairos.states import ApprovalState
 
 router = Routes()
 
-State = Literal["pending", "approved", "applied", "denied", "expired", "retired"]
+if TYPE_CHECKING:
+    State = str
+else:  # the ``state`` query's values: kairos.states.ApprovalState's, in its order
+    State = Literal[tuple(s.value for s in ApprovalState)]
 
 
 @router.endpoint("GET", "/v1/approvals", status=200, model=models.ApprovalList, errors=(),

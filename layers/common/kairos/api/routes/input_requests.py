@@ -7,7 +7,7 @@ request answers the same 404 as a missing one.
 
 from __future__ import annotations
 
-from typing import Annotated, Any, Literal
+from typing import TYPE_CHECKING, Annotated, Any, Literal
 
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
@@ -15,10 +15,14 @@ from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import database, ok, parse_id, send_committed
+from kairos.states import InputRequestState
 
 router = Routes()
 
-State = Literal["pending", "answered", "cancelled", "expired"]
+if TYPE_CHECKING:
+    State = str
+else:  # the ``state`` query's values: kairos.states.InputRequestState's, in its order
+    State = Literal[tuple(s.value for s in InputRequestState)]
 
 
 @router.endpoint("GET", "/v1/input-requests", status=200, model=models.InputRequestList, errors=(),
