@@ -34,6 +34,7 @@ from pydantic_core import PydanticCustomError
 
 from kairos import secrets
 from kairos.errors import REQUIRED, TYPE, FieldError, ValidationFailed, from_validation_error
+from kairos.executors.base import MAX_STEPS_CAP
 from kairos.executors.catalog import CATALOG, TOOL_EXECUTORS
 from kairos.executors.catalog import EXECUTOR_NEEDS as EXECUTOR_NEEDS
 
@@ -44,10 +45,6 @@ if TYPE_CHECKING:
 else:
     # The catalog's names as a Literal, in its order (pydantic's literal_error lists them so).
     ExecutorName = Literal[tuple(CATALOG)]
-
-
-MAX_STEPS_DEFAULT = 8
-MAX_STEPS_CAP = 32
 
 
 def _reference(value: str) -> str:
@@ -90,7 +87,6 @@ class AgentConfig(BaseModel):
         if "@" in parts.netloc:
             raise PydanticCustomError("url", "credentials must not be part of the URL; use api_key_secret")
         return value
-
 
 
 def validate(raw: object, *, owner: str | None, field: str = "agent") -> dict[str, Any]:

@@ -263,6 +263,10 @@ READ_LIMIT = 1 << 20
 # each with arguments of at most this many characters of JSON (more is a malformed reply).
 TOOL_CALLS_PER_TURN = 8
 TOOL_ARGUMENTS_CHARS = 16_384
+# A tool loop's model turns (an agent's ``max_steps``): this many when unset, never more than the cap
+# (kairos.agents refuses a larger max_steps; kairos.runs.loop bounds the loop).
+MAX_STEPS_DEFAULT = 8
+MAX_STEPS_CAP = 32
 
 
 def checked_tool_calls(calls: tuple[ToolCall, ...]) -> tuple[ToolCall, ...]:

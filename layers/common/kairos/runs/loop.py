@@ -40,6 +40,8 @@ import psycopg
 
 from kairos import approvals, db, effects, input_requests, tools, trace
 from kairos.executors.base import (
+    MAX_STEPS_CAP,
+    MAX_STEPS_DEFAULT,
     ExecutionRequest,
     Executor,
     ExecutorError,
@@ -56,9 +58,6 @@ from kairos.runs.attempt import Claimed, Outcome
 from kairos.runs.stops import Cancelled, Failure, LeaseLost
 from kairos.settings import Settings
 from kairos.states import EventType, RunState
-
-MAX_STEPS_DEFAULT = 8
-MAX_STEPS_CAP = 32
 
 
 class Execution(Protocol):
