@@ -199,6 +199,20 @@ def test_a_failed_run_shows_its_diagnosis_and_recovery_actions(page: Any, stack:
     expect(page.locator("#run-state")).to_have_text("failed")  # the same refusing model, a new run
 
 
+def test_a_failed_chat_turn_is_retried_from_its_page(page: Any, stack: Stack, model: Model) -> None:
+    conversation_id = conversation(stack, model.agent("fail"), "refused chat")
+    turn = stack.api("POST", f"/v1/conversations/{conversation_id}/messages", {"content": "Hello?"})
+    sign_in(page, stack, f"#/runs/{turn['run_id']}")
+    expect(page.locator("#run-state")).to_have_text("failed")
+    page.locator("#diagnosis button[data-action=retry_run]").click()  # the API retries chat turns too
+    expect(page.locator("h1")).not_to_have_text(f"Run {turn['run_id'][:8]}")
+    retried = page.url.rsplit("/", 1)[-1]
+    again = stack.api("GET", f"/v1/runs/{retried}")["run"]
+    assert (again["source"], again["retry_of"], again["conversation_id"]) == (
+        "chat", turn["run_id"], conversation_id), again
+    expect(page.locator("h1")).to_have_text(f"Run {retried[:8]}")
+
+
 def test_an_unknown_run_id_shows_not_found(page: Any, stack: Stack) -> None:
     sign_in(page, stack, f"#/runs/{uuid.uuid4()}")
     expect(page.locator("#not-found")).to_contain_text("Run not found")

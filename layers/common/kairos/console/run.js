@@ -36,11 +36,7 @@ function diagnosis(run, refresh) {
   if (!d) return null;
   const hint = h("p", { class: "muted", id: "guidance" });
   const buttons = (d.recovery_actions || []).map((action) => {
-    if (action === "retry_run" && !run.schedule_id) {  // a chat turn is retried by posting it again
-      return h("button", { type: "button", dataset: { action },
-        onclick: () => { hint.textContent = "A chat turn is retried by posting the message again."; } }, "retry run");
-    }
-    if (action === "retry_run") {
+    if (action === "retry_run") {  // every source, a chat turn included (it retries into its conversation)
       return h("button", { type: "button", class: "primary", dataset: { action }, onclick: async () => {
         try {
           const retried = await call("POST", `/v1/runs/${encodeURIComponent(run.id)}/retry`);
