@@ -45,13 +45,13 @@ import heapq
 import math
 import re
 from bisect import bisect_left
-from collections.abc import Callable, Iterable, Iterator
+from collections.abc import Callable, Iterable, Iterator, Mapping
 from dataclasses import dataclass
 from datetime import UTC, date, datetime, time, timedelta
 from functools import cache, lru_cache
 from importlib import resources
 from itertools import islice, pairwise
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any
 from zoneinfo import ZoneInfo
 
 import tzdata
@@ -112,6 +112,31 @@ class Rule:
     timezone: str = "UTC"
     dst_gap: DstGap = DstGap.AUTO
     dst_fold: DstFold = DstFold.AUTO
+
+    @classmethod
+    def of(cls, source: object) -> Rule:
+        """The one way to build a schedule's rule from its data: a schedule row (a mapping with its
+        columns, as the tick reads due rows) or anything with them as attributes (a ``ScheduleRequest``,
+        a stored ``kairos.schedules.Schedule``). ``kind``, ``dst_gap`` and ``dst_fold`` are parsed into
+        their enums (the enum's ``ValueError`` for an unknown value); a row without a column is a
+        ``KeyError``. Whether the kind has a calendar at all is the caller's question
+        (``kairos.schedules.request.rule_of`` refuses a webhook)."""
+        if isinstance(source, Mapping):
+            row: Mapping[str, Any] = source
+            get: Callable[[str], Any] = row.__getitem__
+        else:
+            def get(name: str) -> Any:
+                return getattr(source, name)
+        return cls(
+            kind=parse(ScheduleKind, get("kind")),
+            cron=get("cron"),
+            interval_seconds=get("interval_seconds"),
+            starts_at=get("starts_at"),
+            ends_at=get("ends_at"),
+            timezone=get("timezone"),
+            dst_gap=parse(DstGap, get("dst_gap")),
+            dst_fold=parse(DstFold, get("dst_fold")),
+        )
 
 
 # --------------------------------------------------------------------------------------------- zones

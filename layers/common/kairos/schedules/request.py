@@ -548,16 +548,7 @@ def rule_of(source: Timed) -> calendar.Rule:
 
     if source.kind not in TIMED_KINDS:
         raise ValueError("a webhook schedule has no calendar rule")
-    return calendar.Rule(
-        kind=ScheduleKind(source.kind),
-        cron=source.cron,
-        interval_seconds=source.interval_seconds,
-        starts_at=source.starts_at,
-        ends_at=source.ends_at,
-        timezone=source.timezone,
-        dst_gap=DstGap(source.dst_gap),
-        dst_fold=DstFold(source.dst_fold),
-    )
+    return calendar.Rule.of(source)
 
 
 # --- Preview arguments -------------------------------------------------------------------------

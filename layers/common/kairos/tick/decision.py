@@ -36,7 +36,7 @@ from typing import Any
 from uuid import UUID
 
 from kairos import calendar, identity, overlap
-from kairos.states import Decision, DstFold, DstGap, Overlap, ScheduleKind, Source, parse
+from kairos.states import Decision, Overlap, ScheduleKind, Source, parse
 
 GRACE = timedelta(seconds=120)
 COUNT_CAP = 10_000
@@ -70,20 +70,10 @@ class Due:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Due:
-        kind = parse(ScheduleKind, row["kind"])
-        rule = calendar.Rule(
-            kind=kind,
-            cron=row["cron"],
-            interval_seconds=row["interval_seconds"],
-            starts_at=row["starts_at"],
-            ends_at=row["ends_at"],
-            timezone=row["timezone"],
-            dst_gap=parse(DstGap, row["dst_gap"]),
-            dst_fold=parse(DstFold, row["dst_fold"]),
-        )
+        rule = calendar.Rule.of(row)
         return cls(
             id=row["id"],
-            kind=kind,
+            kind=rule.kind,
             rule=rule,
             next_fire_at=row["next_fire_at"],
             revision=int(row["revision"]),
