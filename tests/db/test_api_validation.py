@@ -320,7 +320,7 @@ NOT_ASCII_DIGITS = ["%EF%BC%91%EF%BC%90",  # U+FF11 U+FF10: a fullwidth "10", wh
 
 def integer_query_parameters() -> list[tuple[str, str]]:
     """Every (path, name) of an integer query parameter of a GET route, from the served OpenAPI document."""
-    from tests.unit.test_openapi_golden import served
+    from tests.support.openapi import served
 
     found = []
     for path, operations in json.loads(served())["paths"].items():

@@ -4,10 +4,7 @@ exactly the bytes of ``golden/openapi.json``.
 
 The document is the API's contract with its clients (and schemathesis); a refactoring of the API's
 modules must not move a byte of it. A deliberate change (a new route, a field, a version bump) updates
-the golden file in the same commit, regenerated with::
-
-    PYTHONPATH=layers/common .venv/bin/python -c "from tests.unit.test_openapi_golden import served; \
-        open('tests/unit/golden/openapi.json', 'w').write(served())"
+the golden file in the same commit, regenerated as ``tests/support/openapi.py`` says.
 """
 
 from __future__ import annotations
@@ -15,20 +12,9 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parents[2]
+from tests.support.openapi import served
+
 GOLDEN = Path(__file__).resolve().parent / "golden" / "openapi.json"
-
-
-def served() -> str:
-    """The body ``GET /v1/openapi.json`` answers, as sent."""
-    from kairos.api.app import handle
-
-    event = json.loads((ROOT / "events" / "api_openapi.json").read_text())
-    response = handle(event, None)
-    assert response["statusCode"] == 200, response
-    assert response["headers"]["Content-Type"] == "application/json"
-    body: str = response["body"]
-    return body
 
 
 def test_the_served_document_is_byte_identical_to_the_golden_file() -> None:
