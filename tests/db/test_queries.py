@@ -26,7 +26,8 @@ from kairos.runs import moves
 from tests import factories
 
 PACKAGE = Path(db.__file__).parent
-CALLS = {"q": 0, "fetch_one": 1, "fetch_all": 1, "execute": 1, "change": 1}  # function -> index of the name
+# function -> index of the name
+CALLS = {"q": 0, "fetch_one": 1, "fetch_row": 1, "expect_row": 1, "fetch_all": 1, "execute": 1, "change": 1}
 _PARAM = re.compile(r"%\((\w+)\)s")
 
 

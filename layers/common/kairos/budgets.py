@@ -208,7 +208,6 @@ def days(conn: psycopg.Connection[db.Row], *, owner: str, start: date, until: da
 
 def today(conn: psycopg.Connection[db.Row], *, now: datetime | None = None) -> date:
     """The UTC date of ``now``, by default the database's (the ledger's days are the database's)."""
-    row = db.fetch_one(conn, "usage_ledger_today", {"now": now})
-    assert row is not None
+    row = db.fetch_row(conn, "usage_ledger_today", {"now": now})
     value: date = row["today"]
     return value

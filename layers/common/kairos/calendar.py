@@ -51,7 +51,7 @@ from datetime import UTC, date, datetime, time, timedelta
 from functools import cache, lru_cache
 from importlib import resources
 from itertools import islice, pairwise
-from typing import TYPE_CHECKING, Any
+from typing import TYPE_CHECKING, Any, TypeVar
 from zoneinfo import ZoneInfo
 
 import tzdata
@@ -197,7 +197,8 @@ def _is_utc(zone: ZoneInfo) -> bool:
 
 def _offset_at(zone: ZoneInfo, instant: datetime) -> timedelta:
     offset = instant.astimezone(zone).utcoffset()
-    assert offset is not None
+    if offset is None:  # never for an aware datetime in a ZoneInfo
+        raise RuntimeError(f"{zone.key} gave no UTC offset for {instant.isoformat()}")
     return offset
 
 
@@ -522,7 +523,8 @@ def _resolve_zoned(
     for wall in walls:
         off_first = zone.utcoffset(wall)  # the zone's offset for the wall time's first and second pass
         off_second = zone.utcoffset(wall.replace(fold=1))
-        assert off_first is not None and off_second is not None
+        if off_first is None or off_second is None:  # never: a ZoneInfo has an offset for every wall time
+            raise RuntimeError(f"{name} gave no UTC offset for {wall.isoformat()}")
         if off_first == off_second:  # an ordinary wall time
             fire = Fire((wall - off_first).replace(tzinfo=utc), wall, off_first, 0, name, version)
         elif off_first > off_second:  # repeated wall time: fold=0 is the earlier instant
@@ -565,7 +567,8 @@ def _gap_end(zone: ZoneInfo, before: datetime, after: datetime) -> datetime:
 def _describe(instant: datetime, zone: ZoneInfo) -> Fire:
     local = instant.astimezone(zone)
     offset = local.utcoffset()
-    assert offset is not None
+    if offset is None:  # never for an aware datetime in a ZoneInfo
+        raise RuntimeError(f"{zone.key} gave no UTC offset for {instant.isoformat()}")
     return Fire(
         instant.astimezone(UTC), local.replace(tzinfo=None, fold=0), offset, local.fold, zone.key, TZDATA_VERSION
     )
@@ -838,20 +841,27 @@ def _check_valid(rule: Rule) -> None:
     check_rule(rule)  # raises for an invalid rule: lru_cache keeps only returns
 
 
+_T = TypeVar("_T")
+
+
+def _field(value: _T | None, rule: Rule, name: str) -> _T:
+    """A field ``check_rule`` requires for the rule's kind (the callers run on checked rules only)."""
+    if value is None:
+        raise RuntimeError(f"a {rule.kind} rule has no {name}")
+    return value
+
+
 def _iter_checked(rule: Rule, after: datetime) -> Iterator[Fire]:
     zone = _zone(rule.timezone)
     upper = rule.ends_at.astimezone(UTC) if rule.ends_at is not None else None
     kind = parse(ScheduleKind, rule.kind)
     if kind is ScheduleKind.ONCE:
-        assert rule.starts_at is not None
-        at = rule.starts_at.astimezone(UTC)
+        at = _field(rule.starts_at, rule, "starts_at").astimezone(UTC)
         return iter([_describe(at, zone)] if at > after and (upper is None or at <= upper) else [])
     if kind is ScheduleKind.INTERVAL:
-        assert rule.starts_at is not None and rule.interval_seconds is not None
-        step = timedelta(seconds=rule.interval_seconds)
-        return _iter_interval(rule.starts_at.astimezone(UTC), step, after, upper, zone)
-    assert rule.cron is not None
-    spec = _compile(rule.cron)
+        step = timedelta(seconds=_field(rule.interval_seconds, rule, "interval_seconds"))
+        return _iter_interval(_field(rule.starts_at, rule, "starts_at").astimezone(UTC), step, after, upper, zone)
+    spec = _compile(_field(rule.cron, rule, "cron"))
     gap, fold = _policies(spec, rule.dst_gap, rule.dst_fold)
     lower = after
     if rule.starts_at is not None and rule.starts_at - _MICRO > after:
@@ -950,10 +960,8 @@ def min_spacing(rule: Rule, after: datetime) -> timedelta | None:
     best = first_two[1].fire_at - first_two[0].fire_at
     kind = ScheduleKind(rule.kind)
     if kind is ScheduleKind.INTERVAL:
-        assert rule.interval_seconds is not None
-        return timedelta(seconds=rule.interval_seconds)
-    assert rule.cron is not None
-    spec = _compile(rule.cron)
+        return timedelta(seconds=_field(rule.interval_seconds, rule, "interval_seconds"))
+    spec = _compile(_field(rule.cron, rule, "cron"))
     zone = _zone(rule.timezone)
     upper = rule.ends_at.astimezone(UTC) if rule.ends_at is not None else None
     lower = first_two[0].fire_at - _MICRO  # the first fire is real; nothing fires between lower and it

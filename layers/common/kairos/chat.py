@@ -76,8 +76,7 @@ def post(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner:
         blocker = None if row is None else row["id"]
         occurrence_id = identity.occurrence_id(conversation.id, Source.CHAT, key=uuid.uuid4().hex)
         run_id = identity.run_id(occurrence_id)
-        clock = db.fetch_one(conn, "schedules_clock", {"now": now})
-        assert clock is not None
+        clock = db.fetch_row(conn, "schedules_clock", {"now": now})
         occurrences.refuse_over_cap(occurrences.record(conn, [occurrences.planned(
             occurrence_id=occurrence_id, schedule_id=None, source=Source.CHAT,
             fire=calendar.describe(clock["now"].astimezone(UTC), "UTC"), revision=0,

@@ -207,13 +207,12 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, agent: object, titl
         problems.append(FieldError("title", MAX_LENGTH, f"at most {TITLE_MAX} characters"))
     if problems:
         raise ValidationFailed(problems)
-    row = db.fetch_one(
+    row = db.fetch_row(
         conn,
         "conversations_insert",
         {"id": uuid.uuid4(), "owner": owner, "title": title, "agent": Jsonb(config),
          "origin_run_id": origin_run_id, "now": now},
     )
-    assert row is not None
     conversation = Conversation.from_row(row)
     logger.info("conversation created", extra={"action": "conversation_created",
                                                  "conversation_id": str(conversation.id)})
@@ -344,12 +343,11 @@ def append(
         raise ValidationFailed([FieldError("role", "enum", f"role must be one of {', '.join(ROLES)}")])
     with db.atomic(conn):
         lock(conn, conversation_id)
-        row = db.fetch_one(
+        row = db.fetch_row(
             conn,
             "conversation_entries_append",
             {"conversation_id": conversation_id, "role": role, "content": content, "run_id": run_id, "now": now},
         )
-    assert row is not None  # the locked row exists
     return Entry.from_row(row)
 
 

@@ -383,6 +383,30 @@ def fetch_one(conn: psycopg.Connection[Row], name: str, params: Params | None = 
     return send(conn, name, params).fetchone()
 
 
+class MissingRow(RuntimeError):
+    """A named query returned no row where its caller's invariant says one exists (a query that always
+    answers one row, an INSERT … RETURNING, a row locked or written earlier in the same transaction).
+    A fault of the code or the schema, never of the request: nothing maps it to a 4xx."""
+
+    def __init__(self, name: str) -> None:
+        super().__init__(f"named query {name} returned no row, and one must exist")
+        self.query = name
+
+
+def expect_row(row: Row | None, name: str) -> Row:
+    """``row``, the answer of the named query ``name``, which must be there; else ``MissingRow``.
+    For a row read from a cursor ``send`` returned (in a pipeline); otherwise use ``fetch_row``."""
+    if row is None:
+        raise MissingRow(name)
+    return row
+
+
+def fetch_row(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> Row:
+    """``fetch_one`` for a row that must exist: ``MissingRow`` (naming the query) when there is none.
+    Unlike an ``assert``, it holds under ``python -O`` too."""
+    return expect_row(fetch_one(conn, name, params), name)
+
+
 def fetch_all(conn: psycopg.Connection[Row], name: str, params: Params | None = None) -> list[Row]:
     return send(conn, name, params).fetchall()
 

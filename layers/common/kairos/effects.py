@@ -129,7 +129,7 @@ def reserve_charged(
     """``reserve`` and the budget charge of a model call (``kairos.budgets.charge``) in one statement:
     (authorized, the effect). Not authorized — the fence no longer holds or a cancel was requested —
     or authorized without an effect — the charge would pass a daily ceiling —: nothing was written."""
-    row = db.fetch_one(
+    row = db.fetch_row(
         conn,
         "effects_reserve_charged",
         {
@@ -147,7 +147,6 @@ def reserve_charged(
             **charge,
         },
     )
-    assert row is not None  # one row always
     return bool(row["authorized"]), None if row["id"] is None else Effect.from_row(row)
 
 

@@ -238,7 +238,8 @@ def prepare_http(call: ToolCall, *, allow: Sequence[str] = (), resolve: egress.R
 
 def send_http(prepared: PreparedCall, *, timeout: float, ca_certs: str | None = None) -> tuple[int, bytes]:
     """Sends a prepared ``http_post`` once; ``ExecutorError`` classified like the http executor."""
-    assert prepared.target is not None
+    if prepared.target is None:  # prepare_http always resolves the target of an http_post
+        raise RuntimeError("an http_post was prepared without its resolved target")
     try:
         answer = egress.post(prepared.target, body=prepared.body, headers=prepared.headers, timeout=timeout,
                              read_limit=READ_LIMIT, ca_certs=ca_certs, abort=prepared.abort)

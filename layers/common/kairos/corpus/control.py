@@ -79,6 +79,5 @@ def _corpus_run(conn: psycopg.Connection[db.Row], run_id: UUID, owner: str) -> d
 
 
 def _reread(conn: psycopg.Connection[db.Row], run_id: UUID, owner: str) -> db.Row:
-    row = db.fetch_one(conn, "runs_get_owned", {"run_id": run_id, "owner": owner})
-    assert row is not None
+    row = db.fetch_row(conn, "runs_get_owned", {"run_id": run_id, "owner": owner})
     return row

@@ -60,8 +60,7 @@ def export_all(c: Corpus) -> None:
         with c.fenced() as (conn, _):
             db.execute(conn, "corpus_exports_open", {"run_id": c.run_id, "format": fmt, "bucket": bucket,
                                                      "key": key_of(c.owner, c.run_id, fmt), "now": c.run.now})
-            row = db.fetch_one(conn, "corpus_exports_get", {"run_id": c.run_id, "format": fmt})
-        assert row is not None
+            row = db.fetch_row(conn, "corpus_exports_get", {"run_id": c.run_id, "format": fmt})
         if not row["done"]:
             try:
                 _stream(c, fmt, row)

@@ -57,8 +57,7 @@ def execute(run: Execution) -> Outcome:
     with c.fenced() as (conn, _):
         db.execute(conn, "corpus_runs_start", {"run_id": c.run_id, "owner": c.owner, "now": run.now})
         db.execute(conn, "corpus_partitions_release_stale", {"run_id": c.run_id, "now": run.now})
-        state = db.fetch_one(conn, "corpus_runs_get", {"run_id": c.run_id})
-    assert state is not None
+        state = db.fetch_row(conn, "corpus_runs_get", {"run_id": c.run_id})
     phase = str(state["phase"])
     while True:
         stop = _boundary(c)
@@ -117,8 +116,7 @@ def _continue(c: Corpus) -> Outcome | None:
     with c.fenced() as (conn, row):
         if row["cancel_requested_at"] is not None or row["pause_requested_at"] is not None:
             return None
-        counts = db.fetch_one(conn, "corpus_partitions_counts", {"run_id": c.run_id})
-        assert counts is not None
+        counts = db.fetch_row(conn, "corpus_partitions_counts", {"run_id": c.run_id})
         events = [trace.Event(EventType.STEP_FINISHED, c.run.claimed.step, {"outcome": "continued"}),
                   trace.Event(EventType.RUN_QUEUED, None, {"reason": "continue", "phase": "map",
                                                            "partitions_pending": int(counts["pending"])})]
@@ -194,9 +192,8 @@ def db_json(value: Any) -> Any:
 
 def _counts(c: Corpus) -> dict[str, int]:
     with c.run.database.connection() as conn:
-        row = db.fetch_one(conn, "corpus_partitions_counts", {"run_id": c.run_id})
-        state = db.fetch_one(conn, "corpus_runs_get", {"run_id": c.run_id})
-    assert row is not None and state is not None
+        row = db.fetch_row(conn, "corpus_partitions_counts", {"run_id": c.run_id})
+        state = db.fetch_row(conn, "corpus_runs_get", {"run_id": c.run_id})
     return {**{k: int(v) for k, v in row.items()}, "items_total": int(state["items_total"])}
 
 

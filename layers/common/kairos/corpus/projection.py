@@ -43,8 +43,7 @@ def _owned_corpus(conn: psycopg.Connection[db.Row], run_id: UUID, owner: str) ->
 def progress(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> dict[str, Any]:
     _owned_corpus(conn, run_id, owner)
     state = db.fetch_one(conn, "corpus_runs_get", {"run_id": run_id})
-    counts = db.fetch_one(conn, "corpus_partitions_counts", {"run_id": run_id})
-    assert counts is not None
+    counts = db.fetch_row(conn, "corpus_partitions_counts", {"run_id": run_id})
     items_total = 0 if state is None else int(state["items_total"])
     return {
         "phase": "enumerate" if state is None else state["phase"],

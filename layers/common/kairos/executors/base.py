@@ -32,7 +32,7 @@ import threading
 from collections.abc import Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
-from typing import Any, Literal, Protocol
+from typing import Any, Literal, Protocol, overload
 
 from kairos.diagnosis import REASON_CODES
 from kairos.executors.catalog import TOOL_EXECUTORS as TOOL_EXECUTORS
@@ -362,6 +362,10 @@ def elision_marker(elided: int) -> str:
     return f"[{elided} earlier {noun} of this conversation left out to fit the input limit]"
 
 
+@overload
+def agent_text(agent: dict[str, Any], key: str, *, required: Literal[True]) -> str: ...
+@overload
+def agent_text(agent: dict[str, Any], key: str, *, required: bool) -> str | None: ...
 def agent_text(agent: dict[str, Any], key: str, *, required: bool) -> str | None:
     """A string field of the agent config; ``agent_invalid`` when required and absent, or not a string."""
     value = agent.get(key)

@@ -96,7 +96,6 @@ class BedrockExecutor:
         system_prompt = agent_text(agent, "system", required=False)
         if agent.get("base_url"):
             raise ExecutorError("agent_invalid", "bedrock agents call the AWS endpoint of the region; remove base_url")
-        assert model is not None
         system = [{"text": system_prompt}] if system_prompt else []
         turns: list[tuple[str, str]] = []
         for entry in request.transcript:

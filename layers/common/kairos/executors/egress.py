@@ -167,7 +167,8 @@ def post(target: ResolvedTarget, *, body: bytes, headers: dict[str, str], timeou
             if failure.stage != "connect":
                 raise
             last = failure
-    assert last is not None
+    if last is None:  # unreachable: addresses is not empty, and each one either returned or failed to connect
+        raise RuntimeError(f"no address of {target.host} was tried")
     raise last
 
 

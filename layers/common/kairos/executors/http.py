@@ -89,7 +89,6 @@ class HttpExecutor:
     def prepare(self, request: ExecutionRequest) -> PreparedCall:
         base_url = agent_text(request.agent, "base_url", required=True)
         key_ref = agent_text(request.agent, "api_key_secret", required=True)
-        assert base_url is not None and key_ref is not None
         target = egress.check(base_url, allow=self._allow, resolve=self._resolve)
         with secret_errors():
             key = signing_key(self._secret(key_ref, owner=request.owner, audience=base_url))

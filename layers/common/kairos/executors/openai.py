@@ -90,7 +90,6 @@ class OpenAIExecutor:
         system = agent_text(agent, "system", required=False)
         base_url = agent_text(agent, "base_url", required=True)
         key_ref = agent_text(agent, "api_key_secret", required=False)
-        assert model is not None and base_url is not None
         url = _endpoint(base_url)
         target = egress.check(url, allow=self._allow, resolve=self._resolve)
         messages: list[dict[str, Any]] = []

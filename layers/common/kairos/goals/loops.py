@@ -66,7 +66,8 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
     clock = _clock(conn, now)
     body = policy.parse_loop(raw, now=clock)
     request = parse_request(body.schedule_body, owner=owner, now=clock)
-    assert body.goal is not None
+    if body.goal is None:  # parse_loop refuses a loop body without a goal
+        raise RuntimeError("a checked loop body has no goal")
     conversation = conversations.lock(conn, request.conversation_id, owner=owner)
     if conversations.lineage_has_run(conn, conversation.id):
         raise Forbidden("loops cannot be created for a conversation a run created",
@@ -80,14 +81,14 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
             fields=[FieldError("conversation_id", "max_per_conversation",
                                f"at most {MAX_PER_CONVERSATION} active, paused or draft schedules per conversation")])
     first = next_fire_at(rule_of(request), clock)
-    assert first is not None  # parse_request refused rules with no future fire
+    if first is None:  # parse_request refused rules with no future fire
+        raise RuntimeError("a checked loop rule has no future fire")
     schedule_id = uuid.uuid4()
     columns = definition_columns(request, conversation_agent=conversation.agent)
     goal = policy.envelope(body.goal, schedule_id=schedule_id, revision=1, agent=conversation.agent)
-    stored = db.fetch_one(conn, "schedules_insert_loop", {
+    stored = db.fetch_row(conn, "schedules_insert_loop", {
         **columns, "id": schedule_id, "owner": owner, "conversation_id": conversation.id, "next_fire_at": first,
         "goal": Jsonb(goal), "now": clock})
-    assert stored is not None
     return Schedule.from_row(stored)
 
 
@@ -195,7 +196,6 @@ def _next_fire(current: Schedule, request: ScheduleRequest, clock: datetime) -> 
 
 
 def _clock(conn: psycopg.Connection[db.Row], now: datetime | None) -> datetime:
-    row = db.fetch_one(conn, "schedules_clock", {"now": now})
-    assert row is not None
+    row = db.fetch_row(conn, "schedules_clock", {"now": now})
     instant: datetime = row["now"]
     return instant.astimezone(UTC)

@@ -177,7 +177,8 @@ def park(conn: psycopg.Connection[db.Row], *, run_id: uuid.UUID, fence: int, att
     loop = db.fetch_one(conn, "schedules_lock_loop", {"schedule_id": goal.schedule_id, "now": now})
     if loop is None or loop["status"] == "cancelled":
         raise LoopGone()
-    assert report.question is not None
+    if report.question is None:  # the goal_report tool refuses needs_input without a question
+        raise RuntimeError("a needs_input report has no question")
     request_id = input_requests.ask(conn, run_id=run_id, owner=owner, attempt=attempt, step=step, call_id=call.id,
                                     schedule_id=goal.schedule_id, revision=goal.revision,
                                     conversation_id=conversation_id, question=report.question, now=now)

@@ -377,7 +377,8 @@ class _LazyHandler:
         self.target: Handler | None = None
 
     def __call__(self, event: dict[str, Any], context: Any) -> Any:
-        assert self.target is not None, "the API handler is set before the server starts"
+        if self.target is None:
+            raise RuntimeError("the API handler is set before the server starts")
         return self.target(event, context)
 
 

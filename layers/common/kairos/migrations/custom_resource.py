@@ -98,7 +98,8 @@ def _put(url: str, payload: bytes) -> None:
             )
             if attempt < RESPONSE_ATTEMPTS:
                 time.sleep(RESPONSE_BACKOFF_SECONDS * attempt)
-    assert last is not None
+    if last is None:  # unreachable: each attempt either returned or failed
+        raise RuntimeError("cloudformation was never asked")
     raise last
 
 

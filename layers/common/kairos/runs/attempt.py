@@ -179,7 +179,7 @@ def _claim(database: db.Database, run_id: UUID, *, now: datetime | None, owner_s
            thread_id: UUID) -> Claimed | Outcome:
     """The general claim: any run (a fork's first attempt too, when the one-trip claim found it
     taken or changed), in one transaction of two round trips or more."""
-    read: Callable[[], ModelInput] | None = None
+    forked: tuple[db.Row, Callable[[], ModelInput]] | None = None  # the claimed row, its window's reader
     with database.explicit() as conn:
         with database.batch(conn):
             db.begin(conn)
@@ -190,13 +190,13 @@ def _claim(database: db.Database, run_id: UUID, *, now: datetime | None, owner_s
             elif row["refusal"] is not None:
                 claimed = _refused(run_id, row)
             elif row["forked"]:  # the claim wrote the thread and the prompt entry: read the window, commit
-                read = _send_model_input(conn, run_id, row, thread_id)
+                forked = row, _send_model_input(conn, run_id, row, thread_id)
             else:
                 moves.count("Claims")
                 claimed = _prepare(conn, run_id, row, now)
             db.commit(conn)
-        if read is not None:  # answered by the pipeline's sync, which waited for the commit too
-            assert row is not None
+        if forked is not None:  # answered by the pipeline's sync, which waited for the commit too
+            row, read = forked
             claimed = Claimed(row, int(row["fence"]), int(row["attempt"]), thread_id, read())
             # Counted and logged after the commit, not while this owner's slot lock is held: one line
             # for the claim and the thread it forked.
@@ -246,9 +246,8 @@ def _prepare(conn: psycopg.Connection[db.Row], run_id: UUID, row: db.Row, now: d
     if row.get("retry_of") is not None:
         # A retry asks its message again: the transcript keeps the retried run's user entry (written once)
         # and the model sees the message once, as this run's prompt, not also as that entry.
-        chain = db.fetch_one(conn, "conversation_entries_find_retried_prompt",
+        chain = db.fetch_row(conn, "conversation_entries_find_retried_prompt",
                              {"run_id": run_id, "conversation_id": conversation_id})
-        assert chain is not None
         retried, found = list(chain["run_ids"][1:]), bool(chain["prompted"])
     else:
         found = attempt > 1 and db.fetch_one(

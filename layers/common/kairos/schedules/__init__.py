@@ -240,8 +240,7 @@ def _fires(schedule: Schedule, after: datetime, count: int) -> list[calendar.Fir
 
 
 def _clock(conn: psycopg.Connection[db.Row], now: datetime | None) -> datetime:
-    row = db.fetch_one(conn, "schedules_clock", {"now": now})
-    assert row is not None
+    row = db.fetch_row(conn, "schedules_clock", {"now": now})
     instant: datetime = row["now"]
     return instant.astimezone(UTC)
 
@@ -301,7 +300,8 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
         token = new_token()
     else:
         first = next_fire_at(rule_of(request), clock)
-        assert first is not None  # parse_request refused rules with no future fire
+        if first is None:  # parse_request refused rules with no future fire
+            raise RuntimeError("a checked schedule rule has no future fire")
     stored = _insert(conn, request, owner=owner, conversation=conversation, first=first,
                      token_hash=None if token is None else hash_token(token), context_run_id=context_run_id,
                      clock=clock)
@@ -312,7 +312,7 @@ def _insert(conn: psycopg.Connection[db.Row], request: ScheduleRequest, *, owner
             conversation: conversations.Conversation, first: datetime | None, token_hash: str | None,
             context_run_id: uuid.UUID | None, clock: datetime) -> Schedule:
     """The one ``schedules_insert`` of a checked request (``create`` has done every check)."""
-    stored = db.fetch_one(conn, "schedules_insert", {
+    stored = db.fetch_row(conn, "schedules_insert", {
         **definition_columns(request, conversation_agent=conversation.agent),
         "id": uuid.uuid4(),
         "owner": owner,
@@ -322,7 +322,6 @@ def _insert(conn: psycopg.Connection[db.Row], request: ScheduleRequest, *, owner
         "created_by_run_id": context_run_id,
         "now": clock,
     })
-    assert stored is not None
     return Schedule.from_row(stored)
 
 

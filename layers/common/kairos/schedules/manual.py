@@ -90,8 +90,7 @@ def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, no
                                               "retry_of": str(run_id), "decision": manual.decision.value})
             return manual
         schedule = _lock_active(conn, run["schedule_id"], owner, now)
-        origin = db.fetch_one(conn, "occurrences_of_run", {"run_id": run_id})
-        assert origin is not None  # runs.occurrence_id is NOT NULL REFERENCES occurrences
+        origin = db.fetch_row(conn, "occurrences_of_run", {"run_id": run_id})  # runs.occurrence_id: NOT NULL REFERENCES
         revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
         manual = _record(conn, schedule, revision=revision, key=f"retry:{run_id}", now=now,
                          retry_of=run_id, payload=run["payload"])
@@ -114,8 +113,7 @@ def _retry_turn(conn: psycopg.Connection[db.Row], run: db.Row, *, owner: str, no
         return Manual(None, occurrence_id, new_run_id, Decision(existing["decision"]), sendable=False)
     last = db.fetch_one(conn, "runs_last_chat_turn", {"conversation_id": conversation.id})
     blocker = None if last is None else last["id"]
-    clock = db.fetch_one(conn, "schedules_clock", {"now": now})
-    assert clock is not None
+    clock = db.fetch_row(conn, "schedules_clock", {"now": now})
     decision = Decision.DISPATCHED if blocker is None else Decision.QUEUED_BEHIND
     occurrences.refuse_over_cap(occurrences.record(conn, [occurrences.planned(
         occurrence_id=occurrence_id, schedule_id=None, source=Source.CHAT,
@@ -148,8 +146,7 @@ def _record(conn: psycopg.Connection[db.Row], schedule: db.Row, *, revision: int
     existing = db.fetch_one(conn, "occurrences_of_run", {"run_id": run_id})
     if existing is not None:  # an earlier retry of the same run made it
         return Manual(schedule_id, occurrence_id, run_id, Decision(existing["decision"]), sendable=False)
-    active = db.fetch_one(conn, "runs_overlap_of_schedule", {"schedule_id": schedule_id})
-    assert active is not None
+    active = db.fetch_row(conn, "runs_overlap_of_schedule", {"schedule_id": schedule_id})
     verdict = overlap.decide(Overlap(schedule["overlap"]), active["active_run_id"], active["waiting_run_id"])
     if verdict.decision is Decision.SKIPPED_OVERLAP:
         blocking = active["waiting_run_id"] or active["active_run_id"]

@@ -258,8 +258,7 @@ class Tick:
     def _log_start(self, now: datetime | None) -> None:
         lambda_now = self.clock()
         with self.db.transaction() as conn:
-            row = db.fetch_one(conn, "schedules_due_backlog", {"now": now})
-        assert row is not None
+            row = db.fetch_row(conn, "schedules_due_backlog", {"now": now})
         logger.info(
             "tick started",
             extra={"action": "tick_started", "due": int(row["due"]), "db_now": row["now"].isoformat(),

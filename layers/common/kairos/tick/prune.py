@@ -128,7 +128,6 @@ class Prune:
         gone = db.fetch_all(conn, "conversation_entries_prune_threads",
                             {"run_ids": [row["id"] for row in threads],
                              "thread_ids": [row["thread_id"] for row in threads]}) if threads else []
-        content = db.fetch_one(conn, "runs_forget_content", {"ids": ids, "now": now, "forgotten": FORGOTTEN})
-        assert content is not None
+        content = db.fetch_row(conn, "runs_forget_content", {"ids": ids, "now": now, "forgotten": FORGOTTEN})
         marked = db.fetch_all(conn, "runs_mark_pruned", {"ids": ids, "now": now})
         return gone, {k: int(v) for k, v in content.items()}, marked

@@ -197,7 +197,8 @@ class Repair:
                          data={"reason": "lease_expired", "restarts": int(moved["restarts"])}, now=now)
             logger.info("run rescued after its lease expired", extra={"action": "run_rescued", **log})
             return True
-        assert outcome.reason_code is not None
+        if outcome.reason_code is None:  # every rescue outcome but a requeue names its reason
+            raise RuntimeError(f"the rescue outcome {outcome.state} has no reason code")
         ended = diagnosis.rescued(outcome.reason_code, restart_limit=RESTART_LIMIT)
         moved = db.fetch_one(conn, "runs_end_rescued", {**ids, "state": outcome.state.value,
                                                         "diagnosis": Jsonb(ended)})
