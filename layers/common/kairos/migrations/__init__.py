@@ -5,6 +5,10 @@ test) serialize and each file is applied exactly once; each file runs in its own
 its row in ``kairos_migrations`` (version, name, SHA-256). An applied file whose text changed is an
 error, never re-applied: write a new migration instead. Migrations run at deploy time (a pipeline
 step or ``kairos migrate``), never on a Lambda cold start.
+
+Numbers need not be contiguous: files apply in the order of their numbers and each is recorded by
+its own. ``0013`` was never committed (``0014_corpus`` followed ``0012`` directly), so no database
+has one to miss; a number once released is never reused.
 """
 
 from __future__ import annotations

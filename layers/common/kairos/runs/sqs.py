@@ -172,15 +172,14 @@ def handle_batch(
     if not records:
         return {"batchItemFailures": []}
     event = {**event, "Records": records}
-    database = db
-    sender = send_retry if send_retry is not None else sqs_retry_sender(database, settings)
+    sender = send_retry if send_retry is not None else sqs_retry_sender(db, settings)
     remaining: Callable[[], int] | None = getattr(context, "get_remaining_time_in_millis", None)
     # A new processor per call: handlers may run on several threads of one process at once.
     processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 
     def record_handler(record: SQSRecord) -> None:
         try:
-            handle_record(record, database=database, settings=settings, send_retry=sender,
+            handle_record(record, database=db, settings=settings, send_retry=sender,
                           lambda_remaining_ms=remaining, executor_factory=executor_factory)
         except RedeliverRecord:
             raise
