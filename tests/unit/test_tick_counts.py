@@ -69,13 +69,15 @@ def test_the_steps_add_to_the_totals_the_tick_has_always_reported() -> None:
     deliver = DeliverReport(attempted=36, delivered=37, retried=38, gave_up=39, full=True)
     # When the tick totals them
     report = tick._Totals([settle], [repair], [fire], prune=[prune], deliver=[deliver]).report(12.5, True)
-    # Then the flat report is the one the handler has always returned
+    # Then the flat report is the one the handler returns: every step's count, the prune's content kinds too
     assert report.as_dict() == {
         "settled": 1, "paused": 2 + 22, "released": 3, "resent": 7, "rescued": 8, "requeued": 9, "abandoned": 10,
         "failed": 11, "cancelled": 12, "undeliverable": 14, "approvals_expired": 15, "batches": 1, "schedules": 16,
         "dispatched": 17, "skipped": 18, "queued_behind": 19, "fires_covered": 20, "completed": 21, "conflicts": 23,
         "handoff_failures": 4 + 13 + 24, "pruned": 25 + 26, "notes": 5, "notify_delivered": 37, "notify_retried": 38,
         "notify_gave_up": 39, "runs_pruned": 27, "threads_pruned": 28, "entries_pruned": 29, "payloads_pruned": 30,
+        "steps_pruned": 31, "corpus_rows_pruned": 32, "previews_pruned": 33, "questions_pruned": 34,
+        "reservations_pruned": 35,
         "fire_lag_p50_seconds": 2.0, "fire_lag_max_seconds": 3.0, "fire_db_seconds": 0.5, "fire_sqs_seconds": 0.25,
         "duration_ms": 12.5, "stopped_for_time": True,
     }

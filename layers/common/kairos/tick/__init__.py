@@ -97,6 +97,11 @@ class TickReport:
     threads_pruned: int = 0
     entries_pruned: int = 0
     payloads_pruned: int = 0
+    steps_pruned: int = 0  # step-log rows, corpus outputs and records deleted past retention
+    corpus_rows_pruned: int = 0
+    previews_pruned: int = 0  # approvals' argument previews and input requests' questions forgotten
+    questions_pruned: int = 0
+    reservations_pruned: int = 0  # settled budget reservations deleted (the daily ledger keeps the totals)
     fire_lag_p50_seconds: float | None = None
     fire_lag_max_seconds: float | None = None
     fire_db_seconds: float = 0.0  # fire batches: database work, and SQS calls, wall time

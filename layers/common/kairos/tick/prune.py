@@ -53,11 +53,11 @@ class PruneReport:
     threads: int = counted("threads_pruned")  # run threads whose entries were deleted
     entries: int = counted("entries_pruned")
     payloads: int = counted("payloads_pruned")  # webhook payloads cleared
-    steps: int = 0  # step-log rows deleted (the model's turns, the tools' arguments and answers)
-    corpus_rows: int = 0  # corpus outputs and records deleted
-    previews: int = 0  # approvals' argument previews replaced by a marker
-    questions: int = 0  # input requests' questions replaced by FORGOTTEN
-    reservations: int = 0  # settled budget reservations deleted (the daily ledger keeps the totals)
+    steps: int = counted("steps_pruned")  # step-log rows deleted (the model's turns, the tools' arguments and answers)
+    corpus_rows: int = counted("corpus_rows_pruned")  # corpus outputs and records deleted
+    previews: int = counted("previews_pruned")  # approvals' argument previews replaced by a marker
+    questions: int = counted("questions_pruned")  # input requests' questions replaced by FORGOTTEN
+    reservations: int = counted("reservations_pruned")  # settled budget reservations deleted (the ledger keeps totals)
     full: bool = False
 
 
