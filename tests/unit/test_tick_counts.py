@@ -6,8 +6,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass, fields
 
-from kairos import tick
-from kairos.tick import counts
+from kairos.tick import counts, loop
 from kairos.tick.counts import counted
 from kairos.tick.deliver import DeliverReport
 from kairos.tick.fire import FireReport
@@ -38,7 +37,7 @@ def test_a_new_counted_field_on_a_step_report_is_summed_without_an_edit_to_the_t
     # Given two settle passes, one of them reporting through the new field
     passes = [SettleReport(released=2), _SettleWithMore(released=3, released_again=4)]
     # When the tick totals them
-    report = tick._Totals(passes, [], []).report(1.0, False)
+    report = loop._Totals(passes, [], []).report(1.0, False)
     # Then the new field's amount is in the total it names
     assert report.released == 2 + 3 + 4
 
@@ -51,7 +50,7 @@ def test_counts_sum_each_marked_field_under_its_total_and_skip_the_rest() -> Non
 
 def test_every_tick_total_is_fed_by_a_step_or_derived_by_the_tick() -> None:
     summed = {name for step in STEPS for name in counts.totals_of(step)}
-    tick_fields = {f.name for f in fields(tick.TickReport)}
+    tick_fields = {f.name for f in fields(loop.TickReport)}
     assert summed <= tick_fields, f"counted into no TickReport field: {sorted(summed - tick_fields)}"
     unfed = sorted(tick_fields - DERIVED - summed)
     assert tick_fields - DERIVED == summed, f"TickReport fields nobody adds to: {unfed}"
@@ -68,7 +67,7 @@ def test_the_steps_add_to_the_totals_the_tick_has_always_reported() -> None:
                         steps=31, corpus_rows=32, previews=33, questions=34, reservations=35, full=True)
     deliver = DeliverReport(attempted=36, delivered=37, retried=38, gave_up=39, full=True)
     # When the tick totals them
-    report = tick._Totals([settle], [repair], [fire], prune=[prune], deliver=[deliver]).report(12.5, True)
+    report = loop._Totals([settle], [repair], [fire], prune=[prune], deliver=[deliver]).report(12.5, True)
     # Then the flat report is the one the handler returns: every step's count, the prune's content kinds too
     assert report.as_dict() == {
         "settled": 1, "paused": 2 + 22, "released": 3, "resent": 7, "rescued": 8, "requeued": 9, "abandoned": 10,
@@ -84,5 +83,5 @@ def test_the_steps_add_to_the_totals_the_tick_has_always_reported() -> None:
 
 
 def test_a_tick_whose_steps_made_no_report_totals_zeros() -> None:
-    report = tick._Totals([], [], []).report(0.0, True).as_dict()
+    report = loop._Totals([], [], []).report(0.0, True).as_dict()
     assert report["fire_db_seconds"] == 0 and report["pruned"] == 0 and report["fire_lag_max_seconds"] is None
