@@ -15,17 +15,8 @@ from kairos.settings import Settings
 from tests import factories
 from tests.support.api import Api
 from tests.support.corpus import EXPORTS, SOURCE, Model, rows
+from tests.support.corpus import corpus_env as corpus_env
 from tests.support.corpus import s3 as s3
-
-
-@pytest.fixture
-def corpus_env(monkeypatch: pytest.MonkeyPatch, s3: Any) -> Any:
-    monkeypatch.setenv("KAIROS_CORPUS_BUCKETS", SOURCE)
-    monkeypatch.setenv("KAIROS_EXPORT_BUCKET", EXPORTS)
-    from kairos import runtime
-
-    runtime.reset()
-    return s3
 
 
 def turn(api: Api, corpus: Any, content: str = "summarise these") -> Any:

@@ -19,10 +19,10 @@ from kairos.db import Database
 from kairos.runs.worker import process
 from kairos.settings import Settings
 from kairos.tick import Tick
-from psycopg.rows import dict_row
 
 from tests.support.api import Api
-from tests.support.corpus import EXPORTS, SOURCE
+from tests.support.corpus import EXPORTS, SOURCE, rows
+from tests.support.corpus import corpus_env as corpus_env
 from tests.support.corpus import s3 as s3
 from tests.support.executors import FakeOpenAI, openai_agent, tool_call
 from tests.support.peer import Peer, respond
@@ -35,21 +35,6 @@ CALL_COST = Decimal("0.00018")
 def settings(**more: Any) -> Settings:
     return Settings(egress_allow=("127.0.0.1",), corpus_buckets=(SOURCE,), export_bucket=EXPORTS,
                     model_prices=PRICES, **more)
-
-
-def rows(url: str, query: str, *args: Any) -> list[dict[str, Any]]:
-    with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
-        return conn.execute(query, args).fetchall()
-
-
-@pytest.fixture
-def corpus_env(monkeypatch: pytest.MonkeyPatch, s3: Any) -> Any:
-    monkeypatch.setenv("KAIROS_CORPUS_BUCKETS", SOURCE)
-    monkeypatch.setenv("KAIROS_EXPORT_BUCKET", EXPORTS)
-    from kairos import runtime
-
-    runtime.reset()
-    return s3
 
 
 def work(db: Database, run_id: uuid.UUID, **more: Any) -> Any:

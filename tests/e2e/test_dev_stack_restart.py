@@ -12,7 +12,6 @@ secret, no conversation, an empty queue and bucket, a new webhook URL.
 from __future__ import annotations
 
 import json
-import signal
 import subprocess
 import uuid
 from pathlib import Path
@@ -22,7 +21,7 @@ import boto3
 import psutil
 import pytest
 
-from tests.support.output import http_json, start_dev, wait_for
+from tests.support.output import http_json, start_dev, stop_dev, wait_for
 
 pytestmark = pytest.mark.slow
 
@@ -55,12 +54,7 @@ def _waiting(sqs: Any, queue_url: str) -> tuple[int, int]:
 
 
 def _stop(proc: subprocess.Popen[str], log: list[str]) -> None:
-    proc.send_signal(signal.SIGINT)
-    try:
-        proc.wait(timeout=60)
-    except subprocess.TimeoutExpired:
-        proc.kill()
-        raise
+    stop_dev(proc)  # killed after a minute: then the exit status below is not 0
     assert proc.returncode == 0, "".join(log)
 
 

@@ -77,3 +77,12 @@ def s3(sqs_queue: SqsQueue, monkeypatch: pytest.MonkeyPatch) -> Iterator[Any]:
     manifest.s3_client.cache_clear()
 
 
+@pytest.fixture
+def corpus_env(monkeypatch: pytest.MonkeyPatch, s3: Any) -> Any:
+    """``s3`` with the corpus source and export buckets configured, as the API handler reads them."""
+    monkeypatch.setenv("KAIROS_CORPUS_BUCKETS", SOURCE)
+    monkeypatch.setenv("KAIROS_EXPORT_BUCKET", EXPORTS)
+    from kairos import runtime
+
+    runtime.reset()
+    return s3
