@@ -134,7 +134,7 @@ def corpus_run(database: Any, base_url: str, prefix: str) -> Any:
 
 
 def timed(database: Any, run_id: Any, settings: Any) -> float:
-    from kairos.runs.worker import process
+    from kairos.execution.execute import process
 
     started = time.perf_counter()
     outcome = process(database, run_id, settings=settings)

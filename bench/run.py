@@ -75,8 +75,8 @@ import psycopg
 from baseline import Meter, Work, held_snapshot, pgbench_tps, recreate, server, server_cpu
 from kairos import migrations, trace
 from kairos.db import Database
+from kairos.execution.heartbeat import Heartbeat
 from kairos.runs import moves
-from kairos.runs.heartbeat import Heartbeat
 from kairos.settings import Settings
 from kairos.states import EventType
 from statement_cost import Machinery, describe, measure

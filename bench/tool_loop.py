@@ -35,9 +35,9 @@ from typing import Any
 from baseline import recreate, server
 from kairos import chat, conversations, migrations
 from kairos.db import Database
+from kairos.execution.execute import process
 from kairos.executors.base import ExecutionRequest
 from kairos.executors.openai import OpenAIExecutor
-from kairos.runs.worker import process
 from kairos.settings import Settings
 
 SETTINGS = Settings(egress_allow=("127.0.0.1",))

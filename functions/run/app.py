@@ -1,6 +1,6 @@
 """RunFunction: SQS delivers batches of run ids; each record is claimed and executed alone.
 
-Thin by design: the per-container pool and settings go to ``kairos.runs.sqs.handle_batch``, which
+Thin by design: the per-container pool and settings go to ``kairos.execution.sqs.handle_batch``, which
 reports partial batch failures (``ReportBatchItemFailures`` on the event source mapping) so one bad
 or failing record never sends the good records of its batch back to the queue. SnapStart hooks:
 ``kairos.snapstart`` (the run machinery is imported before the snapshot).
@@ -11,8 +11,8 @@ from __future__ import annotations
 from typing import Any
 
 from kairos import runtime, snapstart
+from kairos.execution import sqs
 from kairos.observability import logger, metrics, tracer
-from kairos.runs import sqs
 
 snapstart.register("run")
 

@@ -16,8 +16,8 @@ import pytest
 from kairos import db as kairos_db
 from kairos import runtime
 from kairos.db import Database, Row
+from kairos.execution import sqs
 from kairos.local.stack import load_function
-from kairos.runs import sqs
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 

@@ -20,7 +20,7 @@ import pytest
 from kairos import occurrences, pages
 from kairos.calendar import Fire
 from kairos.db import Database
-from kairos.runs.worker import process
+from kairos.execution.execute import process
 from kairos.settings import Settings
 from kairos.states import Decision, Source
 

@@ -13,10 +13,10 @@ from typing import Any
 import psycopg
 from kairos import budgets
 from kairos.db import Database
+from kairos.execution.claim import Outcome, claim
+from kairos.execution.execute import process
 from kairos.executors.base import ExecutorError, PreparedCall, Reply
 from kairos.probes import Probes
-from kairos.runs.attempt import Outcome, claim
-from kairos.runs.worker import process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 

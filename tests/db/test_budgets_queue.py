@@ -13,8 +13,8 @@ import psycopg
 import pytest
 from kairos import runtime
 from kairos.db import Database
+from kairos.execution.execute import process
 from kairos.executors.base import Reply
-from kairos.runs.worker import process
 from kairos.schedules import manual
 from kairos.settings import Settings
 from kairos.tick import Tick

@@ -15,10 +15,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos.corpus import control
 from kairos.db import Database
+from kairos.execution.execute import process
 from kairos.probes import Probes
-from kairos.runs.worker import process
+from kairos.runs import corpus_control
 from kairos.settings import Settings
 from kairos.tick.repair import Repair
 from psycopg.rows import dict_row
@@ -217,7 +217,7 @@ def pause_when(db_url: str, run_id: uuid.UUID, point: Any, when: Callable[..., b
     def handler(**context: Any) -> None:
         if when(**context):
             with psycopg.connect(db_url, row_factory=dict_row) as conn:
-                control.pause(conn, run_id, owner="alice")
+                corpus_control.pause(conn, run_id, owner="alice")
 
     probes.on(point, handler)
 
@@ -240,7 +240,7 @@ def test_pause_at_a_boundary_then_resume_keeps_everything_committed(
     calls_before = sum(model.calls.values())
     assert work(db, run_id, model).result == "skipped"  # a paused run is not claimed
     with psycopg.connect(db_url, row_factory=dict_row) as conn:
-        resumed = control.resume(conn, run_id, owner="alice")
+        resumed = corpus_control.resume(conn, run_id, owner="alice")
     assert resumed.send and not resumed.run["paused"]
 
     assert work(db, run_id, model).result == "succeeded"
@@ -277,7 +277,7 @@ def test_a_paused_queued_run_is_not_resent_and_does_not_expire(
     put_items(s3, 20)
     run_id = corpus_run(db_url, s3_spec())
     with psycopg.connect(db_url, row_factory=dict_row) as conn:
-        paused = control.pause(conn, run_id, owner="alice")
+        paused = corpus_control.pause(conn, run_id, owner="alice")
     assert paused["paused"] and paused["state"] == "queued"
     old = datetime.now(UTC) - timedelta(hours=1)
     with psycopg.connect(db_url, autocommit=True) as conn:
@@ -370,7 +370,7 @@ def test_a_corpus_longer_than_an_invocation_continues_in_the_next_and_exports_th
 
 def test_through_sqs_each_invocation_re_sends_the_id_until_the_corpus_is_done(
         db: Database, db_url: str, s3: Any, sqs_queue: SqsQueue) -> None:
-    from kairos.runs import sqs
+    from kairos.execution import sqs
 
     put_items(s3, 60)
     model = Model()
@@ -423,7 +423,7 @@ def test_map_calls_are_reserved_against_the_owners_daily_budget(db: Database, db
 
 def test_a_partitions_lease_is_renewed_while_its_call_runs(
         db: Database, db_url: str, s3: Any, monkeypatch: pytest.MonkeyPatch) -> None:
-    from kairos.corpus import mapping
+    from kairos.execution.corpus import mapping
 
     put_items(s3, 20)
     run_id = corpus_run(db_url, s3_spec())
@@ -514,8 +514,8 @@ def test_a_source_inside_its_owners_namespace_reads_only_that_namespace(
 
 
 def test_the_export_bucket_is_never_a_corpus_source_even_when_listed(db: Database, db_url: str, s3: Any) -> None:
-    from kairos.corpus import spec
     from kairos.errors import ValidationFailed
+    from kairos.schedules import corpus_spec
 
     # Given alice's finished export, and an operator who listed the export bucket among the corpus buckets
     run_id = corpus_run(db_url, {"source": {"items": ["a", "b"]}})
@@ -523,7 +523,7 @@ def test_the_export_bucket_is_never_a_corpus_source_even_when_listed(db: Databas
     both = Settings(corpus_buckets=(SOURCE, EXPORTS), export_bucket=EXPORTS)
     # When an owner named "exports" (whose namespace is the exports' prefix) maps it
     with pytest.raises(ValidationFailed) as refused:
-        spec.validate({"source": {"s3": {"bucket": EXPORTS}}, "instructions": "x"}, owner="exports",
+        corpus_spec.validate({"source": {"s3": {"bucket": EXPORTS}}, "instructions": "x"}, owner="exports",
                       buckets=both.readable_corpus_buckets)
     assert [(f.field, f.rule) for f in refused.value.fields] == [("corpus.source.s3.bucket", "bucket_not_allowed")]
     thief = factories.schedule(db_url, owner="exports")

@@ -9,7 +9,7 @@ from typing import Any
 
 import pytest
 from kairos.db import Database
-from kairos.runs.worker import process
+from kairos.execution.execute import process
 from kairos.settings import Settings
 
 from tests import factories
@@ -82,17 +82,18 @@ def test_a_corpus_prefix_outside_the_owners_namespace_is_refused_at_create_patch
 
 def test_an_owner_that_is_not_a_plain_segment_has_the_hashed_namespace_of_its_secrets() -> None:
     from kairos import secrets
-    from kairos.corpus import spec
     from kairos.errors import ValidationFailed
+    from kairos.schedules import corpus_spec
 
     owner = "auth0|alice/.."
-    mine = spec.namespace(owner)
+    mine = corpus_spec.namespace(owner)
     assert mine.startswith("=") and mine.endswith("/") and mine.count("/") == 1
     assert secrets.namespace(owner, secrets.Policy()) == f"kairos/{mine}"
-    checked = spec.validate({"source": {"s3": {"bucket": SOURCE}}, "instructions": "x"}, buckets=[SOURCE], owner=owner)
+    checked = corpus_spec.validate({"source": {"s3": {"bucket": SOURCE}}, "instructions": "x"},
+                                   buckets=[SOURCE], owner=owner)
     assert checked["source"]["s3"]["prefix"] == mine
     with pytest.raises(ValidationFailed) as refused:
-        spec.validate({"source": {"s3": {"bucket": SOURCE, "prefix": "auth0|alice/"}}, "instructions": "x"},
+        corpus_spec.validate({"source": {"s3": {"bucket": SOURCE, "prefix": "auth0|alice/"}}, "instructions": "x"},
                       buckets=[SOURCE], owner=owner)
     assert [(f.field, f.rule) for f in refused.value.fields] == [("corpus.source.s3.prefix", "prefix_not_owned")]
 

@@ -31,10 +31,10 @@ from typing import Any
 import psycopg
 import pytest
 from kairos import db, migrations, runtime
+from kairos.execution.execute import process
 from kairos.executors.base import PreparedCall, Reply
 from kairos.local.postgres import LocalPostgres
 from kairos.local.stack import load_function
-from kairos.runs.worker import process
 from psycopg import sql
 
 from tests.support.api import Api, count, hook, rows

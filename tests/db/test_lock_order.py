@@ -21,8 +21,8 @@ import pytest
 from kairos import approvals, schedules
 from kairos import db as kdb
 from kairos.db import Database
-from kairos.goals import loops
-from kairos.runs.worker import process
+from kairos.execution.execute import process
+from kairos.schedules import loops
 from kairos.tick import Tick
 from psycopg.rows import dict_row
 

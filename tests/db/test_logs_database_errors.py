@@ -18,9 +18,9 @@ import psycopg
 import pytest
 from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
 from kairos.db import Database
+from kairos.execution import sqs
 from kairos.executors.base import PreparedCall, Reply
 from kairos.observability import logger
-from kairos.runs import sqs
 from kairos.settings import Settings
 
 from tests import factories

@@ -20,7 +20,7 @@ import psycopg
 import pytest
 from kairos import conversations, instants, runs
 from kairos.db import Database
-from kairos.runs.worker import process
+from kairos.execution.execute import process
 from kairos.settings import Settings
 from kairos.tick import Tick
 from kairos.tick.prune import Prune

@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from kairos import db as kairos_db
 from kairos.db import Database
+from kairos.execution.execute import process
 from kairos.probes import Probes
-from kairos.runs.worker import process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 

@@ -13,6 +13,8 @@ from kairos import runs
 from kairos.db import Database
 from kairos.diagnosis import REASON_CODES, RECOVERY_ACTIONS, RUN_REASON_CODES, diagnose
 from kairos.errors import NotFound
+from kairos.execution.execute import CALL_TIMEOUT_CAP_SECONDS, LAMBDA_MARGIN_SECONDS, RUNTIME_CAP_SECONDS, process
+from kairos.execution.heartbeat import Heartbeat
 from kairos.executors.base import (
     ExecutionRequest,
     ExecutorError,
@@ -23,8 +25,6 @@ from kairos.executors.base import (
 )
 from kairos.probes import Probes
 from kairos.runs import moves
-from kairos.runs.heartbeat import Heartbeat
-from kairos.runs.worker import CALL_TIMEOUT_CAP_SECONDS, LAMBDA_MARGIN_SECONDS, RUNTIME_CAP_SECONDS, process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 

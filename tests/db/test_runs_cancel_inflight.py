@@ -17,8 +17,8 @@ import psycopg
 import pytest
 from kairos import runs
 from kairos.db import Database
-from kairos.runs.attempt import Outcome
-from kairos.runs.worker import process
+from kairos.execution.claim import Outcome
+from kairos.execution.execute import process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 

@@ -11,12 +11,12 @@ import pytest
 from kairos import effects, trace
 from kairos.db import Database
 from kairos.diagnosis import diagnose
+from kairos.execution.claim import Outcome
+from kairos.execution.execute import process
+from kairos.execution.heartbeat import Heartbeat
 from kairos.executors.base import PreparedCall, Reply
 from kairos.probes import Probes
 from kairos.runs import moves
-from kairos.runs.attempt import Outcome
-from kairos.runs.heartbeat import Heartbeat
-from kairos.runs.worker import process
 from kairos.settings import Settings
 from kairos.states import EventType
 from kairos.tick.repair import Repair

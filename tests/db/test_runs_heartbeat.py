@@ -10,9 +10,9 @@ from typing import Any
 import psycopg
 from kairos import db, runs, trace
 from kairos.db import Database
+from kairos.execution.heartbeat import Heartbeat
 from kairos.probes import Probes
 from kairos.runs import moves
-from kairos.runs.heartbeat import Heartbeat
 from kairos.states import EventType
 from psycopg import sql
 from psycopg.rows import dict_row
@@ -183,7 +183,7 @@ def _claimed_on(db_url: str) -> dict[str, Any]:
 
 
 def test_heartbeats_stopped_before_their_first_beat_do_not_pile_up_in_the_dispatcher(db: Database) -> None:
-    from kairos.runs import heartbeat as module
+    from kairos.execution import heartbeat as module
 
     # Given the process's dispatcher, and a run whose heartbeat stays started throughout
     kept = Heartbeat(db, uuid.uuid4(), 1, interval=3600).start()

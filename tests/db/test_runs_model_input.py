@@ -14,7 +14,7 @@ import pytest
 from kairos import agents, conversations
 from kairos.db import QUERIES as db_queries
 from kairos.db import Database
-from kairos.runs.worker import process
+from kairos.execution.execute import process
 from psycopg import sql
 from psycopg.rows import dict_row
 

@@ -10,7 +10,7 @@ from typing import Any
 import psycopg
 import pytest
 from kairos.db import Database
-from kairos.runs.worker import process
+from kairos.execution.execute import process
 from kairos.settings import Settings
 from psycopg.rows import dict_row
 

@@ -17,9 +17,9 @@ import psycopg
 from kairos import handoff
 from kairos.db import Database
 from kairos.db import q as db_query
+from kairos.execution.execute import process
 from kairos.executors.base import ExecutorError
 from kairos.runs import moves
-from kairos.runs.worker import process
 from kairos.settings import Settings
 from kairos.tick import Tick
 from psycopg.rows import dict_row

@@ -8,7 +8,7 @@ from typing import Any
 
 import psycopg
 from kairos.db import Database
-from kairos.runs.worker import process
+from kairos.execution.execute import process
 from kairos.settings import Settings
 from kairos.tick import Tick
 from psycopg.rows import dict_row

@@ -239,7 +239,7 @@ def test_the_overlap_policies_are_the_schedule_fields_and_the_json(api: Api) -> 
 
 
 def test_a_failed_chat_turn_retries_into_the_same_conversation(api: Api, db: Database) -> None:
-    from kairos.runs.worker import process
+    from kairos.execution.execute import process
     from kairos.settings import Settings
 
     conversation = api.conversation()
@@ -291,7 +291,7 @@ def test_a_chat_turn_retry_waits_behind_the_conversations_unfinished_turn(api: A
 
 def test_a_retried_chat_turn_asks_its_message_once_and_the_transcript_holds_it_once(
         api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
-    from kairos.runs.worker import process
+    from kairos.execution.execute import process
 
     # Given a conversation with an earlier exchange, and a turn whose model call failed
     created = api.alice.post("/v1/conversations", {"agent": openai_agent(fake_openai)})

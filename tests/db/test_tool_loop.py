@@ -14,7 +14,7 @@ from typing import Any
 import psycopg
 import pytest
 from kairos.db import Database
-from kairos.runs.worker import process
+from kairos.execution.execute import process
 from kairos.tick import Tick
 from psycopg.rows import dict_row
 

@@ -10,8 +10,8 @@ import psycopg
 import pytest
 from kairos import trace
 from kairos.db import Database
+from kairos.execution.execute import process
 from kairos.runs import moves
-from kairos.runs.worker import process
 from kairos.states import EventType
 from psycopg.rows import dict_row
 

@@ -16,7 +16,7 @@ from typing import Any
 import psycopg
 import pytest
 from kairos.db import Database
-from kairos.runs.worker import process
+from kairos.execution.execute import process
 from kairos.settings import Settings
 from kairos.tick import Tick
 

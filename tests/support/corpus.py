@@ -13,7 +13,7 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
-from kairos.corpus import export, manifest
+from kairos.execution.corpus import export, manifest
 from kairos.executors.base import PreparedCall, Reply
 from kairos.settings import Settings
 from psycopg.rows import dict_row

@@ -35,7 +35,8 @@ def test_reading_a_run_loads_neither_the_worker_nor_the_executors() -> None:
     env = {**os.environ, "PYTHONPATH": str(ROOT / "layers" / "common")}
     done = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, check=True)
     loaded = set(json.loads(done.stdout.strip().splitlines()[-1]))
-    worker = {"kairos.runs.worker", "kairos.runs.attempt", "kairos.runs.heartbeat", "kairos.runs.sqs",
+    worker = {"kairos.execution.execute", "kairos.execution.claim", "kairos.execution.heartbeat",
+              "kairos.execution.sqs",
               "kairos.executors", "kairos.executors.base", "kairos.effects", "kairos.conversations"}
     assert "kairos.runs.moves" in loaded
     assert not worker & loaded, worker & loaded

@@ -10,16 +10,16 @@ import annotated_types
 import pytest
 from kairos import conversations, input_requests
 from kairos.api import models
-from kairos.goals import policy
+from kairos.schedules import loop_policy
 from pydantic import BaseModel
 
 # (model, field, bound) -> the library constant it must equal
 BOUNDS: list[tuple[type[BaseModel], str, type, int]] = [
     (models.ConversationCreate, "title", annotated_types.MaxLen, conversations.TITLE_MAX),
-    (models.LoopGoal, "outcome", annotated_types.MaxLen, policy.OUTCOME_MAX),
-    (models.LoopGoal, "constraints", annotated_types.MaxLen, policy.CONSTRAINTS_MAX),
-    (models.LoopGoal, "verification", annotated_types.MaxLen, policy.VERIFICATION_MAX),
-    (models.LoopCreate, "max_occurrences", annotated_types.Le, policy.MAX_OCCURRENCES),
+    (models.LoopGoal, "outcome", annotated_types.MaxLen, loop_policy.OUTCOME_MAX),
+    (models.LoopGoal, "constraints", annotated_types.MaxLen, loop_policy.CONSTRAINTS_MAX),
+    (models.LoopGoal, "verification", annotated_types.MaxLen, loop_policy.VERIFICATION_MAX),
+    (models.LoopCreate, "max_occurrences", annotated_types.Le, loop_policy.MAX_OCCURRENCES),
     (models.InputAnswer, "answer", annotated_types.MaxLen, input_requests.ANSWER_MAX),
 ]
 
@@ -40,7 +40,7 @@ def test_each_bound_is_its_library_constant(model: type[BaseModel], field: str, 
 
 def test_the_goal_model_and_the_library_goal_agree_on_every_field() -> None:
     """``LoopGoal`` documents ``goals.policy.Goal``: the same fields."""
-    assert set(models.LoopGoal.model_fields) == set(policy.Goal.model_fields)
+    assert set(models.LoopGoal.model_fields) == set(loop_policy.Goal.model_fields)
 
 
 def test_no_bound_is_written_as_a_number() -> None:

@@ -16,7 +16,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 from kairos import cli
-from kairos.corpus import answers
+from kairos.execution.corpus import answers
 from kairos.executors.base import ExecutionRequest, ExecutorError, ModelTurn, ToolResult, ToolSpec
 from kairos.executors.openai import OpenAIExecutor
 from kairos.local import demo_model, demo_server

@@ -7,7 +7,7 @@ import json
 import typing
 
 import pytest
-from kairos.executors import registry as executors
+from kairos.executors import registry
 from kairos.executors.base import (
     ExecutionRequest,
     ExecutorError,
@@ -20,17 +20,17 @@ from kairos.settings import Settings
 
 
 def test_every_registered_name_builds_an_executor_of_that_name() -> None:
-    for name in executors.NAMES:
-        assert executors.get(name, settings=Settings()).name == name
+    for name in registry.NAMES:
+        assert registry.get(name, settings=Settings()).name == name
 
 
 def test_the_agent_model_and_its_validation_know_exactly_the_registered_executors() -> None:
-    """``executors.NAMES`` is the one list; the agent model's type and the per-executor needs follow it."""
+    """``registry.NAMES`` is the one list; the agent model's type and the per-executor needs follow it."""
     from kairos import agents
     from kairos.agents import AgentConfig
 
-    assert set(typing.get_args(AgentConfig.model_fields["executor"].annotation)) == set(executors.NAMES)
-    assert set(agents.EXECUTOR_NEEDS) == set(executors.NAMES)
+    assert set(typing.get_args(AgentConfig.model_fields["executor"].annotation)) == set(registry.NAMES)
+    assert set(agents.EXECUTOR_NEEDS) == set(registry.NAMES)
 
 
 def test_the_catalog_is_the_one_list_of_executor_names() -> None:
@@ -43,12 +43,12 @@ def test_the_catalog_is_the_one_list_of_executor_names() -> None:
     from pathlib import Path
 
     from kairos import agents
+    from kairos.execution import execute
     from kairos.executors import base, catalog
-    from kairos.runs import worker
 
-    assert executors.NAMES == tuple(sorted(catalog.CATALOG))
+    assert registry.NAMES == tuple(sorted(catalog.CATALOG))
     assert base.TOOL_EXECUTORS == {n for n, e in catalog.CATALOG.items() if e.tools} == {"openai", "bedrock"}
-    assert worker.MODEL_EXECUTORS == {n for n, e in catalog.CATALOG.items() if e.model_call}
+    assert execute.MODEL_EXECUTORS == {n for n, e in catalog.CATALOG.items() if e.model_call}
     assert agents.EXECUTOR_NEEDS == {n: e.needs for n, e in catalog.CATALOG.items()}
     assert typing.get_args(agents.AgentConfig.model_fields["executor"].annotation) == tuple(catalog.CATALOG)
 
@@ -73,14 +73,14 @@ def test_the_catalog_is_the_one_list_of_executor_names() -> None:
 
 def test_an_unknown_executor_is_agent_invalid() -> None:
     with pytest.raises(ExecutorError) as info:
-        executors.get("gpt-magic", settings=Settings())
+        registry.get("gpt-magic", settings=Settings())
     assert info.value.reason_code == "agent_invalid"
     assert "gpt-magic" in info.value.message and "openai" in info.value.message
     assert not info.value.retry_safe
 
 
 def test_echo_answers_the_prompt_without_network() -> None:
-    echo = executors.get("echo", settings=Settings())
+    echo = registry.get("echo", settings=Settings())
     prepared = echo.prepare(ExecutionRequest(owner="alice", run_id="r", attempt=1, agent={"executor": "echo"},
                                              transcript=(), prompt="Guten Morgen", payload={"a": 1}))
     assert (prepared.kind, prepared.mutation, prepared.url, prepared.target) == ("model_call", False, "echo:", None)
@@ -92,7 +92,7 @@ def test_echo_answers_the_prompt_without_network() -> None:
 def test_echo_refuses_a_call_it_did_not_prepare() -> None:
     foreign = PreparedCall(kind="model_call", mutation=False, method="POST", url="echo:", body=b"[]", digest="")
     with pytest.raises(ExecutorError) as info:
-        executors.get("echo", settings=Settings()).send(foreign, timeout=1)
+        registry.get("echo", settings=Settings()).send(foreign, timeout=1)
     assert info.value.reason_code == "internal"
 
 

@@ -24,7 +24,7 @@ _NAME_ARGUMENT = {"add_metric": ("name", None), "count": ("name", 0), "_end": ("
 _FORWARDED = {
     ("kairos/runs/moves.py", "name"),  # count(name): its callers pass literals
     ("kairos/runs/moves.py", "metric"),  # _end(..., metric, ...): its callers pass literals
-    ("kairos/runs/attempt.py", "_REFUSAL_METRICS[state]"),  # the dict's values are scanned
+    ("kairos/execution/claim.py", "_REFUSAL_METRICS[state]"),  # the dict's values are scanned
 }
 
 

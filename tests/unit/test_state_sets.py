@@ -59,7 +59,7 @@ def test_the_derived_state_sets_follow_their_enums() -> None:
     from kairos import approvals, input_requests
     from kairos.api.routes import approvals as approval_routes
     from kairos.api.routes import input_requests as input_request_routes
-    from kairos.corpus import phases
+    from kairos.execution.corpus import phases
 
     assert approvals.STATES == tuple(s.value for s in states.ApprovalState)
     assert typing.get_args(approval_routes.State) == approvals.STATES

@@ -88,10 +88,10 @@ def post(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *, owner:
 
 
 def _corpus_of(raw: object, *, owner: str) -> dict[str, Any] | None:
-    """A turn's checked ``corpus`` (``kairos.corpus.spec``), or None when it carries none."""
+    """A turn's checked ``corpus`` (``kairos.schedules.corpus_spec``), or None when it carries none."""
     if not isinstance(raw, Mapping) or raw.get("corpus") is None:
         return None
     from kairos import runtime
-    from kairos.corpus import spec
+    from kairos.schedules import corpus_spec
 
-    return spec.validate(raw["corpus"], buckets=runtime.settings().readable_corpus_buckets, owner=owner)
+    return corpus_spec.validate(raw["corpus"], buckets=runtime.settings().readable_corpus_buckets, owner=owner)

@@ -130,7 +130,7 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
     "not_replace_safe": ("run", False, (),
                          "The run was not started: the run it should have replaced had already reserved an "
                          "external change, so replacing it is not safe (overlap cancel_replace)."),
-    # Goal loops (kairos.goals).
+    # Goal loops (kairos.schedules.loops).
     "goal_report_missing": ("run", False, ("check_agent_config",),
                             "The loop run ended without calling goal_report with its disposition."),
     "goal_revised": ("run", False, ("resume_schedule",),

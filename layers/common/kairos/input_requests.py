@@ -3,7 +3,7 @@
 Role (docs/api.md "Goal loops"):
 
 * ``ask`` — the run worker, for a ``goal_report`` with disposition ``needs_input``
-  (``kairos.goals.report``), inside its fenced transaction: writes the ``input_requests`` row bound to
+  (``kairos.execution.goal_report``), inside its fenced transaction: writes the ``input_requests`` row bound to
   owner, run, attempt, tool call, loop and goal revision, with the question (member-readable; it is
   also appended to the run's thread).
 * ``answer`` — the owner, once: ``pending -> answered``; the answer is appended to the run's thread as a

@@ -238,7 +238,7 @@ def decide_approval(conn: psycopg.Connection[db.Row], approval_id: UUID, *, appr
 
 def create_loop(conn: psycopg.Connection[db.Row], *, owner: str, raw: object) -> schedules.Schedule:
     """A goal loop for ``owner``, through the same checks as ``POST /v1/loops``."""
-    from kairos.goals import loops
+    from kairos.schedules import loops
 
     return loops.create(conn, owner=owner, raw=raw)
 

@@ -198,7 +198,7 @@ class NotifyDeliveryState(StrEnum):
 
 
 class CorpusPhase(StrEnum):
-    """``corpus_runs.phase``, in the order a corpus run moves through them (kairos.corpus.phases)."""
+    """``corpus_runs.phase``, in the order a corpus run moves through them (kairos.execution.corpus.phases)."""
 
     ENUMERATE = "enumerate"
     MAP = "map"
@@ -210,7 +210,7 @@ class CorpusPhase(StrEnum):
 
 
 class CorpusPartitionState(StrEnum):
-    """``corpus_partitions.state`` (kairos.corpus.mapping)."""
+    """``corpus_partitions.state`` (kairos.execution.corpus.mapping)."""
 
     PENDING = "pending"  # out by: the map phase's lease (running)
     # out by: its answer (succeeded), a repair (pending with the next generation, or failed once spent),

@@ -22,7 +22,7 @@ from typing import Any, Literal
 from pydantic import BaseModel, ConfigDict, Field
 
 from kairos import conversations, input_requests, schedules, secrets
-from kairos.goals import policy
+from kairos.schedules import loop_policy
 
 
 # defer_build: a model's validator is built at its first use, not at import — a cold start builds only
@@ -203,11 +203,11 @@ class ApprovalList(_Strict):
 
 
 class LoopGoal(_Strict):
-    """A loop's goal: what its runs work toward (``kairos.goals.policy.Goal``)."""
+    """A loop's goal: what its runs work toward (``kairos.schedules.loop_policy.Goal``)."""
 
-    outcome: str = Field(min_length=1, max_length=policy.OUTCOME_MAX)
-    constraints: list[str] = Field(default_factory=list, max_length=policy.CONSTRAINTS_MAX)
-    verification: str | None = Field(default=None, max_length=policy.VERIFICATION_MAX,
+    outcome: str = Field(min_length=1, max_length=loop_policy.OUTCOME_MAX)
+    constraints: list[str] = Field(default_factory=list, max_length=loop_policy.CONSTRAINTS_MAX)
+    verification: str | None = Field(default=None, max_length=loop_policy.VERIFICATION_MAX,
                                      description="how a run checks the outcome; shown back only as a digest")
 
 
@@ -225,7 +225,7 @@ class LoopCreate(_Strict):
     starts_at: str | None = None
     timezone: str = "UTC"
     ends_at: str
-    max_occurrences: int = Field(ge=1, le=policy.MAX_OCCURRENCES)
+    max_occurrences: int = Field(ge=1, le=loop_policy.MAX_OCCURRENCES)
 
 
 class InputAnswer(_Strict):

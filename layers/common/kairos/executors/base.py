@@ -1,4 +1,4 @@
-"""The executor contract between the run worker (``kairos.runs.worker``) and each executor.
+"""The executor contract between the run worker (``kairos.execution.execute``) and each executor.
 
 An executor turns one run's input into one external call, in two phases so the worker can reserve
 the effect in the ledger between them:
@@ -264,7 +264,7 @@ READ_LIMIT = 1 << 20
 TOOL_CALLS_PER_TURN = 8
 TOOL_ARGUMENTS_CHARS = 16_384
 # A tool loop's model turns (an agent's ``max_steps``): this many when unset, never more than the cap
-# (kairos.agents refuses a larger max_steps; kairos.runs.loop bounds the loop).
+# (kairos.agents refuses a larger max_steps; kairos.execution.tool_loop bounds the loop).
 MAX_STEPS_DEFAULT = 8
 MAX_STEPS_CAP = 32
 

@@ -3,7 +3,7 @@
 Role: ``CATALOG`` is the one list of executors. Everything else that names executors is derived
 from it: the registry's ``NAMES`` and the class it builds (``kairos.executors.registry``), the
 executors whose models call tools (``kairos.executors.base.TOOL_EXECUTORS``), the executors that send
-the transcript to a model (``kairos.runs.worker.MODEL_EXECUTORS``), the fields each executor needs
+the transcript to a model (``kairos.execution.execute.MODEL_EXECUTORS``), the fields each executor needs
 (``kairos.agents.EXECUTOR_NEEDS``) and the agent model's ``executor`` type. Adding an executor is its
 module plus one row here; ``tests/unit/test_executors_registry.py`` fails on a second list.
 

@@ -5,13 +5,14 @@ API shape; prompt, payload and agent are deliberately not part of it), ``get``, 
 ``output`` (owner-scoped reads: a missing and a foreign run are the same ``NotFound``; a list holds
 only the owner's runs) and ``cancel``.
 
-The package's other modules are the worker's, loaded only by the run function:
+The package's other modules hold every statement that moves ``runs.state``, so the run state machine
+is read in ``sql/runs.sql`` plus this package:
 
-* ``moves`` — the fenced statements: every state move of a run is one guarded statement;
-* ``attempt`` — the claim and what an attempt starts from (``Claimed``), or why it does not (``Outcome``);
-* ``heartbeat`` — the lease thread that reads the cancel flag and aborts a call in flight;
-* ``worker`` — ``process``: claim, execute, end, the execution between;
-* ``sqs`` — the SQS batch adapter the run function calls.
+* ``moves`` — the worker's fenced statements: every state move of a run is one guarded statement;
+* ``corpus_control`` — pause and resume of a corpus run; ``corpus_progress`` — its progress as the API shows it.
+
+The worker itself (claim, heartbeat, the execution, the tool loop, the SQS adapter) is
+``kairos.execution``, a layer above.
 
 Guarantees: ``cancel`` is durable first and idempotent — a waiting run ends ``cancelled`` at once,
 a running one is marked and its worker stops at its next heartbeat or step; a cancelled run can

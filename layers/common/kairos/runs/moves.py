@@ -3,7 +3,7 @@
 Role: the data-access layer of the run worker — the claim (``queued -> running``, or the refusal
 that ends a run that must not run), the step boundary's lock, the fenced conversation append, the
 terminal moves (``succeeded``, ``failed``, ``cancelled`` by the worker), the retry's requeue, and
-the cancel of a waiting run (owner or worker). ``kairos.runs.attempt`` and ``kairos.runs.worker``
+the cancel of a waiting run (owner or worker). ``kairos.execution.claim`` and ``kairos.execution.execute``
 decide which to call; ``kairos.runs.cancel`` uses the cancel statements.
 
 Guarantees:
@@ -46,7 +46,7 @@ CLAIM_REFUSALS: dict[str, RunState] = {
     "schedule_cancelled": RunState.CANCELLED,
     "superseded": RunState.ABANDONED,
     "expired": RunState.EXPIRED,
-    "goal_revised": RunState.CANCELLED,  # a loop run of a goal its owner has since edited (kairos.goals)
+    "goal_revised": RunState.CANCELLED,  # a loop run of a goal its owner has since edited (kairos.schedules.loops)
 }
 
 # The diagnoses of the claim's refusals as one JSON document, serialized once and sent with every

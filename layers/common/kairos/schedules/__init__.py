@@ -139,8 +139,8 @@ class Schedule:
     updated_at: datetime | None = None
     max_delay_seconds: int = MAX_DELAY_DEFAULT_SECONDS
     notify: dict[str, Any] | None = None  # {"on", "webhook"?: {"url", "secret"}}: the secret is a reference
-    corpus: dict[str, Any] | None = None  # a corpus run's checked spec (kairos.corpus.spec)
-    loop: bool = False  # a goal loop (kairos.goals): made by POST /v1/loops only
+    corpus: dict[str, Any] | None = None  # a corpus run's checked spec (kairos.schedules.corpus_spec)
+    loop: bool = False  # a goal loop (kairos.schedules.loops): made by POST /v1/loops only
     goal: dict[str, Any] | None = None  # a loop's private goal envelope; as_json shows its safe projection
     goal_revision: int | None = None  # the revision whose goal is in force
     input_run_id: uuid.UUID | None = None  # the run a paused loop waits on (its question to the owner)
@@ -164,9 +164,9 @@ class Schedule:
                 continue
             value = getattr(self, f.name)
             if f.name == "goal":
-                from kairos.goals import policy
+                from kairos.schedules import loop_policy
 
-                value = policy.safe(value)
+                value = loop_policy.safe(value)
             elif isinstance(value, datetime):
                 value = rfc3339(value)
             elif isinstance(value, uuid.UUID):

@@ -69,7 +69,7 @@ def backfill(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner:
         if row is None:
             raise NotFound("schedule")
         if row["loop"]:
-            from kairos.goals.policy import loop_refusal
+            from kairos.schedules.loop_policy import loop_refusal
 
             raise loop_refusal("backfilled")
         schedule = Schedule.from_row(row)

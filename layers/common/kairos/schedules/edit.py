@@ -62,7 +62,7 @@ def edit(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str
             raise NotFound("schedule")
         current = Schedule.from_row(row)
         if current.loop:
-            from kairos.goals.policy import loop_refusal
+            from kairos.schedules.loop_policy import loop_refusal
 
             raise loop_refusal("edited")
         clock: datetime = row["db_now"].astimezone(UTC)

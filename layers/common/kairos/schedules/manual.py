@@ -5,7 +5,7 @@ database's now; ``retry`` records one for a run that ended ``failed``, ``abandon
 ``cancelled``, re-executing that run's revision (its prompt, agent and payload) as a new run whose
 ``retry_of`` names it — the old run stays as it ended. A chat turn (no schedule) retries into its
 conversation: a new ``chat`` run asking the same message again, behind any unfinished turn (its claim
-writes no second user entry when the retried turn wrote one, ``kairos.runs.attempt``). Both go
+writes no second user entry when the retried turn wrote one, ``kairos.execution.claim``). Both go
 through ``kairos.occurrences`` (the one way a fire is recorded) and ``kairos.overlap`` (the one overlap
 rule; a chat turn's retry queues behind instead): a fire the policy would skip
 answers ``OverlapConflict`` (409 ``overlap``) naming the run in the way, and records nothing; a fire
@@ -129,7 +129,7 @@ def _lock_active(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, owner
     if schedule is None:
         raise NotFound("schedule")
     if schedule["loop"]:
-        from kairos.goals.policy import loop_refusal
+        from kairos.schedules.loop_policy import loop_refusal
 
         raise loop_refusal("run on demand or retried")
     if schedule["status"] != ScheduleStatus.ACTIVE.value:

@@ -158,7 +158,7 @@ class ScheduleRequest(BaseModel):
     # {"on": [terminal run states], "webhook"?: {"url", "secret"}}, checked by ``validate_notify``;
     # ``parse_request`` always fills it in (the default when absent).
     notify: dict[str, Any] | None = None
-    # A corpus run's spec (docs/api.md "Corpus runs"), checked by ``kairos.corpus.spec.validate``.
+    # A corpus run's spec (docs/api.md "Corpus runs"), checked by ``kairos.schedules.corpus_spec.validate``.
     corpus: dict[str, Any] | None = None
 
     @field_validator("prompt")
@@ -405,14 +405,14 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
 
 
 def _corpus(raw: object, problems: list[FieldError], *, owner: str) -> dict[str, Any] | None:
-    """The checked ``corpus`` (``kairos.corpus.spec``), its problems added to ``problems``."""
+    """The checked ``corpus`` (``kairos.schedules.corpus_spec``), its problems added to ``problems``."""
     if raw is None:
         return None
     from kairos import runtime
-    from kairos.corpus import spec as corpus_spec
+    from kairos.schedules.corpus_spec import validate as validate_corpus
 
     try:
-        return corpus_spec.validate(raw, buckets=runtime.settings().readable_corpus_buckets, owner=owner)
+        return validate_corpus(raw, buckets=runtime.settings().readable_corpus_buckets, owner=owner)
     except ValidationFailed as error:
         problems.extend(error.fields)
         return None

@@ -154,7 +154,7 @@ SELECT c.id,
 RETURNING seq, role, content, run_id, created_at;
 
 -- name: conversation_entries_find_seq
--- One entry of a conversation by its seq (a loop run reads its owner's answer; kairos.goals.report).
+-- One entry of a conversation by its seq (a loop run reads its owner's answer; kairos.execution.goal_report).
 SELECT seq, role, content, run_id, created_at
   FROM conversation_entries
  WHERE conversation_id = %(conversation_id)s AND seq = %(seq)s;

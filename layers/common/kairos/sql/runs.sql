@@ -60,7 +60,7 @@ WITH changed AS (
                   coalesce(%(now)s::timestamptz, now())
              FROM (SELECT CASE
                               WHEN s.status = 'cancelled' THEN 'schedule_cancelled'
-                              -- A loop run made under an older goal than the loop's (kairos.goals).
+                              -- A loop run made under an older goal than the loop's (kairos.schedules.loops).
                               WHEN s.loop AND (SELECT o.schedule_revision FROM occurrences o
                                                 WHERE o.id = r.occurrence_id) < s.goal_revision
                                    THEN 'goal_revised'
@@ -92,7 +92,7 @@ WITH changed AS (
        AND r.state = 'queued'
        AND r.blocked_by_run_id IS NULL
        AND r.cancel_requested_at IS NULL
-       AND r.paused_at IS NULL  -- a paused corpus run waits for its resume (kairos.corpus.control)
+       AND r.paused_at IS NULL  -- a paused corpus run waits for its resume (kairos.runs.corpus_control)
        -- fork_only: only a fork run's first attempt whose source exists (it needs nothing but this
        -- statement, so the caller may send its COMMIT behind it); any other run is left queued.
        AND (NOT %(fork_only)s::boolean
@@ -121,7 +121,7 @@ WITH changed AS (
      WHERE c.forked
     RETURNING id, fork_seq
 ), prompted AS (
-    -- The run's prompt entry, first in its new thread (the text as kairos.runs.attempt._prompt_entry).
+    -- The run's prompt entry, first in its new thread (the text as kairos.execution.claim._prompt_entry).
     INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
     SELECT f.id, f.fork_seq + 1, 'user',
            CASE WHEN c.payload IS NULL OR c.payload = 'null'::jsonb THEN c.prompt

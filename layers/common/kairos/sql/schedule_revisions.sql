@@ -9,7 +9,7 @@ SELECT revision, definition, valid_from
  ORDER BY revision;
 
 -- name: schedule_revisions_goal_of_run
--- The goal a loop run works toward: the one its occurrence's revision recorded (kairos.goals.report).
+-- The goal a loop run works toward: the one its occurrence's revision recorded (kairos.execution.goal_report).
 SELECT o.schedule_id, o.schedule_revision AS revision, d.definition -> 'goal' AS goal
   FROM runs r
   JOIN occurrences o ON o.id = r.occurrence_id

@@ -23,12 +23,12 @@ router = Routes()
 @router.endpoint("GET", "/v1/runs/<id>/corpus", status=200, model=models.CorpusEnvelope, errors=(404,),
                  summary="A corpus run's phase, coverage, partitions by state and export handles")
 def get_corpus(id: str) -> Response[dict[str, Any]]:
-    from kairos.corpus import projection
+    from kairos.runs import corpus_progress
 
     owner = principal()
     run_id = parse_id(id, "run")
     with database().transaction() as conn:
-        progress = projection.progress(conn, run_id, owner=owner)
+        progress = corpus_progress.progress(conn, run_id, owner=owner)
     return ok(200, models.CorpusEnvelope, {"corpus": jsonable(progress)})
 
 
@@ -39,35 +39,35 @@ def get_corpus_records(
     after: Annotated[str | None, Query(max_length=2048, description="next_after of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="capped at 200")] = 50,
 ) -> Response[dict[str, Any]]:
-    from kairos.corpus import projection
+    from kairos.runs import corpus_progress
 
     owner = principal()
     run_id = parse_id(id, "run")
     with database().transaction() as conn:
-        page = projection.records(conn, run_id, owner=owner, after=after, limit=limit)
+        page = corpus_progress.records(conn, run_id, owner=owner, after=after, limit=limit)
     return ok(200, models.CorpusRecordPage, page)
 
 
 @router.endpoint("POST", "/v1/runs/<id>/pause", status=202, model=models.RunEnvelope, errors=(404, 409),
                  summary="Pause a corpus run at its next partition boundary (queued: at once)")
 def pause_run(id: str) -> Response[dict[str, Any]]:
-    from kairos.corpus import control
+    from kairos.runs import corpus_control
 
     owner = principal()
     run_id = parse_id(id, "run")
     with database().transaction() as conn:
-        run = control.pause(conn, run_id, owner=owner)
+        run = corpus_control.pause(conn, run_id, owner=owner)
     return ok(202, models.RunEnvelope, {"run": run})
 
 
 @router.endpoint("POST", "/v1/runs/<id>/resume", status=202, model=models.RunEnvelope, errors=(404, 409),
                  summary="Resume a paused corpus run; it keeps everything it committed")
 def resume_run(id: str) -> Response[dict[str, Any]]:
-    from kairos.corpus import control
+    from kairos.runs import corpus_control
 
     owner = principal()
     run_id = parse_id(id, "run")
     with database().transaction() as conn:
-        resumed = control.resume(conn, run_id, owner=owner)
+        resumed = corpus_control.resume(conn, run_id, owner=owner)
     send_committed([run_id] if resumed.send else [])
     return ok(202, models.RunEnvelope, {"run": resumed.run})

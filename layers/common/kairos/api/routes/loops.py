@@ -1,4 +1,4 @@
-"""Goal loops: create one (the only recurring agent loop), read it, edit its goal (``kairos.goals.loops``).
+"""Goal loops: create one (the only recurring agent loop), read it, edit its goal (``kairos.schedules.loops``).
 
 A loop is a schedule: every answer is ``{"schedule": {...}}`` with ``loop: true``, its safe ``goal``
 and its ``last_run``, the same shape ``GET /v1/schedules/{id}`` shows it in, so pause, resume (also out
@@ -27,7 +27,7 @@ router = Routes()
                  summary="Create a goal loop: a goal, a rule, an end and a count; catch-up off, overlap skip, "
                          "no backfill; active at once", has_body=True)
 def create_loop(body: Annotated[dict[str, Any], Body(description="LoopCreate")]) -> Response[dict[str, Any]]:
-    from kairos.goals import loops
+    from kairos.schedules import loops
 
     owner = principal()
 
@@ -43,7 +43,7 @@ def create_loop(body: Annotated[dict[str, Any], Body(description="LoopCreate")])
 @router.endpoint("GET", "/v1/loops/<id>", status=200, model=models.ScheduleEnvelope, errors=(404,),
                  summary="One goal loop (its safe goal, status, next fire and last run)")
 def get_loop(id: str) -> Response[dict[str, Any]]:
-    from kairos.goals import loops
+    from kairos.schedules import loops
 
     owner = principal()
     loop_id = parse_id(id, "loop")
@@ -60,8 +60,7 @@ def get_loop(id: str) -> Response[dict[str, Any]]:
 def edit_loop(id: str, body: Annotated[dict[str, Any], Body(description="LoopCreate fields to change "
                                                              "(not conversation_id); null resets one")],
               ) -> Response[dict[str, Any]]:
-    from kairos.goals import loops
-    from kairos.schedules import edit
+    from kairos.schedules import edit, loops
 
     owner = principal()
     loop_id = parse_id(id, "loop")

@@ -6,7 +6,7 @@ Role: ``map_partitions`` leases pending partitions one at a time (up to
 run, partition, generation: the request names all three, so its digest differs per generation); the
 call is an effect of the run (``effects.reserve`` + ``budgets.reserve`` under the fence, settled
 after) made through the agent's executor; the completed answer is checkpointed in the transaction
-that settles the effect. The answer is then checked (``kairos.corpus.answers``): valid, its lines are
+that settles the effect. The answer is then checked (``kairos.execution.corpus.answers``): valid, its lines are
 committed and the partition succeeds; invalid, the partition's generation advances and it is requeued
 in one fenced transaction — after ``MAX_REPAIRS`` it fails. A partition whose input is over the
 agent's ``max_input_tokens`` (characters / 4) fails ``input_too_large`` without a call, as one whose
@@ -21,7 +21,7 @@ Guarantees:
 * A corpus is not bounded by one invocation: once this invocation has mapped a partition and less
   than ``SLICE_RESERVE_SECONDS`` of its time is left (the run's deadline: its runtime limit or the
   Lambda's remaining time, whichever is sooner), no further partition is leased and ``map_partitions``
-  answers ``slice`` — the run continues in a new invocation (``kairos.corpus.phases``), so a time limit
+  answers ``slice`` — the run continues in a new invocation (``kairos.execution.corpus.phases``), so a time limit
   bounds a slice of the corpus, not the corpus.
 * Every write checks the run's fence first (``Corpus.fenced``).
 
@@ -37,9 +37,12 @@ from collections.abc import Mapping
 from concurrent.futures import ThreadPoolExecutor
 from typing import Any, Literal, NoReturn
 
+from psycopg.types.json import Jsonb
+
 from kairos import budgets, db, effects, trace
-from kairos.corpus import answers, manifest
-from kairos.corpus.context import Corpus
+from kairos.execution.corpus import answers, manifest
+from kairos.execution.corpus.context import Corpus
+from kairos.execution.stops import Cancelled, Failure, LeaseLost
 from kairos.executors.base import (
     CHARS_PER_TOKEN,
     DEFAULT_MAX_TOKENS,
@@ -49,9 +52,7 @@ from kairos.executors.base import (
     max_tokens,
 )
 from kairos.observability import logger
-from kairos.runs.stops import Cancelled, Failure, LeaseLost
 from kairos.states import EventType
-from psycopg.types.json import Jsonb
 
 MAX_REPAIRS = 2
 PARTITION_LEASE_SECONDS = 120

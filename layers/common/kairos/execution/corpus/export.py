@@ -25,11 +25,12 @@ from collections.abc import Iterator
 from typing import Any
 from xml.sax.saxutils import escape, quoteattr
 
-from kairos import db
-from kairos.corpus import manifest
-from kairos.corpus.context import Corpus
-from kairos.runs.stops import Failure, LeaseLost
 from psycopg.types.json import Jsonb
+
+from kairos import db
+from kairos.execution.corpus import manifest
+from kairos.execution.corpus.context import Corpus
+from kairos.execution.stops import Failure, LeaseLost
 
 PAGE = 500
 PART_BYTES = 8 * 1024 * 1024

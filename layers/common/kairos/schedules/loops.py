@@ -1,6 +1,6 @@
 """Goal loops: create, read and edit (``POST /v1/loops``, ``GET`` / ``PATCH /v1/loops/{id}``).
 
-Role: ``create`` checks a loop body (``kairos.goals.policy``: fixed policies, caps, goal; then the same
+Role: ``create`` checks a loop body (``kairos.schedules.loop_policy``: fixed policies, caps, goal; then the same
 ``parse_request`` as a schedule for the rule) and stores one schedule row marked ``loop``, active, with
 the goal envelope at revision 1, under the same per-conversation limit and "not from a run" rule as a
 schedule. ``edit`` is a JSON merge patch of the loop fields under a new revision (``If-Match`` as for
@@ -40,9 +40,8 @@ from kairos.errors import (
     ValidationFailed,
 )
 from kairos.executors.base import TOOL_EXECUTORS
-from kairos.goals import policy
 from kairos.observability import logger
-from kairos.schedules import MAX_PER_CONVERSATION, Schedule, definition_columns, next_fire_at
+from kairos.schedules import MAX_PER_CONVERSATION, Schedule, definition_columns, loop_policy, next_fire_at
 from kairos.schedules.request import ScheduleRequest, parse_request, rule_of
 from kairos.states import ScheduleStatus
 
@@ -64,7 +63,7 @@ def create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: da
 
 def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: datetime | None) -> Schedule:
     clock = _clock(conn, now)
-    body = policy.parse_loop(raw, now=clock)
+    body = loop_policy.parse_loop(raw, now=clock)
     request = parse_request(body.schedule_body, owner=owner, now=clock)
     if body.goal is None:  # parse_loop refuses a loop body without a goal
         raise RuntimeError("a checked loop body has no goal")
@@ -85,7 +84,7 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
         raise RuntimeError("a checked loop rule has no future fire")
     schedule_id = uuid.uuid4()
     columns = definition_columns(request, conversation_agent=conversation.agent)
-    goal = policy.envelope(body.goal, schedule_id=schedule_id, revision=1, agent=conversation.agent)
+    goal = loop_policy.envelope(body.goal, schedule_id=schedule_id, revision=1, agent=conversation.agent)
     stored = db.fetch_row(conn, "schedules_insert_loop", {
         **columns, "id": schedule_id, "owner": owner, "conversation_id": conversation.id, "next_fire_at": first,
         "goal": Jsonb(goal), "now": clock})
@@ -129,19 +128,19 @@ def edit(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str
             raise Conflict(f"a {current.status.value} loop cannot be edited",
                            fields=[FieldError("status", "editable",
                                               "only draft, active and paused loops can be edited")])
-        problems = policy.policy_problems(patch, allowed=policy.FIELDS)
+        problems = loop_policy.policy_problems(patch, allowed=loop_policy.FIELDS)
         if "conversation_id" in patch and str(patch["conversation_id"]) != str(current.conversation_id):
             problems.append(FieldError("conversation_id", "immutable", "a loop stays in its conversation"))
         if problems:
             raise ValidationFailed(problems)
         merged = _merged(current, patch)
-        body = policy.parse_loop(merged, now=clock, creating=False)
+        body = loop_policy.parse_loop(merged, now=clock, creating=False)
         request = parse_request({**body.schedule_body, "conversation_id": str(current.conversation_id)},
                                 owner=owner, now=clock)
         first = _next_fire(current, request, clock)
         conversation = conversations.get(conn, current.conversation_id, owner=owner)
-        revised = body.goal is not None and not policy.same_goal(current.goal, body.goal)
-        goal = None if not revised or body.goal is None else policy.envelope(
+        revised = body.goal is not None and not loop_policy.same_goal(current.goal, body.goal)
+        goal = None if not revised or body.goal is None else loop_policy.envelope(
             body.goal, schedule_id=current.id, revision=current.revision + 1, agent=conversation.agent)
         stored = db.fetch_one(conn, "schedules_edit_loop", {
             **definition_columns(request, conversation_agent=conversation.agent),
@@ -172,7 +171,7 @@ def _merged(current: Schedule, patch: Mapping[str, Any]) -> dict[str, Any]:
                 "max_occurrences": current.max_occurrences}
     body.update({k: v for k, v in optional.items() if v is not None})
     for name, value in patch.items():
-        if name == "conversation_id" or name in policy.FIXED:
+        if name == "conversation_id" or name in loop_policy.FIXED:
             continue
         if value is None:
             body.pop(name, None)

@@ -4,7 +4,7 @@ Role: a paused corpus run is a ``queued`` run with ``paused_at`` set — the cla
 it queued), the tick's repair does not re-send it, and it does not expire (``expires_at`` cleared).
 ``pause`` of a ``queued`` run marks it paused at once (``run.paused``, by the owner); of a ``running``
 run it records ``pause_requested_at``, and the worker parks the run at its next partition or phase
-boundary (``kairos.corpus.phases``: ``run.paused`` by the worker, ``running → queued``, lease cleared).
+boundary (``kairos.execution.corpus.phases``: ``run.paused`` by the worker, ``running → queued``, lease cleared).
 ``resume`` clears both marks with ``run.resumed``; a queued run is then to be sent to SQS again
 (``Resumed.send``), and it continues from what it committed (manifest, records, checkpoints).
 
@@ -25,6 +25,7 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+
 from kairos import db, trace
 from kairos.errors import NotCorpusRun, NotFound, NotPaused
 from kairos.runs import Run

@@ -1,10 +1,10 @@
 """The run worker: ``process`` turns one run id into at most one execution of the run's prompt.
 
-Role: however often a run id is delivered, ``process`` claims the run (``kairos.runs.attempt``),
+Role: however often a run id is delivered, ``process`` claims the run (``kairos.execution.claim``),
 and only a claimed attempt is executed: an ``Execution`` is built from the ``Claimed`` attempt, its
 heartbeat and its deadline, prepares the executor's call, reserves its effect, makes the call, and
 ends the run — published, failed, requeued for a retry, or cancelled. The SQS adapter
-(``kairos.runs.sqs``) calls it once per record.
+(``kairos.execution.sqs``) calls it once per record.
 
 Guarantees:
 * Every write of the running run — events, conversation entries, effects, output, terminal state —
@@ -16,8 +16,8 @@ Guarantees:
   a run with a possibly-applied mutation is never replayed, by a retry or by a re-claim.
 * Automatic retries stay on the same run with a new attempt, only for retry-safe failures with no
   external mutation, within ``max_attempts``: the run goes back to ``queued`` under the fence and the
-  caller (``kairos.runs.sqs``) re-sends its id with a delay.
-* The heartbeat (``kairos.runs.heartbeat``) extends the lease during the call and aborts the call
+  caller (``kairos.execution.sqs``) re-sends its id with a delay.
+* The heartbeat (``kairos.execution.heartbeat``) extends the lease during the call and aborts the call
   in flight on a cancel request or a lost lease.
 * A run whose cancel was requested can never publish success (the success statement requires
   ``cancel_requested_at IS NULL``); its worker ends it ``cancelled`` at the next boundary.
@@ -46,6 +46,9 @@ import psycopg
 
 from kairos import budgets, db, effects, trace
 from kairos.diagnosis import diagnose
+from kairos.execution.claim import Claimed, Outcome, claim
+from kairos.execution.heartbeat import HEARTBEAT_SECONDS, Heartbeat
+from kairos.execution.stops import Cancelled, Failure, LeaseLost
 from kairos.executors.base import (
     DEFAULT_MAX_TOKENS,
     TOOL_EXECUTORS,
@@ -60,9 +63,6 @@ from kairos.executors.catalog import MODEL_EXECUTORS
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
-from kairos.runs.attempt import Claimed, Outcome, claim
-from kairos.runs.heartbeat import HEARTBEAT_SECONDS, Heartbeat
-from kairos.runs.stops import Cancelled, Failure, LeaseLost
 from kairos.settings import Settings
 from kairos.states import EventType, RunState
 
@@ -111,7 +111,7 @@ class Execution:
         step = claimed.step  # the claim wrote its step.started
         self._check_stop()
         if row.get("corpus"):  # a corpus run: partitioned child work under this one run (kairos.corpus)
-            from kairos.corpus.phases import execute as execute_corpus
+            from kairos.execution.corpus.phases import execute as execute_corpus
 
             return execute_corpus(self)
         model_call = str(agent.get("executor", "")) in MODEL_EXECUTORS  # its input is bounded by max_input_tokens
@@ -126,9 +126,9 @@ class Execution:
             executor = self.executor_factory(str(agent.get("executor", "")), settings=self.settings)
             if row.get("loop") and str(agent.get("executor", "")) not in TOOL_EXECUTORS:
                 raise Failure("agent_invalid", summary="A loop run needs an agent that can call tools.")
-            # A goal loop's run always runs the tool loop: it must end with goal_report (kairos.goals).
+            # A goal loop's run always runs the tool loop: it must end with goal_report (kairos.schedules.loops).
             if (agent.get("tools") or row.get("loop")) and str(agent.get("executor", "")) in TOOL_EXECUTORS:
-                from kairos.runs.loop import run_loop
+                from kairos.execution.tool_loop import run_loop
 
                 return run_loop(self, executor, request)
             prepared = executor.prepare(request)

@@ -1,22 +1,22 @@
 """The corpus run's phases: enumerate → map → reconcile → reduce → export → publish → complete.
 
 Role: ``execute`` is the adapter the run worker calls instead of its single model call when the
-claimed run carries ``corpus`` (``kairos.runs.worker``). It resumes at the phase the run's
+claimed run carries ``corpus`` (``kairos.execution.execute``). It resumes at the phase the run's
 ``corpus_runs`` row records and moves phase by phase, each move committed in a fenced transaction with
 its ``corpus.phase`` event (and the probe ``corpus_phase`` after the commit):
 
 * enumerate — the source checked again against the owner's namespace and the allowed buckets
-  (``corpus_source_refused`` otherwise), the manifest (``kairos.corpus.manifest``) page by page, then
+  (``corpus_source_refused`` otherwise), the manifest (``kairos.execution.corpus.manifest``) page by page, then
   the partitions;
-* map — ``kairos.corpus.mapping`` (partitions leased, called once per generation, committed);
+* map — ``kairos.execution.corpus.mapping`` (partitions leased, called once per generation, committed);
 * reconcile — no partition succeeded: the run fails ``corpus_no_partition_succeeded`` and nothing
   is exported; otherwise on;
-* reduce — ``kairos.corpus.reduce`` in the transaction of its phase move;
-* export — ``kairos.corpus.export`` (checkpointed multipart uploads);
+* reduce — ``kairos.execution.corpus.reduce`` in the transaction of its phase move;
+* export — ``kairos.execution.corpus.export`` (checkpointed multipart uploads);
 * publish — the output (coverage and export handles), the phase ``complete`` and ``succeeded``
   in one transaction.
 
-A corpus outlives an invocation: when map ends a slice (``kairos.corpus.mapping``: the invocation's
+A corpus outlives an invocation: when map ends a slice (``kairos.execution.corpus.mapping``: the invocation's
 time is nearly spent), ``runs_corpus_continue`` puts the run back to ``queued`` with its lease cleared
 and ``run.queued`` (reason ``continue``), and the worker's caller re-sends its id at once (``process``
 answers ``continued``); the next claim resumes what this one committed. The run's usage spans its
@@ -38,14 +38,15 @@ from __future__ import annotations
 from typing import Any
 
 from kairos import db, trace
-from kairos.corpus import export, manifest, mapping, spec
-from kairos.corpus.context import Corpus, Execution
-from kairos.corpus.reduce import reduce
 from kairos.diagnosis import diagnose
+from kairos.execution.claim import Outcome
+from kairos.execution.corpus import export, manifest, mapping
+from kairos.execution.corpus.context import Corpus, Execution
+from kairos.execution.corpus.reduce import reduce
+from kairos.execution.stops import Cancelled, Failure, LeaseLost
 from kairos.observability import logger
 from kairos.runs import moves
-from kairos.runs.attempt import Outcome
-from kairos.runs.stops import Cancelled, Failure, LeaseLost
+from kairos.schedules import corpus_spec
 from kairos.states import CorpusPhase, EventType, RunState
 
 PHASES = tuple(p.value for p in CorpusPhase)
@@ -149,10 +150,10 @@ def _move(c: Corpus, from_phase: str, to_phase: str, *, work: Any = None,
 def _enumerate(c: Corpus) -> str:
     """The manifest page by page (each page its own fenced transaction), then the partitions.
 
-    The stored source is checked again first (``spec.out_of_scope``): a prefix outside the owner's
+    The stored source is checked again first (``corpus_spec.out_of_scope``): a prefix outside the owner's
     namespace or a bucket no longer allowed fails the run ``corpus_source_refused`` before any listing.
     """
-    refused = spec.out_of_scope(c.spec, owner=c.owner, buckets=c.run.settings.readable_corpus_buckets)
+    refused = corpus_spec.out_of_scope(c.spec, owner=c.owner, buckets=c.run.settings.readable_corpus_buckets)
     if refused is not None:
         logger.warning("corpus source refused", extra={"action": "corpus_source_refused",
                                                        "run_id": str(c.run_id), "rule": refused})

@@ -5,7 +5,7 @@ attempt, its target conversation with the run's prompt entry in it, and the boun
 or an ``Outcome`` that says why nothing will be executed: not claimable, unknown, refused by the
 claim, cancelled while queued, left queued because the owner's running slots are full
 (``slot_wait``, ``kairos.budgets``), or failed before any call (a refused target, an earlier attempt's
-possibly-applied mutation). The execution (``kairos.runs.worker``) is built from a ``Claimed`` only.
+possibly-applied mutation). The execution (``kairos.execution.execute``) is built from a ``Claimed`` only.
 
 Guarantees:
 * The claim, the target conversation (fork / append / fresh) and the run's prompt entry commit

@@ -1,5 +1,5 @@
-"""How an attempt stops early: the exceptions the worker (``kairos.runs.worker``) and its tool loop
-(``kairos.runs.loop``) raise inside an execution and turn into the run's ending."""
+"""How an attempt stops early: the exceptions the worker (``kairos.execution.execute``) and its tool loop
+(``kairos.execution.tool_loop``) raise inside an execution and turn into the run's ending."""
 
 from __future__ import annotations
 

@@ -16,6 +16,7 @@ from __future__ import annotations
 from uuid import UUID
 
 import psycopg
+
 from kairos import db
 
 

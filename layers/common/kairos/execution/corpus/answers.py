@@ -2,7 +2,7 @@
 
 Role: ``parse`` reads one completed answer into records — every non-blank line one JSON object with a
 non-empty string ``id`` and a non-empty string ``kind`` — or names the first problem (``Invalid``),
-which makes the partition's next repair generation (``kairos.corpus.mapping``). A line the database
+which makes the partition's next repair generation (``kairos.execution.corpus.mapping``). A line the database
 could not store (a NUL or lone surrogate in a key or a string, ``NaN`` or ``1e999``, nesting past
 ``kairos.executors.base.ARGUMENTS_DEPTH_MAX``) is ``unstorable``, a line nested past the parser
 ``not_json``: invalid answers like any other, never a failed write.

@@ -21,16 +21,17 @@ from typing import Any, Protocol
 from uuid import UUID
 
 import psycopg
+
 from kairos import db, trace
+from kairos.execution.claim import Claimed
+from kairos.execution.heartbeat import Heartbeat
+from kairos.execution.stops import LeaseLost
 from kairos.probes import Probes
-from kairos.runs.attempt import Claimed
-from kairos.runs.heartbeat import Heartbeat
-from kairos.runs.stops import LeaseLost
 from kairos.settings import Settings
 
 
 class Execution(Protocol):
-    """What a corpus run needs of the worker's execution (``kairos.runs.worker.Execution``); a protocol,
+    """What a corpus run needs of the worker's execution (``kairos.execution.execute.Execution``); a protocol,
     so this package never imports the worker that calls it."""
 
     database: db.Database
@@ -54,7 +55,7 @@ class Corpus:
     run: Execution
     spec: dict[str, Any]
     lock: threading.Lock = field(default_factory=threading.Lock)
-    mapped: int = 0  # partitions this invocation mapped (a slice ends only after one: kairos.corpus.mapping)
+    mapped: int = 0  # partitions this invocation mapped (a slice ends only after one: kairos.execution.corpus.mapping)
 
     @property
     def run_id(self) -> Any:

@@ -11,7 +11,7 @@ other field is ``unknown_field``. Every problem is reported at once.
 ``envelope`` binds the normalized goal (outcome, constraints, verification) to the loop, its revision
 and its agent by digests; ``safe`` is what the API shows of it: the outcome, the constraints and the
 verification's digest, never the verification text (it tells the loop's runs how their work is
-checked, and is seen only by them: ``kairos.goals.report.instructions``).
+checked, and is seen only by them: ``kairos.execution.goal_report.instructions``).
 
 Must not: read the database or the clock (the caller passes the database's ``now``).
 """

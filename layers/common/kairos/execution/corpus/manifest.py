@@ -10,9 +10,9 @@ Guarantees: deterministic (the same source gives the same manifest, ordinal by o
 enumerate rewrites nothing); bounded (one listing page at a time; an item's text at most
 ``ITEM_MAX_BYTES``). Buckets are those the spec was checked against (``KAIROS_CORPUS_BUCKETS``), and
 a key is read only under the spec's prefix, which enumerate checked against the owner's namespace
-(``kairos.corpus.spec.out_of_scope``).
+(``kairos.schedules.corpus_spec.out_of_scope``).
 
-Must not: write the database (``kairos.corpus.phases`` does, under the fence); log keys' contents.
+Must not: write the database (``kairos.execution.corpus.phases`` does, under the fence); log keys' contents.
 """
 
 from __future__ import annotations
@@ -23,7 +23,7 @@ from dataclasses import dataclass
 from functools import lru_cache
 from typing import Any
 
-from kairos.corpus.spec import item_text
+from kairos.schedules.corpus_spec import item_text
 
 PAGE = 1_000
 ITEM_MAX_BYTES = 65_536

@@ -1,6 +1,6 @@
 """The tool loop: an ``openai`` or ``bedrock`` agent with ``tools`` answers in bounded steps.
 
-Role: ``run_loop`` drives one claimed attempt. It folds the run's step log (``kairos.runs.steps``),
+Role: ``run_loop`` drives one claimed attempt. It folds the run's step log (``kairos.execution.steps``),
 answers the tool calls of the last model turn that no step answered yet, then asks the model again
 with every earlier turn, until the model answers without tools (published like any run) or
 ``max_steps`` model turns were made (the run fails ``step_limit``). Each model turn and each tool call
@@ -16,9 +16,9 @@ transaction that records its result; a call whose arguments no longer match its 
 ``http_post`` call is sent like an executor's mutation (an unknown outcome leaves its effect
 ``ambiguous`` and the run is never replayed).
 
-Goal loops (``kairos.goals``): a loop run is offered ``goal_report`` besides its agent's tools and reads
+Goal loops (``kairos.schedules.loops``): a loop run is offered ``goal_report`` besides its agent's tools and reads
 its revision's goal in its system prompt; its ``goal_report`` calls are handled by ``_goal_step``
-(``kairos.goals.report``: a ``needs_input`` parks the run ``awaiting_input``, lease cleared; the attempt
+(``kairos.execution.goal_report``: a ``needs_input`` parks the run ``awaiting_input``, lease cleared; the attempt
 after the owner's answer records the answer as that call's result and asks the model again; the other
 dispositions end the run). A loop run whose model answers without it fails ``goal_report_missing``.
 
@@ -39,6 +39,9 @@ from typing import Any, Protocol
 import psycopg
 
 from kairos import approvals, db, effects, input_requests, tools, trace
+from kairos.execution import goal_report, steps
+from kairos.execution.claim import Claimed, Outcome
+from kairos.execution.stops import Cancelled, Failure, LeaseLost
 from kairos.executors.base import (
     MAX_STEPS_CAP,
     MAX_STEPS_DEFAULT,
@@ -52,16 +55,13 @@ from kairos.executors.base import (
     ToolResult,
     digest,
 )
-from kairos.goals import report
-from kairos.runs import moves, steps
-from kairos.runs.attempt import Claimed, Outcome
-from kairos.runs.stops import Cancelled, Failure, LeaseLost
+from kairos.runs import moves
 from kairos.settings import Settings
 from kairos.states import EventType, RunState
 
 
 class Execution(Protocol):
-    """What the loop needs of the worker's execution (``kairos.runs.worker.Execution``)."""
+    """What the loop needs of the worker's execution (``kairos.execution.execute.Execution``)."""
 
     database: db.Database
     run_id: uuid.UUID
@@ -88,19 +88,19 @@ def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> O
     context = tools.Context(run.run_id, str(row["owner"]), str(row["source"]), row["source_conversation_id"])
     limit = min(int(agent.get("max_steps") or MAX_STEPS_DEFAULT), MAX_STEPS_CAP)
     specs = tools.specs(agent)
-    goal: report.Goal | None = None
+    goal: goal_report.Goal | None = None
     with run.database.connection() as conn:
         log = steps.load(conn, run.run_id)
         if row.get("loop"):
-            goal = report.goal_of(conn, run.run_id)
+            goal = goal_report.goal_of(conn, run.run_id)
     if row.get("loop"):
         if goal is None:  # a loop run always has its revision's goal; refuse to run without one
             raise Failure("agent_invalid", summary="The loop run's goal could not be read.")
         # The goal travels in the system prompt; goal_report is offered whatever the agent's tools.
         system = str(agent.get("system") or "")
         request = dataclasses.replace(request, agent={
-            **agent, "system": f"{system}\n\n{report.instructions(goal.envelope)}".strip()})
-        specs = (*specs, report.SPEC)
+            **agent, "system": f"{system}\n\n{goal_report.instructions(goal.envelope)}".strip()})
+        specs = (*specs, goal_report.SPEC)
     fresh = True  # the step the claim opened is still open and unused
     while True:
         pending = steps.unanswered(log)
@@ -108,7 +108,7 @@ def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> O
             opening = [trace.Event(EventType.STEP_FINISHED, run.claimed.step,
                                    {"outcome": "folded", "steps": len(log)})] if fresh else []
             fresh = False
-            if goal is not None and pending[0].name == report.NAME:
+            if goal is not None and pending[0].name == goal_report.NAME:
                 ended = _goal_step(run, goal, pending[0], len(log) + 1, opening)
             else:
                 ended = _tool_step(run, agent, context, pending[0], len(log) + 1, opening)
@@ -264,13 +264,13 @@ def _park(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace
     return Outcome(run.run_id, "awaiting_approval", RunState.AWAITING_APPROVAL)
 
 
-def _goal_step(run: Execution, goal: report.Goal, call: ToolCall, n: int,
+def _goal_step(run: Execution, goal: goal_report.Goal, call: ToolCall, n: int,
                opening: list[trace.Event]) -> steps.Step | Outcome:
-    """A ``goal_report`` call of a loop run (``kairos.goals.report``): a tool error for bad arguments,
+    """A ``goal_report`` call of a loop run (``kairos.execution.goal_report``): a tool error for bad arguments,
     the owner's answer on the attempt after a ``needs_input``, or the run's end."""
 
     name = f"tool:{n}"
-    checked = report.check(call.arguments)
+    checked = goal_report.check(call.arguments)
     if isinstance(checked, list):
         _open(run, name, {"step": n, "tool": call.name}, before=opening)
         refused = tools.error(call, "validation_failed", "goal_report was called with invalid arguments", checked)
@@ -287,14 +287,14 @@ def _goal_step(run: Execution, goal: report.Goal, call: ToolCall, n: int,
         _open(run, name, {"step": n, "tool": call.name, "answered": True}, before=opening)
         with run.database.transaction() as conn:
             run.lock(conn)
-            result = report.answer_result(conn, call, asked)
+            result = goal_report.answer_result(conn, call, asked)
             step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(result))
             _record(run, None, name, step, conn=conn)
         return step
     return _report(run, goal, call, checked, n, name, opening)
 
 
-def _ask(run: Execution, goal: report.Goal, call: ToolCall, checked: report.Report, n: int, name: str,
+def _ask(run: Execution, goal: goal_report.Goal, call: ToolCall, checked: goal_report.Report, n: int, name: str,
          opening: list[trace.Event]) -> Outcome:
 
     claimed = run.claimed
@@ -307,18 +307,18 @@ def _ask(run: Execution, goal: report.Goal, call: ToolCall, checked: report.Repo
                      [*opening, trace.Event(EventType.STEP_STARTED, name, {"step": n, "tool": call.name})],
                      now=run.now)
         try:
-            request_id = report.park(
+            request_id = goal_report.park(
                 conn, run_id=run.run_id, fence=claimed.fence, attempt=claimed.attempt, owner=str(claimed.row["owner"]),
                 goal=goal, step=n, call=call, report=checked, conversation_id=claimed.conversation_id, events=[],
                 now=run.now)
-        except report.LoopGone:
+        except goal_report.LoopGone:
             raise Cancelled() from None
         if request_id is None:
             raise LeaseLost()
     return Outcome(run.run_id, "awaiting_input", RunState.AWAITING_INPUT)
 
 
-def _report(run: Execution, goal: report.Goal, call: ToolCall, checked: report.Report, n: int, name: str,
+def _report(run: Execution, goal: goal_report.Goal, call: ToolCall, checked: goal_report.Report, n: int, name: str,
             opening: list[trace.Event]) -> Outcome:
     """``continue`` / ``complete`` / ``blocked``: the step recorded, the summary published, the loop
     moved and the run succeeded, in one transaction."""
@@ -337,7 +337,7 @@ def _report(run: Execution, goal: report.Goal, call: ToolCall, checked: report.R
                                  content=checked.summary, now=run.now)
         if seq is None:
             raise LeaseLost()
-        status = report.apply_final(conn, run_id=run.run_id, goal=goal, report=checked,
+        status = goal_report.apply_final(conn, run_id=run.run_id, goal=goal, report=checked,
                                     conversation_id=claimed.conversation_id, now=run.now)
         events = [
             trace.Event(EventType.OUTPUT_PUBLISHED, name, {"conversation_id": str(claimed.conversation_id),

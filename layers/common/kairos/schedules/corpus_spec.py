@@ -17,7 +17,7 @@ Tenancy: an S3 source reads only its owner's objects. Its prefix must lie in the
 before a run lists the bucket, so a spec written before this rule, or edited in the database, cannot
 read another owner's objects.
 
-Must not: read S3 or the database (enumeration is the run's, ``kairos.corpus.manifest``).
+Must not: read S3 or the database (enumeration is the run's, ``kairos.execution.corpus.manifest``).
 """
 
 from __future__ import annotations
@@ -26,10 +26,11 @@ import json
 from collections.abc import Sequence
 from typing import Any, Literal
 
-from kairos.errors import FieldError, ValidationFailed, from_validation_error
-from kairos.secrets import owner_segment
 from pydantic import BaseModel, ConfigDict, Field, StrictInt, StrictStr, ValidationError, field_validator
 from pydantic_core import PydanticCustomError
+
+from kairos.errors import FieldError, ValidationFailed, from_validation_error
+from kairos.secrets import owner_segment
 
 PARTITION_SIZE_DEFAULT = 20
 PARTITION_SIZE_MAX = 100

@@ -23,9 +23,10 @@ from typing import Any
 from uuid import UUID
 
 import psycopg
+
 from kairos import db
-from kairos.corpus.phases import coverage, handles
 from kairos.errors import FieldError, NotFound, ValidationFailed
+from kairos.execution.corpus.phases import coverage, handles
 from kairos.instants import rfc3339
 from kairos.states import CorpusPartitionState
 

@@ -1,6 +1,6 @@
 """The ``goal_report`` tool: how a loop run ends, with one closed disposition, and what each one does.
 
-Role: the tool loop (``kairos.runs.loop``) offers ``SPEC`` to every loop run and hands each
+Role: the tool loop (``kairos.execution.tool_loop``) offers ``SPEC`` to every loop run and hands each
 ``goal_report`` call here (``handle``). Arguments are checked (``check``): ``disposition`` one of
 ``continue``, ``complete``, ``blocked``, ``needs_input``; ``summary`` (required, bounded); ``question``
 required for ``needs_input``. A refused call is answered to the model as a tool error it can correct.
@@ -18,7 +18,7 @@ A valid one, in one fenced transaction with the run row locked first, then the l
   answer as this call's result (recorded in the step log like any tool result).
 
 A loop run whose model answers without calling ``goal_report`` fails ``goal_report_missing``
-(``kairos.runs.loop``). A loop that was cancelled meanwhile ends the run ``cancelled``.
+(``kairos.execution.tool_loop``). A loop that was cancelled meanwhile ends the run ``cancelled``.
 
 Must not: log the summary, the question or the answer; write without the run's fence.
 """

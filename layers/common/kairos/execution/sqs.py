@@ -1,6 +1,6 @@
 """SQS batches for the run function: each record is one run id, handled alone (partial batch failures).
 
-Role: parse each record, hand the run id to ``kairos.runs.worker.process``, and tell SQS which records to
+Role: parse each record, hand the run id to ``kairos.execution.execute.process``, and tell SQS which records to
 deliver again. Built on Powertools' ``BatchProcessor`` + ``process_partial_response``, one record
 at a time, so one bad or failing record never takes the good records of its batch with it.
 
@@ -26,7 +26,7 @@ Per record:
   current message is acknowledged — the run waits in SQS, never in a busy loop of redeliveries.
 * A corpus run whose invocation's time is nearly spent goes back to ``queued`` at a partition boundary
   (``process`` answers ``continued``): its id is re-sent at once, the same way, and the next invocation
-  resumes it (``kairos.corpus.phases``).
+  resumes it (``kairos.execution.corpus.phases``).
 * An invocation with too little time left does not claim a run: the record is reported failed.
 * An event that is not an SQS batch (no ``Records``, or none in it), and a record without a string
   ``messageId`` and ``body``, is refused with one log line (``action=bad_event`` / ``bad_record``)
@@ -51,9 +51,9 @@ from aws_lambda_powertools.utilities.data_classes.sqs_event import SQSRecord
 
 from kairos import handoff, runtime
 from kairos.db import Database
+from kairos.execution.claim import Outcome
+from kairos.execution.execute import ExecutorFactory, process
 from kairos.observability import database_error, logger, withheld
-from kairos.runs.attempt import Outcome
-from kairos.runs.worker import ExecutorFactory, process
 from kairos.settings import Settings
 
 RetrySender = Callable[[UUID, int], None]
