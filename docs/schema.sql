@@ -104,6 +104,7 @@ CREATE TABLE public.schedules (
     goal jsonb,
     goal_revision integer,
     input_run_id uuid,
+    flow jsonb,
     CONSTRAINT schedules_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT schedules_draft_is_loop CHECK (((status <> 'draft'::text) OR loop)),
     CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['auto'::text, 'first'::text, 'last'::text, 'both'::text]))),
@@ -449,8 +450,10 @@ CREATE TABLE public.occurrences (
     idempotency_key text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     key_generation integer DEFAULT 0 NOT NULL,
+    coalesced_into uuid,
+    CONSTRAINT occurrences_coalesced_shape CHECK (((decision = 'coalesced'::text) = (coalesced_into IS NOT NULL))),
     CONSTRAINT occurrences_covers_count_check CHECK ((covers_count >= 1)),
-    CONSTRAINT occurrences_decision_check CHECK ((decision = ANY (ARRAY['dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text]))),
+    CONSTRAINT occurrences_decision_check CHECK ((decision = ANY (ARRAY['coalesced'::text, 'dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text]))),
     CONSTRAINT occurrences_fold_check CHECK ((fold = ANY (ARRAY[0, 1]))),
     CONSTRAINT occurrences_key_generation_check CHECK ((key_generation >= 0)),
     CONSTRAINT occurrences_keyed CHECK (((source <> ALL (ARRAY['webhook'::text, 'manual'::text])) OR (idempotency_key IS NOT NULL))),
@@ -529,10 +532,16 @@ CREATE TABLE public.runs (
     corpus jsonb,
     pause_requested_at timestamp with time zone,
     paused_at timestamp with time zone,
+    held_until timestamp with time zone,
+    flow_window text,
+    window_deadline timestamp with time zone,
+    deliveries integer,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT runs_deliveries_check CHECK ((deliveries >= 1)),
     CONSTRAINT runs_failed_has_diagnosis CHECK (((state <> ALL (ARRAY['failed'::text, 'abandoned'::text])) OR (diagnosis IS NOT NULL))),
     CONSTRAINT runs_fence_check CHECK ((fence >= 0)),
     CONSTRAINT runs_finished_iff_terminal CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT runs_flow_window_check CHECK ((flow_window = ANY (ARRAY['debounce'::text, 'batch'::text]))),
     CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
     CONSTRAINT runs_lease_iff_running CHECK ((((state = 'running'::text) = (lease_token IS NOT NULL)) AND ((lease_token IS NULL) = (lease_expires_at IS NULL)))),
     CONSTRAINT runs_max_attempts_check CHECK ((max_attempts >= 1)),
@@ -546,7 +555,8 @@ CREATE TABLE public.runs (
     CONSTRAINT runs_source_check CHECK ((source = ANY (ARRAY['scheduled'::text, 'manual'::text, 'backfill'::text, 'webhook'::text, 'chat'::text]))),
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text]))),
     CONSTRAINT runs_succeeded_has_output CHECK (((state <> 'succeeded'::text) OR (output IS NOT NULL))),
-    CONSTRAINT runs_unclaimed_handoffs_nonneg CHECK ((unclaimed_handoffs >= 0))
+    CONSTRAINT runs_unclaimed_handoffs_nonneg CHECK ((unclaimed_handoffs >= 0)),
+    CONSTRAINT runs_window_shape CHECK ((((flow_window IS NULL) = (deliveries IS NULL)) AND ((flow_window IS NULL) OR (held_until IS NOT NULL))))
 )
 WITH (fillfactor='50');
 
@@ -724,6 +734,8 @@ CREATE INDEX runs_blocked_idx ON public.runs USING btree (blocked_by_run_id) WHE
 CREATE INDEX runs_conversation_chat_idx ON public.runs USING btree (source_conversation_id, created_at) WHERE (source = 'chat'::text);
 
 CREATE INDEX runs_handoff_idx ON public.runs USING btree (created_at) WHERE ((state = 'queued'::text) AND (blocked_by_run_id IS NULL) AND (max_attempts >= 1));
+
+CREATE INDEX runs_hook_dispatch_idx ON public.runs USING btree (schedule_id, COALESCE(held_until, created_at)) WHERE (source = 'webhook'::text);
 
 CREATE INDEX runs_owner_active_idx ON public.runs USING btree (owner, state) WHERE ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (owner IS NOT NULL));
 

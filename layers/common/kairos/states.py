@@ -71,6 +71,21 @@ class Decision(StrEnum):
     QUEUED_BEHIND = "queued_behind"
     EXPIRED = "expired"
     SKIPPED_BUDGET = "skipped_budget"  # the owner's queue was full (KAIROS_OWNER_QUEUE_MAX): no run
+    COALESCED = "coalesced"  # a webhook delivery folded into another run's debounce or batch window (kairos.flow)
+
+
+class OverRate(StrEnum):
+    """A webhook's ``flow.over_rate``: what a delivery over the hook's rate gets (kairos.flow)."""
+
+    REJECT = "reject"  # 429 with Retry-After
+    DEFER = "defer"  # accepted; its run waits until the rate allows (within the owner's queue cap)
+
+
+class FlowWindow(StrEnum):
+    """``runs.flow_window``: the kind of window a webhook run collects deliveries in (kairos.flow)."""
+
+    DEBOUNCE = "debounce"
+    BATCH = "batch"
 
 
 class Mode(StrEnum):

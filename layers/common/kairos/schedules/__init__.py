@@ -140,6 +140,7 @@ class Schedule:
     max_delay_seconds: int = MAX_DELAY_DEFAULT_SECONDS
     notify: dict[str, Any] | None = None  # {"on", "webhook"?: {"url", "secret"}}: the secret is a reference
     corpus: dict[str, Any] | None = None  # a corpus run's checked spec (kairos.schedules.corpus_spec)
+    flow: dict[str, Any] | None = None  # a webhook's checked flow control (kairos.schedules.flow_spec)
     loop: bool = False  # a goal loop (kairos.schedules.loops): made by POST /v1/loops only
     goal: dict[str, Any] | None = None  # a loop's private goal envelope; as_json shows its safe projection
     goal_revision: int | None = None  # the revision whose goal is in force
@@ -348,6 +349,7 @@ def definition_columns(request: ScheduleRequest, *, conversation_agent: Mapping[
         "signing": None if request.signing is None else Jsonb(request.signing),
         "notify": Jsonb(request.notify or {"on": [s.value for s in NOTIFY_ON_DEFAULT]}),
         "corpus": None if request.corpus is None else Jsonb(request.corpus),
+        "flow": None if request.flow is None else Jsonb(request.flow),
     }
 
 

@@ -132,6 +132,8 @@ def _as_body(current: Schedule) -> dict[str, Any]:
         body["notify"] = current.notify
     if current.corpus is not None:  # checked again like the rest (its bucket must still be allowed)
         body["corpus"] = current.corpus
+    if current.flow is not None:
+        body["flow"] = current.flow
     return body
 
 

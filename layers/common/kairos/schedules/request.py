@@ -70,6 +70,7 @@ from kairos.errors import (
     from_validation_error,
 )
 from kairos.instants import out_of_range, rfc3339
+from kairos.schedules.flow_spec import validate as validate_flow
 from kairos.settings import Settings
 from kairos.states import TERMINAL_RUN_STATES, DstFold, DstGap, Mode, Overlap, RunState, ScheduleKind
 
@@ -160,6 +161,12 @@ class ScheduleRequest(BaseModel):
     notify: dict[str, Any] | None = None
     # A corpus run's spec (docs/api.md "Corpus runs"), checked by ``kairos.schedules.corpus_spec.validate``.
     corpus: dict[str, Any] | None = None
+    # A webhook schedule's flow control (docs/api.md "Webhook flow"), checked by
+    # ``kairos.schedules.flow_spec.validate``: debounce_seconds | batch, concurrency, over_rate.
+    flow: dict[str, Any] | None = Field(default=None, description=(
+        'webhook only: {"debounce_seconds"?: 1..3600, "batch"?: {"max_events": 2..100, "max_wait_seconds": '
+        '1..300}, "concurrency"?: {"key": "<JSON pointer>", "limit"?: 1..100}, "over_rate"?: "reject" | "defer"}; '
+        'debounce_seconds and batch exclude each other'))
 
     @field_validator("prompt")
     @classmethod
@@ -384,6 +391,12 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
         except ValidationFailed as error:
             problems.extend(error.fields)
     corpus = _corpus(body.get("corpus"), problems, owner=owner)
+    flow: dict[str, Any] | None = None
+    if body.get("flow") is not None:
+        try:
+            flow = validate_flow(body["flow"])
+        except ValidationFailed as error:
+            problems.extend(error.fields)
 
     try:
         request = ScheduleRequest.model_validate(body)
@@ -398,7 +411,8 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     if problems:
         raise ValidationFailed(problems)
 
-    request = request.model_copy(update={"agent": agent, "signing": signing, "notify": notify, "corpus": corpus})
+    request = request.model_copy(update={"agent": agent, "signing": signing, "notify": notify, "corpus": corpus,
+                                         "flow": flow})
     if request.kind in TIMED_KINDS:
         _check_frequency(request, now)
     return request
@@ -465,6 +479,8 @@ def _fields_not_for_kind(request: ScheduleRequest) -> list[FieldError]:
     problems = [refused(name, applies) for name in names if _given(request, name)]
     if request.kind is not ScheduleKind.WEBHOOK and request.signing is not None:
         problems.append(refused("signing", "kind webhook"))
+    if request.kind is not ScheduleKind.WEBHOOK and request.flow is not None:
+        problems.append(refused("flow", "kind webhook"))
     if request.agent is not None and request.mode is not Mode.FRESH:
         problems.append(refused("agent", "mode fresh (fork and append use the conversation's agent)"))
     return problems

@@ -143,13 +143,13 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 INSERT INTO schedules (
     id, owner, conversation_id, name, prompt, kind, cron, interval_seconds, starts_at, ends_at,
     max_occurrences, timezone, dst_gap, dst_fold, mode, catch_up, max_delay_seconds, overlap, agent, signing,
-    notify, next_fire_at, token_hash, created_by_run_id, created_at, updated_at, corpus
+    notify, next_fire_at, token_hash, created_by_run_id, created_at, updated_at, corpus, flow
 ) VALUES (
     %(id)s, %(owner)s, %(conversation_id)s, %(name)s, %(prompt)s, %(kind)s, %(cron)s, %(interval_seconds)s,
     %(starts_at)s, %(ends_at)s, %(max_occurrences)s, %(timezone)s, %(dst_gap)s, %(dst_fold)s, %(mode)s,
     %(catch_up)s, %(max_delay_seconds)s, %(overlap)s, %(agent)s, %(signing)s, %(notify)s, %(next_fire_at)s,
     %(token_hash)s, %(created_by_run_id)s, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-    %(corpus)s
+    %(corpus)s, %(flow)s
 )
 RETURNING *;
 
@@ -219,7 +219,8 @@ UPDATE schedules
        max_occurrences = %(max_occurrences)s, timezone = %(timezone)s, dst_gap = %(dst_gap)s,
        dst_fold = %(dst_fold)s, mode = %(mode)s, catch_up = %(catch_up)s,
        max_delay_seconds = %(max_delay_seconds)s, overlap = %(overlap)s, agent = %(agent)s,
-       signing = %(signing)s, notify = %(notify)s, corpus = %(corpus)s, next_fire_at = %(next_fire_at)s::timestamptz,
+       signing = %(signing)s, notify = %(notify)s, corpus = %(corpus)s, flow = %(flow)s,
+       next_fire_at = %(next_fire_at)s::timestamptz,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND owner = %(owner)s AND revision = %(revision)s
