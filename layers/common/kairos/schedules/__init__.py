@@ -48,6 +48,7 @@ from kairos.errors import (
 )
 from kairos.instants import rfc3339
 from kairos.observability import logger
+from kairos.schedules import loop_policy
 from kairos.schedules.request import (
     CRON_MAX,
     DAY,
@@ -165,8 +166,6 @@ class Schedule:
                 continue
             value = getattr(self, f.name)
             if f.name == "goal":
-                from kairos.schedules import loop_policy
-
                 value = loop_policy.safe(value)
             elif isinstance(value, datetime):
                 value = rfc3339(value)
@@ -226,7 +225,7 @@ def preview_owned(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, o
     if problems:
         raise ValidationFailed(problems)
     schedule = get(conn, schedule_id, owner=owner)
-    return _fires(schedule, _clock(conn, now) if after is None else after, count)
+    return _fires(schedule, database_now(conn, now) if after is None else after, count)
 
 def _fires(schedule: Schedule, after: datetime, count: int) -> list[calendar.Fire]:
     if schedule.kind not in TIMED_KINDS:
@@ -240,7 +239,8 @@ def _fires(schedule: Schedule, after: datetime, count: int) -> list[calendar.Fir
     return calendar.fires(rule_of(schedule), after, count)
 
 
-def _clock(conn: psycopg.Connection[db.Row], now: datetime | None) -> datetime:
+def database_now(conn: psycopg.Connection[db.Row], now: datetime | None) -> datetime:
+    """The database's now in UTC, or ``now`` when a caller (a test, a replay) gives one."""
     row = db.fetch_row(conn, "schedules_clock", {"now": now})
     instant: datetime = row["now"]
     return instant.astimezone(UTC)
@@ -281,7 +281,7 @@ def _create(conn: psycopg.Connection[db.Row], *, owner: str, raw: object, now: d
             context_run_id: uuid.UUID | None) -> Created:
     if context_run_id is not None:
         raise _from_run()
-    clock = _clock(conn, now)
+    clock = database_now(conn, now)
     request = parse_request(raw, owner=owner, now=clock)
 
     conversation = conversations.lock(conn, request.conversation_id, owner=owner)
@@ -395,7 +395,7 @@ def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
     cursor computed from a stale definition.
     """
     with db.atomic(conn):
-        clock = _clock(conn, now)
+        clock = database_now(conn, now)
         current = get(conn, schedule_id, owner=owner)
         if current.status not in (ScheduleStatus.PAUSED, ScheduleStatus.DRAFT):
             raise _conflict(current, "resumed", "only a paused schedule (or a loop in draft) can be resumed")

@@ -37,6 +37,7 @@ from kairos.errors import Conflict, FieldError, NotFound, ValidationFailed, from
 from kairos.instants import RFC3339Instant, rfc3339
 from kairos.observability import logger
 from kairos.schedules import Schedule
+from kairos.schedules.loop_policy import loop_refusal
 from kairos.schedules.request import TIMED_KINDS, rule_of
 from kairos.states import Decision, ScheduleStatus, Source
 
@@ -69,8 +70,6 @@ def backfill(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner:
         if row is None:
             raise NotFound("schedule")
         if row["loop"]:
-            from kairos.schedules.loop_policy import loop_refusal
-
             raise loop_refusal("backfilled")
         schedule = Schedule.from_row(row)
         _check(request, schedule, row["db_now"])

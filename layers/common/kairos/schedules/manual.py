@@ -36,6 +36,7 @@ import psycopg
 from kairos import calendar, conversations, db, identity, occurrences, overlap
 from kairos.errors import Conflict, FieldError, NotFound, NotRetryable, OverlapConflict
 from kairos.observability import logger
+from kairos.schedules.loop_policy import loop_refusal
 from kairos.states import Decision, Overlap, RunState, ScheduleStatus, Source
 
 RETRYABLE = frozenset({RunState.FAILED, RunState.ABANDONED, RunState.EXPIRED, RunState.CANCELLED})
@@ -129,8 +130,6 @@ def _lock_active(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, owner
     if schedule is None:
         raise NotFound("schedule")
     if schedule["loop"]:
-        from kairos.schedules.loop_policy import loop_refusal
-
         raise loop_refusal("run on demand or retried")
     if schedule["status"] != ScheduleStatus.ACTIVE.value:
         raise Conflict(f"the schedule is {schedule['status']}; only an active schedule runs",
