@@ -348,7 +348,7 @@ CREATE TABLE public.effects (
     settled_at timestamp with time zone,
     CONSTRAINT effects_kind_check CHECK ((kind = ANY (ARRAY['model_call'::text, 'http_call'::text, 'tool_call'::text]))),
     CONSTRAINT effects_settled_iff_final CHECK (((state = 'reserved'::text) = (settled_at IS NULL))),
-    CONSTRAINT effects_state_check CHECK ((state = ANY (ARRAY['reserved'::text, 'settled'::text, 'ambiguous'::text, 'failed'::text])))
+    CONSTRAINT effects_state_check CHECK ((state = ANY (ARRAY['ambiguous'::text, 'failed'::text, 'not_sent_test'::text, 'reserved'::text, 'settled'::text])))
 );
 
 CREATE TABLE public.idempotency_receipts (
@@ -456,9 +456,9 @@ CREATE TABLE public.occurrences (
     CONSTRAINT occurrences_decision_check CHECK ((decision = ANY (ARRAY['coalesced'::text, 'dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text]))),
     CONSTRAINT occurrences_fold_check CHECK ((fold = ANY (ARRAY[0, 1]))),
     CONSTRAINT occurrences_key_generation_check CHECK ((key_generation >= 0)),
-    CONSTRAINT occurrences_keyed CHECK (((source <> ALL (ARRAY['webhook'::text, 'manual'::text])) OR (idempotency_key IS NOT NULL))),
+    CONSTRAINT occurrences_keyed CHECK (((source <> ALL (ARRAY['webhook'::text, 'manual'::text, 'test'::text])) OR (idempotency_key IS NOT NULL))),
     CONSTRAINT occurrences_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
-    CONSTRAINT occurrences_source_check CHECK ((source = ANY (ARRAY['scheduled'::text, 'manual'::text, 'backfill'::text, 'webhook'::text, 'chat'::text])))
+    CONSTRAINT occurrences_source_check CHECK ((source = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text])))
 );
 
 CREATE TABLE public.run_events (
@@ -536,6 +536,7 @@ CREATE TABLE public.runs (
     flow_window text,
     window_deadline timestamp with time zone,
     deliveries integer,
+    test boolean DEFAULT false NOT NULL,
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_deliveries_check CHECK ((deliveries >= 1)),
     CONSTRAINT runs_failed_has_diagnosis CHECK (((state <> ALL (ARRAY['failed'::text, 'abandoned'::text])) OR (diagnosis IS NOT NULL))),
@@ -552,9 +553,10 @@ CREATE TABLE public.runs (
     CONSTRAINT runs_runtime_limit_seconds_check CHECK ((runtime_limit_seconds > 0)),
     CONSTRAINT runs_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
     CONSTRAINT runs_settled_after_finish CHECK (((settled_at IS NULL) OR (finished_at IS NOT NULL))),
-    CONSTRAINT runs_source_check CHECK ((source = ANY (ARRAY['scheduled'::text, 'manual'::text, 'backfill'::text, 'webhook'::text, 'chat'::text]))),
+    CONSTRAINT runs_source_check CHECK ((source = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text]))),
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text]))),
     CONSTRAINT runs_succeeded_has_output CHECK (((state <> 'succeeded'::text) OR (output IS NOT NULL))),
+    CONSTRAINT runs_test_iff_source CHECK ((test = (source = 'test'::text))),
     CONSTRAINT runs_unclaimed_handoffs_nonneg CHECK ((unclaimed_handoffs >= 0)),
     CONSTRAINT runs_window_shape CHECK ((((flow_window IS NULL) = (deliveries IS NULL)) AND ((flow_window IS NULL) OR (held_until IS NOT NULL))))
 )

@@ -46,6 +46,7 @@ ROUTES = {
     "GET /v1/schedules/{id}/occurrences",
     "PATCH /v1/schedules/{id}",
     "POST /v1/schedules/{id}/trigger",
+    "POST /v1/schedules/{id}/test",
     "POST /v1/schedules/{id}/backfill",
     "POST /v1/runs/{id}/retry",
     "GET /v1/approvals",

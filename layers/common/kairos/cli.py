@@ -167,7 +167,7 @@ def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
     if what in ("loops", "input"):
         return _goals(args, conn, operations)
     if what == "schedules":
-        if verb in ("edit", "trigger", "backfill"):
+        if verb in ("edit", "trigger", "backfill", "test"):
             return _steer_schedule(args, conn, operations)
         if verb == "list":
             rows = operations.list_schedules(conn, owner=args.owner, include_cancelled=args.all, limit=args.limit)
@@ -290,6 +290,16 @@ def _steer_schedule(args: argparse.Namespace, conn: Any, operations: Any) -> int
         args.sendable.extend([triggered.run_id] if triggered.sendable else [])
         _print(args, triggered.as_json(), [f"run {triggered.run_id} ({triggered.decision.value})"])
         return 0
+    if args.verb == "test":
+        try:
+            payload = None if args.payload is None else json.loads(args.payload)
+        except ValueError:
+            print("kairos: --payload must be JSON", file=sys.stderr)
+            return 2
+        tested = operations.test_schedule(conn, args.id, payload=payload)
+        args.sendable.extend([tested.run_id] if tested.sendable else [])
+        _print(args, tested.as_json(), [f"test run {tested.run_id} (mutations are recorded, not sent)"])
+        return 0
     raw = {"from": args.start, "until": args.until, **({} if args.max is None else {"max": args.max})}
     done = operations.backfill_schedule(conn, args.id, raw=raw)
     args.sendable.extend(done.sendable)
@@ -384,8 +394,8 @@ def _add_operator_commands(sub: Any) -> None:
     status = sub.add_parser("status", parents=[common], help="due backlog, oldest queued run, stuck runs, DLQ depth")
     status.set_defaults(func=_cmd_ops, verb=None)
 
-    sched = sub.add_parser("schedules", help="list, show, edit, trigger, backfill, pause, resume or cancel schedules "
-                                             "(every owner)")
+    sched = sub.add_parser("schedules", help="list, show, edit, trigger, test, backfill, pause, resume or cancel "
+                                             "schedules (every owner)")
     sched_verbs = sched.add_subparsers(dest="verb", required=True)
     sl = sched_verbs.add_parser("list", parents=[common])
     sl.add_argument("--owner")
@@ -397,6 +407,9 @@ def _add_operator_commands(sub: Any) -> None:
     se.add_argument("id", type=uuid.UUID)
     se.add_argument("--patch", required=True, help='JSON object, e.g. \'{"prompt": "...", "cron": "0 8 * * *"}\'')
     se.add_argument("--if-match", type=int, help="the revision you read (refused if it changed)")
+    st = sched_verbs.add_parser("test", parents=[common], help="a test run: real model calls, no mutation sent")
+    st.add_argument("id", type=uuid.UUID)
+    st.add_argument("--payload", help="JSON the run sees as its payload (a webhook schedule's delivery)")
     sb = sched_verbs.add_parser("backfill", parents=[common], help="runs for past instants in [from, until)")
     sb.add_argument("id", type=uuid.UUID)
     sb.add_argument("--from", dest="start", required=True, help="RFC 3339 instant with offset")

@@ -3,7 +3,8 @@
 A worker reserves an ``effects`` row under its fence (with an ``effect.reserved`` event) before it
 calls a model or an HTTP target, and closes it afterwards (with ``effect.settled``): ``settled``
 when the call answered, ``failed`` when the outcome is known and nothing happened outside,
-``ambiguous`` when a mutation may or may not have taken effect. Each write checks and locks the run
+``ambiguous`` when a mutation may or may not have taken effect; a test run's mutation is reserved and
+closed ``not_sent_test`` in one transaction, never sent. Each write checks and locks the run
 row under the caller's fence in the same statement, so a worker that lost its lease records nothing
 and the caller learns it from ``None``.
 
@@ -191,6 +192,20 @@ def mark_ambiguous(
 ) -> Effect | None:
     """A mutation whose outcome cannot be proven: ``ambiguous``; its run is never replayed."""
     return _close(conn, effect, fence=fence, state=EffectState.AMBIGUOUS, usage=None, error_code=error_code,
+                  trace_into=trace_into, now=now)
+
+
+def not_sent_test(
+    conn: psycopg.Connection[db.Row],
+    effect: Effect,
+    *,
+    fence: int,
+    trace_into: list[trace.Event] | None = None,
+    now: datetime | None = None,
+) -> Effect | None:
+    """A test run's mutation, reserved and closed unsent in the same transaction: ``not_sent_test``
+    (never a call, never a kept change)."""
+    return _close(conn, effect, fence=fence, state=EffectState.NOT_SENT_TEST, usage=None, error_code=None,
                   trace_into=trace_into, now=now)
 
 

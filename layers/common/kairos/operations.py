@@ -204,6 +204,12 @@ def trigger_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> Any
     return manual.trigger(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner)
 
 
+def test_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, payload: Any = None) -> Any:
+    from kairos.schedules import manual
+
+    return manual.test(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner, payload=payload)
+
+
 def backfill_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, raw: object) -> Any:
     from kairos.schedules import backfill
 

@@ -62,6 +62,7 @@ class Source(StrEnum):
     BACKFILL = "backfill"
     WEBHOOK = "webhook"
     CHAT = "chat"  # a turn posted to a conversation: no schedule
+    TEST = "test"  # POST /v1/schedules/{id}/test: mutations recorded, never sent; never counted or notified
 
 
 class Decision(StrEnum):
@@ -240,6 +241,7 @@ class EffectState(StrEnum):
     SETTLED = "settled"
     AMBIGUOUS = "ambiguous"
     FAILED = "failed"
+    NOT_SENT_TEST = "not_sent_test"  # final at once: a test run's mutation, recorded and never sent
 
 
 class EventType(StrEnum):

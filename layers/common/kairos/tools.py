@@ -21,7 +21,8 @@ not.
 ``preview`` is what an approver sees. For ``http_post`` the target (method and whole URL) comes first
 and is never cut; only the body is cut (at ``PREVIEW_BODY_CHARS``), with its size and the SHA-256 of
 the bytes that will be sent. ``needs_approval`` applies the agent's ``approval`` policy (``mutations`` by
-default): every call but ``schedules_list`` is a mutation.
+default): every call but ``schedules_list`` is a mutation. A test run sends no mutation: the model is
+answered ``not_sent_test`` instead.
 
 Must not: let a tool reach another owner's rows or another conversation's schedules; put arguments,
 bodies or answers in logs (the step log keeps them, bounded).
@@ -137,6 +138,13 @@ def preview(call: ToolCall) -> dict[str, Any]:
 def error(call: ToolCall, code: str, message: str, fields: Sequence[dict[str, str]] = ()) -> ToolResult:
     body = json.dumps({"error": {"code": code, "message": message, "fields": list(fields)}}, ensure_ascii=False)
     return ToolResult(call.id, call.name, body[:RESULT_CHAR_LIMIT], is_error=True)
+
+
+def not_sent_test(call: ToolCall) -> ToolResult:
+    """What a test run's model is answered for a mutation it asked for: recorded, not sent."""
+    return _answer(call, {"status": "not_sent_test",
+                          "message": "not sent (test run): this call was recorded with its arguments but not "
+                                     "performed; nothing outside changed"})
 
 
 def _answer(call: ToolCall, value: Any) -> ToolResult:

@@ -58,6 +58,12 @@ class TokenRotate(_Strict):
                                  le=schedules.TOKEN_OVERLAP_MAX_SECONDS)
 
 
+class TestRunRequest(_Strict):
+    """``POST /v1/schedules/{id}/test``: the payload the test run sees (a webhook schedule's delivery)."""
+
+    payload: Any = Field(default=None, description="any JSON, at most 65,536 bytes; the run's payload")
+
+
 # ---- responses -----------------------------------------------------------------------------------
 
 
@@ -185,6 +191,12 @@ class RunOut(_Open):
 
 class RunEnvelope(_Strict):
     run: RunOut
+
+
+class TestRunAccepted(_Strict):
+    run_id: str
+    occurrence_id: str
+    run: RunOut = Field(description="the test run (source test, test true), queued")
 
 
 class ApprovalOut(_Open):

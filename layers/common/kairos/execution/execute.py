@@ -64,7 +64,7 @@ from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
 from kairos.settings import Settings
-from kairos.states import EventType, RunState
+from kairos.states import EventType, RunState, Source
 
 # Lambda's hard maximum is 900 s; a run stops well before so it can still write its failure.
 RUNTIME_CAP_SECONDS = 840
@@ -134,6 +134,9 @@ class Execution:
             prepared = executor.prepare(request)
         except ExecutorError as error:
             raise Failure(error.reason_code, retry_safe=error.retry_safe) from error
+        if prepared.mutation and row["source"] == Source.TEST:  # a test run sends no mutation, ever
+            raise Failure("agent_invalid", summary="A test run does not send this agent's request: it is an "
+                                                   "external change. Test runs call models and record tool calls.")
         sent = self.call(executor.send, prepared, step,
                          data={"input": claimed.model_input.record} if model_call else None)
         if isinstance(sent, Outcome):

@@ -14,7 +14,8 @@ attempt after an approval applies exactly the approved call, once (``approvals.c
 transaction that records its result; a call whose arguments no longer match its approval fails
 ``approved_call_not_applied``). A ``schedules_*`` call runs in the transaction that records it; an
 ``http_post`` call is sent like an executor's mutation (an unknown outcome leaves its effect
-``ambiguous`` and the run is never replayed).
+``ambiguous`` and the run is never replayed). In a test run (source ``test``) no mutation is done:
+each is recorded ``not_sent_test`` with its would-be arguments and answered to the model as not sent.
 
 Goal loops (``kairos.schedules.loops``): a loop run is offered ``goal_report`` besides its agent's tools and reads
 its revision's goal in its system prompt; its ``goal_report`` calls are handled by ``_goal_step``
@@ -53,11 +54,12 @@ from kairos.executors.base import (
     Reply,
     ToolCall,
     ToolResult,
+    canonical_json,
     digest,
 )
 from kairos.runs import moves
 from kairos.settings import Settings
-from kairos.states import EventType, RunState
+from kairos.states import EventType, RunState, Source
 
 
 class Execution(Protocol):
@@ -193,6 +195,15 @@ def _tool_step(run: Execution, agent: dict[str, Any], context: tools.Context, ca
     name = f"tool:{n}"
     refused = tools.allowed(call, agent)
     approval_id = None
+    if refused is None and call.name in tools.MUTATIONS and run.claimed.row["source"] == Source.TEST:
+        if call.name == "http_post":  # a URL the egress check refuses is refused as in a real run
+            checked = tools.prepare_http(call, allow=run.settings.egress_allow)
+            if not isinstance(checked, PreparedCall):
+                _open(run, name, {"step": n, "tool": call.name}, before=opening)
+                step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(checked))
+                _record(run, None, name, step)
+                return step
+        return _not_sent(run, call, n, name, opening)
     if refused is None and tools.needs_approval(agent, call.name):
         with run.database.connection() as conn:
             asked = approvals.for_call(conn, run.run_id, n, call.id)
@@ -243,6 +254,31 @@ def _local(run: Execution, call: ToolCall, context: tools.Context, n: int, name:
         result = tools.run_local(conn, call, context)
         step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(result))
         _record(run, effect, name, step, approval_id=approval_id, conn=conn)
+    return step
+
+
+def _not_sent(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace.Event]) -> steps.Step:
+    """A test run's mutation: its effect reserved and closed ``not_sent_test`` and its step recorded with
+    the would-be arguments, in one transaction; the model is answered that it was not sent. No approval
+    is asked (nothing is done) and nothing leaves the worker."""
+
+    _open(run, name, {"step": n, "tool": call.name}, before=opening)
+    result = tools.not_sent_test(call)
+    step = steps.Step(n, "tool", call.name, call.id, {**steps.tool_record(result), "state": "not_sent_test",
+                                                       "arguments": call.arguments})
+    with run.database.transaction() as conn:
+        locked = run.lock(conn)
+        if locked["cancel_requested_at"] is not None:
+            raise Cancelled()
+        body = canonical_json({"tool": call.name, "arguments": call.arguments})
+        effect = effects.reserve(conn, run.run_id, run.claimed.fence, run.claimed.attempt, name, "tool_call",
+                                 True, f"kairos:{call.name}", digest(body), now=run.now)
+        if effect is None:
+            raise LeaseLost()
+        events: list[trace.Event] = []
+        if effects.not_sent_test(conn, effect, fence=run.claimed.fence, trace_into=events, now=run.now) is None:
+            raise LeaseLost()
+        _record(run, None, name, step, conn=conn, events=events)
     return step
 
 

@@ -51,6 +51,7 @@ class Run:
     schedule_id: UUID | None  # None for a chat turn
     owner: str
     source: str
+    test: bool  # a test run (source test): mutations recorded, never sent
     mode: str
     state: RunState
     attempt: int
@@ -75,6 +76,7 @@ class Run:
             schedule_id=row["schedule_id"],
             owner=row["owner"],
             source=row["source"],
+            test=bool(row["test"]),
             mode=row["mode"],
             state=RunState(row["state"]),
             attempt=int(row["attempt"]),
@@ -103,6 +105,7 @@ class Run:
             "schedule_id": None if self.schedule_id is None else str(self.schedule_id),
             "occurrence_id": str(self.occurrence_id),
             "source": self.source,
+            "test": self.test,
             "mode": self.mode,
             "state": self.state.value,
             "attempt": self.attempt,

@@ -21,11 +21,18 @@ Rules:
   again answers the run the first retry made. A trigger has a fresh key each time; the API's
   ``Idempotency-Key`` makes a retried request answer its first response.
 
+``test`` records a ``test`` occurrence of the schedule's current revision (active or paused, not a
+loop): its run is dispatched at once whatever the overlap policy, calls models for real and sends no
+mutation (``kairos.execution.tool_loop``); it never counts toward failures or pause, never notifies and
+is never the schedule's ``last_run`` (``kairos.tick.settle``, ``kairos.schedules.last_run``). A test
+run's retry is a test run again.
+
 Handing the run to SQS is the caller's, after commit (the tick's repair sends what it missed).
 """
 
 from __future__ import annotations
 
+import json
 import uuid
 from dataclasses import dataclass
 from datetime import UTC, datetime
@@ -34,11 +41,12 @@ from typing import Any
 import psycopg
 
 from kairos import calendar, conversations, db, identity, occurrences, overlap
-from kairos.errors import Conflict, FieldError, NotFound, NotRetryable, OverlapConflict
+from kairos.errors import Conflict, FieldError, NotFound, NotRetryable, OverlapConflict, ValidationFailed
 from kairos.observability import logger
 from kairos.schedules.loop_policy import loop_refusal
 from kairos.states import Decision, Overlap, RunState, ScheduleStatus, Source
 
+TEST_PAYLOAD_MAX_BYTES = 65_536  # a test run's payload, as a webhook delivery's body is bounded
 RETRYABLE = frozenset({RunState.FAILED, RunState.ABANDONED, RunState.EXPIRED, RunState.CANCELLED})
 
 
@@ -63,6 +71,47 @@ def trigger(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: 
     logger.info("schedule triggered", extra={"action": "schedule_triggered", "schedule_id": str(schedule_id),
                                              "run_id": str(manual.run_id), "decision": manual.decision.value})
     return manual
+
+
+def test(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str, payload: Any = None,
+         now: datetime | None = None) -> Manual:
+    """A test run of the schedule's current revision with ``payload`` (see the module doc)."""
+    if payload is not None and len(json.dumps(payload, ensure_ascii=False).encode("utf-8")) > TEST_PAYLOAD_MAX_BYTES:
+        raise ValidationFailed([FieldError("payload", "max_bytes",
+                                           f"at most {TEST_PAYLOAD_MAX_BYTES} bytes of JSON")])
+    with db.atomic(conn):
+        schedule = db.fetch_one(conn, "schedules_lock_owned", {"schedule_id": schedule_id, "owner": owner, "now": now})
+        if schedule is None:
+            raise NotFound("schedule")
+        if schedule["loop"]:
+            from kairos.schedules.loop_policy import loop_refusal
+
+            raise loop_refusal("test-run")
+        if schedule["status"] == ScheduleStatus.CANCELLED.value:
+            raise Conflict("the schedule is cancelled; a test run needs a schedule that is not",
+                           fields=[FieldError("status", "not_cancelled", "a cancelled schedule never runs")])
+        manual = _record_test(conn, schedule, key=uuid.uuid4().hex, payload=payload, now=now)
+    logger.info("schedule test run", extra={"action": "schedule_tested", "schedule_id": str(schedule_id),
+                                            "run_id": str(manual.run_id)})
+    return manual
+
+
+def _record_test(conn: psycopg.Connection[db.Row], schedule: db.Row, *, key: str, payload: Any,
+                 now: datetime | None, retry_of: uuid.UUID | None = None, revision: int | None = None) -> Manual:
+    """A ``test`` occurrence and its run: dispatched at once whatever the overlap policy (a test run stands in
+    no one's way and waits for no one)."""
+    schedule_id: uuid.UUID = schedule["id"]
+    occurrence_id = identity.occurrence_id(schedule_id, Source.TEST, key=key)
+    run_id = identity.run_id(occurrence_id)
+    existing = db.fetch_one(conn, "occurrences_of_run", {"run_id": run_id})
+    if existing is not None:  # an earlier retry of the same test run made it
+        return Manual(schedule_id, occurrence_id, run_id, Decision(existing["decision"]), sendable=False)
+    fire = calendar.describe(schedule["db_now"], schedule["timezone"])
+    occurrences.refuse_over_cap(occurrences.record(conn, [occurrences.planned(
+        occurrence_id=occurrence_id, schedule_id=schedule_id, source=Source.TEST, fire=fire,
+        revision=int(schedule["revision"]) if revision is None else revision, decision=Decision.DISPATCHED,
+        run_id=run_id, idempotency_key=key, retry_of=retry_of, payload=payload)], now=now))  # 429 queue_full
+    return Manual(schedule_id, occurrence_id, run_id, Decision.DISPATCHED, sendable=True)
 
 
 def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, now: datetime | None = None) -> Manual:
@@ -90,11 +139,21 @@ def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, no
             logger.info("run retried", extra={"action": "run_retried", "run_id": str(manual.run_id),
                                               "retry_of": str(run_id), "decision": manual.decision.value})
             return manual
-        schedule = _lock_active(conn, run["schedule_id"], owner, now)
         origin = db.fetch_row(conn, "occurrences_of_run", {"run_id": run_id})  # runs.occurrence_id: NOT NULL REFERENCES
-        revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
-        manual = _record(conn, schedule, revision=revision, key=f"retry:{run_id}", now=now,
-                         retry_of=run_id, payload=run["payload"])
+        if run["test"]:  # a test run retries as a test run, the schedule paused or not
+            schedule = db.fetch_row(conn, "schedules_lock_owned", {"schedule_id": run["schedule_id"], "owner": owner,
+                                                                   "now": now})
+            if schedule["status"] == ScheduleStatus.CANCELLED.value:
+                raise Conflict("the schedule is cancelled; a test run needs a schedule that is not",
+                               fields=[FieldError("status", "not_cancelled", "a cancelled schedule never runs")])
+            revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
+            manual = _record_test(conn, schedule, key=f"retry:{run_id}", payload=run["payload"], now=now,
+                                  retry_of=run_id, revision=revision)
+        else:
+            schedule = _lock_active(conn, run["schedule_id"], owner, now)
+            revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
+            manual = _record(conn, schedule, revision=revision, key=f"retry:{run_id}", now=now,
+                             retry_of=run_id, payload=run["payload"])
     logger.info("run retried", extra={"action": "run_retried", "run_id": str(manual.run_id),
                                       "retry_of": str(run_id), "decision": manual.decision.value})
     return manual

@@ -16,7 +16,7 @@ RETURNING run_id, state;
 -- The runs among these with a mutation that may have reached the outside world (never replayed).
 SELECT DISTINCT run_id
   FROM effects
- WHERE run_id = ANY(%(run_ids)s::uuid[]) AND mutation AND state <> 'failed';
+ WHERE run_id = ANY(%(run_ids)s::uuid[]) AND mutation AND state NOT IN ('failed', 'not_sent_test');
 
 -- name: effects_reserve (prepared)
 -- Reserves one external effect for the current fence holder, unless a cancel was requested, and
@@ -137,7 +137,7 @@ RETURNING e.*;
 -- name: effects_replay_blockers
 -- Mutations that may have reached the outside world: while one exists the run is never replayed.
 SELECT * FROM effects
- WHERE run_id = %(run_id)s AND mutation AND state <> 'failed'
+ WHERE run_id = %(run_id)s AND mutation AND state NOT IN ('failed', 'not_sent_test')
  ORDER BY created_at, id;
 
 -- name: effects_mutation_kept

@@ -10,7 +10,8 @@
 -- its conversation, prompt and mode and runs the conversation's agent. A scheduled run claimable at once
 -- without catch-up expires at fire_at + the schedule's max_delay_seconds; a queued-behind run gets its
 -- expiry when it is released (runs_release_blocked); a webhook run does not expire. The owner's queue
--- cap (queue_max, KAIROS_OWNER_QUEUE_MAX) is applied here: see `planned`.
+-- cap (queue_max, KAIROS_OWNER_QUEUE_MAX) is applied here: see `planned`. A test run (source test) is
+-- marked `test` and, for an append schedule, forks its conversation instead of writing to it.
 WITH given AS (
     SELECT p.*, e.ordinal, coalesce(s.owner, cv.owner) AS owner
       FROM jsonb_array_elements(%(occurrences)s::jsonb) WITH ORDINALITY AS e(doc, ordinal)
@@ -55,13 +56,17 @@ WITH given AS (
 ), new_runs AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
                       payload, agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at,
-                      updated_at, retry_of, corpus)
-    SELECT p.run_id, occ.id, s.id, c.owner, p.source, c.id, coalesce(d.mode, p.mode), coalesce(d.prompt, p.prompt),
+                      updated_at, retry_of, corpus, test)
+    SELECT p.run_id, occ.id, s.id, c.owner, p.source, c.id,
+           -- A test run never writes into the schedule's conversation: an append schedule's test forks it.
+           CASE WHEN p.source = 'test' AND coalesce(d.mode, p.mode) = 'append' THEN 'fork'
+                ELSE coalesce(d.mode, p.mode) END,
+           coalesce(d.prompt, p.prompt),
            p.payload, coalesce(d.agent, c.agent), coalesce(d.catch_up, false), 'queued', p.blocked_by,
            CASE WHEN p.source = 'scheduled' AND NOT d.catch_up AND p.blocked_by IS NULL
                 THEN p.fire_at + make_interval(secs => d.max_delay_seconds) END,
            1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), p.retry_of,
-           coalesce(d.corpus, p.corpus)
+           coalesce(d.corpus, p.corpus), p.source = 'test'
       FROM occ
       JOIN planned p ON p.occurrence_id = occ.id
       LEFT JOIN schedules s ON s.id = occ.schedule_id

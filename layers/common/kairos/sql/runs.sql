@@ -66,7 +66,8 @@ WITH changed AS (
                                    THEN 'goal_revised'
                               -- The run a loop paused for, requeued by its owner's answer, goes through.
                               WHEN s.input_run_id = r.id THEN NULL
-                              WHEN s.status NOT IN ('active', 'completed') THEN 'schedule_paused'
+                              -- A test run may try a paused schedule before it is resumed.
+                              WHEN s.status NOT IN ('active', 'completed') AND NOT r.test THEN 'schedule_paused'
                               WHEN r.expires_at <= coalesce(%(now)s::timestamptz, now()) THEN 'expired'
                               -- The newer occurrences' runs are read one by one, by occurrence: joined, the
                               -- planner could start from "runs that started", which statistics taken while
@@ -211,12 +212,12 @@ SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.
 
 -- name: runs_last_of_schedules
 -- The newest run of each of an owner's schedules (none: no row), for a schedule's last_run: one
--- probe of runs_schedule_created_idx per schedule.
+-- probe of runs_schedule_created_idx per schedule. A test run is never a schedule's last run.
 SELECT s.schedule_id, r.id, r.state, r.source, r.created_at, r.finished_at
   FROM unnest(%(schedule_ids)s::uuid[]) AS s (schedule_id)
  CROSS JOIN LATERAL (SELECT id, state, source, created_at, finished_at
                        FROM runs
-                      WHERE schedule_id = s.schedule_id AND owner = %(owner)s
+                      WHERE schedule_id = s.schedule_id AND owner = %(owner)s AND NOT test
                       ORDER BY created_at DESC, id DESC
                       LIMIT 1) AS r;
 
@@ -314,7 +315,8 @@ UPDATE runs r
  WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
    AND r.cancel_requested_at IS NULL
    AND r.attempt < r.max_attempts
-   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.id AND e.mutation AND e.state <> 'failed')
+   AND NOT EXISTS (SELECT 1 FROM effects e WHERE e.run_id = r.id AND e.mutation
+                                            AND e.state NOT IN ('failed', 'not_sent_test'))
 RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_cancel_waiting
@@ -352,7 +354,7 @@ UPDATE runs
 
 -- name: runs_lock_unsettled
 -- The ended, unsettled runs of schedules the caller holds locked, in finished order per schedule.
-SELECT id, schedule_id, state, finished_at, diagnosis ->> 'reason_code' AS reason_code
+SELECT id, schedule_id, state, finished_at, diagnosis ->> 'reason_code' AS reason_code, test
   FROM runs
  WHERE schedule_id = ANY(%(schedule_ids)s::uuid[])
    AND finished_at IS NOT NULL AND settled_at IS NULL
@@ -563,9 +565,9 @@ SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
 
 -- name: runs_overlap_of_schedule
 -- What overlap sees of a schedule outside the tick (trigger, retry): its newest active run and a
--- queued-behind run already waiting.
+-- queued-behind run already waiting. Test runs stand in no one's way.
 SELECT (SELECT r.id FROM runs r
-         WHERE r.schedule_id = %(schedule_id)s
+         WHERE r.schedule_id = %(schedule_id)s AND NOT r.test
            AND r.state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input')
          ORDER BY r.created_at DESC, r.id DESC LIMIT 1) AS active_run_id,
        (SELECT r.id FROM runs r

@@ -15,7 +15,8 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now,
  WHERE status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());
 
 -- name: schedules_lock_due
--- Locks a batch of due schedules (oldest cursor first, skipping held ones) with their newest active run,
+-- Locks a batch of due schedules (oldest cursor first, skipping held ones) with their newest active run
+-- (a test run is not one),
 -- in (next_fire_at, id) order after the keyset cursor (after_at, after_id): '-infinity' for a full scan.
 SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timezone, s.dst_gap, s.dst_fold,
        s.catch_up, s.overlap, s.revision, s.next_fire_at, s.fire_count, s.max_occurrences, s.conversation_id,
@@ -23,6 +24,7 @@ SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timez
        CASE WHEN s.overlap <> 'allow' THEN (
            SELECT r.id FROM runs r
             WHERE r.schedule_id = s.id AND r.state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input')
+              AND NOT r.test
             ORDER BY r.created_at DESC, r.id DESC
             LIMIT 1) END AS active_run_id,
        CASE WHEN s.overlap = 'queue_one' THEN (

@@ -2,7 +2,8 @@
 
 Role: for every run with ``finished_at`` set and ``settled_at`` NULL: ``failed`` adds one to its
 schedule's ``consecutive_failures``, ``succeeded`` resets it, any other end changes nothing; then the
-run is marked settled (a chat turn, which has no schedule, is only marked). A schedule that reaches
+run is marked settled (a chat turn, which has no schedule, is only marked; so is a test run, which
+never counts toward failures or pause and is never reported). A schedule that reaches
 3 failures in a row while active is paused (revision + 1) and a ``schedule_paused`` note goes to its
 conversation's inbox. Runs queued behind a run that has ended (``queue_one``, backfill chains, chat
 turns) are released and handed to SQS. A settled run whose state its schedule's ``notify.on`` names
@@ -76,7 +77,8 @@ class Settle:
     def _apply(self, conn: Any, schedules: list[db.Row], runs: list[db.Row],
                now: datetime | None) -> tuple[int, int, notify.Reported]:
         by_schedule: dict[UUID, list[db.Row]] = defaultdict(list)
-        for run in runs:
+        counted_runs = [run for run in runs if not run["test"]]  # a test run is settled, never counted or reported
+        for run in counted_runs:
             by_schedule[run["schedule_id"]].append(run)
         ids: list[UUID] = []
         failures: list[int] = []
@@ -96,7 +98,7 @@ class Settle:
                 to_pause.append(schedule["id"])
         db.execute(conn, "schedules_set_failures", {"ids": ids, "failures": failures})
         settled = db.fetch_all(conn, "runs_mark_settled", {"ids": [r["id"] for r in runs], "now": now})
-        reported = notify.report_endings(conn, schedules, runs, {r["id"] for r in settled}, now)
+        reported = notify.report_endings(conn, schedules, counted_runs, {r["id"] for r in settled}, now)
         paused = pause_with_note(conn, to_pause, reason=f"{self.pause_after} consecutive failures",
                                  reason_code="consecutive_failures", now=now,
                                  details=lambda row: {"failures": int(row["consecutive_failures"])})

@@ -1,5 +1,5 @@
 """Schedules: create (with a webhook's URL and token, shown once), list, read, preview, list occurrences,
-pause, resume, cancel, and rotate a webhook's token.
+pause, resume, cancel, rotate a webhook's token, and test-run.
 
 Every schedule answered carries its ``last_run``: routes shape schedules with
 ``kairos.schedules.last_run.shown`` / ``one`` (never ``Schedule.as_json`` alone), in the route's
@@ -192,6 +192,33 @@ def trigger_schedule(id: str) -> Response[dict[str, Any]]:
     with database().transaction() as conn:
         # The key is per route and schedule: the same key on another schedule is another request.
         response = idempotent(conn, owner, router.current_event.raw_event, {"schedule_id": str(schedule_id)}, create)
+    send_committed(sendable)
+    return response
+
+
+@router.endpoint("POST", "/v1/schedules/<id>/test", status=202, model=models.TestRunAccepted,
+                 errors=(400, 404, 409, 415, 429), has_body=True,
+                 summary="A test run of the current revision: real model calls, mutations recorded not_sent_test "
+                         "and never sent; never counted toward failures, never notified, never last_run")
+def test_schedule(id: str, body: Annotated[models.TestRunRequest | None, Body()] = None) -> Response[dict[str, Any]]:
+    from kairos import runs
+    from kairos.schedules import manual
+
+    owner = principal()
+    schedule_id = parse_id(id, "schedule")
+    payload = (body or models.TestRunRequest()).payload
+    sendable: list[UUID] = []
+
+    def create(conn: Any) -> Response[dict[str, Any]]:
+        tested = manual.test(conn, schedule_id, owner=owner, payload=payload)
+        if tested.sendable:
+            sendable.append(tested.run_id)
+        return ok(202, models.TestRunAccepted, {**tested.as_json(),
+                                                "run": runs.get(conn, tested.run_id, owner=owner).as_json()})
+
+    with database().transaction() as conn:
+        response = idempotent(conn, owner, router.current_event.raw_event,
+                              {"schedule_id": str(schedule_id), "payload": payload}, create)
     send_committed(sendable)
     return response
 
