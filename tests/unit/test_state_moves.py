@@ -13,6 +13,10 @@ each one that assigns ``runs.state`` / ``schedules.status`` it finds
 
 and holds each (from, to) pair to ``states.RUN_MOVES`` / ``states.SCHEDULE_MOVES``. A new statement
 that writes an undeclared state, or a parameter-driven write nobody declared, fails here.
+
+It also records which module runs each named query that writes ``runs.state`` (the modules whose
+code names it) and requires that module to be in ``kairos/runs/``: the run state machine is read in
+``sql/runs.sql`` plus that one package, and every other layer calls ``kairos.runs.*``.
 """
 
 from __future__ import annotations
@@ -34,9 +38,12 @@ TABLES: dict[str, tuple[str, dict[str, frozenset[str]]]] = {
     "schedules": ("status", {k.value: frozenset(v.value for v in vs) for k, vs in states.SCHEDULE_MOVES.items()}),
 }
 
+# Where the Python caller of every statement that writes runs.state lives.
+RUN_MOVES_HOME = "kairos/runs/"
+
 # Statements whose new state is a parameter: the states their callers pass, and who the callers are.
 PARAMETER_WRITES: dict[str, frozenset[str]] = {
-    # kairos.tick.repair: a rescue that does not requeue ends the run as one of these (_Outcome).
+    # kairos.runs.rescue: a rescue that does not requeue ends the run as one of these (_Outcome).
     "runs_end_rescued": frozenset({"abandoned", "failed", "cancelled"}),
 }
 
@@ -204,6 +211,36 @@ def test_an_undeclared_move_is_caught(text: str, problem: str) -> None:
     """Controls: the scan fails a statement that writes a move the tables do not declare."""
     found = _problems("control", text)
     assert any(problem in p for p in found), found
+
+
+def _run_state_queries() -> set[str]:
+    """The named queries that write ``runs.state``."""
+    return {name for name, text in db.QUERIES.items() if any(table == "runs" for table, _, _ in _moves(name, text))}
+
+
+def _modules_naming(names: set[str]) -> dict[str, set[str]]:
+    """name -> the modules (``kairos/...`` or ``functions/...`` paths) whose code holds the name as a
+    string: the query's callers (``db.fetch_one(conn, "runs_…")``, ``trace.change(conn, "runs_…", …)``)
+    and any constant that names it for one."""
+    found: dict[str, set[str]] = {name: set() for name in names}
+    for path in sorted([*PACKAGE.rglob("*.py"), *FUNCTIONS.rglob("*.py")]):
+        module = str(path.relative_to(PACKAGE.parent if path.is_relative_to(PACKAGE) else FUNCTIONS.parent))
+        for node in ast.walk(ast.parse(path.read_text(encoding="utf-8"), filename=str(path))):
+            if isinstance(node, ast.Constant) and isinstance(node.value, str) and node.value in found:
+                found[node.value].add(module)
+    return found
+
+
+def test_every_run_state_write_is_run_from_kairos_runs() -> None:
+    callers = _modules_naming(_run_state_queries())
+    # The control: the scan finds the statements and who runs them.
+    assert {"runs_claim", "runs_succeed", "runs_cancel_waiting"} <= set(callers)
+    assert callers["runs_claim"] == {"kairos/runs/moves.py"}
+    unused = sorted(name for name, modules in callers.items() if not modules)
+    assert unused == [], f"state-writing statements no module names (dead, or named in a way the scan misses): {unused}"
+    outside = {name: sorted(m for m in modules if not m.startswith(RUN_MOVES_HOME))
+               for name, modules in sorted(callers.items())}
+    assert {name: modules for name, modules in outside.items() if modules} == {}
 
 
 def test_every_state_has_a_row_in_each_move_table() -> None:

@@ -15,6 +15,8 @@ Role (docs/api.md "Agents that act"):
   ends ``policy_blocked`` (``approval_denied`` / ``approval_expired``).
 * A run's cancel retires its open requests (``kairos.runs.cancel``).
 
+The run's moves (park, requeue, block) are ``kairos.runs.waits``'; this module keeps the request's row.
+
 Guarantees: every decision is one guarded UPDATE (``pending`` and not expired), so two approvers, or
 an approver and a cancel, cannot both win; another owner's request is the same ``NotFound`` as a
 missing one. Lock order: the run row before its request, in every path (approve, deny, expiry, the
@@ -31,13 +33,13 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import conversations, db, tools, trace
-from kairos.diagnosis import diagnose
+from kairos import conversations, db, tools
 from kairos.errors import Conflict, FieldError, NotFound, ValidationFailed
 from kairos.executors.base import ToolCall
 from kairos.instants import rfc3339
 from kairos.observability import logger
-from kairos.states import ApprovalState, EventType
+from kairos.runs import waits
+from kairos.states import ApprovalState
 
 EXPIRES_IN_SECONDS = 86_400
 STATES = tuple(s.value for s in ApprovalState)
@@ -72,11 +74,8 @@ def request(conn: psycopg.Connection[db.Row], *, run_id: uuid.UUID, fence: int, 
     """Parks the run for ``call`` (see the module doc); None when the fence no longer holds or a cancel
     was requested (nothing written)."""
     approval_id = uuid.uuid4()
-    moved = trace.change(conn, "runs_await_approval", {"run_id": run_id, "fence": fence}, [
-        trace.Event(EventType.STEP_FINISHED, f"tool:{step}", {"outcome": "awaiting_approval"}),
-        trace.Event(EventType.APPROVAL_WAITING, f"tool:{step}",
-                    {"approval_id": str(approval_id), "tool": call.name, "args_digest": tools.args_digest(call)}),
-    ], now=now)
+    moved = waits.park(conn, waits.APPROVAL, run_id=run_id, fence=fence, step=step, now=now, data={
+        "approval_id": str(approval_id), "tool": call.name, "args_digest": tools.args_digest(call)})
     if moved is None:
         return None
     db.fetch_one(conn, "approvals_insert", {
@@ -124,9 +123,7 @@ def approve(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, *, owner: 
     """Approves a pending request and requeues its run (the caller hands the run to SQS after commit)."""
     with db.atomic(conn):
         decided = _decide(conn, _lock_run(conn, approval_id, owner), approval_id, owner, "approved", now)
-        trace.change(conn, "runs_requeue_approved", {"run_id": decided.run_id}, [
-            trace.Event(EventType.APPROVAL_APPROVED, data={"approval_id": str(approval_id)}),
-            trace.Event(EventType.RUN_QUEUED, data={"reason": "approved"})], now=now)
+        waits.requeue(conn, waits.APPROVAL, decided.run_id, data={"approval_id": str(approval_id)}, now=now)
     logger.info("approval approved", extra={"action": "approval_approved", "approval_id": str(approval_id),
                                             "run_id": str(decided.run_id)})
     return decided
@@ -136,7 +133,7 @@ def deny(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, *, owner: str
          now: datetime | None = None) -> Approval:
     with db.atomic(conn):
         decided = _decide(conn, _lock_run(conn, approval_id, owner), approval_id, owner, "denied", now)
-        _block(conn, decided.run_id, approval_id, "approval_denied", now)
+        waits.block(conn, decided.run_id, approval_id=approval_id, reason="approval_denied", now=now)
     logger.info("approval denied", extra={"action": "approval_denied", "approval_id": str(approval_id),
                                           "run_id": str(decided.run_id)})
     return decided
@@ -151,7 +148,7 @@ def expire_due(conn: psycopg.Connection[db.Row], *, limit: int = 500, now: datet
     expired = db.fetch_all(conn, "approvals_expire_due",
                            {"run_ids": [r["run_id"] for r in locked], "now": now})
     for row in expired:
-        _block(conn, row["run_id"], row["id"], "approval_expired", now)
+        waits.block(conn, row["run_id"], approval_id=row["id"], reason="approval_expired", now=now)
     return len(expired)
 
 
@@ -159,7 +156,7 @@ def _lock_run(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, owner: s
     """Locks the request's run (``NotFound`` for a missing or foreign request): a decision takes the run
     before the request, as a cancel does, so the two serialize instead of deadlocking."""
     current = get(conn, approval_id, owner=owner)
-    db.fetch_one(conn, "runs_lock_owned", {"run_id": current.run_id, "owner": owner})
+    waits.lock(conn, current.run_id, owner=owner)
     return current
 
 
@@ -172,10 +169,3 @@ def _decide(conn: psycopg.Connection[db.Row], current: Approval, approval_id: uu
     why = "it expired" if current.state == "pending" else f"it is already {current.state}"
     raise Conflict(f"this request cannot be decided: {why}",
                    fields=[FieldError("state", "pending", "only a pending, unexpired request can be decided")])
-
-
-def _block(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, approval_id: uuid.UUID, reason: str,
-           now: datetime | None) -> None:
-    trace.change(conn, "runs_block_approval", {"run_id": run_id, "diagnosis": Jsonb(diagnose(reason))}, [
-        trace.Event(EventType.APPROVAL_DENIED, data={"approval_id": str(approval_id), "reason_code": reason}),
-        trace.Event(EventType.RUN_POLICY_BLOCKED, data={"reason_code": reason})], now=now)

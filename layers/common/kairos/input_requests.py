@@ -14,6 +14,9 @@ Role (docs/api.md "Goal loops"):
 * ``cancel_for_run`` — a run's cancel; ``cancel_for_schedule`` — a loop's cancel or goal edit: the
   pending requests are cancelled and the runs waiting on them end ``cancelled``.
 
+The run's moves (park, requeue, the loop's cancel) are ``kairos.runs.waits``'; this module keeps the
+request's row.
+
 Guarantees: every decision is one guarded UPDATE from ``pending``; the run row is locked before the
 request in every path (answer, run cancel, loop cancel), so an answer and a cancel serialize and
 exactly one wins; another owner's request is the same ``NotFound("input_request")`` as a missing one.
@@ -30,14 +33,12 @@ from datetime import datetime
 from typing import Any
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from kairos import conversations, db, trace
-from kairos.diagnosis import diagnose
+from kairos import conversations, db
 from kairos.errors import FieldError, NotFound, NotPending, ValidationFailed
 from kairos.instants import rfc3339
 from kairos.observability import logger
-from kairos.states import EventType, InputRequestState
+from kairos.states import InputRequestState
 
 QUESTION_MAX = 4_000
 ANSWER_MAX = 8_000
@@ -117,10 +118,14 @@ def answer(conn: psycopg.Connection[db.Row], request_id: uuid.UUID, *, owner: st
     is answered, cancelled or expired already, ``NotFound`` when missing or foreign."""
     if not isinstance(text, str) or not text.strip() or len(text) > ANSWER_MAX:
         raise ValidationFailed([FieldError("answer", "length", f"give the answer as 1 to {ANSWER_MAX} characters")])
+    # Not a cycle: the API's models read this module's limits at import, and the API loads kairos.runs
+    # only with its first route that needs it (tests/unit/test_api_imports.py).
+    from kairos.runs import waits
+
     with db.atomic(conn):
         current = get(conn, request_id, owner=owner)
         # The run first, as a cancel takes it: an answer and a cancel serialize here.
-        db.fetch_one(conn, "runs_lock_owned", {"run_id": current.run_id, "owner": owner})
+        waits.lock(conn, current.run_id, owner=owner)
         if current.state is not InputRequestState.PENDING:
             raise _not_pending(current)
         entry = conversations.append(conn, current.conversation_id, role="user", content=text,
@@ -129,10 +134,8 @@ def answer(conn: psycopg.Connection[db.Row], request_id: uuid.UUID, *, owner: st
             "id": request_id, "owner": owner, "answer_digest": _digest(text), "entry_seq": entry.seq, "now": now})
         if row is None:  # decided while this one waited for the run row
             raise _not_pending(get(conn, request_id, owner=owner))
-        requeued = trace.change(conn, "runs_requeue_answered", {"run_id": current.run_id}, [
-            trace.Event(EventType.INPUT_ANSWERED, data={"input_request_id": str(request_id),
-                                                        "entry_seq": entry.seq}),
-            trace.Event(EventType.RUN_QUEUED, data={"reason": "answered"})], now=now)
+        requeued = waits.requeue(conn, waits.INPUT, current.run_id, now=now,
+                                 data={"input_request_id": str(request_id), "entry_seq": entry.seq})
         if requeued is None:  # the run is no longer waiting: nothing to answer (rolled back)
             raise _not_pending(current, why="its run no longer waits for it")
     decided = InputRequest.from_row(row)
@@ -164,21 +167,16 @@ def cancel_for_schedule(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID
     """Cancels a loop's pending requests and ends each waiting run ``cancelled`` (``reason``: the loop
     was cancelled, or its goal edited); the runs cancelled. The caller locked the waiting runs before
     the loop (``lock_waiting_runs``)."""
-    from kairos.runs import moves
+    from kairos.runs import waits  # lazy, as in ``answer``
 
     cancelled: list[uuid.UUID] = []
     for pending in db.fetch_all(conn, "input_requests_pending_for_schedule", {"schedule_id": schedule_id}):
         run_id = pending["run_id"]
         run = db.fetch_one(conn, "runs_lock_any", {"run_id": run_id})  # the run before the request
         cancel_for_run(conn, run_id, now=now)
-        if run is not None and run["state"] == "awaiting_input":
-            done = trace.change(conn, "runs_cancel_waiting", {
-                "run_id": run_id, "owner": run["owner"], "requested_only": False,
-                "diagnosis": Jsonb(diagnose(reason))}, [
-                trace.Event(EventType.RUN_CANCELLED, data={"by": "loop", "reason_code": reason})], now=now)
-            if done is not None:
-                moves.count("RunCancelled")
-                cancelled.append(run_id)
+        if run is not None and run["state"] == "awaiting_input" and waits.cancel_for_loop(
+                conn, run_id, owner=run["owner"], reason=reason, now=now):
+            cancelled.append(run_id)
     if cancelled:
         logger.info("waiting loop runs cancelled", extra={"action": "input_runs_cancelled",
                                                           "schedule_id": str(schedule_id), "reason_code": reason,

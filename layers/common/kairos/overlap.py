@@ -24,13 +24,12 @@ from datetime import datetime
 from uuid import UUID
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from kairos import db, trace
+from kairos import db
 from kairos.diagnosis import diagnose
 from kairos.observability import logger
 from kairos.runs import moves
-from kairos.states import Decision, EventType, Overlap, RunState
+from kairos.states import Decision, Overlap, RunState
 
 
 @dataclass(frozen=True, slots=True)
@@ -60,9 +59,7 @@ def replace(conn: psycopg.Connection[db.Row], *, old_run_id: UUID, new_run_id: U
         return True
     kept = db.fetch_one(conn, "effects_mutation_kept", {"run_id": old_run_id})
     if kept is not None and kept["kept"]:
-        trace.change(conn, "runs_block_not_replace_safe",
-                     {"run_id": new_run_id, "diagnosis": Jsonb(diagnose("not_replace_safe"))},
-                     [trace.Event(EventType.RUN_POLICY_BLOCKED, data={"replaces": str(old_run_id)})], now=now)
+        moves.block_not_replace_safe(conn, new_run_id, replaces=old_run_id, now=now)
         logger.info("replacement blocked", extra={"action": "run_replace_blocked", "run_id": str(new_run_id),
                                                   "active_run_id": str(old_run_id)})
         return False

@@ -47,8 +47,10 @@ import psycopg
 from kairos import budgets, db, effects, trace
 from kairos.diagnosis import diagnose
 from kairos.execution.claim import Claimed, Outcome, claim
+from kairos.execution.corpus.phases import execute as execute_corpus
 from kairos.execution.heartbeat import HEARTBEAT_SECONDS, Heartbeat
 from kairos.execution.stops import Cancelled, Failure, LeaseLost
+from kairos.execution.tool_loop import run_loop
 from kairos.executors.base import (
     DEFAULT_MAX_TOKENS,
     TOOL_EXECUTORS,
@@ -109,10 +111,8 @@ class Execution:
         row = claimed.row
         agent: dict[str, Any] = dict(row["agent"] or {})
         step = claimed.step  # the claim wrote its step.started
-        self._check_stop()
+        self.check_stop()
         if row.get("corpus"):  # a corpus run: partitioned child work under this one run (kairos.corpus)
-            from kairos.execution.corpus.phases import execute as execute_corpus
-
             return execute_corpus(self)
         model_call = str(agent.get("executor", "")) in MODEL_EXECUTORS  # its input is bounded by max_input_tokens
         if model_call and claimed.model_input.limit is None:
@@ -128,8 +128,6 @@ class Execution:
                 raise Failure("agent_invalid", summary="A loop run needs an agent that can call tools.")
             # A goal loop's run always runs the tool loop: it must end with goal_report (kairos.schedules.loops).
             if (agent.get("tools") or row.get("loop")) and str(agent.get("executor", "")) in TOOL_EXECUTORS:
-                from kairos.execution.tool_loop import run_loop
-
                 return run_loop(self, executor, request)
             prepared = executor.prepare(request)
         except ExecutorError as error:
@@ -150,7 +148,7 @@ class Execution:
         claimed = self.claimed
         agent: dict[str, Any] = dict(claimed.row["agent"] or {})
         self.call_started = False
-        remaining = self._remaining()
+        remaining = self.remaining()
         if remaining <= 0:
             raise Failure("runtime_limit")
         # One statement on an autocommit connection: the effect and, for a model call, its budget
@@ -177,7 +175,7 @@ class Execution:
                 raise LeaseLost()
         self.open_effect = effect
         self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
-        self._check_stop()
+        self.check_stop()
         # The heartbeat aborts the call when it reads a cancel request or finds the lease lost.
         prepared = dataclasses.replace(prepared, abort=self.heartbeat.abort)
         self.heartbeat.step_started(step)
@@ -262,7 +260,7 @@ class Execution:
     def _call_failed(self, step: str, effect: effects.Effect, mutation: bool, error: ExecutorError) -> Outcome:
         claimed = self.claimed
         fence = claimed.fence
-        over_time = self._remaining() <= 0
+        over_time = self.remaining() <= 0
         reason = "runtime_limit" if over_time and error.reason_code in ("timeout", "ambiguous_effect") else (
             error.reason_code)
         events: list[trace.Event] = []
@@ -373,13 +371,15 @@ class Execution:
             return []
         return [trace.Event(EventType.STEP_FINISHED, self.current_step or self.claimed.step, data)]
 
-    def _check_stop(self) -> None:
+    def check_stop(self) -> None:
+        """Raises ``LeaseLost`` / ``Cancelled`` when the heartbeat saw the lease lost or a cancel requested."""
         if self.heartbeat.lost.is_set():
             raise LeaseLost()
         if self.heartbeat.cancel_requested.is_set():
             raise Cancelled()
 
-    def _remaining(self) -> float:
+    def remaining(self) -> float:
+        """Seconds left before this attempt's deadline (the runtime limit or the invocation's time)."""
         return self.deadline - self.clock()
 
 

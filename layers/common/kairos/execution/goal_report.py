@@ -37,7 +37,7 @@ import psycopg
 from kairos import conversations, db, input_requests, trace
 from kairos.executors.base import ToolCall, ToolResult, ToolSpec
 from kairos.observability import logger
-from kairos.states import EventType
+from kairos.runs import moves, waits
 
 NAME = "goal_report"
 DISPOSITIONS = ("continue", "complete", "blocked", "needs_input")
@@ -172,8 +172,6 @@ def park(conn: psycopg.Connection[db.Row], *, run_id: uuid.UUID, fence: int, att
     """``needs_input`` (see the module doc), in the caller's transaction holding the run row; the
     request's id, or None when the fence no longer holds or a cancel was requested (the caller rolls
     back), or when the loop was cancelled meanwhile (``LoopGone``)."""
-    from kairos.runs import moves
-
     loop = db.fetch_one(conn, "schedules_lock_loop", {"schedule_id": goal.schedule_id, "now": now})
     if loop is None or loop["status"] == "cancelled":
         raise LoopGone()
@@ -188,11 +186,8 @@ def park(conn: psycopg.Connection[db.Row], *, run_id: uuid.UUID, fence: int, att
                              now=now)
     if seq is None:
         return None
-    moved = trace.change(conn, "runs_await_input", {"run_id": run_id, "fence": fence}, [
-        *events,
-        trace.Event(EventType.STEP_FINISHED, f"tool:{step}", {"outcome": "awaiting_input"}),
-        trace.Event(EventType.INPUT_WAITING, f"tool:{step}", {"input_request_id": str(request_id),
-                                                              "entry_seq": seq})], now=now)
+    moved = waits.park(conn, waits.INPUT, run_id=run_id, fence=fence, step=step, events=events, now=now,
+                       data={"input_request_id": str(request_id), "entry_seq": seq})
     if moved is None:
         return None
     db.fetch_one(conn, "schedules_loop_wait", {"schedule_id": goal.schedule_id, "run_id": run_id, "now": now})

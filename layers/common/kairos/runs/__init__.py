@@ -5,10 +5,16 @@ API shape; prompt, payload and agent are deliberately not part of it), ``get``, 
 ``output`` (owner-scoped reads: a missing and a foreign run are the same ``NotFound``; a list holds
 only the owner's runs) and ``cancel``.
 
-The package's other modules hold every statement that moves ``runs.state``, so the run state machine
-is read in ``sql/runs.sql`` plus this package:
+The package's other modules hold every statement that moves ``runs.state`` (no module outside this
+package runs one: ``tests/unit/test_state_moves.py``), so the run state machine is read in
+``sql/runs.sql`` plus this package:
 
-* ``moves`` — the worker's fenced statements: every state move of a run is one guarded statement;
+* ``moves`` — the worker's fenced statements (every state move of a run is one guarded statement),
+  the cancel of a waiting run, and the overlap's block of a run that may not replace its predecessor;
+* ``waits`` — a run parked for a person, for approvals and input requests alike: park, requeue,
+  block, and the loop's cancel of a run awaiting its answer (``kairos.approvals``,
+  ``kairos.input_requests`` and ``kairos.execution.goal_report`` keep the request rows);
+* ``rescue`` — the tick's moves: runs of vanished workers requeued or ended, runs nobody claimed failed;
 * ``corpus_control`` — pause and resume of a corpus run; ``corpus_progress`` — its progress as the API shows it.
 
 The worker itself (claim, heartbeat, the execution, the tool loop, the SQS adapter) is

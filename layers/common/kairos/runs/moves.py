@@ -3,8 +3,10 @@
 Role: the data-access layer of the run worker — the claim (``queued -> running``, or the refusal
 that ends a run that must not run), the step boundary's lock, the fenced conversation append, the
 terminal moves (``succeeded``, ``failed``, ``cancelled`` by the worker), the retry's requeue, and
-the cancel of a waiting run (owner or worker). ``kairos.execution.claim`` and ``kairos.execution.execute``
-decide which to call; ``kairos.runs.cancel`` uses the cancel statements.
+the cancel of a waiting run (owner, worker or loop), a corpus run's pause and slice boundaries
+(``kairos.execution.corpus.phases``), and the block of a new run that may not replace its predecessor
+(``kairos.overlap``). ``kairos.execution.claim`` and ``kairos.execution.execute`` decide which to
+call; ``kairos.runs.cancel`` uses the cancel statements.
 
 Guarantees:
 * Every statement is guarded: by the run's fence (a worker that lost its lease writes nothing and
@@ -274,15 +276,18 @@ def cancel_waiting(
     owner: str | None,
     diagnosis: Mapping[str, Any],
     by: str,
+    reason_code: str | None = None,
     now: datetime | None = None,
 ) -> db.Row | None:
-    """``queued`` / ``awaiting_approval -> cancelled`` with ``run.cancelled``: by its owner (``owner``
-    given), or by a worker that finds a queued run whose cancel is pending (``owner`` None: only a run
-    with ``cancel_requested_at`` set moves). The row, or None when it had already moved on."""
+    """``queued`` / ``awaiting_approval`` / ``awaiting_input -> cancelled`` with ``run.cancelled`` (``by``,
+    and ``reason_code`` when given): by its owner or its loop (``owner`` given), or by a worker that
+    finds a queued run whose cancel is pending (``owner`` None: only a run with ``cancel_requested_at``
+    set moves). The row, or None when it had already moved on."""
+    data = {"by": by} if reason_code is None else {"by": by, "reason_code": reason_code}
     return trace.change(conn, "runs_cancel_waiting",
                         {"run_id": run_id, "owner": owner, "requested_only": owner is None,
                          "diagnosis": Jsonb(dict(diagnosis))},
-                        [trace.Event(EventType.RUN_CANCELLED, data={"by": by})], now=now)
+                        [trace.Event(EventType.RUN_CANCELLED, data=data)], now=now)
 
 
 def request_cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str,
@@ -291,3 +296,36 @@ def request_cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str
     stops at the next heartbeat or step. The row, or None when it is no longer running."""
     return trace.change(conn, "runs_request_cancel", {"run_id": run_id, "owner": owner},
                         [trace.Event(EventType.RUN_CANCEL_REQUESTED, data={"by": "owner"})], now=now)
+
+
+def corpus_pause(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, *, step: str, phase: str | None,
+                 now: datetime | None = None) -> bool:
+    """``running -> queued`` and paused, by the fence holder of a corpus run asked to pause, at a
+    partition or phase boundary (``kairos.execution.corpus.phases``): the claim's step closed
+    ``paused`` and ``run.paused`` (by the worker, at ``phase``) in the same statement; False when
+    fenced out or a cancel was requested."""
+    return trace.change(conn, "runs_corpus_pause", {"run_id": run_id, "fence": fence}, [
+        trace.Event(EventType.STEP_FINISHED, step, {"outcome": "paused"}),
+        trace.Event(EventType.RUN_PAUSED, None, {"phase": phase, "by": "worker"})], now=now) is not None
+
+
+def corpus_continue(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, *, step: str, pending: int,
+                    now: datetime | None = None) -> bool:
+    """``running -> queued`` at the end of a corpus run's slice (its invocation's time nearly spent), by
+    the fence holder: the claim's step closed ``continued`` and ``run.queued`` (reason ``continue``,
+    ``pending`` partitions left) in the same statement; False when fenced out, or a pause or cancel
+    request is there to be honoured."""
+    return trace.change(conn, "runs_corpus_continue", {"run_id": run_id, "fence": fence}, [
+        trace.Event(EventType.STEP_FINISHED, step, {"outcome": "continued"}),
+        trace.Event(EventType.RUN_QUEUED, None, {"reason": "continue", "phase": "map",
+                                                 "partitions_pending": pending})], now=now) is not None
+
+
+def block_not_replace_safe(conn: psycopg.Connection[db.Row], run_id: UUID, *, replaces: UUID,
+                           now: datetime | None = None) -> db.Row | None:
+    """``queued -> policy_blocked`` at once (``not_replace_safe``) with ``run.policy_blocked``: the new
+    run of a ``cancel_replace`` fire whose predecessor ``replaces`` already reserved an external change
+    (``kairos.overlap``). The row, or None when it was no longer queued."""
+    return trace.change(conn, "runs_block_not_replace_safe",
+                        {"run_id": run_id, "diagnosis": Jsonb(diagnose("not_replace_safe"))},
+                        [trace.Event(EventType.RUN_POLICY_BLOCKED, data={"replaces": str(replaces)})], now=now)

@@ -506,9 +506,11 @@ SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_reque
    FOR NO KEY UPDATE SKIP LOCKED;
 
 -- name: runs_requeue_rescued
--- running -> queued after an expired lease: restarts + 1, lease cleared, handoff to be redone.
+-- running -> queued after an expired lease: restarts + 1, lease cleared, handoff to be redone;
+-- run.rescued follows in the same statement (kairos.trace.change).
 UPDATE runs
-   SET state = 'queued',
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = 'queued',
        usage = coalesce(kairos_run_usage(id), usage),
        lease_token = NULL,
        lease_expires_at = NULL,
@@ -517,12 +519,14 @@ UPDATE runs
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(id)s AND state = 'running' AND fence = %(fence)s
    AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
-RETURNING id, restarts;
+RETURNING id, last_seq, attempt, fence, restarts;
 
 -- name: runs_end_rescued
--- running -> abandoned, failed or cancelled after an expired lease, with its diagnosis.
+-- running -> abandoned, failed or cancelled after an expired lease, with its diagnosis; run.<state>
+-- follows in the same statement (kairos.trace.change).
 UPDATE runs
-   SET state = %(state)s,
+   SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
+       state = %(state)s,
        usage = coalesce(kairos_run_usage(id), usage),
        diagnosis = %(diagnosis)s,
        lease_token = NULL,
@@ -531,7 +535,7 @@ UPDATE runs
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(id)s AND state = 'running' AND fence = %(fence)s
    AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
-RETURNING id;
+RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_ops_list
 -- Operators: the newest runs, optionally of one schedule or in one state.

@@ -16,6 +16,9 @@ Role:
   ``queued`` with ``restarts + 1``, a ``run.rescued`` event, and is sent again. Terminal moves clear
   the lease, set ``finished_at`` and append ``run.<state>``.
 
+The run moves themselves (requeue, end, fail undeliverable: each one statement with its event) are
+``kairos.runs.rescue``'s; this step locks, decides and sends.
+
 Guarantees: rows are locked ``SKIP LOCKED`` for the whole step, including the SQS send and the
 stamp, so concurrent ticks never repair the same run twice; every move is guarded by state, fence
 and the expired lease, so a worker that heartbeats in time keeps its run. A message sent for a
@@ -34,11 +37,11 @@ from uuid import UUID
 
 import psycopg
 from aws_lambda_powertools.metrics import MetricUnit
-from psycopg.types.json import Jsonb
 
-from kairos import approvals, db, diagnosis, handoff, trace
+from kairos import approvals, db, handoff
 from kairos.observability import logger, metrics
-from kairos.states import EventType, RunState, Source, terminal_event
+from kairos.runs import rescue
+from kairos.states import RunState, Source
 from kairos.tick.counts import counted
 
 RESTART_LIMIT = 2
@@ -124,16 +127,9 @@ class Repair:
 
     def _fail_undeliverable(self, conn: psycopg.Connection[db.Row], rows: list[db.Row], now: datetime | None) -> int:
         """Ends each locked run that SQS took ``undeliverable_after`` times without a claim ``failed``."""
-        ended = Jsonb(diagnosis.diagnose("undeliverable"))
         failed = 0
         for row in rows:
-            # One statement per run: trace.change writes one run's state and its event together.
-            done = trace.change(
-                conn, "runs_fail_undeliverable",
-                {"id": row["id"], "handoffs": self.undeliverable_after, "diagnosis": ended},
-                [trace.Event(EventType.RUN_FAILED, data={"reason_code": "undeliverable", "retry_eligible": True,
-                                                         "handoffs": int(row["unclaimed_handoffs"])})],
-                now=now)
+            done = rescue.fail_undeliverable(conn, row, handoffs=self.undeliverable_after, now=now)
             if done is None:
                 continue
             failed += 1
@@ -186,28 +182,8 @@ class Repair:
         return _Outcome(RunState.QUEUED, None)
 
     def _apply(self, conn: psycopg.Connection[db.Row], row: db.Row, outcome: _Outcome, now: datetime | None) -> bool:
-        ids = {"id": row["id"], "fence": row["fence"], "now": now}
-        log = {"run_id": str(row["id"]), "schedule_id": str(row["schedule_id"]), "fence": row["fence"],
-               "restarts": int(row["restarts"])}
         if outcome.state is RunState.QUEUED:
-            moved = db.fetch_one(conn, "runs_requeue_rescued", ids)
-            if moved is None:
-                return False
-            trace.append(conn, row["id"], EventType.RUN_RESCUED,
-                         data={"reason": "lease_expired", "restarts": int(moved["restarts"])}, now=now)
-            logger.info("run rescued after its lease expired", extra={"action": "run_rescued", **log})
-            return True
+            return rescue.requeue(conn, row, now=now)
         if outcome.reason_code is None:  # every rescue outcome but a requeue names its reason
             raise RuntimeError(f"the rescue outcome {outcome.state} has no reason code")
-        ended = diagnosis.rescued(outcome.reason_code, restart_limit=RESTART_LIMIT)
-        moved = db.fetch_one(conn, "runs_end_rescued", {**ids, "state": outcome.state.value,
-                                                        "diagnosis": Jsonb(ended)})
-        if moved is None:
-            return False
-        trace.append(conn, row["id"], terminal_event(outcome.state),
-                     data={"reason_code": outcome.reason_code, "reason": "lease_expired"}, now=now)
-        logger.warning("run ended after its lease expired",
-                       extra={"action": "run_rescue_ended", "state": outcome.state.value,
-                              "reason_code": outcome.reason_code, **log})
-        return True
-
+        return rescue.end(conn, row, outcome.state, outcome.reason_code, restart_limit=RESTART_LIMIT, now=now)

@@ -118,7 +118,7 @@ MAX_WORKERS = 16
 
 def _one(c: Corpus, renewer: _Renewer) -> bool:
     """Leases the next pending partition and maps it; False when none is left."""
-    c.run._check_stop()
+    c.run.check_stop()
     with c.fenced() as (conn, row):
         if row["cancel_requested_at"] is not None:
             raise _Stopped("cancel")
@@ -126,7 +126,7 @@ def _one(c: Corpus, renewer: _Renewer) -> bool:
             raise _Stopped("pause")
         part = db.fetch_one(conn, "corpus_partitions_next", {"run_id": c.run_id, "now": c.run.now,
                                                               "lease_seconds": PARTITION_LEASE_SECONDS})
-        if part is not None and c.mapped and c.run._remaining() < SLICE_RESERVE_SECONDS:
+        if part is not None and c.mapped and c.run.remaining() < SLICE_RESERVE_SECONDS:
             raise _Stopped("slice")  # rolls this lease back: the partition stays pending for the next slice
     if part is None:
         return False
@@ -227,7 +227,7 @@ def _call(c: Corpus, part: db.Row) -> str | None:
     effect = _reserve(c, step, prepared, agent, len(content) // 4)
     run.probes.fire("after_reserve", run_id=c.run_id, fence=c.fence, effect=effect)
     started = time.monotonic()
-    remaining = run._remaining()
+    remaining = run.remaining()
     try:
         if remaining <= 0:
             raise Failure("runtime_limit")

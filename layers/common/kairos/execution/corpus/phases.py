@@ -17,7 +17,7 @@ its ``corpus.phase`` event (and the probe ``corpus_phase`` after the commit):
   in one transaction.
 
 A corpus outlives an invocation: when map ends a slice (``kairos.execution.corpus.mapping``: the invocation's
-time is nearly spent), ``runs_corpus_continue`` puts the run back to ``queued`` with its lease cleared
+time is nearly spent), ``kairos.runs.moves.corpus_continue`` puts the run back to ``queued`` with its lease cleared
 and ``run.queued`` (reason ``continue``), and the worker's caller re-sends its id at once (``process``
 answers ``continued``); the next claim resumes what this one committed. The run's usage spans its
 invocations: each map call's effect is settled with that call's usage, and every move of the run out
@@ -25,7 +25,7 @@ of ``running`` (a slice, a pause, a retry, a rescue, its end) writes the sum of 
 (``kairos.budgets``).
 
 The run stays the one authority: its claim, heartbeat, fence, cancellation and terminal moves are the
-worker's. A pause request is honoured at a partition or phase boundary (``runs_corpus_pause``:
+worker's. A pause request is honoured at a partition or phase boundary (``kairos.runs.moves.corpus_pause``:
 ``run.paused``, the run back to ``queued`` with its lease cleared and ``paused_at`` set, the claim's
 step closed ``paused``); a cancel request raises ``Cancelled`` (the worker ends the run).
 
@@ -94,18 +94,15 @@ def execute(run: Execution) -> Outcome:
 
 def _boundary(c: Corpus) -> Outcome | None:
     """At a boundary: a cancel raises, a pause parks the run (its Outcome), else None."""
-    c.run._check_stop()
+    c.run.check_stop()
     with c.fenced() as (conn, row):
         if row["cancel_requested_at"] is not None:
             raise Cancelled()
         if row["pause_requested_at"] is None:
             return None
         state = db.fetch_one(conn, "corpus_runs_get", {"run_id": c.run_id})
-        events = [trace.Event(EventType.STEP_FINISHED, c.run.claimed.step, {"outcome": "paused"}),
-                  trace.Event(EventType.RUN_PAUSED, None, {"phase": None if state is None else state["phase"],
-                                                          "by": "worker"})]
-        if trace.change(conn, "runs_corpus_pause", {"run_id": c.run_id, "fence": c.fence}, events,
-                        now=c.run.now) is None:
+        if not moves.corpus_pause(conn, c.run_id, c.fence, step=c.run.claimed.step,
+                                  phase=None if state is None else state["phase"], now=c.run.now):
             raise LeaseLost()
     logger.info("corpus run paused", extra={"action": "corpus_paused", "run_id": str(c.run_id)})
     return Outcome(c.run_id, "paused", RunState.QUEUED)
@@ -118,11 +115,8 @@ def _continue(c: Corpus) -> Outcome | None:
         if row["cancel_requested_at"] is not None or row["pause_requested_at"] is not None:
             return None
         counts = db.fetch_row(conn, "corpus_partitions_counts", {"run_id": c.run_id})
-        events = [trace.Event(EventType.STEP_FINISHED, c.run.claimed.step, {"outcome": "continued"}),
-                  trace.Event(EventType.RUN_QUEUED, None, {"reason": "continue", "phase": "map",
-                                                           "partitions_pending": int(counts["pending"])})]
-        if trace.change(conn, "runs_corpus_continue", {"run_id": c.run_id, "fence": c.fence}, events,
-                        now=c.run.now) is None:
+        if not moves.corpus_continue(conn, c.run_id, c.fence, step=c.run.claimed.step,
+                                     pending=int(counts["pending"]), now=c.run.now):
             raise LeaseLost()
     logger.info("corpus run continues in a new invocation", extra={
         "action": "corpus_continued", "run_id": str(c.run_id), "mapped": c.mapped,
@@ -160,7 +154,7 @@ def _enumerate(c: Corpus) -> str:
         raise Failure("corpus_source_refused")
     try:
         for page in manifest.pages(c.spec):
-            c.run._check_stop()
+            c.run.check_stop()
             with c.fenced() as (conn, _):
                 db.execute(conn, "corpus_items_insert", {"run_id": c.run_id,
                                                          "items": db_json([i.as_json() for i in page])})
