@@ -21,7 +21,7 @@ from kairos.execution.execute import process
 from kairos.executors.base import ExecutorError
 from kairos.runs import moves
 from kairos.settings import Settings
-from kairos.tick import Tick
+from kairos.tick import Repair, Tick
 from psycopg.rows import dict_row
 
 from tests import factories
@@ -122,3 +122,21 @@ def test_the_handoff_stamp_updates_a_fired_batch_of_runs_in_place(db: Database, 
         counts = conn.execute("""SELECT pg_stat_get_xact_tuples_updated('runs'::regclass) AS updated,
                                         pg_stat_get_xact_tuples_hot_updated('runs'::regclass) AS hot""").fetchone()
     assert counts == {"updated": 60, "hot": 60}
+
+
+def test_a_rescue_writes_the_row_once(db: Database, db_url: str) -> None:
+    """The tick's rescue moves a run and appends its event in one statement (``kairos.runs.rescue``);
+    before, it updated the row and then bumped ``last_seq`` again for the event's append."""
+    _count_updates(db_url)
+    requeued = factories.run(db_url, state="running", schedule_row=factories.schedule(db_url, catch_up=True),
+                             fire_at=datetime(2026, 1, 1, tzinfo=UTC))
+    abandoned = factories.run(db_url, state="running", schedule_row=factories.schedule(db_url, catch_up=False),
+                              fire_at=datetime(2026, 1, 1, 0, 1, tzinfo=UTC))
+    with psycopg.connect(db_url) as conn:
+        row = conn.execute("SELECT now()").fetchone()
+    assert row is not None
+    # An SQS that accepts nothing: the rescue's handoff stamp writes nothing, the move alone is counted.
+    report = Repair(db, _RefusingSqs(), "https://sqs.invalid/q").rescue_once(now=row[0] + timedelta(minutes=3))
+    assert (report.requeued, report.abandoned) == (1, 1)
+    assert _updates_per_transaction(db_url, requeued["id"]) == [1]
+    assert _updates_per_transaction(db_url, abandoned["id"]) == [1]
