@@ -89,12 +89,29 @@ def _print(args: argparse.Namespace, value: Any, lines: Iterable[str]) -> None:
 def _schedule_line(s: Any) -> str:
     rule = s.cron or (f"every {s.interval_seconds}s" if s.interval_seconds else s.starts_at or "webhook")
     nxt = s.next_fire_at.isoformat() if s.next_fire_at else "-"
-    return f"{s.id}  {s.owner:<12} {s.kind:<8} {s.status:<9} {rule!s:<20} next {nxt}  {s.name}"
+    flow = f"  flow {flow_summary(s.flow)}" if getattr(s, "flow", None) else ""
+    return f"{s.id}  {s.owner:<12} {s.kind:<8} {s.status:<9} {rule!s:<20} next {nxt}  {s.name}{flow}"
+
+
+def flow_summary(flow: dict[str, Any]) -> str:
+    """A webhook's flow settings in one phrase: ``debounce 30s, key /pr/number limit 1, over rate defer``."""
+    parts = []
+    if flow.get("debounce_seconds"):
+        parts.append(f"debounce {flow['debounce_seconds']}s")
+    if flow.get("batch"):
+        parts.append(f"batch {flow['batch']['max_events']} or {flow['batch']['max_wait_seconds']}s")
+    if flow.get("concurrency"):
+        parts.append(f"key {flow['concurrency']['key']} limit {flow['concurrency'].get('limit', 1)}")
+    parts.append(f"over rate {flow.get('over_rate', 'reject')}")
+    return ", ".join(parts)
 
 
 def _run_line(r: Any) -> str:
+    held = getattr(r, "held_until", None)
+    flow = (f"  {r.flow_window} of {r.deliveries} deliveries" if getattr(r, "deliveries", None) else "") + (
+        f"  held until {held.isoformat()}" if held is not None and r.state == "queued" else "")
     return (f"{r.id}  {r.owner:<12} {r.source:<9} {r.state:<17} attempt {r.attempt}  "
-            f"created {r.created_at.isoformat()}")
+            f"created {r.created_at.isoformat()}{flow}")
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:

@@ -48,6 +48,7 @@ BATCH = 10  # SendMessageBatch's own limit
 # SendMessageBatch calls in flight at once per container (the SQS client's connection pool matches:
 # kairos.runtime); a fire batch of 500 runs is 50 calls, so at 20 ms a call it waits ~4 round trips.
 MAX_PARALLEL_CALLS = 16
+MAX_DELAY_SECONDS = 900  # SQS's own limit on DelaySeconds
 
 _pool_lock = threading.Lock()
 _pool: ThreadPoolExecutor | None = None
@@ -83,12 +84,16 @@ def body(run_id: UUID) -> str:
     return json.dumps({"run_id": str(run_id)})
 
 
-def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID]) -> tuple[list[UUID], list[UUID], str | None]:
+def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID],
+                delay_seconds: int = 0) -> tuple[list[UUID], list[UUID], str | None]:
     # Imported here, not at the top: a caller with nothing to send (most ticks) never loads botocore.
     from botocore.exceptions import ClientError
 
     by_entry = {run_id.hex: run_id for run_id in chunk}
-    entries = [{"Id": key, "MessageBody": body(run_id)} for key, run_id in by_entry.items()]
+    entries: list[dict[str, Any]] = [{"Id": key, "MessageBody": body(run_id)} for key, run_id in by_entry.items()]
+    if delay_seconds > 0:  # a held run's timer (kairos.flow): SQS delivers it when the run is due
+        for entry in entries:
+            entry["DelaySeconds"] = min(delay_seconds, MAX_DELAY_SECONDS)
     try:
         response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
     except ClientError as exc:
@@ -109,14 +114,14 @@ def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID]) -> tuple[list[U
     return ok, failed, code
 
 
-def _overlapped(sqs: Any, queue_url: str, chunks: list[list[UUID]],
-                width: int) -> list[tuple[list[UUID], list[UUID], str | None]]:
+def _overlapped(sqs: Any, queue_url: str, chunks: list[list[UUID]], width: int,
+                delay_seconds: int = 0) -> list[tuple[list[UUID], list[UUID], str | None]]:
     """Each chunk sent on the pool, at most ``width`` of them in flight; results in chunk order."""
     gate = threading.BoundedSemaphore(width)
 
     def one(chunk: list[UUID]) -> tuple[list[UUID], list[UUID], str | None]:
         with gate:
-            return _send_chunk(sqs, queue_url, chunk)
+            return _send_chunk(sqs, queue_url, chunk, delay_seconds)
 
     executor = pool()
     futures = [executor.submit(one, chunk) for chunk in chunks]
@@ -124,19 +129,20 @@ def _overlapped(sqs: Any, queue_url: str, chunks: list[list[UUID]],
 
 
 def send_batch(sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
-               parallel: int = MAX_PARALLEL_CALLS) -> HandoffResult:
-    """Sends each run id once, in chunks of 10 (no database): returns which ones SQS accepted."""
+               parallel: int = MAX_PARALLEL_CALLS, delay_seconds: int = 0) -> HandoffResult:
+    """Sends each run id once, in chunks of 10 (no database): returns which ones SQS accepted.
+    ``delay_seconds`` (at most 900) holds the messages back that long."""
     unique = list(dict.fromkeys(run_ids))
     if not unique:
         return HandoffResult()
     chunks = [unique[i : i + BATCH] for i in range(0, len(unique), BATCH)]
     started = time.perf_counter()
     if len(chunks) == 1 or parallel <= 1:
-        results = [_send_chunk(sqs, queue_url, chunk) for chunk in chunks]
+        results = [_send_chunk(sqs, queue_url, chunk, delay_seconds) for chunk in chunks]
     else:
         # botocore clients are thread-safe. The shared pool bounds the calls in flight per container;
         # ``parallel`` (at most the pool's size) bounds this send's share of it.
-        results = _overlapped(sqs, queue_url, chunks, min(parallel, MAX_PARALLEL_CALLS))
+        results = _overlapped(sqs, queue_url, chunks, min(parallel, MAX_PARALLEL_CALLS), delay_seconds)
     elapsed = time.perf_counter() - started
     sent = [run_id for ok, _, _ in results for run_id in ok]
     failed = [run_id for _, bad, _ in results for run_id in bad]
@@ -159,9 +165,9 @@ def stamp(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID], *, now: dat
 
 
 def send(database: db.Database, sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
-         now: datetime | None = None) -> HandoffResult:
+         now: datetime | None = None, delay_seconds: int = 0) -> HandoffResult:
     """The whole handoff of committed runs: send them, then stamp those SQS accepted (own transaction)."""
-    result = send_batch(sqs, queue_url, run_ids)
+    result = send_batch(sqs, queue_url, run_ids, delay_seconds=delay_seconds)
     if result.sent:
         with database.transaction() as conn:
             stamp(conn, result.sent, now=now)

@@ -59,6 +59,7 @@ def planned(
     retry_of: UUID | None = None,
     chat: tuple[UUID, str] | None = None,
     corpus: dict[str, Any] | None = None,
+    coalesced_into: UUID | None = None,
 ) -> dict[str, Any]:
     """One row of a batch for ``record`` (JSON-ready: the batch travels as one document). A chat turn
     has no schedule: ``chat`` gives its conversation and prompt (its run appends to the conversation).
@@ -81,7 +82,7 @@ def planned(
         "key_generation": key_generation,
     }
     for key, value in (("schedule_id", schedule_id), ("run_id", run_id), ("blocked_by", blocked_by),
-                       ("retry_of", retry_of)):
+                       ("retry_of", retry_of), ("coalesced_into", coalesced_into)):
         if value is not None:
             row[key] = str(value)
     for key, instant in (("covers_from", covers_from), ("covers_until", covers_until)):

@@ -23,13 +23,18 @@ Flow of ``receive`` (one transaction, then the SQS handoff):
    GitHub signatures also remembers each accepted body's digest for the receipt window (a receipt
    keyed ``§body:sha256:<hex>``): the same signed body again, under any delivery id or none, answers
    the first run;
-5. the rate limit: ``rate_limit_per_minute`` (default 60) webhook occurrences in the last 60 s raise
-   ``RateLimited`` with the seconds until the window frees a slot;
-6. the occurrence (source ``webhook``, ``fire_at`` = database now, local time from
+5. the schedule's ``flow`` (``kairos.flow``): a delivery that folds into an open debounce or batch
+   window is recorded as a ``coalesced`` occurrence naming that window's run, and answered with it;
+6. the rate limit: ``rate_limit_per_minute`` (default 60) runs of the hook dispatchable in any 60 s
+   (``kairos.flow.rate_hold``): over it, ``RateLimited`` with the seconds until the window frees a slot,
+   or with ``flow.over_rate: defer`` a run held until the rate allows;
+7. the occurrence (source ``webhook``, ``fire_at`` = database now, local time from
    ``calendar.describe``), the run (payload = the JSON body, or ``{"raw": text}`` when it is not JSON
-   PostgreSQL can store: ``NaN``, ``Infinity``, ``1e999``, NUL, lone surrogates), ``run.queued`` and
-   the receipt are inserted; the transaction commits; then the run id is handed to SQS. A failed
-   send leaves the run queued with no handoff stamp: the tick's repair sends it.
+   PostgreSQL can store: ``NaN``, ``Infinity``, ``1e999``, NUL, lone surrogates; a batch window's run:
+   the array of its deliveries), ``run.queued`` and the receipt are inserted, a held run (a window, a
+   deferral) gets its ``held_until``; the transaction commits; then the run id is handed to SQS — a
+   held run's with the delay until it is due (its timer). A failed send leaves the run queued with no
+   handoff stamp: the tick's repair sends it.
 
 Identity: occurrence id = uuid5(schedule, "webhook", key, generation), run id = uuid5(occurrence).
 Once a key's receipt has expired the key is new again: the next delivery with it makes the key's
@@ -51,6 +56,7 @@ This module must not decide anything with the Lambda clock: "now" is the databas
 from __future__ import annotations
 
 import base64
+import functools
 import hashlib
 import hmac
 import json
@@ -59,13 +65,14 @@ import re
 import secrets as pysecrets
 from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
-from datetime import datetime, timedelta
+from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
 
 from kairos import calendar, db, idempotency, identity, occurrences
+from kairos import flow as kairos_flow
 from kairos.errors import (
     Conflict,
     FieldError,
@@ -80,7 +87,7 @@ from kairos.errors import (
 from kairos.observability import logger, metrics
 from kairos.schedules import TOKEN_OVERLAP_DEFAULT_SECONDS, TOKEN_OVERLAP_MAX_SECONDS, Schedule
 from kairos.schedules import get as get_schedule
-from kairos.states import Decision, Source
+from kairos.states import Decision, OverRate, Source
 from kairos.tokens import hash_token, new_token  # the one minter and hashing rule, shared with creation
 
 MAX_BODY_BYTES = 65_536
@@ -90,9 +97,9 @@ MAX_KEY_LENGTH = idempotency.MAX_KEY_LENGTH
 _TIMESTAMP = re.compile(r"-?[0-9]{1,12}")
 DEFAULT_RATE_LIMIT = 60
 DEFAULT_TOLERANCE_SECONDS = 300
-RATE_WINDOW = timedelta(seconds=60)
+RATE_WINDOW = kairos_flow.RATE_WINDOW
 
-HandoffFn = Callable[[db.Database, list[UUID]], object]
+HandoffFn = Callable[..., object]  # (database, run_ids, *, delay_seconds=0): kairos.api.routes.handoff_committed
 
 
 @dataclass(frozen=True)
@@ -114,6 +121,10 @@ class Accepted:
     occurrence_id: UUID
     run_id: UUID
     replayed: bool
+    # What the caller hands to SQS after the commit: 0 the run now, n seconds later (a held run's timer,
+    # kairos.flow), None nothing (a replay, or a delivery folded into a window that has its timer).
+    send_delay: int | None = 0
+    coalesced: bool = False  # folded into another delivery's run (kairos.flow)
 
     def as_json(self) -> dict[str, str]:
         return {"run_id": str(self.run_id), "occurrence_id": str(self.occurrence_id)}
@@ -142,12 +153,15 @@ def receive(database: db.Database, delivery: Delivery, *, now: datetime | None =
         raise ServiceUnavailable("the delivery could not be recorded; nothing was accepted, retry later") from None
     log_extra = {"action": "webhook_accepted", "schedule_id": str(accepted.schedule_id),
                  "occurrence_id": str(accepted.occurrence_id), "run_id": str(accepted.run_id),
-                 "replayed": accepted.replayed}
+                 "replayed": accepted.replayed, "coalesced": accepted.coalesced, "send_delay": accepted.send_delay}
     logger.info("webhook accepted", extra=log_extra)
     metrics.add_metric(name="WebhooksAccepted", unit="Count", value=1)
-    if not accepted.replayed and handoff is not None:
+    if not accepted.replayed and handoff is not None and accepted.send_delay is not None:
         try:
-            handoff(database, [accepted.run_id])
+            if accepted.send_delay:
+                handoff(database, [accepted.run_id], delay_seconds=accepted.send_delay)
+            else:
+                handoff(database, [accepted.run_id])
         except Exception:  # noqa: BLE001 - the run is committed and queued: the tick's repair sends it
             logger.exception("webhook handoff failed", extra={
                 "action": "webhook_handoff_failed", "schedule_id": str(accepted.schedule_id),
@@ -187,24 +201,63 @@ def accept(conn: psycopg.Connection[db.Row], delivery: Delivery, *, now: datetim
             return known
         generation = known
     occurrence_id = identity.occurrence_id(schedule_id, Source.WEBHOOK, key=key, generation=generation)
-    run_id = identity.run_id(occurrence_id)
-    _check_rate(conn, schedule_id, hook["rate_limit_per_minute"] or DEFAULT_RATE_LIMIT, db_now, now)
-    fire = calendar.describe(db_now, hook["timezone"])
-    inserted = occurrences.record(conn, [occurrences.planned(
-        occurrence_id=occurrence_id, schedule_id=schedule_id, source=Source.WEBHOOK, fire=fire,
-        revision=hook["revision"], decision=Decision.DISPATCHED, run_id=run_id, idempotency_key=key,
-        key_generation=generation, payload=payload_of(delivery.body))], now=now)
-    occurrences.refuse_over_cap(inserted)  # 429 queue_full: the caller's transaction records nothing
-    if not inserted:
-        # Unreachable while deliveries of a schedule serialize on its row lock (the generation is read
-        # under it); converging on the existing rows is the safe answer if that ever changes.
-        return Accepted(schedule_id, occurrence_id, run_id, replayed=True)
+    recorded = _record(conn, hook, occurrence_id, key, generation, payload_of(delivery.body), now)
+    if recorded.replayed:
+        return recorded
+    run_id = recorded.run_id
     for remembered in ([key] if deduplicated else []) + ([body_key] if body_key is not None else []):
         db.fetch_one(conn, "webhook_receipts_insert", {
             "schedule_id": schedule_id, "idempotency_key": remembered, "request_digest": digest,
             "occurrence_id": occurrence_id, "run_id": run_id, "generation": generation, "now": now,
         })
-    return Accepted(schedule_id, occurrence_id, run_id, replayed=False)
+    return recorded
+
+
+def _record(conn: psycopg.Connection[db.Row], hook: Mapping[str, Any], occurrence_id: UUID, key: str,
+            generation: int, payload: Any, now: datetime | None) -> Accepted:
+    """The delivery's occurrence: folded into its schedule's open window (``kairos.flow``: a coalesced
+    occurrence naming that run), or with a run of its own — held when it opens a window or waits for
+    the rate; ``RateLimited`` or ``QueueFull`` when it may not have one."""
+    schedule_id: UUID = hook["id"]
+    db_now: datetime = hook["now"]
+    flow: Mapping[str, Any] | None = hook.get("flow")
+    fire = calendar.describe(db_now, hook["timezone"])
+    planned = functools.partial(occurrences.planned, occurrence_id=occurrence_id, schedule_id=schedule_id,
+                                source=Source.WEBHOOK, fire=fire, revision=hook["revision"],
+                                idempotency_key=key, key_generation=generation)
+    folded = kairos_flow.fold(conn, schedule_id, flow, payload, now=now) if flow else None
+    if folded is not None:
+        occurrences.record(conn, [planned(decision=Decision.COALESCED, run_id=None, coalesced_into=folded.run_id)],
+                           now=now)
+        # A full batch goes now; an open window's timer is already on its way.
+        return Accepted(schedule_id, occurrence_id, folded.run_id, replayed=False,
+                        send_delay=0 if folded.closed else None, coalesced=True)
+    run_id = identity.run_id(occurrence_id)
+    held = _rate_hold(conn, hook, flow, db_now, now)
+    inserted = occurrences.record(conn, [planned(decision=Decision.DISPATCHED, run_id=run_id,
+                                                 payload=kairos_flow.first_payload(flow, payload))], now=now)
+    occurrences.refuse_over_cap(inserted)  # 429 queue_full: the caller's transaction records nothing
+    if not inserted:
+        # Unreachable while deliveries of a schedule serialize on its row lock (the generation is read
+        # under it); converging on the existing rows is the safe answer if that ever changes.
+        return Accepted(schedule_id, occurrence_id, run_id, replayed=True)
+    held_until = None
+    if held is not None or kairos_flow.window_of(flow) is not None:
+        held_until = kairos_flow.open_window(conn, run_id, flow, held=held, db_now=db_now, now=now)
+    return Accepted(schedule_id, occurrence_id, run_id, replayed=False,
+                    send_delay=kairos_flow.timer_delay(held_until, db_now))
+
+
+def _rate_hold(conn: psycopg.Connection[db.Row], hook: Mapping[str, Any], flow: Mapping[str, Any] | None,
+               db_now: datetime, now: datetime | None) -> datetime | None:
+    """``kairos.flow.rate_hold`` for this hook: None (dispatch now), the instant a deferred run may go,
+    or ``RateLimited`` (logged as a rejection) when its flow rejects what is over the rate."""
+    try:
+        return kairos_flow.rate_hold(conn, hook["id"], limit=hook["rate_limit_per_minute"] or DEFAULT_RATE_LIMIT,
+                                     over_rate=(flow or {}).get("over_rate", OverRate.REJECT), db_now=db_now, now=now)
+    except RateLimited:
+        _rejected("rate_limited", hook["id"])
+        raise
 
 
 def _body_key(digest: str) -> str:
@@ -373,18 +426,6 @@ def _resolve_secret(reference: str, owner: str) -> str:
         # Misconfiguration on our side; the sender only learns the signature could not be verified.
         logger.error("webhook signing secret unavailable", extra={"action": "webhook_secret_unavailable"})
         raise SignatureInvalid("the signature could not be verified") from None
-
-
-def _check_rate(conn: psycopg.Connection[db.Row], schedule_id: UUID, limit: int, db_now: datetime,
-                now: datetime | None) -> None:
-    row = db.fetch_one(conn, "occurrences_hook_window",
-                       {"schedule_id": schedule_id, "offset": limit - 1, "now": now})
-    if row is None:
-        return
-    free_at: datetime = row["fire_at"] + RATE_WINDOW
-    retry_after = max(1, math.ceil((free_at - db_now).total_seconds()))
-    _rejected("rate_limited", schedule_id)
-    raise RateLimited(f"this hook accepts at most {limit} deliveries per minute", retry_after=retry_after)
 
 
 @dataclass(frozen=True)

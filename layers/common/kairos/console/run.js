@@ -25,6 +25,9 @@ function facts(run) {
     h("dt", {}, "Schedule"), h("dd", {}, run.schedule_id
       ? h("a", { href: `#/schedules/${encodeURIComponent(run.schedule_id)}` }, run.schedule_id.slice(0, 8)) : "—"),
     h("dt", {}, "Attempt"), h("dd", {}, `${run.attempt} of ${run.max_attempts ?? "?"}`),
+    run.deliveries ? [h("dt", {}, "Deliveries"), h("dd", { id: "deliveries" },
+      `${run.deliveries} (${run.flow_window === "batch" ? "batched" : "debounced"})`)] : null,
+    run.held_until && run.state === "queued" ? [h("dt", {}, "Held until"), h("dd", {}, when(run.held_until))] : null,
     h("dt", {}, "Created"), h("dd", {}, when(run.created_at)),
     h("dt", {}, "Finished"), h("dd", {}, when(run.finished_at)),
     h("dt", {}, "Usage"), h("dd", {}, `${usage.input_tokens ?? 0} in · ${usage.output_tokens ?? 0} out · ` +

@@ -135,6 +135,7 @@ async function renderOne(main, id, shown) {
       h("dt", {}, "Rule"), h("dd", {}, rule(s)),
       s.loop ? goalFacts(s) : null,
       h("dt", {}, "Zone"), h("dd", {}, `${s.timezone} (gap ${s.dst_gap}, fold ${s.dst_fold})`),
+      s.flow ? [h("dt", {}, "Flow"), h("dd", { id: "flow" }, flowText(s.flow))] : null,
       h("dt", {}, "Revision"), h("dd", {}, String(s.revision)),
       h("dt", {}, "Prompt"), h("dd", { class: "pre" }, s.prompt || ""),
       h("dt", {}, "Last run"), h("dd", {}, s.last_run
@@ -150,10 +151,22 @@ async function renderOne(main, id, shown) {
   await more(25);
   const { occurrences: list } = await call("GET", `/v1/schedules/${sid}/occurrences${qs({ limit: 10 })}`);
   replace(occurrences, list.length ? table(["Fire (local)", "Source", "Decision", "Rev", "Run"], list.map((o) => h("tr", {},
-    h("td", {}, `${o.local_time.replace("T", " ")} ${o.utc_offset}`), h("td", {}, o.source), h("td", {}, o.decision),
+    h("td", {}, `${o.local_time.replace("T", " ")} ${o.utc_offset}`), h("td", {}, o.source),
+    h("td", { title: o.decision === "coalesced" ? "folded into the run on the right (debounce or batch)" : null },
+      o.decision),
     h("td", {}, String(o.schedule_revision)),
     h("td", {}, o.run_id ? h("a", { href: `#/runs/${encodeURIComponent(o.run_id)}` }, o.run_id.slice(0, 8)) : "—"))))
     : h("p", { class: "muted" }, "None yet."));
+}
+
+// A webhook's flow settings in one line (docs/api.md "Webhook flow").
+export function flowText(flow) {
+  const parts = [];
+  if (flow.debounce_seconds) parts.push(`debounce ${flow.debounce_seconds} s`);
+  if (flow.batch) parts.push(`batch of ${flow.batch.max_events} or ${flow.batch.max_wait_seconds} s`);
+  if (flow.concurrency) parts.push(`at most ${flow.concurrency.limit ?? 1} running per ${flow.concurrency.key}`);
+  parts.push(flow.over_rate === "defer" ? "over the rate: deferred" : "over the rate: rejected (429)");
+  return parts.join(" · ");
 }
 
 // A loop's goal as the API shows it: the outcome, its constraints, and the verification's digest only

@@ -52,6 +52,7 @@ from kairos.runs import moves
 from kairos.settings import DEFAULT_OWNER_CONCURRENCY
 from kairos.states import EventType, Mode, RunState
 
+_SQS_MAX_DELAY_SECONDS = 900
 # What the elision marker may cost at most (its longest text and its framing).
 _MARKER_CHARS = len(elision_marker(10**9)) + ENTRY_OVERHEAD_CHARS
 _REFUSAL_METRICS: dict[RunState, str] = {
@@ -76,6 +77,7 @@ OutcomeResult = Literal[
     "lease_lost",  # claimed, then fenced out by a newer claim: nothing more was written
     "deferred",  # not claimed because the invocation has too little time left: deliver again
     "slot_wait",  # not claimed: the owner's running slots are full; re-send the id after retry_delay_seconds
+    "held",  # not claimed: held by its webhook flow (a window open, the rate); re-send after retry_delay_seconds
 ]
 
 
@@ -380,6 +382,12 @@ def _not_claimed(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime |
     if state is RunState.QUEUED and row["blocked_by_run_id"] is not None:
         logger.info("run waits behind another", extra={"action": "run_blocked", **log})
         return Outcome(run_id, "skipped", state)
+    if state is RunState.QUEUED and row.get("held_until") is not None:
+        held = db.fetch_one(conn, "runs_held_wait", {"run_id": run_id, "now": now})
+        if held is not None:  # a window still open, or deferred by the hook's rate (kairos.flow): its timer again
+            delay = min(_SQS_MAX_DELAY_SECONDS, max(1, math.ceil(float(held["seconds_left"]))))
+            logger.info("run held by its webhook flow", extra={"action": "run_held", **log, "delay_seconds": delay})
+            return Outcome(run_id, "held", state, retry_delay_seconds=delay)
     if state is RunState.QUEUED:
         return _slots_full(conn, run_id, now, owner_slots, log)
     moves.count("ClaimConflicts")

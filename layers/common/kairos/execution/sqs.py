@@ -24,6 +24,9 @@ Per record:
 * A run whose owner's running slots are full stays ``queued`` (``process`` answers ``slot_wait``):
   like a retry, its id is re-sent with ``DelaySeconds`` (30 to 60 s, jittered; ``kairos.budgets``) and the
   current message is acknowledged — the run waits in SQS, never in a busy loop of redeliveries.
+* A webhook run held by its flow (a debounce or batch window still open, a delivery deferred by the
+  hook's rate: ``kairos.flow``) stays ``queued`` (``process`` answers ``held``): its id is re-sent with
+  ``DelaySeconds`` = the time left (at most 900 s), so the message is the window's timer.
 * A corpus run whose invocation's time is nearly spent goes back to ``queued`` at a partition boundary
   (``process`` answers ``continued``): its id is re-sent at once, the same way, and the next invocation
   resumes it (``kairos.execution.corpus.phases``).
@@ -119,7 +122,7 @@ def handle_record(
                       lambda_remaining_ms=lambda_remaining_ms)
     if outcome.result == "deferred":
         raise RedeliverRecord("too little time left in this invocation")
-    if outcome.result in ("retry", "slot_wait", "continued"):
+    if outcome.result in ("retry", "slot_wait", "continued", "held"):
         delay = outcome.retry_delay_seconds or 0
         if send_retry is None:
             raise RedeliverRecord("no queue to re-send the retry on")

@@ -73,6 +73,10 @@ class Run:
     created_at: datetime
     started_at: datetime | None
     finished_at: datetime | None
+    # A webhook run's flow (kairos.flow): not started before held_until; a window's kind and deliveries.
+    held_until: datetime | None = None
+    flow_window: str | None = None
+    deliveries: int | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -100,6 +104,9 @@ class Run:
             created_at=row["created_at"],
             started_at=row["started_at"],
             finished_at=row["finished_at"],
+            held_until=row.get("held_until"),
+            flow_window=row.get("flow_window"),
+            deliveries=row.get("deliveries"),
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -128,6 +135,11 @@ class Run:
             "usage": self.usage,
             "diagnosis": self.diagnosis,
             "output": self.output,
+            # A webhook flow's hold (a window still collecting, or a delivery deferred by the rate): the
+            # run starts no earlier; with a window, its kind and the deliveries it carries.
+            "held_until": None if self.held_until is None else trace.rfc3339(self.held_until),
+            "flow_window": self.flow_window,
+            "deliveries": self.deliveries,
         }
 
 

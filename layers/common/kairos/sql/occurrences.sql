@@ -20,7 +20,7 @@ WITH given AS (
                 utc_offset_seconds integer, fold smallint, timezone text, tzdata_version text, revision integer,
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
                 idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb,
-                retry_of uuid, conversation_id uuid, prompt text, mode text, corpus jsonb)
+                retry_of uuid, conversation_id uuid, prompt text, mode text, corpus jsonb, coalesced_into uuid)
       LEFT JOIN schedules s ON s.id = p.schedule_id
       LEFT JOIN conversations cv ON cv.id = p.conversation_id AND p.schedule_id IS NULL  -- a chat turn
 ), queued AS (
@@ -37,7 +37,7 @@ WITH given AS (
            CASE WHEN g.over THEN 'skipped_budget' ELSE g.decision END AS decision,
            g.covers_from, g.covers_until, g.covers_count, g.idempotency_key, g.key_generation,
            CASE WHEN g.over THEN NULL ELSE g.run_id END AS run_id, g.blocked_by, g.payload, g.retry_of,
-           g.conversation_id, g.prompt, g.mode, g.corpus
+           g.conversation_id, g.prompt, g.mode, g.corpus, g.coalesced_into
       FROM (SELECT given.*,
                    coalesce(given.run_id IS NOT NULL
                             AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
@@ -46,10 +46,10 @@ WITH given AS (
 ), occ AS (
     INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
                              tzdata_version, schedule_revision, decision, covers_from, covers_until,
-                             covers_count, idempotency_key, key_generation, created_at)
+                             covers_count, idempotency_key, key_generation, created_at, coalesced_into)
     SELECT occurrence_id, schedule_id, source, fire_at, local_time, make_interval(secs => utc_offset_seconds),
            fold, timezone, tzdata_version, revision, decision, covers_from, covers_until, covers_count,
-           idempotency_key, coalesce(key_generation, 0), coalesce(%(now)s::timestamptz, now())
+           idempotency_key, coalesce(key_generation, 0), coalesce(%(now)s::timestamptz, now()), coalesced_into
       FROM planned
         ON CONFLICT DO NOTHING
     RETURNING id, schedule_id, decision
@@ -88,17 +88,6 @@ SELECT occ.id AS occurrence_id, occ.schedule_id, occ.decision, r.id AS run_id, r
   FROM occ
   LEFT JOIN new_runs r ON r.occurrence_id = occ.id;
 
--- name: occurrences_hook_window
--- The fire time of the n-th newest webhook occurrence of a schedule in the last 60 s (no row: under the limit).
-SELECT fire_at
-  FROM occurrences
- WHERE schedule_id = %(schedule_id)s
-   AND source = 'webhook'
-   AND fire_at > coalesce(%(now)s::timestamptz, now()) - interval '60 seconds'
- ORDER BY fire_at DESC
-OFFSET %(offset)s
- LIMIT 1;
-
 -- name: occurrences_hook_key_generation
 -- The generation the next use of a webhook key makes: one past the newest occurrence it made, else 0.
 SELECT coalesce(max(key_generation) + 1, 0) AS generation
@@ -127,10 +116,11 @@ SELECT o.id, o.source, o.fire_at, o.local_time, o.utc_offset, o.fold, o.schedule
 
 -- name: occurrences_list
 -- One keyset page of a schedule's occurrences (the caller has checked its owner), newest first:
--- (fire_at, id) strictly below the cursor (kairos.pages), each with the run it produced, if any.
+-- (fire_at, id) strictly below the cursor (kairos.pages), each with the run it produced, if any (a
+-- coalesced delivery: the run it folded into).
 -- Reads occurrences_schedule_idx; limit is the page size plus one.
 SELECT o.id, o.source, o.fire_at, o.local_time, o.utc_offset, o.fold, o.schedule_revision, o.decision,
-       o.covers_from, o.covers_until, o.covers_count, r.id AS run_id
+       o.covers_from, o.covers_until, o.covers_count, coalesce(r.id, o.coalesced_into) AS run_id
   FROM occurrences o
   LEFT JOIN runs r ON r.occurrence_id = o.id
  WHERE o.schedule_id = %(schedule_id)s

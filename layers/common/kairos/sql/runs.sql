@@ -94,6 +94,8 @@ WITH changed AS (
        AND r.blocked_by_run_id IS NULL
        AND r.cancel_requested_at IS NULL
        AND r.paused_at IS NULL  -- a paused corpus run waits for its resume (kairos.runs.corpus_control)
+       -- A webhook run held by its flow (a window still open, a delivery deferred by the rate: kairos.flow).
+       AND (r.held_until IS NULL OR r.held_until <= coalesce(%(now)s::timestamptz, now()))
        -- fork_only: only a fork run's first attempt whose source exists (it needs nothing but this
        -- statement, so the caller may send its COMMIT behind it); any other run is left queued.
        AND (NOT %(fork_only)s::boolean
@@ -464,8 +466,8 @@ UPDATE runs AS r
 RETURNING r.id;
 
 -- name: runs_lock_unsent
--- Locks queued, unblocked runs whose handoff never happened (and are not fresh) or is stale, never-sent
--- first. It reads every queued, unblocked run from runs_handoff_idx and checks its handoff on the row:
+-- Locks queued, unblocked runs whose handoff never happened (and are not fresh) or is stale, or whose
+-- hold ended with no message since (a lost window timer), never-sent first. It reads every queued, unblocked run from runs_handoff_idx and checks its handoff on the row:
 -- the index names no column the handoff stamp writes, so each stamp is a HOT update (migration 0019);
 -- the owners' queue caps bound what this reads, once a tick.
 SELECT id, unclaimed_handoffs
@@ -476,7 +478,11 @@ SELECT id, unclaimed_handoffs
    AND paused_at IS NULL  -- a paused corpus run is sent again by its resume
    AND ((handoff_at IS NULL
          AND created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s))
-        OR handoff_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_seconds)s))
+        OR handoff_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_seconds)s)
+        -- A held run (kairos.flow) due for longer than `fresh` with no message sent since it became
+        -- due: its timer was lost. The window is closed here, as a lost handoff is repaired.
+        OR (held_until < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s)
+            AND handoff_at < held_until))
  ORDER BY handoff_at NULLS FIRST, created_at
  LIMIT %(limit)s
    FOR NO KEY UPDATE SKIP LOCKED;
@@ -775,3 +781,68 @@ SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
        min(created_at) FILTER (WHERE state = 'queued') AS oldest_queued_at
   FROM runs
  WHERE owner = %(owner)s AND state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input');
+
+-- name: runs_fold_into_window
+-- A webhook delivery folds into its schedule's open window (kairos.flow): the newest queued run of the
+-- schedule collecting deliveries of this kind whose held_until is still ahead (a batch: with room
+-- left), locked by this statement. Debounce keeps the last payload and closes debounce_seconds after
+-- it, never past window_deadline (nor earlier than it was held); a batch appends the payload and
+-- closes now once it holds max_events. The caller holds the schedule's row lock; a claim that took the
+-- run first leaves nothing to fold (the guard below), and the delivery opens a new window.
+UPDATE runs AS r
+   SET payload = CASE WHEN r.flow_window = 'batch' THEN r.payload || jsonb_build_array(%(payload)s::jsonb)
+                      ELSE %(payload)s::jsonb END,
+       deliveries = r.deliveries + 1,
+       held_until = CASE WHEN r.flow_window = 'batch' AND r.deliveries + 1 >= %(max_events)s
+                         THEN coalesce(%(now)s::timestamptz, now())
+                         WHEN r.flow_window = 'batch' THEN r.held_until
+                         ELSE greatest(r.held_until,
+                                       least(coalesce(%(now)s::timestamptz, now())
+                                             + make_interval(secs => %(debounce_seconds)s), r.window_deadline))
+                    END,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE r.id = (SELECT w.id
+                 FROM runs w
+                WHERE w.schedule_id = %(schedule_id)s AND w.state = 'queued' AND w.flow_window = %(window)s
+                  AND w.held_until > coalesce(%(now)s::timestamptz, now())
+                  AND (w.flow_window <> 'batch' OR w.deliveries < %(max_events)s)
+                ORDER BY w.created_at DESC
+                LIMIT 1
+                  FOR NO KEY UPDATE)
+   AND r.state = 'queued'
+   AND r.held_until > coalesce(%(now)s::timestamptz, now())
+RETURNING r.id, r.held_until, r.deliveries,
+          r.held_until <= coalesce(%(now)s::timestamptz, now()) AS closed;
+
+-- name: runs_hold
+-- Holds a webhook run its intake just recorded (kairos.flow): not claimed nor handed to SQS before
+-- held_until; a window's run also gets its kind, its latest close and its first delivery counted.
+UPDATE runs
+   SET held_until = %(held_until)s,
+       flow_window = %(window)s,
+       window_deadline = %(deadline)s,
+       deliveries = CASE WHEN %(window)s::text IS NULL THEN NULL ELSE 1 END,
+       updated_at = coalesce(%(now)s::timestamptz, now())
+ WHERE id = %(run_id)s AND state = 'queued'
+RETURNING id, held_until;
+
+-- name: runs_hook_rate_window
+-- The instant the n-th newest run of a webhook schedule became (or becomes) dispatchable, among
+-- those within the last 60 s or ahead (held); no row: under the hook's rate (kairos.flow.rate_hold).
+SELECT coalesce(held_until, created_at) AS at
+  FROM runs
+ WHERE schedule_id = %(schedule_id)s
+   AND source = 'webhook'
+   AND coalesce(held_until, created_at) > coalesce(%(now)s::timestamptz, now()) - interval '60 seconds'
+ ORDER BY coalesce(held_until, created_at) DESC
+OFFSET %(offset)s
+ LIMIT 1;
+
+-- name: runs_held_wait
+-- A claim found the run held (its window still open, or deferred by its hook's rate): it stays queued
+-- and its message comes back when it is due. That message was delivered, so it is not an unclaimed
+-- handoff (the repair must not give the run up as undeliverable). Answers the seconds left.
+UPDATE runs
+   SET unclaimed_handoffs = 0
+ WHERE id = %(run_id)s AND state = 'queued' AND held_until > coalesce(%(now)s::timestamptz, now())
+RETURNING id, extract(epoch FROM held_until - coalesce(%(now)s::timestamptz, now()))::float8 AS seconds_left;

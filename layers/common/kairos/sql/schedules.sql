@@ -87,7 +87,7 @@ UPDATE schedules AS s
 -- name: schedules_find_hook
 -- The active webhook schedule presenting this token hash (current, or previous before it expires), locked, with the database time.
 SELECT s.id, s.owner, s.conversation_id, s.prompt, s.mode, s.catch_up, s.timezone, s.revision, s.signing,
-       s.rate_limit_per_minute, s.token_hash, s.previous_token_hash,
+       s.rate_limit_per_minute, s.token_hash, s.previous_token_hash, s.flow,
        coalesce(s.agent, c.agent) AS agent,
        coalesce(%(now)s::timestamptz, now()) AS now
   FROM schedules s

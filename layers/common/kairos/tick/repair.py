@@ -3,8 +3,10 @@
 Role:
 * Resend: ``queued`` runs that are not blocked and whose handoff never happened (created more than
   ``fresh`` ago, so a tick that is about to send them is left alone) or happened longer than
-  ``stale`` ago are sent to SQS again and stamped. A run SQS already accepted ``undeliverable_after``
-  (5) times since its last claim, none of which a worker claimed, is not sent again: it ends
+  ``stale`` ago are sent to SQS again and stamped; so is a run held by its webhook flow
+  (``kairos.flow``: a window, a deferral over the rate) whose hold ended more than ``fresh`` ago with no
+  message sent since — its timer was lost, and this closes the window. A run SQS already accepted
+  ``undeliverable_after`` (5) times since its last claim, none of which a worker claimed, is not sent again: it ends
   ``failed`` (``undeliverable``) with ``run.failed``, and the settle step counts it toward the
   schedule's three-failure pause like any failure (rather than being resent every 15 minutes forever).
 * Rescue: ``running`` runs whose lease expired. Effects their worker left ``reserved`` are closed

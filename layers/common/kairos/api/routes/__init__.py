@@ -54,16 +54,17 @@ def ok(status: int, model: type[M], payload: Mapping[str, Any], headers: Mapping
     return Response(status_code=status, content_type=JSON, body=body, headers=dict(headers or {}))
 
 
-def handoff_committed(database: db.Database, run_ids: list[UUID]) -> object:
-    """Sends committed run ids to SQS and stamps ``handoff_at`` (``kairos.handoff``, shared with the
-    tick); raises what SQS raises (``kairos.webhooks`` counts that, ``send_committed`` logs it)."""
+def handoff_committed(database: db.Database, run_ids: list[UUID], *, delay_seconds: int = 0) -> object:
+    """Sends committed run ids to SQS (``delay_seconds`` later: a held webhook run's timer) and stamps
+    ``handoff_at`` (``kairos.handoff``, shared with the tick); raises what SQS raises
+    (``kairos.webhooks`` counts that, ``send_committed`` logs it)."""
     from kairos import handoff
 
     settings = runtime.settings()
     if not settings.run_queue_url:
         logger.warning("no run queue configured", extra={"action": "api_handoff_skipped"})
         return None
-    return handoff.send(database, runtime.sqs(), settings.run_queue_url, run_ids)
+    return handoff.send(database, runtime.sqs(), settings.run_queue_url, run_ids, delay_seconds=delay_seconds)
 
 
 def send_committed(run_ids: list[UUID]) -> None:
