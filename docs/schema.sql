@@ -481,12 +481,24 @@ CREATE TABLE public.run_steps (
     kind text NOT NULL,
     name text NOT NULL,
     call_id text,
-    record jsonb NOT NULL,
+    record jsonb,
     attempt integer NOT NULL,
     fence bigint NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
+    state text DEFAULT 'succeeded'::text NOT NULL,
+    started_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    input jsonb,
+    output jsonb,
+    target jsonb,
+    usage jsonb,
+    effect_id uuid,
+    pruned_at timestamp with time zone,
+    CONSTRAINT run_steps_finished_when_ended CHECK (((finished_at IS NULL) = (state = ANY (ARRAY['running'::text, 'waiting_approval'::text])))),
     CONSTRAINT run_steps_kind_check CHECK ((kind = ANY (ARRAY['model'::text, 'tool'::text]))),
-    CONSTRAINT run_steps_n_check CHECK ((n >= 1))
+    CONSTRAINT run_steps_n_check CHECK ((n >= 1)),
+    CONSTRAINT run_steps_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'ambiguous'::text, 'waiting_approval'::text, 'denied'::text, 'not_sent_test'::text]))),
+    CONSTRAINT run_steps_succeeded_has_record CHECK (((state <> 'succeeded'::text) OR (record IS NOT NULL) OR (pruned_at IS NOT NULL)))
 );
 
 CREATE TABLE public.runs (
@@ -794,8 +806,6 @@ CREATE TRIGGER run_events_no_delete BEFORE DELETE ON public.run_events FOR EACH 
 CREATE TRIGGER run_events_no_truncate BEFORE TRUNCATE ON public.run_events FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
 
 CREATE TRIGGER run_steps_no_delete BEFORE DELETE ON public.run_steps FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
-
-CREATE TRIGGER run_steps_no_update BEFORE UPDATE ON public.run_steps FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
 
 CREATE TRIGGER schedule_revisions_immutable BEFORE UPDATE ON public.schedule_revisions FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_revision_change();
 

@@ -56,6 +56,7 @@ def _check_values(url: str, table: str, column: str) -> set[str]:
         ("notify_deliveries", "state", states.NotifyDeliveryState),
         ("corpus_runs", "phase", states.CorpusPhase),
         ("corpus_partitions", "state", states.CorpusPartitionState),
+        ("run_steps", "state", states.StepState),
     ],
 )
 def test_check_constraints_match_the_enums(db_url: str, table: str, column: str, enum: type) -> None:

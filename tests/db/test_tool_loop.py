@@ -71,8 +71,10 @@ def test_a_chat_turn_creates_a_schedule_through_the_tool(api: Api, db: Database,
     assert tool_message["role"] == "tool" and tool_message["tool_call_id"] == "call-1"
     assert json.loads(tool_message["content"])["schedule"]["id"] == str(schedule["id"])
     assert second["messages"][-2]["tool_calls"][0]["function"]["name"] == "schedules_create"
-    steps = rows(api.url, "SELECT n, kind, name FROM run_steps WHERE run_id = %s ORDER BY n", run_id)
-    assert [(s["kind"], s["name"]) for s in steps] == [("model", "model"), ("tool", "schedules_create")]
+    steps = rows(api.url, "SELECT n, kind, name, state FROM run_steps WHERE run_id = %s ORDER BY n", run_id)
+    assert [(s["n"], s["kind"], s["name"], s["state"]) for s in steps] == [
+        (1, "model", "gpt-e2e", "succeeded"), (2, "tool", "schedules_create", "succeeded"),
+        (3, "model", "gpt-e2e", "succeeded")]
     kinds = rows(api.url, "SELECT kind, state FROM effects WHERE run_id = %s ORDER BY created_at", run_id)
     assert sorted((k["kind"], k["state"]) for k in kinds) == [
         ("model_call", "settled"), ("model_call", "settled"), ("tool_call", "settled")]
@@ -374,7 +376,9 @@ def test_a_turn_asking_for_too_many_or_too_large_calls_is_a_malformed_reply(
         _, run_id = chat(api, fake_openai, tools=["schedules"], approval="never")
         outcome = work(db, run_id)
         assert (outcome.result, outcome.reason_code) == ("failed", "malformed_reply")
-        assert rows(api.url, "SELECT 1 FROM run_steps WHERE run_id = %s", run_id) == []
+        # the turn is shown failed, and nothing is kept for a later attempt to fold
+        assert rows(api.url, "SELECT state, record FROM run_steps WHERE run_id = %s", run_id) == [
+            {"state": "failed", "record": None}]
 
 
 # --- retention ------------------------------------------------------------------------------------------
@@ -406,9 +410,15 @@ def test_retention_forgets_an_old_runs_step_log_and_approval_preview_and_keeps_a
     # When the pruner passes
     report = Prune(db).run_once()
 
-    # Then the old run's step log is gone and its approval shows the tool but no arguments
+    # Then the old run's step log is forgotten (what each step was stays) and its approval shows the
+    # tool but no arguments
     assert (report.runs, report.steps, report.previews, report.reservations) == (1, len(old_steps), 1, 2)
-    assert rows(api.url, "SELECT * FROM run_steps WHERE run_id = %s", old) == []
+    forgotten = rows(api.url, "SELECT record, input, output, pruned_at, kind, state FROM run_steps "
+                              "WHERE run_id = %s ORDER BY n", old)
+    assert len(forgotten) == len(old_steps)
+    assert all(s["record"] is None and s["input"] is None and s["output"] is None and s["pruned_at"] is not None
+               for s in forgotten)
+    assert [s["kind"] for s in forgotten] == ["model", "tool", "model"]
     # and its settled budget reservations are gone while the daily ledger's totals stay
     assert rows(api.url, "SELECT 1 FROM usage_reservations WHERE run_id = %s", old) == []
     assert len(rows(api.url, "SELECT 1 FROM usage_reservations WHERE run_id = %s", recent)) == 2

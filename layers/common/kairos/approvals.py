@@ -38,8 +38,9 @@ from kairos.errors import Conflict, FieldError, NotFound, ValidationFailed
 from kairos.executors.base import ToolCall
 from kairos.instants import rfc3339
 from kairos.observability import logger
+from kairos.runs import steps as run_steps
 from kairos.runs import waits
-from kairos.states import ApprovalState
+from kairos.states import ApprovalState, StepState
 
 EXPIRES_IN_SECONDS = 86_400
 STATES = tuple(s.value for s in ApprovalState)
@@ -134,6 +135,7 @@ def deny(conn: psycopg.Connection[db.Row], approval_id: uuid.UUID, *, owner: str
     with db.atomic(conn):
         decided = _decide(conn, _lock_run(conn, approval_id, owner), approval_id, owner, "denied", now)
         waits.block(conn, decided.run_id, approval_id=approval_id, reason="approval_denied", now=now)
+        run_steps.close_waiting(conn, decided.run_id, StepState.DENIED, now=now)  # the step shows it
     logger.info("approval denied", extra={"action": "approval_denied", "approval_id": str(approval_id),
                                           "run_id": str(decided.run_id)})
     return decided
@@ -149,6 +151,7 @@ def expire_due(conn: psycopg.Connection[db.Row], *, limit: int = 500, now: datet
                            {"run_ids": [r["run_id"] for r in locked], "now": now})
     for row in expired:
         waits.block(conn, row["run_id"], approval_id=row["id"], reason="approval_expired", now=now)
+        run_steps.close_waiting(conn, row["run_id"], StepState.FAILED, now=now)
     return len(expired)
 
 

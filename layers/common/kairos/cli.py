@@ -222,6 +222,11 @@ def _runs(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         run = operations.cancel_run(conn, args.id)
         _print(args, run.as_json(), [_run_line(run)])
         return 0
+    if verb == "steps":
+        found, next_after = operations.steps(conn, args.id, after=args.after, limit=args.limit)
+        _print(args, {"steps": [step.as_json() for step in found], "next_after": next_after},
+               _step_lines(found) if found else ["no steps"])
+        return 0
     run = operations.get_run(conn, args.id)
     if args.json:  # the trace as JSON events (as the API shapes them), never the text lines
         _print(args, {"run": run.as_json(), "events": operations.events(conn, args.id)}, [])
@@ -233,6 +238,20 @@ def _runs(args: argparse.Namespace, conn: Any, operations: Any) -> int:
     body = run.as_json()
     _print(args, {}, [f"{k:<18} {v}" for k, v in body.items()] + ["", "trace:", *lines])
     return 0
+
+
+def _step_lines(found: list[Any]) -> list[str]:
+    """A readable table of steps: number, attempt, kind, name, state, duration, target, tokens."""
+    lines = [f"{'step':>4} {'att':>3} {'kind':<5} {'name':<18} {'state':<16} {'seconds':>8}  {'target':<36} tokens"]
+    for step in found:
+        seconds = f"{(step.finished_at - step.started_at).total_seconds():.2f}" if step.finished_at else "-"
+        target = step.target or {}
+        where = f"{target.get('method', '')} {target.get('host', '')}{target.get('path', '')}".strip() or "-"
+        usage = step.usage or {}
+        tokens = f"{usage.get('input_tokens', 0)}/{usage.get('output_tokens', 0)}" if "input_tokens" in usage else "-"
+        lines.append(f"{step.step:>4} {step.attempt:>3} {step.kind:<5} {step.name[:18]:<18} {step.state:<16} "
+                     f"{seconds:>8}  {where[:36]:<36} {tokens}")
+    return lines
 
 
 def _approvals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
@@ -434,7 +453,7 @@ def _add_operator_commands(sub: Any) -> None:
     sb.add_argument("--max", type=int, help="refuse if the window holds more instants (at most 100)")
     sched.set_defaults(func=_cmd_ops)
 
-    run = sub.add_parser("runs", help="list, show, trace, retry or cancel runs (every owner)")
+    run = sub.add_parser("runs", help="list, show, trace, steps, retry or cancel runs (every owner)")
     run_verbs = run.add_subparsers(dest="verb", required=True)
     rl = run_verbs.add_parser("list", parents=[common])
     rl.add_argument("--schedule", type=uuid.UUID)
@@ -442,6 +461,10 @@ def _add_operator_commands(sub: Any) -> None:
     rl.add_argument("--limit", type=int, default=50)
     for verb in ("show", "trace", "cancel", "retry"):
         run_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
+    rs = run_verbs.add_parser("steps", parents=[common], help="a run's model turns and tool calls (previews redacted)")
+    rs.add_argument("id", type=uuid.UUID)
+    rs.add_argument("--after", type=int, default=0, help="list steps numbered after this one")
+    rs.add_argument("--limit", type=int, default=100)
     run.set_defaults(func=_cmd_ops)
 
     approval = sub.add_parser("approvals", help="list approval waits, approve or deny one (every owner)")

@@ -21,6 +21,7 @@ import psycopg
 from kairos import db, runs, schedules
 from kairos.errors import NotFound
 from kairos.instants import rfc3339
+from kairos.runs import steps as run_steps
 
 
 @dataclass(frozen=True)
@@ -150,6 +151,13 @@ def get_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> runs.Run:
     if row is None:
         raise NotFound("run")
     return runs.Run.from_row(row)
+
+
+def steps(conn: psycopg.Connection[db.Row], run_id: UUID, *, after: int = 0,
+          limit: int = run_steps.MAX_PAGE) -> tuple[list[run_steps.Row], int]:
+    """A page of any run's steps (``kairos.runs.steps.page``); ``NotFound`` for a run that does not exist."""
+    get_run(conn, run_id)
+    return run_steps.page(conn, run_id, after=after, limit=limit)
 
 
 def events(conn: psycopg.Connection[db.Row], run_id: UUID) -> list[dict[str, Any]]:

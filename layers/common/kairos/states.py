@@ -244,6 +244,21 @@ class EffectState(StrEnum):
     NOT_SENT_TEST = "not_sent_test"  # final at once: a test run's mutation, recorded and never sent
 
 
+class StepState(StrEnum):
+    """A run step's state (``run_steps.state``; ``kairos.runs.steps``)."""
+
+    # out by: the worker that opened it (succeeded, failed, ambiguous) or, when that attempt ended
+    # without it, the failure or cancel that ends the attempt, or the next attempt (failed, ambiguous)
+    RUNNING = "running"
+    SUCCEEDED = "succeeded"
+    FAILED = "failed"
+    AMBIGUOUS = "ambiguous"  # its mutation may have been applied: never sent again
+    # out by: the attempt after the approval (running), a denial (denied), the request's expiry (failed)
+    WAITING_APPROVAL = "waiting_approval"
+    DENIED = "denied"
+    NOT_SENT_TEST = "not_sent_test"  # a test run's mutation: recorded with its arguments, never sent
+
+
 class EventType(StrEnum):
     RUN_QUEUED = "run.queued"
     RUN_CLAIMED = "run.claimed"

@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kairos import conversations, input_requests, schedules, secrets
 from kairos.schedules import loop_policy
+from kairos.states import StepState
 
 
 # defer_build: a model's validator is built at its first use, not at import — a cold start builds only
@@ -299,6 +300,33 @@ class EventOut(_Open):
 class EventPage(_Strict):
     events: list[EventOut]
     next_after: int
+
+
+class StepTarget(_Strict):
+    method: str
+    host: str
+    path: str
+
+
+class StepOut(_Strict):
+    step: int = Field(description="1, 2, … within the run, across attempts")
+    attempt: int
+    kind: Literal["model", "tool"]
+    name: str = Field(description="the model id or the tool's name")
+    state: StepState
+    started_at: str
+    finished_at: str | None
+    input: Any = Field(description="redacted preview, at most 4 KiB; larger is {truncated, bytes, sha256, head}")
+    output: Any = Field(description="redacted preview, at most 4 KiB; larger is {truncated, bytes, sha256, head}")
+    target: StepTarget | None = Field(description="where an outbound call went")
+    usage: dict[str, Any] | None = Field(description="tokens, cost and duration of the step's call")
+    effect_id: str | None
+    pruned_at: str | None = Field(description="set when retention forgot the previews")
+
+
+class StepPage(_Strict):
+    steps: list[StepOut]
+    next_after: int = Field(description="the last listed step: pass it as after for the next page")
 
 
 class OutputOut(_Open):

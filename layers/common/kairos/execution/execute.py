@@ -65,6 +65,7 @@ from kairos.executors.catalog import MODEL_EXECUTORS
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
+from kairos.runs import steps as run_steps
 from kairos.settings import Settings
 from kairos.states import EventType, RunState, Source
 
@@ -77,6 +78,10 @@ MIN_CLAIM_BUDGET_SECONDS = 30.0
 CALL_TIMEOUT_CAP_SECONDS = 300.0
 
 ExecutorFactory = Callable[..., Executor]
+# Opens a step's record in the transaction that reserves its effect (``Execution.call``).
+BeginStep = Callable[[psycopg.Connection[db.Row], effects.Effect], bool]
+# Sends a step's end in the pipeline that settles its effect, given the usage it settles with.
+FinishStep = Callable[[psycopg.Connection[db.Row], Mapping[str, Any]], Callable[[], bool]]
 
 
 
@@ -142,9 +147,11 @@ class Execution:
         return self.publish(step, *sent)
 
     def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
-             data: dict[str, Any] | None = None) -> tuple[effects.Effect, Reply] | Outcome:
-        """Reserves the call's effect (committed), makes the call under the heartbeat's abort, and
-        answers the open effect with the reply; a failed call ends the run here (its Outcome)."""
+             data: dict[str, Any] | None = None, begin: BeginStep | None = None,
+             ) -> tuple[effects.Effect, Reply] | Outcome:
+        """Reserves the call's effect (committed; with ``begin``, a tool loop's step record, in one
+        transaction), makes the call under the heartbeat's abort, and answers the open effect with the
+        reply; a failed call ends the run here (its Outcome)."""
         claimed = self.claimed
         agent: dict[str, Any] = dict(claimed.row["agent"] or {})
         self.call_started = False
@@ -152,8 +159,9 @@ class Execution:
         if remaining <= 0:
             raise Failure("runtime_limit")
         # One statement on an autocommit connection: the effect and, for a model call, its budget
-        # charge commit together, in one round trip (effects_reserve_charged).
-        with self.database.connection() as conn:
+        # charge commit together, in one round trip (effects_reserve_charged); ``begin`` joins them.
+        opened = self.database.transaction() if begin is not None else self.database.connection()
+        with opened as conn:
             if prepared.kind == "model_call":
                 # A tool loop's later turns carry more than the claim's window: estimate from what is sent.
                 estimate = max(int(claimed.model_input.record["estimated_tokens"]), len(prepared.body) // 4)
@@ -172,6 +180,8 @@ class Execution:
                 if (current is not None and current["state"] == RunState.RUNNING
                         and int(current["fence"]) == claimed.fence and current["cancel_requested_at"] is not None):
                     raise Cancelled()
+                raise LeaseLost()
+            if begin is not None and not begin(conn, effect):
                 raise LeaseLost()
         self.open_effect = effect
         self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
@@ -207,7 +217,10 @@ class Execution:
                                                      "estimated_tokens": input_tokens + _output_tokens(agent)})
         raise Failure("budget_exhausted")
 
-    def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome:
+    def publish(self, step: str, effect: effects.Effect, reply: Reply, *,
+                finish_step: FinishStep | None = None) -> Outcome:
+        """Publishes ``reply`` and ends the run succeeded; ``finish_step`` (a tool loop's last model
+        turn: ``kairos.runs.steps.send_finish`` given the call's usage) is sent in the same transaction."""
         claimed = self.claimed
         fence = claimed.fence
         # One transaction in two trips: BEGIN, the run's and then the conversation's lock (one
@@ -237,8 +250,9 @@ class Execution:
                     return outcome
                 if seq is None:
                     raise LeaseLost()
-                settled = effects.send_settle(conn, effect, fence=fence, usage=self.usage_of(effect), trace_into=None,
-                                              now=self.now)
+                usage = self.usage_of(effect)
+                settled = effects.send_settle(conn, effect, fence=fence, usage=usage, trace_into=None, now=self.now)
+                finished = finish_step(conn, usage) if finish_step is not None else (lambda: True)
                 events = [effects.settled_event(effect),
                           trace.Event(EventType.OUTPUT_PUBLISHED, step, {
                               "conversation_id": str(claimed.conversation_id), "entry_seq": seq,
@@ -250,7 +264,7 @@ class Execution:
                                                   "attempt": claimed.attempt}, settled=effect.id)
                 db.commit(conn)
             # Cannot fail while the row is locked under the fence with no cancel request.
-            if settled() is None or not done():
+            if settled() is None or not finished() or not done():
                 raise LeaseLost()
             self.open_effect = None
         logger.info("run succeeded", extra={"action": "run_succeeded", "run_id": str(self.run_id),
@@ -323,6 +337,7 @@ class Execution:
         claimed = self.claimed
         fence = claimed.fence
         events = [*events, *self._step_failed(reason)]
+        run_steps.close_open(conn, self.run_id, fence, now=self.now)
         if retry_safe:
             delay = moves.retry_delay(claimed.attempt)
             again = moves.requeue(conn, self.run_id, fence, attempt=claimed.attempt, delay_seconds=delay,
@@ -345,6 +360,7 @@ class Execution:
     def _end_cancelled(self, conn: psycopg.Connection[db.Row], events: Sequence[trace.Event] = ()) -> Outcome:
         claimed = self.claimed
         events = [*events, *self._close_step({"outcome": "cancelled", "reason_code": "cancelled"})]
+        run_steps.close_open(conn, self.run_id, claimed.fence, now=self.now)
         self.probes.fire("before_finish", run_id=self.run_id, fence=claimed.fence)
         done = moves.finish_cancelled(conn, self.run_id, claimed.fence, events=events, now=self.now)
         if not done:

@@ -1,27 +1,35 @@
 """The step log of a run's tool loop: what each completed step did, so no attempt does it twice.
 
-Role: a model turn that asked for tools (its text and calls) and each tool's answer are recorded as
-``run_steps`` rows, bounded, under the run's fence, in the transaction that settles the step's
-effect (``record``). A later attempt — after an approval, a rescue, or a retry-safe failure —
-``load``s them and ``fold``s them into the turns the model sees again, and continues with the calls
-still ``unanswered``: a completed step is never called again.
+Role: every model turn and tool call is a ``run_steps`` row (``kairos.runs.steps``: opened when its
+effect is reserved, ended in the transaction that settles it, with redacted, bounded previews for the
+owner). A completed one also keeps its ``record``: a model turn that asked for tools (its text and
+calls) and each tool's answer. A later attempt — after an approval, a rescue, or a retry-safe
+failure — ``load``s the rows, ``fold``s the succeeded ones into the turns the model sees again, and
+continues with the calls still ``unanswered``: a completed step is never called again. Step numbers
+run on across attempts (``next_number``); a call parked for approval keeps the number its approval is
+bound to (``parked``).
 
-Must not: keep secrets (a tool's arguments and answers are the model's own words and the peers'
-bounded answers; headers are never recorded).
+What the row keeps (``stored``): a model turn's calls' arguments exactly (a later attempt must send
+exactly what the model asked for, and an approval is bound to their digest); its text and a tool's
+answer redacted (``kairos.redact``), so a peer echoing a credential does not store it — the attempt
+that made a step goes on with the whole answer, a later attempt folds the redacted one. Headers are
+never recorded.
 """
 
 from __future__ import annotations
 
+from collections.abc import Iterable
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any
 from uuid import UUID
 
 import psycopg
-from psycopg.types.json import Jsonb
 
-from kairos import db
+from kairos import db, redact
 from kairos.executors.base import ModelTurn, ToolCall, ToolResult
+from kairos.runs import steps as run_steps
+from kairos.states import StepState
 
 
 @dataclass(frozen=True)
@@ -31,11 +39,31 @@ class Step:
     name: str
     call_id: str | None
     record: dict[str, Any]
+    state: str = StepState.SUCCEEDED.value
 
 
 def load(conn: psycopg.Connection[db.Row], run_id: UUID) -> list[Step]:
-    return [Step(int(r["n"]), r["kind"], r["name"], r["call_id"], dict(r["record"]))
+    """Every step of the run in order, whatever its state (``completed`` keeps the folded ones)."""
+    return [Step(int(r["n"]), r["kind"], r["name"], r["call_id"], dict(r["record"] or {}), r["state"])
             for r in db.fetch_all(conn, "run_steps_list", {"run_id": run_id})]
+
+
+FOLDED = frozenset({StepState.SUCCEEDED.value, StepState.NOT_SENT_TEST.value})  # answered to the model
+
+
+def completed(rows: list[Step]) -> list[Step]:
+    """The steps a later attempt folds: those answered to the model that still hold their record."""
+    return [s for s in rows if s.state in FOLDED and s.record]
+
+
+def next_number(rows: list[Step]) -> int:
+    """The number of the run's next new step: after every step of every attempt."""
+    return max((s.n for s in rows), default=0) + 1
+
+
+def parked(rows: list[Step]) -> dict[str, int]:
+    """The numbers of the calls parked for approval, by call id."""
+    return {s.call_id: s.n for s in rows if s.state == StepState.WAITING_APPROVAL and s.call_id}
 
 
 def model_record(turn: ModelTurn) -> dict[str, Any]:
@@ -45,6 +73,12 @@ def model_record(turn: ModelTurn) -> dict[str, Any]:
 
 def tool_record(result: ToolResult) -> dict[str, Any]:
     return {"content": result.content, "is_error": result.is_error}
+
+
+def stored(step: Step, secrets: Iterable[str] = ()) -> dict[str, Any]:
+    """What the row keeps of ``step``'s record: its text redacted (a model turn's calls exactly, see the
+    module doc). The attempt that made the step goes on with the whole record in memory."""
+    return {**step.record, "content": redact.redact(step.record.get("content"), secrets)}
 
 
 def fold(log: list[Step]) -> tuple[ModelTurn | ToolResult, ...]:
@@ -78,9 +112,12 @@ def model_turns(log: list[Step]) -> int:
 
 
 def record(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, step: Step, *,
-           now: datetime | None = None) -> bool:
-    """Writes ``step`` for the fence holder; False when the fence no longer holds (nothing written)."""
-    row = db.fetch_one(conn, "run_steps_record", {
-        "run_id": run_id, "fence": fence, "n": step.n, "kind": step.kind, "name": step.name,
-        "call_id": step.call_id, "record": Jsonb(step.record), "now": now})
-    return row is not None
+           secrets: Iterable[str] = (), state: StepState = StepState.SUCCEEDED, output: Any = None,
+           input: Any = None, target: Any = None, usage: Any = None,
+           effect_id: UUID | None = None, now: datetime | None = None) -> bool:
+    """Ends ``step`` (succeeded, or not_sent_test) for the fence holder with its record and previews (already
+    ``kairos.runs.steps.preview``-ed); False when the fence no longer holds (nothing written)."""
+    return run_steps.finish(conn, run_id, fence, n=step.n, kind=step.kind, name=step.name, call_id=step.call_id,
+                            record=stored(step, secrets), state=state, input=input, output=output, target=target,
+                            usage=usage,
+                            effect_id=effect_id, now=now)

@@ -33,13 +33,13 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable
+from collections.abc import Callable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
 import psycopg
 
-from kairos import approvals, db, effects, input_requests, tools, trace
+from kairos import approvals, db, effects, input_requests, redact, tools, trace
 from kairos.execution import goal_report, steps
 from kairos.execution.claim import Claimed, Outcome
 from kairos.execution.stops import Cancelled, Failure, LeaseLost
@@ -56,10 +56,12 @@ from kairos.executors.base import (
     ToolResult,
     canonical_json,
     digest,
+    recorded_target,
 )
 from kairos.runs import moves
+from kairos.runs import steps as run_steps
 from kairos.settings import Settings
-from kairos.states import EventType, RunState, Source
+from kairos.states import EventType, RunState, Source, StepState
 
 
 class Execution(Protocol):
@@ -74,9 +76,13 @@ class Execution(Protocol):
     current_step: str | None
 
     def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
-             data: dict[str, Any] | None = None) -> tuple[effects.Effect, Reply] | Outcome: ...
+             data: dict[str, Any] | None = None,
+             begin: Callable[[psycopg.Connection[db.Row], effects.Effect], bool] | None = None,
+             ) -> tuple[effects.Effect, Reply] | Outcome: ...
 
-    def publish(self, step: str, effect: effects.Effect, reply: Reply) -> Outcome: ...
+    def publish(self, step: str, effect: effects.Effect, reply: Reply, *,
+                finish_step: Callable[[psycopg.Connection[db.Row], Mapping[str, Any]], Callable[[], bool]] | None
+                = None) -> Outcome: ...
 
     def usage_of(self, effect: effects.Effect) -> dict[str, Any]: ...
 
@@ -92,7 +98,9 @@ def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> O
     specs = tools.specs(agent)
     goal: goal_report.Goal | None = None
     with run.database.connection() as conn:
-        log = steps.load(conn, run.run_id)
+        # Steps an earlier attempt left running (it was lost) end first: failed, or ambiguous with their effect.
+        run_steps.close_open(conn, run.run_id, run.claimed.fence, now=run.now)
+        rows = steps.load(conn, run.run_id)
         if row.get("loop"):
             goal = goal_report.goal_of(conn, run.run_id)
     if row.get("loop"):
@@ -103,46 +111,126 @@ def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> O
         request = dataclasses.replace(request, agent={
             **agent, "system": f"{system}\n\n{goal_report.instructions(goal.envelope)}".strip()})
         specs = (*specs, goal_report.SPEC)
+    request = dataclasses.replace(request, tools=specs)
+    log = steps.completed(rows)
+    parked = steps.parked(rows)  # a call parked for approval keeps its step number
+    number = steps.next_number(rows)
+    model = str(agent.get("model") or "model")
+    # The secret values this run resolved (the model call's headers), redacted out of what is stored.
+    secrets: set[str] = set()
     fresh = True  # the step the claim opened is still open and unused
     while True:
         pending = steps.unanswered(log)
         if pending:
+            if not secrets:
+                secrets |= _secrets(executor, dataclasses.replace(request, turns=steps.fold(log)))
             opening = [trace.Event(EventType.STEP_FINISHED, run.claimed.step,
                                    {"outcome": "folded", "steps": len(log)})] if fresh else []
             fresh = False
+            n = parked.pop(pending[0].id, number)
+            number = max(number, n + 1)
             if goal is not None and pending[0].name == goal_report.NAME:
-                ended = _goal_step(run, goal, pending[0], len(log) + 1, opening)
+                ended = _goal_step(run, goal, pending[0], n, opening, frozenset(secrets))
             else:
-                ended = _tool_step(run, agent, context, pending[0], len(log) + 1, opening)
+                ended = _tool_step(run, agent, context, pending[0], n, opening, frozenset(secrets))
             if isinstance(ended, Outcome):
                 return ended
             log.append(ended)
             continue
         if steps.model_turns(log) >= limit:
             raise Failure("step_limit")
-        n = len(log) + 1
+        n, number = number, number + 1
         name = run.claimed.step if fresh else f"model:{n}"
         if not fresh:
             _open(run, name, {"step": n})
         fresh = False
-        try:
-            prepared = executor.prepare(dataclasses.replace(request, tools=specs, turns=steps.fold(log)))
-        except ExecutorError as error:
-            raise Failure(error.reason_code, retry_safe=error.retry_safe) from error
-        sent = run.call(executor.send, prepared, name)
-        if isinstance(sent, Outcome):
-            return sent
-        effect, reply = sent
-        if not reply.tool_calls and goal is not None:
-            # A loop run must end with goal_report: the answer is recorded, the run fails.
-            _record(run, effect, name, steps.Step(n, "model", "model", None,
-                                                  steps.model_record(ModelTurn(reply.content, ()))))
-            raise Failure("goal_report_missing")
-        if not reply.tool_calls:
-            return run.publish(name, effect, reply)
-        step = steps.Step(n, "model", "model", None, steps.model_record(ModelTurn(reply.content, reply.tool_calls)))
-        _record(run, effect, name, step)
-        log.append(step)
+        ended = _model_step(run, executor, dataclasses.replace(request, turns=steps.fold(log)), n, name, model,
+                            secrets, looped=goal is not None)
+        if isinstance(ended, Outcome):
+            return ended
+        log.append(ended)
+
+
+def _model_step(run: Execution, executor: Executor, request: ExecutionRequest, n: int, name: str, model: str,
+                secrets: set[str], *, looped: bool) -> steps.Step | Outcome:
+    """One model turn: its step opened with its effect, the call, and the step recorded (a turn that
+    asked for tools) or the answer published with the step ended (the run's end)."""
+    try:
+        prepared = executor.prepare(request)
+    except ExecutorError as error:
+        raise Failure(error.reason_code, retry_safe=error.retry_safe) from error
+    secrets |= redact.secrets_of(prepared.headers)
+    known = frozenset(secrets)
+    opened = _begin(run, n, "model", model, None, run_steps.preview(_model_input(prepared.body), known),
+                    run_steps.target(prepared.method, prepared.url, known))
+    sent = run.call(executor.send, prepared, name, begin=opened)
+    if isinstance(sent, Outcome):
+        return sent
+    effect, reply = sent
+    answer = run_steps.preview({"content": reply.content, "tool_calls": [
+        {"id": c.id, "name": c.name, "arguments": c.arguments} for c in reply.tool_calls]}, known)
+    step = steps.Step(n, "model", model, None, steps.model_record(ModelTurn(reply.content, reply.tool_calls)))
+    if not reply.tool_calls and looped:
+        # A loop run must end with goal_report: the answer is recorded, the run fails.
+        _record(run, effect, name, step, output=answer, secrets=known)
+        raise Failure("goal_report_missing")
+    if not reply.tool_calls:
+        return run.publish(name, effect, reply,
+                           finish_step=_finish(run, n, model, steps.stored(step, known), answer, effect))
+    _record(run, effect, name, step, output=answer, secrets=known)
+    return step
+
+
+def _finish(run: Execution, n: int, model: str, record: dict[str, Any], output: Any, effect: effects.Effect,
+            ) -> Callable[[psycopg.Connection[db.Row], Mapping[str, Any]], Callable[[], bool]]:
+    """Ends the answering model step in the pipeline that publishes the answer (``Execution.publish``)."""
+    return lambda conn, usage: run_steps.send_finish(
+        conn, run.run_id, run.claimed.fence, n=n, kind="model", name=model, record=record, output=output,
+        usage=dict(usage), effect_id=effect.id, now=run.now)
+
+
+def _secrets(executor: Executor, request: ExecutionRequest) -> set[str]:
+    """The secret values the model call would resolve (its prepared headers; nothing is sent)."""
+    try:
+        return set(redact.secrets_of(executor.prepare(request).headers))
+    except ExecutorError as error:
+        raise Failure(error.reason_code, retry_safe=error.retry_safe) from error
+
+
+def _model_input(body: bytes) -> dict[str, Any]:
+    """A model turn's input as its step shows it: the model, the messages new in this turn (after the
+    model's last answer: the prompt on the first turn, the tools' answers later), how many messages
+    were sent in all, and the tools offered by name."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return {"bytes": len(body)}
+    if not isinstance(document, dict):
+        return {"bytes": len(body)}
+    messages = document.get("messages") or []
+    if not isinstance(messages, list):  # another executor's request shape: shown whole, bounded
+        return document
+    last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
+               default=-1)
+    tools_offered = [t.get("function", {}).get("name") for t in document.get("tools") or () if isinstance(t, dict)]
+    return {"model": document.get("model"), "messages": messages[last + 1:], "messages_total": len(messages),
+            "tools": tools_offered}
+
+
+def _parsed(text: str) -> Any:
+    """A tool's JSON answer as a value (text that is not JSON as itself)."""
+    try:
+        return json.loads(text)
+    except ValueError:
+        return text
+
+
+def _begin(run: Execution, n: int, kind: str, name: str, call_id: str | None, input: Any,
+           target: Any) -> Callable[[psycopg.Connection[db.Row], effects.Effect], bool]:
+    """Opens step ``n`` in the transaction that reserves its effect (``Execution.call``)."""
+    return lambda conn, effect: run_steps.begin(conn, run.run_id, run.claimed.fence, n=n, kind=kind, name=name,
+                                                call_id=call_id, input=input, target=target, effect_id=effect.id,
+                                                now=run.now)
 
 
 def _open(run: Execution, name: str, data: dict[str, Any], before: list[trace.Event] | None = None) -> None:
@@ -157,12 +245,15 @@ def _open(run: Execution, name: str, data: dict[str, Any], before: list[trace.Ev
 
 
 def _record(run: Execution, effect: effects.Effect | None, name: str, step: steps.Step, *,
-            approval_id: Any = None, conn: Any = None, events: list[trace.Event] | None = None) -> None:
+            approval_id: Any = None, conn: Any = None, events: list[trace.Event] | None = None,
+            output: Any = None, input: Any = None, target: Any = None, secrets: frozenset[str] = frozenset(),
+            state: StepState = StepState.SUCCEEDED, effect_id: Any = None) -> None:
     """Settles the step's effect with its call's usage (a tool step's counts one of ``tool_calls``),
-    records the step and closes it, in one transaction (or the caller's)."""
+    records the step with its previews and usage and closes it, in one transaction (or the caller's)."""
 
     def write(c: Any) -> None:
         collected = list(events or [])
+        usage: dict[str, Any] | None = None
         if effect is not None:
             usage = run.usage_of(effect)
             if step.kind == "tool":
@@ -173,7 +264,9 @@ def _record(run: Execution, effect: effects.Effect | None, name: str, step: step
             run.open_effect = None
         if approval_id is not None and not approvals.consume(c, approval_id, now=run.now):
             raise Failure("approved_call_not_applied")
-        if not steps.record(c, run.run_id, run.claimed.fence, step, now=run.now):
+        if not steps.record(c, run.run_id, run.claimed.fence, step, secrets=secrets, output=output, input=input,
+                            target=target, usage=usage, effect_id=effect_id if effect is None else effect.id,
+                            state=state, now=run.now):
             raise LeaseLost()
         collected.append(trace.Event(EventType.STEP_FINISHED, name, {"outcome": "succeeded", "step": step.n}))
         if trace.change(c, "runs_step_events", {"run_id": run.run_id, "fence": run.claimed.fence}, collected,
@@ -190,9 +283,10 @@ def _record(run: Execution, effect: effects.Effect | None, name: str, step: step
 
 
 def _tool_step(run: Execution, agent: dict[str, Any], context: tools.Context, call: ToolCall, n: int,
-               opening: list[trace.Event]) -> steps.Step | Outcome:
+               opening: list[trace.Event], secrets: frozenset[str]) -> steps.Step | Outcome:
 
     name = f"tool:{n}"
+    arguments = run_steps.preview(call.arguments, secrets)
     refused = tools.allowed(call, agent)
     approval_id = None
     if refused is None and call.name in tools.MUTATIONS and run.claimed.row["source"] == Source.TEST:
@@ -201,46 +295,55 @@ def _tool_step(run: Execution, agent: dict[str, Any], context: tools.Context, ca
             if not isinstance(checked, PreparedCall):
                 _open(run, name, {"step": n, "tool": call.name}, before=opening)
                 step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(checked))
-                _record(run, None, name, step)
+                _record(run, None, name, step, input=arguments, secrets=secrets,
+                        output=run_steps.preview(_parsed(checked.content), secrets))
                 return step
-        return _not_sent(run, call, n, name, opening)
+        return _not_sent(run, call, n, name, opening, arguments, secrets)
     if refused is None and tools.needs_approval(agent, call.name):
         with run.database.connection() as conn:
             asked = approvals.for_call(conn, run.run_id, n, call.id)
         if asked is None:
-            return _park(run, call, n, name, opening)
+            return _park(run, call, n, name, opening, arguments, secrets)
         if asked["state"] != "approved" or asked["args_digest"] != tools.args_digest(call):
             raise Failure("approved_call_not_applied")
         approval_id = asked["id"]
     _open(run, name, {"step": n, "tool": call.name}, before=opening)
     if refused is not None:
         step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(refused))
-        _record(run, None, name, step)
+        _record(run, None, name, step, input=arguments,
+                output=run_steps.preview(_parsed(refused.content), secrets), secrets=secrets)
         return step
     if call.name in tools.LOCAL:
-        return _local(run, call, context, n, name, approval_id)
+        return _local(run, call, context, n, name, approval_id, arguments, secrets)
     prepared = tools.prepare_http(call, allow=run.settings.egress_allow)
     if not isinstance(prepared, PreparedCall):
         step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(prepared))
-        _record(run, None, name, step, approval_id=approval_id)
+        _record(run, None, name, step, approval_id=approval_id, input=arguments,
+                output=run_steps.preview(_parsed(prepared.content), secrets), secrets=secrets)
         return step
-    sent = run.call(_http_send, prepared, name)
+    sent = run.call(_http_send, prepared, name, begin=_begin(
+        run, n, "tool", call.name, call.id, arguments, run_steps.target(prepared.method, prepared.url, secrets)))
     if isinstance(sent, Outcome):
         return sent
     effect, reply = sent
     answer = json.loads(reply.content)
     result = tools.http_result(call, int(answer["status"]), str(answer["body"]).encode("utf-8"))
     step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(result))
-    _record(run, effect, name, step, approval_id=approval_id)
+    # The preview shows the whole answer as read (up to the read limit), cut to its bound with its digest.
+    _record(run, effect, name, step, approval_id=approval_id,
+            output=run_steps.preview({"status": answer["status"], "body": _parsed(answer["body"])}, secrets),
+            secrets=secrets)
     return step
 
 
 def _http_send(prepared: PreparedCall, *, timeout: float) -> Reply:
+    # The whole body read (at most READ_LIMIT): the model gets http_result's cut, the step's preview its own.
     status, body = tools.send_http(prepared, timeout=timeout)
-    return Reply(content=json.dumps({"status": status, "body": body.decode("utf-8", errors="replace")[:8_000]}))
+    return Reply(content=json.dumps({"status": status, "body": body.decode("utf-8", errors="replace")}))
 
 
-def _local(run: Execution, call: ToolCall, context: tools.Context, n: int, name: str, approval_id: Any) -> steps.Step:
+def _local(run: Execution, call: ToolCall, context: tools.Context, n: int, name: str, approval_id: Any,
+           arguments: Any, secrets: frozenset[str]) -> steps.Step:
 
     with run.database.transaction() as conn:
         locked = run.lock(conn)
@@ -253,11 +356,13 @@ def _local(run: Execution, call: ToolCall, context: tools.Context, n: int, name:
             raise LeaseLost()
         result = tools.run_local(conn, call, context)
         step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(result))
-        _record(run, effect, name, step, approval_id=approval_id, conn=conn)
+        _record(run, effect, name, step, approval_id=approval_id, conn=conn, input=arguments,
+                output=run_steps.preview(_parsed(result.content), secrets), secrets=secrets)
     return step
 
 
-def _not_sent(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace.Event]) -> steps.Step:
+def _not_sent(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace.Event], arguments: Any,
+              secrets: frozenset[str]) -> steps.Step:
     """A test run's mutation: its effect reserved and closed ``not_sent_test`` and its step recorded with
     the would-be arguments, in one transaction; the model is answered that it was not sent. No approval
     is asked (nothing is done) and nothing leaves the worker."""
@@ -278,11 +383,13 @@ def _not_sent(run: Execution, call: ToolCall, n: int, name: str, opening: list[t
         events: list[trace.Event] = []
         if effects.not_sent_test(conn, effect, fence=run.claimed.fence, trace_into=events, now=run.now) is None:
             raise LeaseLost()
-        _record(run, None, name, step, conn=conn, events=events)
+        _record(run, None, name, step, conn=conn, events=events, state=StepState.NOT_SENT_TEST, input=arguments,
+                output=run_steps.preview(_parsed(result.content), secrets), secrets=secrets, effect_id=effect.id)
     return step
 
 
-def _park(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace.Event]) -> Outcome:
+def _park(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace.Event], arguments: Any,
+          secrets: frozenset[str]) -> Outcome:
 
     with run.database.transaction() as conn:
         locked = run.lock(conn)
@@ -291,6 +398,14 @@ def _park(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace
         run.current_step = name
         trace.change(conn, "runs_step_events", {"run_id": run.run_id, "fence": run.claimed.fence},
                      [*opening, trace.Event(EventType.STEP_STARTED, name, {"step": n, "tool": call.name})], now=run.now)
+        # The step shows what waits for a person (written while the run is still running: the request parks it).
+        url = call.arguments.get("url")
+        target = run_steps.target("POST", recorded_target(url), secrets) \
+            if call.name == "http_post" and isinstance(url, str) else None
+        if not run_steps.begin(conn, run.run_id, run.claimed.fence, n=n, kind="tool", name=call.name,
+                               call_id=call.id, input=arguments, target=target, state=StepState.WAITING_APPROVAL,
+                               now=run.now):
+            raise LeaseLost()
         approval_id = approvals.request(
             conn, run_id=run.run_id, fence=run.claimed.fence, attempt=run.claimed.attempt,
             owner=str(run.claimed.row["owner"]), conversation_id=run.claimed.row["source_conversation_id"],
@@ -301,7 +416,7 @@ def _park(run: Execution, call: ToolCall, n: int, name: str, opening: list[trace
 
 
 def _goal_step(run: Execution, goal: goal_report.Goal, call: ToolCall, n: int,
-               opening: list[trace.Event]) -> steps.Step | Outcome:
+               opening: list[trace.Event], secrets: frozenset[str]) -> steps.Step | Outcome:
     """A ``goal_report`` call of a loop run (``kairos.execution.goal_report``): a tool error for bad arguments,
     the owner's answer on the attempt after a ``needs_input``, or the run's end."""
 
@@ -311,7 +426,8 @@ def _goal_step(run: Execution, goal: goal_report.Goal, call: ToolCall, n: int,
         _open(run, name, {"step": n, "tool": call.name}, before=opening)
         refused = tools.error(call, "validation_failed", "goal_report was called with invalid arguments", checked)
         step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(refused))
-        _record(run, None, name, step)
+        _record(run, None, name, step, input=run_steps.preview(call.arguments, secrets),
+                output=run_steps.preview(_parsed(refused.content), secrets), secrets=secrets)
         return step
     if checked.disposition == "needs_input":
         with run.database.connection() as conn:
@@ -325,9 +441,10 @@ def _goal_step(run: Execution, goal: goal_report.Goal, call: ToolCall, n: int,
             run.lock(conn)
             result = goal_report.answer_result(conn, call, asked)
             step = steps.Step(n, "tool", call.name, call.id, steps.tool_record(result))
-            _record(run, None, name, step, conn=conn)
+            _record(run, None, name, step, conn=conn, input=run_steps.preview(call.arguments, secrets),
+                    output=run_steps.preview(_parsed(result.content), secrets), secrets=secrets)
         return step
-    return _report(run, goal, call, checked, n, name, opening)
+    return _report(run, goal, call, checked, n, name, opening, secrets)
 
 
 def _ask(run: Execution, goal: goal_report.Goal, call: ToolCall, checked: goal_report.Report, n: int, name: str,
@@ -355,7 +472,7 @@ def _ask(run: Execution, goal: goal_report.Goal, call: ToolCall, checked: goal_r
 
 
 def _report(run: Execution, goal: goal_report.Goal, call: ToolCall, checked: goal_report.Report, n: int, name: str,
-            opening: list[trace.Event]) -> Outcome:
+            opening: list[trace.Event], secrets: frozenset[str]) -> Outcome:
     """``continue`` / ``complete`` / ``blocked``: the step recorded, the summary published, the loop
     moved and the run succeeded, in one transaction."""
 
@@ -367,7 +484,9 @@ def _report(run: Execution, goal: goal_report.Goal, call: ToolCall, checked: goa
             raise Cancelled()
         result = ToolResult(call.id, call.name, json.dumps({"status": "recorded", "disposition": checked.disposition}))
         if not steps.record(conn, run.run_id, claimed.fence, steps.Step(n, "tool", call.name, call.id,
-                                                                        steps.tool_record(result)), now=run.now):
+                                                                        steps.tool_record(result)),
+                            secrets=secrets, input=run_steps.preview(call.arguments, secrets),
+                            output=run_steps.preview(_parsed(result.content), secrets), now=run.now):
             raise LeaseLost()
         seq = moves.append_entry(conn, run.run_id, claimed.fence, claimed.conversation_id, role="assistant",
                                  content=checked.summary, now=run.now)

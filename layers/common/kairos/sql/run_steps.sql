@@ -1,15 +1,82 @@
--- run_steps: the tool loop's step log (migration 0012). Written by the run worker under its fence, in
--- the transaction that settles the step's effect; read by a later attempt to fold what was done.
+-- run_steps: the record of every model turn and tool call of a run (migrations 0012, 0023). Written by
+-- the run worker under its fence, in the transactions that reserve and settle each step's effect
+-- (kairos.runs.steps); read by a later attempt to fold the completed steps, and by the owner through
+-- GET /v1/runs/{id}/steps. Every write joins the run row and requires its fence and running state.
 
 -- name: run_steps_list
--- A run's completed steps in order.
-SELECT n, kind, name, call_id, record FROM run_steps WHERE run_id = %(run_id)s ORDER BY n;
+-- A run's steps in order, with what a later attempt folds (the record of the succeeded ones).
+SELECT n, kind, name, call_id, record, state FROM run_steps WHERE run_id = %(run_id)s ORDER BY n;
 
--- name: run_steps_record
--- Records one completed step for the current fence holder (zero rows: the fence moved on).
-INSERT INTO run_steps (run_id, n, kind, name, call_id, record, attempt, fence, created_at)
-SELECT r.id, %(n)s, %(kind)s, %(name)s, %(call_id)s, %(record)s, r.attempt, r.fence,
+-- name: run_steps_page
+-- A page of a run's steps after step number %(after)s (the caller checked the run's owner).
+SELECT n, attempt, kind, name, state, started_at, finished_at, input, output, target, usage, effect_id, pruned_at
+  FROM run_steps
+ WHERE run_id = %(run_id)s AND n > %(after)s
+ ORDER BY n
+ LIMIT %(limit)s;
+
+-- name: run_steps_begin
+-- Opens step n (running, or waiting_approval for a call parked for a person) for the current fence
+-- holder; a step parked for approval is reopened by the attempt that applies it. Zero rows: the fence
+-- moved on (or the step already ended).
+INSERT INTO run_steps (run_id, n, kind, name, call_id, attempt, fence, state, started_at, input, target,
+                       effect_id, created_at)
+SELECT r.id, %(n)s, %(kind)s, %(name)s, %(call_id)s, r.attempt, r.fence, %(state)s,
+       coalesce(%(now)s::timestamptz, now()), %(input)s, %(target)s, %(effect_id)s,
        coalesce(%(now)s::timestamptz, now())
   FROM runs r
  WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
+ON CONFLICT (run_id, n) DO UPDATE
+   SET state = excluded.state, attempt = excluded.attempt, fence = excluded.fence,
+       started_at = excluded.started_at, input = coalesce(excluded.input, run_steps.input),
+       target = coalesce(excluded.target, run_steps.target), effect_id = excluded.effect_id
+ WHERE run_steps.state = 'waiting_approval'
+RETURNING n;
+
+-- name: run_steps_progress
+-- Grows a running step's output preview (a streamed model answer) for the current fence holder.
+UPDATE run_steps s
+   SET output = %(output)s
+  FROM runs r
+ WHERE s.run_id = %(run_id)s AND s.n = %(n)s AND s.state = 'running'
+   AND r.id = s.run_id AND r.fence = %(fence)s AND r.state = 'running'
+RETURNING s.n;
+
+-- name: run_steps_finish
+-- Ends step n for the current fence holder: a step opened by run_steps_begin (running or parked) moves
+-- to its end state; a step that made no call (a refused or local tool call) is written ended at once.
+-- Zero rows: the fence moved on, or the step had already ended.
+INSERT INTO run_steps (run_id, n, kind, name, call_id, record, attempt, fence, state, started_at, finished_at,
+                       input, output, target, usage, effect_id, created_at)
+SELECT r.id, %(n)s, %(kind)s, %(name)s, %(call_id)s, %(record)s, r.attempt, r.fence, %(state)s,
+       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), %(input)s, %(output)s,
+       %(target)s, %(usage)s, %(effect_id)s, coalesce(%(now)s::timestamptz, now())
+  FROM runs r
+ WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
+ON CONFLICT (run_id, n) DO UPDATE
+   SET state = excluded.state, record = excluded.record, attempt = excluded.attempt, fence = excluded.fence,
+       finished_at = excluded.finished_at, input = coalesce(excluded.input, run_steps.input),
+       output = excluded.output, target = coalesce(excluded.target, run_steps.target), usage = excluded.usage,
+       effect_id = coalesce(excluded.effect_id, run_steps.effect_id)
+ WHERE run_steps.state IN ('running', 'waiting_approval')
+RETURNING n;
+
+-- name: run_steps_close_open
+-- Ends the run's steps still running when its attempt ends without them (a failure, a cancel, a lost
+-- attempt found by the next one): ambiguous when the step's effect is, else failed. Fenced.
+UPDATE run_steps s
+   SET state = CASE WHEN EXISTS (SELECT 1 FROM effects e WHERE e.id = s.effect_id AND e.state = 'ambiguous')
+                    THEN 'ambiguous' ELSE 'failed' END,
+       finished_at = coalesce(%(now)s::timestamptz, now())
+  FROM runs r
+ WHERE s.run_id = %(run_id)s AND s.state = 'running'
+   AND r.id = s.run_id AND r.fence = %(fence)s AND r.state = 'running'
+RETURNING s.n;
+
+-- name: run_steps_close_waiting
+-- Ends a run's step parked for a person when the request is decided against it (denied) or lapses
+-- (failed); the approvals module calls it in the transaction that blocks the run.
+UPDATE run_steps
+   SET state = %(state)s, finished_at = coalesce(%(now)s::timestamptz, now())
+ WHERE run_id = %(run_id)s AND state = 'waiting_approval'
 RETURNING n;

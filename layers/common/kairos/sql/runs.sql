@@ -411,14 +411,19 @@ RETURNING r.id, old.had_payload;
 
 -- name: runs_forget_content
 -- Forgets what runs past retention (the caller holds them locked, and has called
--- kairos_allow_pruning(): the step log is append-only) said or were told outside their thread: their
--- step log (the model's turns, the tools' arguments and answers) and their corpus outputs and records
--- are deleted; their approvals' argument previews and their input requests' questions become a marker.
+-- kairos_allow_pruning(): corpus rows are append-only) said or were told outside their thread: their
+-- steps' previews and fold records (the model's turns, the tools' arguments and answers) are cleared
+-- and the steps stamped pruned_at (kind, name, state, times, target, usage stay); their corpus outputs
+-- and records are deleted; their approvals' argument previews and their input requests' questions
+-- become a marker.
 -- Their settled budget reservations (one a model call: the daily ledger's working state, needed only
 -- until the call settles) are deleted too; the ledger's totals stay. Ids, states, digests, counts and
 -- export handles stay. Says how much of each it forgot.
 WITH steps AS (
-    DELETE FROM run_steps WHERE run_id = ANY(%(ids)s::uuid[]) RETURNING 1
+    UPDATE run_steps
+       SET record = NULL, input = NULL, output = NULL, pruned_at = coalesce(%(now)s::timestamptz, now())
+     WHERE run_id = ANY(%(ids)s::uuid[]) AND pruned_at IS NULL
+    RETURNING 1
 ), reservations AS (
     DELETE FROM usage_reservations WHERE run_id = ANY(%(ids)s::uuid[]) AND settled_at IS NOT NULL RETURNING 1
 ), outputs AS (

@@ -4,8 +4,9 @@ Role: webhook receipts (``webhook_receipts``) and idempotent-create receipts (``
 live 24 h (docs/api.md "API", webhooks); once expired they answer nothing (a key is new again) and only take
 space. Ended runs keep their thread (the fork or fresh conversation the run created), their webhook
 payload and the rest of what they said or were told for ``KAIROS_RETENTION_DAYS`` (default 30) after
-they end; then the thread's entries are deleted, the payload is cleared, the step log (model turns,
-tool arguments and answers), corpus outputs and records and settled budget reservations are deleted,
+they end; then the thread's entries are deleted, the payload is cleared, the steps' previews and step
+log (model turns, tool arguments and answers) are cleared (each step stamped ``pruned_at``), corpus
+outputs and records and settled budget reservations are deleted,
 approvals' argument previews and input requests' questions become a marker, and the run is stamped
 ``pruned_at`` (docs/architecture.md "Runs, traces and guarantees", Retention). ``Prune.run_once``
 handles up to ``batch`` rows of each kind, oldest first, skipping rows another transaction holds;
@@ -22,7 +23,7 @@ schedule create or an append from interleaving; a user's own conversation (a roo
 append-mode target) is never touched. Concurrent ticks split the rows (SKIP LOCKED) and never wait.
 
 Must not: delete occurrences or run events, or anything of a run that has not ended. Deletes of
-conversation entries and step-log rows pass the append-only triggers (0004, 0008, 0012) only through
+conversation entries pass the append-only triggers (0004, 0008) only through
 ``kairos_allow_pruning()``, called in the same transaction as the delete.
 """
 
@@ -53,7 +54,7 @@ class PruneReport:
     threads: int = counted("threads_pruned")  # run threads whose entries were deleted
     entries: int = counted("entries_pruned")
     payloads: int = counted("payloads_pruned")  # webhook payloads cleared
-    steps: int = counted("steps_pruned")  # step-log rows deleted (the model's turns, the tools' arguments and answers)
+    steps: int = counted("steps_pruned")  # steps whose previews and log were cleared (stamped pruned_at)
     corpus_rows: int = counted("corpus_rows_pruned")  # corpus outputs and records deleted
     previews: int = counted("previews_pruned")  # approvals' argument previews replaced by a marker
     questions: int = counted("questions_pruned")  # input requests' questions replaced by FORGOTTEN

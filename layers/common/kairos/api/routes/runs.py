@@ -1,4 +1,4 @@
-"""Runs: list them, read one, page through its trace, read its output, cancel it.
+"""Runs: list them, read one, page through its trace and its steps, read its output, cancel it.
 
 ``kairos.runs`` (the run record, its reads and cancel; never the worker, which the API does not load)
 is imported by these routes when they are first called, so importing the API (or warming its
@@ -72,6 +72,25 @@ def get_run_events(
         runs.get(conn, run_id, owner=owner)  # ownership first: the trace has no owner column
         events, next_after = trace.page(conn, run_id, after=after, limit=limit)
     return ok(200, models.EventPage, {"events": [jsonable(e) for e in events], "next_after": next_after})
+
+
+@router.endpoint("GET", "/v1/runs/<id>/steps", status=200, model=models.StepPage, errors=(404,),
+                 summary="The run's steps (model turns and tool calls) after a step number, with redacted, "
+                         "bounded previews")
+def get_run_steps(
+    id: str,
+    after: Annotated[int, Query(ge=0, le=SEQ_MAX)] = 0,
+    limit: Annotated[int, Query(ge=1, le=pages.LIMIT_MAX)] = pages.LIMIT_DEFAULT,
+) -> Response[dict[str, Any]]:
+    from kairos import runs
+    from kairos.runs import steps
+
+    owner = principal()
+    run_id = parse_id(id, "run")
+    with database().transaction() as conn:
+        runs.get(conn, run_id, owner=owner)  # ownership first: the steps have no owner column
+        found, next_after = steps.page(conn, run_id, after=after, limit=limit)
+    return ok(200, models.StepPage, {"steps": [s.as_json() for s in found], "next_after": next_after})
 
 
 @router.endpoint("GET", "/v1/runs/<id>/output", status=200, model=models.OutputEnvelope, errors=(404,),
