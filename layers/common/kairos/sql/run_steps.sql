@@ -1,4 +1,4 @@
--- run_steps: the record of every model turn and tool call of a run (migrations 0012, 0024). Written by
+-- run_steps: the record of every model turn and tool call of a run (migrations 0012, 0025). Written by
 -- the run worker under its fence, in the transactions that reserve and settle each step's effect
 -- (kairos.runs.steps); read by a later attempt to fold the completed steps, and by the owner through
 -- GET /v1/runs/{id}/steps. Every write joins the run row and requires its fence and running state.
