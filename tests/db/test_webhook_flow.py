@@ -8,6 +8,7 @@ Time moves the black-box way: a run's instants (``created_at``, ``held_until``, 
 
 from __future__ import annotations
 
+import json
 import threading
 import uuid
 from collections.abc import Iterator
@@ -16,7 +17,7 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
-from kairos import runtime
+from kairos import cli, runtime
 from kairos.db import Database
 from kairos.local.stack import load_function
 from kairos.tick.repair import Repair
@@ -221,6 +222,24 @@ def test_concurrent_deliveries_fold_into_one_window_without_losing_any(api: Api,
     assert run["deliveries"] == 16 and sorted(p["i"] for p in run["payload"]) == list(range(16))
 
 
+def test_concurrent_deliveries_fill_batches_exactly_to_max_events(api: Api, sqs: RecordingSqs) -> None:
+    token = flow_hook(api, {"batch": {"max_events": 10, "max_wait_seconds": 300}})
+    barrier = threading.Barrier(25)
+
+    def post(i: int) -> Answer:
+        barrier.wait()
+        return hook(api, token, {"i": i})
+
+    with ThreadPoolExecutor(max_workers=25) as pool:
+        answers = list(pool.map(post, range(25)))
+
+    assert {a.status for a in answers} == {202}
+    runs = [run_row(api, r) for r in {a.json["run_id"] for a in answers}]
+    assert sorted(r["deliveries"] for r in runs) == [5, 10, 10]
+    assert sorted(p["i"] for r in runs for p in r["payload"]) == list(range(25)), "none lost, none twice"
+    assert all(len(r["payload"]) == r["deliveries"] for r in runs)
+
+
 def test_a_retried_delivery_inside_a_window_is_not_counted_twice(api: Api, sqs: RecordingSqs) -> None:
     token = flow_hook(api, {"batch": {"max_events": 3, "max_wait_seconds": 60}})
     first = hook(api, token, {"n": 1}, headers={"idempotency-key": "a"})
@@ -287,3 +306,21 @@ def test_over_rate_reject_is_the_default(api: Api, sqs: RecordingSqs) -> None:
     advance(api, first.json["run_id"], 6)
     limited = hook(api, token, {"n": 3})
     assert limited.status == 429 and limited.error["code"] == "rate_limited"
+
+
+# ---- the operator CLI ---------------------------------------------------------------------------
+
+
+def test_the_cli_shows_a_hooks_flow_and_the_deliveries_a_run_carries(api: Api, sqs: RecordingSqs,
+                                                                     capsys: pytest.CaptureFixture[str]) -> None:
+    token = flow_hook(api, {"debounce_seconds": 30, "concurrency": {"key": "/pr", "limit": 2}})
+    run_id = [hook(api, token, {"pr": i}) for i in range(3)][-1].json["run_id"]
+    schedule_id = str(run_row(api, run_id)["schedule_id"])
+
+    assert cli.main(["schedules", "list"]) == 0
+    assert "flow debounce 30s, key /pr limit 2, over rate reject" in capsys.readouterr().out
+    assert cli.main(["runs", "list", "--schedule", schedule_id]) == 0
+    listed = capsys.readouterr().out
+    assert run_id in listed and "debounce of 3 deliveries" in listed and "held until" in listed
+    assert cli.main(["schedules", "show", schedule_id, "--json"]) == 0
+    assert json.loads(capsys.readouterr().out)["flow"]["concurrency"] == {"key": "/pr", "limit": 2}
