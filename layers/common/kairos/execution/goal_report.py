@@ -29,7 +29,6 @@ import json
 import uuid
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import UTC
 from typing import Any
 
 import psycopg
@@ -38,6 +37,7 @@ from kairos import conversations, db, input_requests, trace
 from kairos.executors.base import ToolCall, ToolResult, ToolSpec
 from kairos.observability import logger
 from kairos.runs import moves, waits
+from kairos.schedules import loops
 
 NAME = "goal_report"
 DISPOSITIONS = ("continue", "complete", "blocked", "needs_input")
@@ -135,30 +135,18 @@ def apply_final(conn: psycopg.Connection[db.Row], *, run_id: uuid.UUID, goal: Go
     """The loop's move for ``continue`` / ``complete`` / ``blocked`` (the caller holds the run row under
     its fence, and ends the run succeeded in this transaction); the loop's status after it, or None
     when the loop is gone."""
-    from kairos.schedules import Schedule, next_fire_at
-
-    row = db.fetch_one(conn, "schedules_lock_loop", {"schedule_id": goal.schedule_id, "now": now})
+    row = loops.lock(conn, goal.schedule_id, now=now)
     if row is None:
         return None
     status = str(row["status"])
-    ids = {"schedule_id": goal.schedule_id, "run_id": run_id, "now": now}
     note_body = {"loop_id": str(goal.schedule_id), "run_id": str(run_id)}
     if report.disposition == "continue":
-        if row["input_run_id"] == run_id:
-            schedule = Schedule.from_row(row)
-            after = row["db_now"].astimezone(UTC)
-            moved = db.fetch_one(conn, "schedules_loop_continue",
-                                 {**ids, "next_fire_at": next_fire_at(schedule, after)})
-            status = str(moved["status"]) if moved else status
+        status = loops.continue_(conn, row, run_id=run_id, now=now) or status
     elif report.disposition == "complete":
-        moved = db.fetch_one(conn, "schedules_loop_complete", ids)
-        status = str(moved["status"]) if moved else status
+        status = loops.complete(conn, goal.schedule_id, run_id=run_id, now=now) or status
         _note(conn, conversation_id, "goal_completed", note_body, now)
     elif report.disposition == "blocked":
-        moved = db.fetch_one(conn, "schedules_loop_block", ids)
-        if moved is None:
-            moved = db.fetch_one(conn, "schedules_loop_release", ids)
-        status = str(moved["status"]) if moved else status
+        status = loops.block(conn, goal.schedule_id, run_id=run_id, now=now) or status
         _note(conn, conversation_id, "goal_blocked", note_body, now)
     logger.info("goal reported", extra={"action": "goal_reported", "run_id": str(run_id),
                                         "schedule_id": str(goal.schedule_id), "disposition": report.disposition,
@@ -190,7 +178,7 @@ def park(conn: psycopg.Connection[db.Row], *, run_id: uuid.UUID, fence: int, att
                        data={"input_request_id": str(request_id), "entry_seq": seq})
     if moved is None:
         return None
-    db.fetch_one(conn, "schedules_loop_wait", {"schedule_id": goal.schedule_id, "run_id": run_id, "now": now})
+    loops.wait(conn, goal.schedule_id, run_id=run_id, now=now)
     _note(conn, conversation_id, "input_required",
           {"input_request_id": str(request_id), "run_id": str(run_id), "loop_id": str(goal.schedule_id)}, now)
     logger.info("input requested", extra={"action": "input_requested", "run_id": str(run_id),

@@ -8,7 +8,10 @@ schedules): a new goal moves the goal to that revision and the loop to ``draft``
 still queued from an older revision is refused at claim (``goal_revised``), the pending question of a
 run of the old goal is cancelled with its run — until the owner resumes it (``/v1/schedules/{id}/resume``
 or ``kairos loops resume``). Pause, resume and cancel are the schedule routes'; cancel also cancels the
-loop's pending questions and the runs that wait on them (``kairos.input_requests``).
+loop's pending questions and the runs that wait on them (``kairos.input_requests``). What a loop run's
+``goal_report`` does to its loop (``kairos.execution.goal_report``) is the moves at the end of this module:
+``continue_``, ``complete``, ``block``, ``release``, ``wait`` — with the owner's moves in
+``kairos.schedules`` and the tick's in ``kairos.tick``, the only writers of a schedule's status.
 
 Guarantees: a refused body writes nothing and names every field with its rule; a loop's policies are
 not columns an edit writes, and the schema refuses a loop row that would loosen them
@@ -22,7 +25,7 @@ from __future__ import annotations
 
 import uuid
 from collections.abc import Mapping
-from datetime import datetime
+from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
@@ -109,3 +112,55 @@ def edit(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str
     """Applies ``patch`` as the loop's next revision (see the module doc): the loop branch of
     ``kairos.schedules.edit.edit``."""
     return schedule_edit.edit(conn, schedule_id, owner=owner, patch=patch, if_match=if_match, now=now, loop=True)
+
+
+# The loop's moves after one of its runs reports (``kairos.execution.goal_report``), each in the run's
+# transaction, the loop row locked (``lock``) after the run's. Each returns the loop's status after it, or
+# None when its guard matched nothing (the loop was not in a state the move starts from).
+
+
+def lock(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, now: Any) -> db.Row | None:
+    """The loop's row locked for its run's report (any owner: the worker acts for the run's owner), with
+    the database's ``db_now``; None when it is not a loop."""
+    return db.fetch_one(conn, "schedules_lock_loop", {"schedule_id": schedule_id, "now": now})
+
+
+def continue_(conn: psycopg.Connection[db.Row], loop: db.Row, *, run_id: uuid.UUID, now: Any) -> str | None:
+    """``continue``: a loop paused for this run's question resumes at its next future occurrence
+    (``completed`` when nothing is left to fire); a loop not waiting on this run does not move (None)."""
+    if loop["input_run_id"] != run_id:
+        return None
+    after = loop["db_now"].astimezone(UTC)
+    return _status(db.fetch_one(conn, "schedules_loop_continue", {
+        "schedule_id": loop["id"], "run_id": run_id, "now": now,
+        "next_fire_at": next_fire_at(Schedule.from_row(loop), after)}))
+
+
+def complete(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, run_id: uuid.UUID, now: Any) -> str | None:
+    """``complete``: active or paused -> completed, no more fires."""
+    return _status(db.fetch_one(conn, "schedules_loop_complete", _ids(schedule_id, run_id, now)))
+
+
+def block(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, run_id: uuid.UUID, now: Any) -> str | None:
+    """``blocked``: active -> paused until its owner resumes it; a loop already paused for this run's
+    question stays paused and stops waiting on it (``release``)."""
+    moved = _status(db.fetch_one(conn, "schedules_loop_block", _ids(schedule_id, run_id, now)))
+    return moved if moved is not None else release(conn, schedule_id, run_id=run_id, now=now)
+
+
+def release(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, run_id: uuid.UUID, now: Any) -> str | None:
+    """The loop no longer waits on this run; its status stays."""
+    return _status(db.fetch_one(conn, "schedules_loop_release", _ids(schedule_id, run_id, now)))
+
+
+def wait(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, run_id: uuid.UUID, now: Any) -> str | None:
+    """``needs_input``: active -> paused, waiting on this run until its owner answers."""
+    return _status(db.fetch_one(conn, "schedules_loop_wait", _ids(schedule_id, run_id, now)))
+
+
+def _ids(schedule_id: uuid.UUID, run_id: uuid.UUID, now: Any) -> dict[str, Any]:
+    return {"schedule_id": schedule_id, "run_id": run_id, "now": now}
+
+
+def _status(row: db.Row | None) -> str | None:
+    return None if row is None else str(row["status"])
