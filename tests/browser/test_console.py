@@ -173,6 +173,48 @@ def test_answering_a_goal_loops_question_lets_its_run_finish(page: Any, stack: S
     assert stack.api("GET", f"/v1/loops/{loop['id']}")["schedule"]["status"] == "completed"
 
 
+def test_a_runs_steps_are_bars_on_a_time_axis_that_expand_to_their_previews(
+        page: Any, stack: Stack, model: Model) -> None:
+    # Given a tool agent's run that waited for approval, then posted and answered
+    conversation_id = conversation(stack, model.agent("tool", tools=["http"]), "steps agent")
+    run_id = stack.api("POST", f"/v1/conversations/{conversation_id}/messages", {"content": "post order 42"})["run_id"]
+    sign_in(page, stack, f"#/runs/{run_id}")
+    steps = page.locator("#steps")
+    expect(page.locator("#run-state")).to_have_text("awaiting_approval")
+    # while it waits: the model turn done, the call waiting, the wait for a person drawn and open
+    expect(steps.locator(".step-row[data-step='2']")).to_have_attribute("data-state", "waiting_approval")
+    expect(steps.locator(".wait-row .bar.wait.open")).to_have_count(1)
+    [approval] = stack.api("GET", "/v1/approvals?state=pending")["approvals"]
+    stack.api("POST", f"/v1/approvals/{approval['id']}/approve")
+
+    # When it ends, the page (followed live) shows three steps on the axis and the wait closed
+    expect(page.locator("#run-state")).to_have_text("succeeded")
+    rows = steps.locator(".step-row[data-step]")
+    expect(rows).to_have_count(3)
+    expect(steps.locator(".step-row[data-step='2']")).to_have_attribute("data-state", "succeeded")
+    expect(steps.locator(".wait-row")).to_contain_text("waiting for approval")
+    expect(steps.locator(".wait-row .bar.wait.open")).to_have_count(0)
+    lanes = steps.locator(".lane")
+    expect(lanes).to_have_count(2)  # the model turn in attempt 1, the approved call and the answer in 2
+    widths = rows.locator(".bar").evaluate_all("bars => bars.map(b => parseFloat(b.style.width))")
+    assert all(0 < w <= 100 for w in widths), widths
+
+    # and a step expands to its input, output, target, usage and state, as text
+    call = steps.locator(".step-row[data-step='2']")
+    expect(call.locator(".step-input")).not_to_be_visible()
+    call.locator("summary").click()
+    expect(call.locator(".step-target")).to_have_text(f"POST 127.0.0.1:{model.port}/target/hook")
+    expect(call.locator(".step-input")).to_contain_text('"order": 42')
+    expect(call.locator(".step-output")).to_contain_text('"ok": true')
+    expect(call.locator(".step-usage")).to_contain_text("1 tool call")
+    expect(call.locator(".step-state-full")).to_have_text("succeeded")
+    first = steps.locator(".step-row[data-step='1']")
+    first.locator("summary").click()
+    expect(first.locator(".step-usage")).to_contain_text("21 in · 7 out")
+    expect(first.locator(".step-input")).to_contain_text("post order 42")
+    keep(page, "console-steps.png")
+
+
 def test_a_failed_run_shows_its_diagnosis_and_recovery_actions(page: Any, stack: Stack, model: Model) -> None:
     conversation_id = conversation(stack, model.agent("fail"), "refused key")
     created = stack.api("POST", "/v1/schedules", {"conversation_id": conversation_id, "prompt": "Summarize",

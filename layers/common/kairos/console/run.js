@@ -1,9 +1,10 @@
-// One run: its state, the trace as a timeline that follows a live run by reading only after the last
+// One run: its state, its steps on a time axis (steps.js), the trace as a timeline that follows a live run by reading only after the last
 // sequence it has drawn (never the whole trace again), the output projection, and a failed run's
 // diagnosis with its recovery actions as buttons. A missing or foreign run is the API's 404.
 
 import { call, qs } from "./api.js";
 import { badge, errorBox, h, replace, toast, when } from "./dom.js";
+import { readSteps, StepsView } from "./steps.js";
 import { isTerminalEvent, Timeline } from "./timeline.js";
 
 const FINISHED = new Set(["succeeded", "failed", "cancelled", "expired", "abandoned", "policy_blocked"]);
@@ -92,9 +93,12 @@ export async function render(main, route) {
   const diag = h("div", {});
   const out = h("div", {});
   const trace = h("section", { class: "card" }, h("h2", {}, "Trace"));
+  const stepsCard = h("section", { class: "card" }, h("h2", {}, "Steps"));
   replace(main, h("div", { class: "head" }, h("h1", {}, `Run ${run.id.slice(0, 8)}`), state),
-    info, controls, diag, trace, out);
+    info, controls, diag, stepsCard, trace, out);
   const timeline = new Timeline(trace);
+  const stepsView = new StepsView(stepsCard);
+  const drawSteps = async () => stepsView.draw(await readSteps(run.id), timeline.waits, Date.now());
   let stopped = false;
   let timer = null;
   let sawTerminal = false;
@@ -136,7 +140,7 @@ export async function render(main, route) {
     try {
       const grew = await readTrace();
       if (!grew && !FINISHED.has(run.state)) await readProgress();
-      if (grew || !FINISHED.has(run.state)) await refreshRun();
+      if (grew || !FINISHED.has(run.state)) { await refreshRun(); await drawSteps(); }
       // Terminal replay ends only once the durable terminal event is drawn and the run says so too.
       if (sawTerminal && FINISHED.has(run.state)) { await output(run, out); return; }
     } catch (err) {

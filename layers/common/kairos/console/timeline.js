@@ -3,9 +3,13 @@
 // (reserved / settled), per approval or input wait, and the terminal event, marked. add(events)
 // extends the drawing with a page read after the last sequence: nothing already drawn is re-read,
 // except an open step's own started row (one event), whose folded progress count moves while it runs.
+// It also keeps the waits for a person it has drawn (waits: approval or input, from, to), which the
+// run page's steps view draws on its time axis.
 
 import { h } from "./dom.js";
 
+const WAIT_OPENS = { "approval.waiting": "approval", "input.waiting": "input" };
+const WAIT_CLOSES = { "approval.approved": "approval", "approval.denied": "approval", "input.answered": "input" };
 const TERMINAL = new Set(["run.succeeded", "run.failed", "run.cancelled", "run.expired", "run.abandoned",
   "run.policy_blocked"]);
 
@@ -38,6 +42,15 @@ export class Timeline {
     this.steps = new Map();   // `${attempt}/${step}` -> row parts
     this.origin = null;
     this.last = 0;
+    this.waits = [];          // {attempt, kind, from, to}: to is null while the run still waits
+  }
+
+  wait(e) {
+    if (WAIT_OPENS[e.type]) this.waits.push({ attempt: e.attempt, kind: WAIT_OPENS[e.type], from: e.at, to: null });
+    const kind = WAIT_CLOSES[e.type];
+    for (const w of this.waits) {
+      if (!w.to && (TERMINAL.has(e.type) || w.kind === kind)) w.to = e.at;
+    }
   }
 
   lane(attempt) {
@@ -75,6 +88,7 @@ export class Timeline {
   }
 
   draw(e) {
+    this.wait(e);
     const lane = this.lane(e.attempt);
     const key = `${e.attempt}/${e.step}`;
     if (e.step && e.type === "step.finished" && this.steps.has(key)) {
