@@ -8,7 +8,7 @@ from typing import Any
 
 import pytest
 from kairos.errors import ValidationFailed
-from kairos.schedules.request import NOTIFY_ON_DEFAULT, validate_notify
+from kairos.notify import NOTIFY_ON_DEFAULT, validate_notify
 
 ALICE_REF = "arn:aws:secretsmanager:us-east-1:123456789012:secret:kairos/alice/hook-AbC123"
 BOB_REF = "arn:aws:secretsmanager:us-east-1:123456789012:secret:kairos/bob/hook-AbC123"

@@ -1,7 +1,8 @@
 """Notify: what a schedule says when one of its runs ends — an inbox note, and a signed webhook.
 
-Role: a schedule's ``notify`` (checked by ``kairos.schedules.request.validate_notify``) names the
-terminal run states it reports and, optionally, a webhook. ``report_endings`` is called by the settle
+Role: a schedule's ``notify`` names the terminal run states it reports and, optionally, a webhook;
+``validate_notify`` checks it when a schedule is created or edited (``kairos.schedules.request``): which
+run endings are reported, and where a signed webhook may go. ``report_endings`` is called by the settle
 step for the runs it has just settled: for each run whose state is in ``on`` it writes one
 ``run_ended`` note (run id, state, reason code) to the schedule's conversation and, with a webhook,
 owes one delivery in ``notify_deliveries``. ``Sender.attempt`` makes one delivery attempt for the
@@ -38,12 +39,18 @@ from collections.abc import Callable, Mapping, Sequence
 from dataclasses import dataclass
 from datetime import datetime
 from typing import Any, Literal
+from urllib.parse import urlsplit
 from uuid import UUID
 
 import psycopg
+from pydantic import BaseModel, ConfigDict, Field, StrictStr, ValidationError, field_validator
+from pydantic_core import PydanticCustomError
 
-from kairos import conversations, db, secrets
+from kairos import agents, conversations, db, secrets
+from kairos.errors import FieldError, ValidationFailed, from_validation_error
 from kairos.observability import logger
+from kairos.settings import Settings
+from kairos.states import TERMINAL_RUN_STATES, RunState
 
 OUTPUT_PREVIEW_CHARS = 1_000
 SEND_TIMEOUT_SECONDS = 5.0  # per attempt: a tick (60 s, stops starting work with 10 s left) sends several
@@ -52,9 +59,130 @@ GIVE_UP_AFTER_SECONDS = 24 * 3_600
 BACKOFF_BASE_SECONDS = 30
 BACKOFF_CAP_SECONDS = 3_600
 GONE = 410
+# A schedule's notify when the request gives none: every unhappy end, to the inbox only
+# (docs/architecture.md "Schedules and time"). Migration 0009 writes the same default for the rows
+# that existed before it.
+NOTIFY_ON_DEFAULT: tuple[RunState, ...] = (RunState.FAILED, RunState.ABANDONED, RunState.EXPIRED,
+                                           RunState.POLICY_BLOCKED)
+URL_MAX = 2_048
 
 Resolver = Callable[..., Sequence[tuple[Any, ...]]]
 SecretSource = Callable[..., str]
+
+
+# --- The notify field, as a schedule's create and edit check it ------------------------------
+
+
+class NotifyWebhook(BaseModel):
+    """Where a schedule's run endings are POSTed, signed like Standard Webhooks; the secret is a reference."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    url: StrictStr = Field(max_length=URL_MAX)
+    secret: agents.SecretReference
+
+    @field_validator("url")
+    @classmethod
+    def _http_url(cls, value: str) -> str:
+        try:
+            parts = urlsplit(value)
+            parts.port  # noqa: B018 - raises ValueError for a port out of range
+        except ValueError:
+            raise PydanticCustomError("url", "give an https URL such as https://hooks.example.com/kairos") from None
+        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
+            raise PydanticCustomError("url", "give an https URL such as https://hooks.example.com/kairos")
+        if "@" in parts.netloc:
+            raise PydanticCustomError("url", "credentials must not be part of the URL; the secret signs the body")
+        return value
+
+
+
+class NotifyConfig(BaseModel):
+    """Which terminal run states a schedule reports (an inbox note each), and an optional webhook."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    on: list[StrictStr] = Field(default_factory=lambda: [s.value for s in NOTIFY_ON_DEFAULT], max_length=16)
+    webhook: NotifyWebhook | None = None
+
+    @field_validator("on")
+    @classmethod
+    def _terminal_states(cls, value: list[str]) -> list[str]:
+        terminal = sorted(s.value for s in TERMINAL_RUN_STATES)
+        for state in value:
+            if state not in terminal:
+                raise PydanticCustomError("terminal_state", f"{state[:40]!r} is not a terminal run state; use "
+                                          f"{', '.join(terminal)}")
+        if len(set(value)) != len(value):
+            raise PydanticCustomError("duplicate", "name each state once")
+        return value
+
+
+def validate_notify(raw: object, *, owner: str, allow: Sequence[str] | None = None) -> dict[str, Any]:
+    """The notify JSON, normalized (``on`` filled in); ``ValidationFailed`` naming ``notify.<name>``.
+
+    The webhook's URL is https, or http only to a host ``KAIROS_EGRESS_ALLOW`` lists (``allow``, read
+    from the environment when None: a test server or an internal receiver), and a literal address
+    must pass the egress check (no metadata or link-local target, ever). Its secret must be one of
+    the owner's own ARNs, exactly like ``signing.secret``: it signs what is sent, so it may not be a
+    key the owner does not hold. Host names are not resolved here; the deliver step checks every
+    address before each send.
+    """
+    if not isinstance(raw, Mapping):
+        raise ValidationFailed([FieldError("notify", "type", "give notify as a JSON object")])
+    allow = Settings.from_env().egress_allow if allow is None else allow
+    try:
+        config = NotifyConfig.model_validate(dict(raw))
+    except ValidationError as error:
+        problems = from_validation_error(error, prefix="notify")
+        # A well-formed URL is still judged, so one answer names every problem of the webhook.
+        url = raw.get("webhook", {}).get("url") if isinstance(raw.get("webhook"), Mapping) else None
+        if isinstance(url, str) and not any(p.field.startswith("notify.webhook.url") for p in problems):
+            problems.extend(_notify_url_problems(url, allow))
+        raise ValidationFailed(problems) from None
+    problems = []
+    if config.webhook is not None:
+        if not config.on:
+            problems.append(FieldError("notify.on", "empty", "a webhook needs at least one state to report"))
+        problems.extend(_notify_url_problems(config.webhook.url, allow))
+        try:
+            secrets.check(config.webhook.secret, owner=owner, audience=None)
+        except secrets.Refused as refused:
+            problems.append(secrets.field_error(refused, "notify.webhook.secret"))
+    if problems:
+        raise ValidationFailed(problems)
+    return config.model_dump(exclude_none=True)
+
+
+def _notify_url_problems(url: str, allow: Sequence[str]) -> list[FieldError]:
+    """https anywhere public; http only to a listed host; a literal address through the egress check."""
+    import ipaddress
+
+    from kairos.executors import egress  # only here: the API's cold path never needs urllib3
+    from kairos.executors.base import ExecutorError
+
+    parts = urlsplit(url)
+    host = (parts.hostname or "").rstrip(".")
+    try:
+        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
+    except ValueError:
+        address = None
+    if parts.scheme == "http":
+        hosts, networks = egress.parse_allow(allow, port=parts.port or 80)
+        listed = host in hosts or (address is not None and any(
+            address.version == n.version and address in n for n in networks))
+        if not listed:
+            return [FieldError("notify.webhook.url", "https_required",
+                               "use https; http is allowed only to hosts listed in KAIROS_EGRESS_ALLOW")]
+    if address is not None:
+        try:
+            egress.check(url, allow=allow)
+        except ExecutorError as refused:
+            return [FieldError("notify.webhook.url", "egress_refused", str(refused))]
+    return []
+
+
+# --- Reports and deliveries ----------------------------------------------------------------------
 
 
 @dataclass(frozen=True)

@@ -47,6 +47,7 @@ from kairos.errors import (
     ValidationFailed,
 )
 from kairos.instants import rfc3339
+from kairos.notify import NOTIFY_ON_DEFAULT
 from kairos.observability import logger
 from kairos.schedules import loop_policy
 from kairos.schedules.request import (
@@ -59,7 +60,6 @@ from kairos.schedules.request import (
     MAX_OCCURRENCES_MAX,
     MIN_SPACING,
     NAME_MAX,
-    NOTIFY_ON_DEFAULT,
     PREVIEW_MAX,
     PROMPT_MAX_BYTES,
     TIMED_KINDS,

@@ -27,8 +27,8 @@ Limits (the module constants; the API's models take them from here): nothing tha
 than every ``MIN_SPACING`` over its real sequence (``calendar.min_spacing``, so ``0,1 * * * *`` is
 caught as well as ``*/1``); prompt, name, cron, interval, occurrence, delay, preview and token-overlap
 bounds. Credentials: an ``agent`` and a ``signing`` secret must be the owner's own
-(``agents.validate``, ``validate_signing``), and so must a ``notify`` webhook's (``validate_notify``:
-which run endings are reported, and where a signed webhook may go).
+(``agents.validate``, ``validate_signing``), and so must a ``notify`` webhook's
+(``kairos.notify.validate_notify``).
 
 Must not: re-implement the calendar (``kairos.calendar`` judges rules, imported by the functions that
 evaluate them, not at import), or depend on the schedule record (``rule_of`` takes anything shaped
@@ -39,10 +39,9 @@ from __future__ import annotations
 
 import re
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Mapping
 from datetime import UTC, datetime, timedelta
 from typing import TYPE_CHECKING, Annotated, Any, Literal, Protocol
-from urllib.parse import urlsplit
 
 from pydantic import (
     BaseModel,
@@ -70,9 +69,9 @@ from kairos.errors import (
     from_validation_error,
 )
 from kairos.instants import out_of_range, rfc3339
+from kairos.notify import NOTIFY_ON_DEFAULT, validate_notify
 from kairos.schedules.flow_spec import validate as validate_flow
-from kairos.settings import Settings
-from kairos.states import TERMINAL_RUN_STATES, DstFold, DstGap, Mode, Overlap, RunState, ScheduleKind
+from kairos.states import DstFold, DstGap, Mode, Overlap, ScheduleKind
 
 if TYPE_CHECKING:
     from kairos import calendar
@@ -94,12 +93,6 @@ TOKEN_OVERLAP_MAX_SECONDS = 604_800
 DAY = 86_400
 
 TIMED_KINDS = frozenset({ScheduleKind.CRON, ScheduleKind.INTERVAL, ScheduleKind.ONCE})
-# A schedule's notify when the request gives none: every unhappy end, to the inbox only
-# (docs/architecture.md "Schedules and time"). Migration 0009 writes the same default for the rows
-# that existed before it.
-NOTIFY_ON_DEFAULT: tuple[RunState, ...] = (RunState.FAILED, RunState.ABANDONED, RunState.EXPIRED,
-                                           RunState.POLICY_BLOCKED)
-URL_MAX = 2_048
 
 
 # --- The request -------------------------------------------------------------------------------
@@ -156,7 +149,7 @@ class ScheduleRequest(BaseModel):
     overlap: Overlap = Overlap.ALLOW
     agent: dict[str, Any] | None = None
     signing: dict[str, Any] | None = None
-    # {"on": [terminal run states], "webhook"?: {"url", "secret"}}, checked by ``validate_notify``;
+    # {"on": [terminal run states], "webhook"?: {"url", "secret"}}, checked by ``kairos.notify.validate_notify``;
     # ``parse_request`` always fills it in (the default when absent).
     notify: dict[str, Any] | None = None
     # A corpus run's spec (docs/api.md "Corpus runs"), checked by ``kairos.schedules.corpus_spec.validate``.
@@ -207,115 +200,6 @@ def validate_signing(raw: object, *, owner: str) -> dict[str, Any]:
     except kairos_secrets.Refused as refused:
         raise ValidationFailed([kairos_secrets.field_error(refused, "signing.secret")]) from None
     return config.model_dump()
-
-
-class NotifyWebhook(BaseModel):
-    """Where a schedule's run endings are POSTed, signed like Standard Webhooks; the secret is a reference."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    url: StrictStr = Field(max_length=URL_MAX)
-    secret: agents.SecretReference
-
-    @field_validator("url")
-    @classmethod
-    def _http_url(cls, value: str) -> str:
-        try:
-            parts = urlsplit(value)
-            parts.port  # noqa: B018 - raises ValueError for a port out of range
-        except ValueError:
-            raise PydanticCustomError("url", "give an https URL such as https://hooks.example.com/kairos") from None
-        if parts.scheme not in ("http", "https") or not parts.hostname or any(c.isspace() for c in value):
-            raise PydanticCustomError("url", "give an https URL such as https://hooks.example.com/kairos")
-        if "@" in parts.netloc:
-            raise PydanticCustomError("url", "credentials must not be part of the URL; the secret signs the body")
-        return value
-
-
-
-class NotifyConfig(BaseModel):
-    """Which terminal run states a schedule reports (an inbox note each), and an optional webhook."""
-
-    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
-
-    on: list[StrictStr] = Field(default_factory=lambda: [s.value for s in NOTIFY_ON_DEFAULT], max_length=16)
-    webhook: NotifyWebhook | None = None
-
-    @field_validator("on")
-    @classmethod
-    def _terminal_states(cls, value: list[str]) -> list[str]:
-        terminal = sorted(s.value for s in TERMINAL_RUN_STATES)
-        for state in value:
-            if state not in terminal:
-                raise PydanticCustomError("terminal_state", f"{state[:40]!r} is not a terminal run state; use "
-                                          f"{', '.join(terminal)}")
-        if len(set(value)) != len(value):
-            raise PydanticCustomError("duplicate", "name each state once")
-        return value
-
-
-def validate_notify(raw: object, *, owner: str, allow: Sequence[str] | None = None) -> dict[str, Any]:
-    """The notify JSON, normalized (``on`` filled in); ``ValidationFailed`` naming ``notify.<name>``.
-
-    The webhook's URL is https, or http only to a host ``KAIROS_EGRESS_ALLOW`` lists (``allow``, read
-    from the environment when None: a test server or an internal receiver), and a literal address
-    must pass the egress check (no metadata or link-local target, ever). Its secret must be one of
-    the owner's own ARNs, exactly like ``signing.secret``: it signs what is sent, so it may not be a
-    key the owner does not hold. Host names are not resolved here; the deliver step checks every
-    address before each send.
-    """
-    if not isinstance(raw, Mapping):
-        raise ValidationFailed([FieldError("notify", "type", "give notify as a JSON object")])
-    allow = Settings.from_env().egress_allow if allow is None else allow
-    try:
-        config = NotifyConfig.model_validate(dict(raw))
-    except ValidationError as error:
-        problems = from_validation_error(error, prefix="notify")
-        # A well-formed URL is still judged, so one answer names every problem of the webhook.
-        url = raw.get("webhook", {}).get("url") if isinstance(raw.get("webhook"), Mapping) else None
-        if isinstance(url, str) and not any(p.field.startswith("notify.webhook.url") for p in problems):
-            problems.extend(_notify_url_problems(url, allow))
-        raise ValidationFailed(problems) from None
-    problems = []
-    if config.webhook is not None:
-        if not config.on:
-            problems.append(FieldError("notify.on", "empty", "a webhook needs at least one state to report"))
-        problems.extend(_notify_url_problems(config.webhook.url, allow))
-        try:
-            kairos_secrets.check(config.webhook.secret, owner=owner, audience=None)
-        except kairos_secrets.Refused as refused:
-            problems.append(kairos_secrets.field_error(refused, "notify.webhook.secret"))
-    if problems:
-        raise ValidationFailed(problems)
-    return config.model_dump(exclude_none=True)
-
-
-def _notify_url_problems(url: str, allow: Sequence[str]) -> list[FieldError]:
-    """https anywhere public; http only to a listed host; a literal address through the egress check."""
-    import ipaddress
-
-    from kairos.executors import egress  # only here: the API's cold path never needs urllib3
-    from kairos.executors.base import ExecutorError
-
-    parts = urlsplit(url)
-    host = (parts.hostname or "").rstrip(".")
-    try:
-        address: ipaddress.IPv4Address | ipaddress.IPv6Address | None = ipaddress.ip_address(host)
-    except ValueError:
-        address = None
-    if parts.scheme == "http":
-        hosts, networks = egress.parse_allow(allow, port=parts.port or 80)
-        listed = host in hosts or (address is not None and any(
-            address.version == n.version and address in n for n in networks))
-        if not listed:
-            return [FieldError("notify.webhook.url", "https_required",
-                               "use https; http is allowed only to hosts listed in KAIROS_EGRESS_ALLOW")]
-    if address is not None:
-        try:
-            egress.check(url, allow=allow)
-        except ExecutorError as refused:
-            return [FieldError("notify.webhook.url", "egress_refused", str(refused))]
-    return []
 
 
 # ASCII only: without re.ASCII, \d and \s also match fullwidth digits and Unicode spaces, and int()
