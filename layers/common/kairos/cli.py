@@ -16,6 +16,8 @@ from collections.abc import Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kairos.chaos import command as chaos_command
+
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
     from kairos import migrations
@@ -407,6 +409,7 @@ def build_parser() -> argparse.ArgumentParser:
                           "token) before starting")
     dev.add_argument("--log-level", default="WARNING", help="level of the handlers' JSON logs (default WARNING)")
     dev.set_defaults(func=_cmd_dev)
+    chaos_command.add_parser(sub)  # kairos chaos: the seeded fault rehearsal (kairos.chaos)
 
     invoke = sub.add_parser("invoke", help="call one handler with an event file (see events/)")
     invoke.add_argument("function", choices=["tick", "run", "webhook", "migrate"])
