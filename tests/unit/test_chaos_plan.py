@@ -8,7 +8,6 @@ the same steps and points, with the same workload; an unknown kind is refused na
 from __future__ import annotations
 
 import pytest
-
 from kairos.chaos.plan import FAULT_KINDS, make_plan, parse_kinds
 
 
