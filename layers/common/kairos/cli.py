@@ -211,7 +211,7 @@ def _runs(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         _print(args, [r.as_json() for r in rows], [_run_line(r) for r in rows] or ["no runs"])
         return 0
     if verb == "retry":
-        retried = operations.retry_run(conn, args.id)
+        retried = operations.retry_run(conn, args.id, from_last_step=args.from_last_step)
         args.sendable.extend([retried.run_id] if retried.sendable else [])
         _print(args, retried.as_json(), [f"run {retried.run_id} retries {args.id} ({retried.decision.value})"])
         return 0
@@ -462,12 +462,17 @@ def _add_operator_commands(sub: Any) -> None:
     rl.add_argument("--schedule", type=uuid.UUID)
     rl.add_argument("--state", choices=[state.value for state in RunState])
     rl.add_argument("--limit", type=int, default=50)
-    for verb in ("show", "trace", "cancel", "retry"):
+    for verb in ("show", "trace", "cancel"):
         run_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
     rs = run_verbs.add_parser("steps", parents=[common], help="a run's model turns and tool calls (previews redacted)")
     rs.add_argument("id", type=uuid.UUID)
     rs.add_argument("--after", type=int, default=0, help="list steps numbered after this one")
     rs.add_argument("--limit", type=int, default=100)
+    rr = run_verbs.add_parser("retry", parents=[common], help="a new run of a failed, abandoned, expired or "
+                                                              "cancelled run")
+    rr.add_argument("id", type=uuid.UUID)
+    rr.add_argument("--from-last-step", action="store_true",
+                    help="take over the run's completed steps (never sent again) and continue after them")
     run.set_defaults(func=_cmd_ops)
 
     approval = sub.add_parser("approvals", help="list approval waits, approve or deny one (every owner)")

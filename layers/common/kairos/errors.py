@@ -190,6 +190,13 @@ class NotRetryable(Conflict):
     code = "not_retryable"
 
 
+class AmbiguousEffect(Conflict):
+    """A retry from the last step would have to repeat a step whose external change may or may not have
+    happened (its effect is ambiguous): the error names the step."""
+
+    code = "ambiguous_effect"
+
+
 class LoopPolicy(Conflict):
     """A goal loop's fixed policies cannot be loosened through a schedule route (trigger, retry,
     backfill, PATCH /v1/schedules): a loop is edited only through PATCH /v1/loops."""

@@ -224,10 +224,10 @@ def backfill_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, ra
     return backfill.backfill(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner, raw=raw)
 
 
-def retry_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> Any:
+def retry_run(conn: psycopg.Connection[db.Row], run_id: UUID, *, from_last_step: bool = False) -> Any:
     from kairos.schedules import manual
 
-    return manual.retry(conn, run_id, owner=get_run(conn, run_id).owner)
+    return manual.retry(conn, run_id, owner=get_run(conn, run_id).owner, from_last_step=from_last_step)
 
 
 def list_approvals(conn: psycopg.Connection[db.Row], *, owner: str | None = None, state: str | None = None,

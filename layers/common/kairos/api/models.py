@@ -65,6 +65,15 @@ class TestRunRequest(_Strict):
     payload: Any = Field(default=None, description="any JSON, at most 65,536 bytes; the run's payload")
 
 
+class RetryRequest(_Strict):
+    """``POST /v1/runs/{id}/retry``: from the start (no body, or no ``from``) or from the last step."""
+
+    from_: Literal["last_step"] | None = Field(
+        default=None, alias="from",
+        description="last_step: the new run takes over the old run's completed steps (never sent again) and "
+                    "continues after them")
+
+
 # ---- responses -----------------------------------------------------------------------------------
 
 
@@ -188,6 +197,8 @@ class RunOut(_Open):
                                                     "conversation); null until it is claimed")
     retry_of: str | None = Field(description="the run a POST /v1/runs/{id}/retry made this one from; null "
                                              "for any other run")
+    resumed_from: int | None = Field(description="a retry from the last step: the number of the last of the old "
+                                                 "run's steps it took over (0: none); null for any other run")
 
 
 class RunEnvelope(_Strict):

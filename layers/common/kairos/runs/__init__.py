@@ -66,6 +66,7 @@ class Run:
     conversation_id: UUID | None
     source_conversation_id: UUID
     retry_of: UUID | None  # the run a retry made this one from; None for any other run
+    resumed_from: int | None  # a retry from the last step: the last old step it took over
     cancel_requested_at: datetime | None
     output: dict[str, Any] | None
     usage: dict[str, Any] | None
@@ -95,6 +96,7 @@ class Run:
             conversation_id=row["conversation_id"],
             source_conversation_id=row["source_conversation_id"],
             retry_of=row["retry_of"],
+            resumed_from=row["resumed_from"],
             cancel_requested_at=row["cancel_requested_at"],
             output=row["output"],
             usage=row["usage"],
@@ -128,6 +130,7 @@ class Run:
             "conversation_id": None if self.conversation_id is None else str(self.conversation_id),
             "source_conversation_id": str(self.source_conversation_id),
             "retry_of": None if self.retry_of is None else str(self.retry_of),
+            "resumed_from": self.resumed_from,
             "cancel_requested": self.cancel_requested_at is not None,
             "created_at": trace.rfc3339(self.created_at),
             "started_at": trace.rfc3339(self.started_at),

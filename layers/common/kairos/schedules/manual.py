@@ -17,9 +17,16 @@ Rules:
 * a retry refuses (``not_retryable``, 409) a run in any other state, a run that reserved an
   external change not known to have failed (a mutation reserved, settled or ambiguous: repeating it
   could repeat the change), and a run whose inputs retention already forgot;
-* a retry is idempotent per run: its occurrence key is ``retry:<run id>``, so retrying the same run
-  again answers the run the first retry made. A trigger has a fresh key each time; the API's
-  ``Idempotency-Key`` makes a retried request answer its first response.
+* a retry from the last step (``from_last_step``) takes over the old run's completed steps instead:
+  its new run's step log starts as a copy of them (``run_steps_seed``; ``resumed_from``: the last one), so
+  its tool loop folds them — no model turn or settled tool call is sent again — and continues with the
+  step that did not complete. A settled mutation is then no obstacle (its step is in the log), but a
+  mutation left reserved or ambiguous, or settled outside the log, answers ``AmbiguousEffect`` (409
+  ``ambiguous_effect``) naming its step;
+* a retry is idempotent per run and kind: its occurrence key is ``retry:<run id>`` (from the last step:
+  ``retry:<run id>:last_step``), so retrying the same run again answers the run the first retry made.
+  A trigger has a fresh key each time; the API's ``Idempotency-Key`` makes a retried request answer
+  its first response.
 
 ``test`` records a ``test`` occurrence of the schedule's current revision (active or paused, not a
 loop): its run is dispatched at once whatever the overlap policy, calls models for real and sends no
@@ -41,7 +48,15 @@ from typing import Any
 import psycopg
 
 from kairos import calendar, conversations, db, identity, occurrences, overlap
-from kairos.errors import Conflict, FieldError, NotFound, NotRetryable, OverlapConflict, ValidationFailed
+from kairos.errors import (
+    AmbiguousEffect,
+    Conflict,
+    FieldError,
+    NotFound,
+    NotRetryable,
+    OverlapConflict,
+    ValidationFailed,
+)
 from kairos.observability import logger
 from kairos.schedules.loop_policy import loop_refusal
 from kairos.states import Decision, Overlap, RunState, ScheduleStatus, Source
@@ -114,8 +129,10 @@ def _record_test(conn: psycopg.Connection[db.Row], schedule: db.Row, *, key: str
     return Manual(schedule_id, occurrence_id, run_id, Decision.DISPATCHED, sendable=True)
 
 
-def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, now: datetime | None = None) -> Manual:
-    """A new run re-executing ``run_id``'s revision and payload (see the module doc)."""
+def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, from_last_step: bool = False,
+          now: datetime | None = None) -> Manual:
+    """A new run re-executing ``run_id``'s revision and payload; ``from_last_step``: taking over its
+    completed steps (see the module doc)."""
     with db.atomic(conn):
         run = db.fetch_one(conn, "runs_lock_owned", {"run_id": run_id, "owner": owner})
         if run is None:
@@ -129,43 +146,67 @@ def retry(conn: psycopg.Connection[db.Row], run_id: uuid.UUID, *, owner: str, no
             instead = "post the message again" if run["schedule_id"] is None else "trigger the schedule"
             raise NotRetryable(f"this run's thread and payload were forgotten (retention); {instead} instead",
                                fields=[FieldError("run", "not_pruned", "the run's inputs are gone")])
-        kept = db.fetch_one(conn, "effects_mutation_kept", {"run_id": run_id})
-        if kept is not None and kept["kept"]:
-            raise NotRetryable("this run reserved an external change that may have happened; retrying could "
-                               "repeat it", fields=[FieldError("run", "replay_safe", "the run made or may have "
-                                                                "made an external change")])
-        if run["schedule_id"] is None:  # a chat turn: retried into its conversation
-            manual = _retry_turn(conn, run, owner=owner, now=now)
-            logger.info("run retried", extra={"action": "run_retried", "run_id": str(manual.run_id),
-                                              "retry_of": str(run_id), "decision": manual.decision.value})
-            return manual
-        origin = db.fetch_row(conn, "occurrences_of_run", {"run_id": run_id})  # runs.occurrence_id: NOT NULL REFERENCES
-        if run["test"]:  # a test run retries as a test run, the schedule paused or not
-            schedule = db.fetch_row(conn, "schedules_lock_owned", {"schedule_id": run["schedule_id"], "owner": owner,
-                                                                   "now": now})
-            if schedule["status"] == ScheduleStatus.CANCELLED.value:
-                raise Conflict("the schedule is cancelled; a test run needs a schedule that is not",
-                               fields=[FieldError("status", "not_cancelled", "a cancelled schedule never runs")])
-            revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
-            manual = _record_test(conn, schedule, key=f"retry:{run_id}", payload=run["payload"], now=now,
-                                  retry_of=run_id, revision=revision)
+        if from_last_step:
+            crossing = db.fetch_one(conn, "run_steps_ambiguous", {"run_id": run_id})
+            if crossing is not None:
+                raise AmbiguousEffect(
+                    f"step {crossing['step']} may or may not have changed something outside; retrying from the "
+                    "last step would have to repeat it", fields=[FieldError(
+                        "step", "ambiguous", f"{crossing['step']}: its external change is not known to have "
+                        "happened or not")])
         else:
-            schedule = _lock_active(conn, run["schedule_id"], owner, now)
-            revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
-            manual = _record(conn, schedule, revision=revision, key=f"retry:{run_id}", now=now,
-                             retry_of=run_id, payload=run["payload"])
-    logger.info("run retried", extra={"action": "run_retried", "run_id": str(manual.run_id),
-                                      "retry_of": str(run_id), "decision": manual.decision.value})
+            kept = db.fetch_one(conn, "effects_mutation_kept", {"run_id": run_id})
+            if kept is not None and kept["kept"]:
+                raise NotRetryable("this run reserved an external change that may have happened; retrying could "
+                                   "repeat it (retry from the last step keeps what its completed steps did)",
+                                   fields=[FieldError("run", "replay_safe", "the run made or may have made an "
+                                                      "external change")])
+        key = f"retry:{run_id}:last_step" if from_last_step else f"retry:{run_id}"
+        manual = _retried(conn, run, key=key, owner=owner, now=now)
+        resumed = _take_over_steps(conn, run_id, manual.run_id, now=now) if from_last_step else None
+    logger.info("run retried", extra={"action": "run_retried", "run_id": str(manual.run_id), "retry_of": str(run_id),
+                                      "decision": manual.decision.value, "resumed_from": resumed})
     return manual
 
 
-def _retry_turn(conn: psycopg.Connection[db.Row], run: db.Row, *, owner: str, now: datetime | None) -> Manual:
+def _retried(conn: psycopg.Connection[db.Row], run: db.Row, *, key: str, owner: str, now: datetime | None) -> Manual:
+    """The retry's occurrence and run, by the old run's source: a chat turn into its conversation, a test
+    run as a test run, any other run as a ``manual`` one of the old run's revision."""
+    run_id: uuid.UUID = run["id"]
+    if run["schedule_id"] is None:  # a chat turn: retried into its conversation
+        return _retry_turn(conn, run, key=key, owner=owner, now=now)
+    origin = db.fetch_row(conn, "occurrences_of_run", {"run_id": run_id})  # runs.occurrence_id: NOT NULL REFERENCES
+    if run["test"]:  # a test run retries as a test run, the schedule paused or not
+        schedule = db.fetch_row(conn, "schedules_lock_owned", {"schedule_id": run["schedule_id"], "owner": owner,
+                                                               "now": now})
+        if schedule["status"] == ScheduleStatus.CANCELLED.value:
+            raise Conflict("the schedule is cancelled; a test run needs a schedule that is not",
+                           fields=[FieldError("status", "not_cancelled", "a cancelled schedule never runs")])
+        revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
+        return _record_test(conn, schedule, key=key, payload=run["payload"], now=now, retry_of=run_id,
+                            revision=revision)
+    schedule = _lock_active(conn, run["schedule_id"], owner, now)
+    revision = int(origin["schedule_revision"] if origin["revision_kept"] else schedule["revision"])
+    return _record(conn, schedule, revision=revision, key=key, now=now, retry_of=run_id, payload=run["payload"])
+
+
+def _take_over_steps(conn: psycopg.Connection[db.Row], old_run_id: uuid.UUID, new_run_id: uuid.UUID, *,
+                     now: datetime | None) -> int | None:
+    """Seeds the new run's step log with the old run's completed steps and records how many it took
+    (``resumed_from``); None when an earlier request already made the run (nothing changes)."""
+    seeded = db.fetch_all(conn, "run_steps_seed", {"run_id": new_run_id, "old_run_id": old_run_id, "now": now})
+    steps = max((int(r["n"]) for r in seeded), default=0)
+    marked = db.fetch_one(conn, "runs_mark_resumed", {"run_id": new_run_id, "steps": steps})
+    return None if marked is None else steps
+
+
+def _retry_turn(conn: psycopg.Connection[db.Row], run: db.Row, *, key: str, owner: str,
+                now: datetime | None) -> Manual:
     """A failed chat turn's retry: the same message (and corpus) asked again in the same conversation as a
     new ``chat`` run, ``retry_of`` the old one, queued behind the conversation's unfinished turn if any (turns
     run one at a time, ``kairos.chat``). The run is locked before the conversation, as a worker takes them."""
     run_id: uuid.UUID = run["id"]
     conversation = conversations.lock(conn, run["source_conversation_id"], owner=owner)
-    key = f"retry:{run_id}"
     occurrence_id = identity.occurrence_id(conversation.id, Source.CHAT, key=key)
     new_run_id = identity.run_id(occurrence_id)
     existing = db.fetch_one(conn, "occurrences_of_run", {"run_id": new_run_id})

@@ -80,3 +80,33 @@ UPDATE run_steps
    SET state = %(state)s, finished_at = coalesce(%(now)s::timestamptz, now())
  WHERE run_id = %(run_id)s AND state = 'waiting_approval'
 RETURNING n;
+
+-- name: run_steps_seed
+-- A retry from the last step: copies the old run's completed steps (those a later attempt would fold:
+-- succeeded or not_sent_test, record kept) into the new run's log, with their previews (attempt and
+-- fence 0: before any claim; no usage or effect: the new run paid for none of them), while the new run
+-- is still unclaimed and has no steps of its own.
+INSERT INTO run_steps (run_id, n, kind, name, call_id, record, attempt, fence, state, started_at, finished_at,
+                       input, output, target, created_at)
+SELECT r.id, s.n, s.kind, s.name, s.call_id, s.record, 0, 0, s.state, s.started_at, s.finished_at,
+       s.input, s.output, s.target, coalesce(%(now)s::timestamptz, now())
+  FROM runs r
+  JOIN run_steps s ON s.run_id = %(old_run_id)s
+ WHERE r.id = %(run_id)s AND r.state = 'queued' AND r.attempt = 0
+   AND s.state IN ('succeeded', 'not_sent_test') AND s.record IS NOT NULL
+   AND NOT EXISTS (SELECT 1 FROM run_steps mine WHERE mine.run_id = r.id)
+RETURNING n;
+
+-- name: run_steps_ambiguous
+-- The steps of a run whose external change may or may not have happened: a mutation left reserved or
+-- ambiguous, or settled without its step in the log. A retry from the last step refuses to cross them.
+SELECT e.step
+  FROM effects e
+ WHERE e.run_id = %(run_id)s AND e.mutation
+   AND (e.state IN ('reserved', 'ambiguous')
+        OR (e.state = 'settled'
+            AND NOT EXISTS (SELECT 1 FROM run_steps s
+                             WHERE s.run_id = e.run_id AND s.kind = 'tool' AND s.state = 'succeeded'
+                               AND s.record IS NOT NULL AND (s.effect_id = e.id OR 'tool:' || s.n = e.step))))
+ ORDER BY e.created_at, e.id
+ LIMIT 1;

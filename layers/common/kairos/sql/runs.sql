@@ -851,3 +851,10 @@ UPDATE runs
    SET unclaimed_handoffs = 0
  WHERE id = %(run_id)s AND state = 'queued' AND held_until > coalesce(%(now)s::timestamptz, now())
 RETURNING id, extract(epoch FROM held_until - coalesce(%(now)s::timestamptz, now()))::float8 AS seconds_left;
+
+-- name: runs_mark_resumed
+-- A retry from the last step: the new, unclaimed run records the last of the old run's steps it took over.
+UPDATE runs
+   SET resumed_from = %(steps)s
+ WHERE id = %(run_id)s AND state = 'queued' AND attempt = 0 AND resumed_from IS NULL
+RETURNING id;

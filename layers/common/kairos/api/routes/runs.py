@@ -13,7 +13,7 @@ from typing import Annotated, Any
 from uuid import UUID
 
 from aws_lambda_powertools.event_handler import Response
-from aws_lambda_powertools.event_handler.openapi.params import Query
+from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 
 from kairos import pages, trace
 from kairos.api import models
@@ -117,15 +117,18 @@ def cancel_run(id: str) -> Response[dict[str, Any]]:
     return ok(200, models.RunEnvelope, {"run": run.as_json()})
 
 
-@router.endpoint("POST", "/v1/runs/<id>/retry", status=202, model=models.HookAccepted, errors=(404, 409, 429),
-                 summary="A new run of the same revision (retry_of the old one); failed, abandoned, expired or "
-                         "cancelled runs with no external change only")
-def retry_run(id: str) -> Response[dict[str, Any]]:
+@router.endpoint("POST", "/v1/runs/<id>/retry", status=202, model=models.HookAccepted,
+                 errors=(400, 404, 409, 415, 429), has_body=True,
+                 summary="A new run of the same revision (retry_of the old one) of a failed, abandoned, expired or "
+                         "cancelled run: from the start with no external change made, or {\"from\": \"last_step\"} "
+                         "taking over its completed steps (409 ambiguous_effect naming a step that may have acted)")
+def retry_run(id: str, body: Annotated[models.RetryRequest | None, Body()] = None) -> Response[dict[str, Any]]:
     from kairos.schedules import manual
 
     owner = principal()
     run_id = parse_id(id, "run")
+    from_last_step = body is not None and body.from_ == "last_step"
     with database().transaction() as conn:
-        retried = manual.retry(conn, run_id, owner=owner)
+        retried = manual.retry(conn, run_id, owner=owner, from_last_step=from_last_step)
     send_committed([retried.run_id] if retried.sendable else [])
     return ok(202, models.HookAccepted, retried.as_json())
