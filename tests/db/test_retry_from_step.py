@@ -94,7 +94,16 @@ def test_a_run_that_failed_at_step_five_is_retried_from_its_last_step(
     # the new run's effects are its own call only: the folded steps cost nothing again
     effects = rows(api.url, "SELECT kind FROM effects WHERE run_id = %s", new)
     assert [e["kind"] for e in effects] == ["model_call"]
-    assert [r["n"] for r in rows(api.url, "SELECT n FROM run_steps WHERE run_id = %s ORDER BY n", new)] == [1, 2, 3, 4]
+    # its log: steps 1-4 taken over (attempt 0, never made by it), step 5 made again by its first attempt
+    steps = rows(api.url, "SELECT n, kind, state, attempt FROM run_steps WHERE run_id = %s ORDER BY n", new)
+    assert [(s["n"], s["kind"], s["state"], s["attempt"]) for s in steps] == [
+        (1, "model", "succeeded", 0), (2, "tool", "succeeded", 0), (3, "model", "succeeded", 0),
+        (4, "tool", "succeeded", 0), (5, "model", "succeeded", 1)]
+    listed = api.alice.get(f"/v1/runs/{new}/steps")
+    assert listed.status == 200, listed.text
+    assert [s["n"] if "n" in s else s["step"] for s in listed.json["steps"]] == [1, 2, 3, 4, 5]
+    old_steps = rows(api.url, "SELECT n, state FROM run_steps WHERE run_id = %s ORDER BY n", old)
+    assert old_steps[-1] == {"n": 5, "state": "failed"}
 
 
 def test_a_test_run_retries_from_its_last_step_as_a_test_run(
