@@ -66,6 +66,7 @@ ROUTES = {
     "GET /v1/runs",
     "GET /v1/runs/{id}",
     "GET /v1/runs/{id}/events",
+    "GET /v1/runs/{id}/steps",
     "GET /v1/runs/{id}/output",
     "POST /v1/runs/{id}/cancel",
     "GET /v1/runs/{id}/corpus",
