@@ -292,3 +292,49 @@ def test_the_cli_prints_a_runs_steps_as_a_table_or_json(
     assert cli.main(["runs", "steps", str(run_id), "--json", "--after", "2"]) == 0
     printed = json.loads(capsys.readouterr().out)
     assert [s["step"] for s in printed["steps"]] == [3] and printed["next_after"] == 3
+
+
+class Crash(BaseException):
+    """The worker dies right after its http call went out (not an Exception: nothing catches it)."""
+
+
+def test_a_step_its_worker_died_in_ends_ambiguous_when_the_tick_ends_the_run(
+        api: Api, db: Database, fake_openai: FakeOpenAI, leaky: Peer) -> None:
+    from datetime import UTC, datetime, timedelta
+
+    from kairos.tick import Tick
+
+    # Given a worker that dies with its http call sent and not settled
+    run_id = chat_run(api, fake_openai, leaky.url("/hook"))
+
+    def crash(effect: Any, **_: Any) -> None:
+        if effect.kind == "http_call":
+            raise Crash()
+
+    with pytest.raises(Crash):
+        work(db, run_id, probes=Probes().on("after_send", crash))
+    assert [r["state"] for r in rows(api.url, "SELECT state FROM run_steps WHERE run_id = %s ORDER BY n", run_id)] \
+        == ["succeeded", "running"]
+
+    # When its lease runs out and the tick ends the run
+    with psycopg.connect(api.url, autocommit=True) as conn:
+        conn.execute("UPDATE runs SET lease_expires_at = now() - interval '1 second' WHERE id = %s", (run_id,))
+    Tick(db, api.sqs, api.queue_url, metrics=None).run(now=datetime.now(UTC) + timedelta(seconds=1))
+
+    # Then the step it left reads ambiguous (the post may have been applied), ended
+    steps = api.alice.get(f"/v1/runs/{run_id}/steps").json["steps"]
+    assert [(s["step"], s["state"], s["finished_at"] is not None) for s in steps] == [
+        (1, "succeeded", True), (2, "ambiguous", True)]
+
+
+def test_cancelling_a_run_that_waits_for_approval_ends_its_waiting_step(
+        api: Api, db: Database, fake_openai: FakeOpenAI, leaky: Peer) -> None:
+    run_id = chat_run(api, fake_openai, leaky.url("/hook"), approval="mutations")
+    assert work(db, run_id).result == "awaiting_approval"
+
+    assert api.alice.post(f"/v1/runs/{run_id}/cancel").status == 200
+
+    steps = api.alice.get(f"/v1/runs/{run_id}/steps").json["steps"]
+    assert [(s["step"], s["state"], s["finished_at"] is not None) for s in steps] == [
+        (1, "succeeded", True), (2, "failed", True)]
+    assert leaky.received == []

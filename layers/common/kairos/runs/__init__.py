@@ -41,7 +41,7 @@ from kairos import db, pages, trace
 from kairos.diagnosis import diagnose, for_loop_run
 from kairos.errors import NotFound
 from kairos.observability import logger
-from kairos.runs import moves
+from kairos.runs import moves, steps
 from kairos.states import RunState, Source
 
 OUTPUT_PREVIEW_CHARS = 2000
@@ -189,6 +189,8 @@ def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: d
             db.fetch_all(conn, "approvals_retire_for_run", {"run_id": run_id, "now": now})
             # And its pending question: an answer after the cancel finds it cancelled (one of the two wins).
             db.fetch_all(conn, "input_requests_cancel_for_run", {"run_id": run_id, "now": now})
+            # And a call that waited for approval ends with it (failed: never sent).
+            steps.end_with_run(conn, run_id, now=now)
             moves.count("RunCancelled")
             logger.info("run cancelled", extra={"action": "run_cancelled", "run_id": str(run_id)})
             return Run.from_row(done)

@@ -28,6 +28,7 @@ from psycopg.types.json import Jsonb
 
 from kairos import db, diagnosis, trace
 from kairos.observability import logger
+from kairos.runs import steps
 from kairos.states import EventType, RunState, terminal_event
 
 
@@ -60,6 +61,7 @@ def end(conn: psycopg.Connection[db.Row], row: db.Row, state: RunState, reason_c
                                                                    "reason": "lease_expired"})], now=now)
     if moved is None:
         return False
+    steps.end_with_run(conn, row["id"], now=now)  # what its lost worker left running
     logger.warning("run ended after its lease expired",
                    extra={"action": "run_rescue_ended", "state": state.value, "reason_code": reason_code,
                           **_log(row)})

@@ -4,7 +4,8 @@ Role: the data-access layer of ``run_steps`` (``sql/run_steps.sql``). The worker
 (``kairos.execution.tool_loop``, through ``kairos.execution.steps``) opens a step with ``begin`` in
 the transaction that reserves its effect, may grow a running model step's output with ``progress``,
 and ends it with ``finish`` (or ``send_finish`` in a pipeline) in the transaction that settles the
-effect; ``close_open`` ends what an attempt leaves running when it fails or is cancelled. The API
+effect; ``close_open`` ends what an attempt leaves running when it fails or is cancelled, and
+``end_with_run`` what a run ended without its worker leaves (the tick's rescue, a cancel). The API
 reads them with ``page`` (``GET /v1/runs/{id}/steps``) after ``kairos.runs.get`` checked the owner.
 
 Previews (``preview``): a value is redacted (``kairos.redact``) and then, when its JSON text is over
@@ -159,6 +160,13 @@ def close_open(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, *, no
     """Ends the run's running steps (``ambiguous`` when their effect is, else ``failed``) for the fence
     holder; how many it ended."""
     return len(db.fetch_all(conn, "run_steps_close_open", {"run_id": run_id, "fence": fence, "now": now}))
+
+
+def end_with_run(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None) -> int:
+    """Ends the steps a run left running or waiting when it ended without its worker (a rescue, a
+    cancel while waiting): ``ambiguous`` when their effect may have been applied, else ``failed``.
+    Only for a run that has ended; the caller ended it in this transaction. How many it ended."""
+    return len(db.fetch_all(conn, "run_steps_end_with_run", {"run_id": run_id, "now": now}))
 
 
 def close_waiting(conn: psycopg.Connection[db.Row], run_id: UUID, state: StepState, *,

@@ -63,14 +63,31 @@ RETURNING n;
 
 -- name: run_steps_close_open
 -- Ends the run's steps still running when its attempt ends without them (a failure, a cancel, a lost
--- attempt found by the next one): ambiguous when the step's effect is, else failed. Fenced.
+-- attempt found by the next one): ambiguous when the step's effect is (or is a mutation still
+-- reserved: it may have been applied), else failed. Fenced.
 UPDATE run_steps s
-   SET state = CASE WHEN EXISTS (SELECT 1 FROM effects e WHERE e.id = s.effect_id AND e.state = 'ambiguous')
+   SET state = CASE WHEN EXISTS (SELECT 1 FROM effects e WHERE e.id = s.effect_id AND (
+                        e.state = 'ambiguous' OR (e.state = 'reserved' AND e.mutation)))
                     THEN 'ambiguous' ELSE 'failed' END,
        finished_at = coalesce(%(now)s::timestamptz, now())
   FROM runs r
  WHERE s.run_id = %(run_id)s AND s.state = 'running'
    AND r.id = s.run_id AND r.fence = %(fence)s AND r.state = 'running'
+RETURNING s.n;
+
+-- name: run_steps_end_with_run
+-- Ends the steps a run left running or waiting for a person when it ended without its worker (the
+-- tick's rescue of an expired lease, a cancel while it waited): ambiguous when the step's effect is
+-- (or is a mutation still reserved), else failed. Only for a run that has ended (finished_at set);
+-- the caller ended it in this transaction.
+UPDATE run_steps s
+   SET state = CASE WHEN EXISTS (SELECT 1 FROM effects e WHERE e.id = s.effect_id AND (
+                        e.state = 'ambiguous' OR (e.state = 'reserved' AND e.mutation)))
+                    THEN 'ambiguous' ELSE 'failed' END,
+       finished_at = coalesce(%(now)s::timestamptz, now())
+  FROM runs r
+ WHERE s.run_id = %(run_id)s AND s.state IN ('running', 'waiting_approval')
+   AND r.id = s.run_id AND r.finished_at IS NOT NULL
 RETURNING s.n;
 
 -- name: run_steps_close_waiting
