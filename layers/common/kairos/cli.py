@@ -12,11 +12,14 @@ import json
 import os
 import sys
 import uuid
-from collections.abc import Iterable, Sequence
+from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
 from kairos.chaos import command as chaos_command
+
+# An operator command: (its arguments, the open connection, ``kairos.operations``) -> the exit code.
+Operation = Callable[[argparse.Namespace, Any, Any], int]
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
@@ -169,72 +172,127 @@ def _send(database: Any, run_ids: list[uuid.UUID]) -> None:
 
 
 def _ops(args: argparse.Namespace, conn: Any, operations: Any) -> int:
-    what, verb = args.command, args.verb
-    if what == "status":
-        sqs = None
-        queue_url = os.environ.get("RUN_QUEUE_URL")
-        if queue_url:
-            import boto3
-
-            sqs = boto3.client("sqs")
-        st = operations.status(conn, sqs=sqs, queue_url=queue_url)
-        data = st.as_json()
-        _print(args, data, [f"{k:<22} {v if v is not None else '-'}" for k, v in data.items()])
-        return 0
-    if what == "approvals":
-        return _approvals(args, conn, operations)
-    if what in ("loops", "input"):
-        return _goals(args, conn, operations)
-    if what == "schedules":
-        if verb in ("edit", "trigger", "backfill", "test"):
-            return _steer_schedule(args, conn, operations)
-        if verb == "list":
-            rows = operations.list_schedules(conn, owner=args.owner, include_cancelled=args.all, limit=args.limit)
-            _print(args, [r.as_json() for r in rows], [_schedule_line(r) for r in rows] or ["no schedules"])
-            return 0
-        action = {
-            "show": operations.get_schedule,
-            "pause": operations.pause_schedule,
-            "resume": operations.resume_schedule,
-            "cancel": operations.cancel_schedule,
-        }[verb]
-        sched = action(conn, args.id)
-        _print(args, sched.as_json(), [f"{k:<26} {v}" for k, v in sched.as_json().items() if k != "prompt"])
-        return 0
-    return _runs(args, conn, operations)
+    """The operator command ``args`` names (``OPERATIONS``), in the caller's transaction."""
+    return OPERATIONS[args.command, args.verb](args, conn, operations)
 
 
-def _runs(args: argparse.Namespace, conn: Any, operations: Any) -> int:
-    verb = args.verb
-    if verb == "list":
-        rows = operations.list_runs(conn, schedule_id=args.schedule, state=args.state, limit=args.limit)
-        _print(args, [r.as_json() for r in rows], [_run_line(r) for r in rows] or ["no runs"])
+def _status(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    sqs = None
+    queue_url = os.environ.get("RUN_QUEUE_URL")
+    if queue_url:
+        import boto3
+
+        sqs = boto3.client("sqs")
+    st = operations.status(conn, sqs=sqs, queue_url=queue_url)
+    data = st.as_json()
+    _print(args, data, [f"{k:<22} {v if v is not None else '-'}" for k, v in data.items()])
+    return 0
+
+
+# --- schedules ---
+
+
+def _list_schedules(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    rows = operations.list_schedules(conn, owner=args.owner, include_cancelled=args.all, limit=args.limit)
+    _print(args, [r.as_json() for r in rows], [_schedule_line(r) for r in rows] or ["no schedules"])
+    return 0
+
+
+def _schedule(name: str) -> Operation:
+    """``schedules show|pause|resume|cancel``: ``operations.<name>`` on one schedule, printed whole."""
+
+    def run(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+        _print_schedule(args, getattr(operations, name)(conn, args.id))
         return 0
-    if verb == "retry":
-        retried = operations.retry_run(conn, args.id, from_last_step=args.from_last_step)
-        args.sendable.extend([retried.run_id] if retried.sendable else [])
-        _print(args, retried.as_json(), [f"run {retried.run_id} retries {args.id} ({retried.decision.value})"])
-        return 0
-    if verb == "cancel":
-        before = operations.get_run(conn, args.id)
-        if before.state.terminal or before.cancel_requested_at is not None:
-            done = "already " + (before.state.value if before.state.terminal else "asked to cancel")
-            print(f"kairos: run {args.id} is {done}: nothing to cancel", file=sys.stderr)
-            return 1
-        run = operations.cancel_run(conn, args.id)
-        _print(args, run.as_json(), [_run_line(run)])
-        return 0
-    if verb == "steps":
-        found, next_after = operations.steps(conn, args.id, after=args.after, limit=args.limit)
-        _print(args, {"steps": [step.as_json() for step in found], "next_after": next_after},
-               _step_lines(found) if found else ["no steps"])
-        return 0
+
+    return run
+
+
+def _print_schedule(args: argparse.Namespace, sched: Any) -> None:
+    _print(args, sched.as_json(), [f"{k:<26} {v}" for k, v in sched.as_json().items() if k != "prompt"])
+
+
+def _edit_schedule(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    try:
+        patch = json.loads(args.patch)
+    except ValueError:
+        print("kairos: --patch must be a JSON object, e.g. '{\"prompt\": \"...\"}'", file=sys.stderr)
+        return 2
+    _print_schedule(args, operations.edit_schedule(conn, args.id, patch=patch, if_match=args.if_match))
+    return 0
+
+
+def _trigger_schedule(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    triggered = operations.trigger_schedule(conn, args.id)
+    args.sendable.extend([triggered.run_id] if triggered.sendable else [])
+    _print(args, triggered.as_json(), [f"run {triggered.run_id} ({triggered.decision.value})"])
+    return 0
+
+
+def _test_schedule(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    try:
+        payload = None if args.payload is None else json.loads(args.payload)
+    except ValueError:
+        print("kairos: --payload must be JSON", file=sys.stderr)
+        return 2
+    tested = operations.test_schedule(conn, args.id, payload=payload)
+    args.sendable.extend([tested.run_id] if tested.sendable else [])
+    _print(args, tested.as_json(), [f"test run {tested.run_id} (mutations are recorded, not sent)"])
+    return 0
+
+
+def _backfill_schedule(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    raw = {"from": args.start, "until": args.until, **({} if args.max is None else {"max": args.max})}
+    done = operations.backfill_schedule(conn, args.id, raw=raw)
+    args.sendable.extend(done.sendable)
+    _print(args, {"occurrences": done.occurrences},
+           [f"{o['fire_at']}  {o['local_time']}{o['utc_offset']}  revision {o['schedule_revision']}  "
+            f"{o['decision']:<13} run {o['run_id']}" for o in done.occurrences] or ["no instants in the window"])
+    return 0
+
+
+# --- runs ---
+
+
+def _list_runs(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    rows = operations.list_runs(conn, schedule_id=args.schedule, state=args.state, limit=args.limit)
+    _print(args, [r.as_json() for r in rows], [_run_line(r) for r in rows] or ["no runs"])
+    return 0
+
+
+def _retry_run(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    retried = operations.retry_run(conn, args.id, from_last_step=args.from_last_step)
+    args.sendable.extend([retried.run_id] if retried.sendable else [])
+    _print(args, retried.as_json(), [f"run {retried.run_id} retries {args.id} ({retried.decision.value})"])
+    return 0
+
+
+def _cancel_run(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    before = operations.get_run(conn, args.id)
+    if before.state.terminal or before.cancel_requested_at is not None:
+        done = "already " + (before.state.value if before.state.terminal else "asked to cancel")
+        print(f"kairos: run {args.id} is {done}: nothing to cancel", file=sys.stderr)
+        return 1
+    run = operations.cancel_run(conn, args.id)
+    _print(args, run.as_json(), [_run_line(run)])
+    return 0
+
+
+def _run_steps(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    found, next_after = operations.steps(conn, args.id, after=args.after, limit=args.limit)
+    _print(args, {"steps": [step.as_json() for step in found], "next_after": next_after},
+           _step_lines(found) if found else ["no steps"])
+    return 0
+
+
+def _show_run(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    """``runs show`` (the run, then its trace) and ``runs trace`` (the trace alone)."""
     run = operations.get_run(conn, args.id)
     if args.json:  # the trace as JSON events (as the API shapes them), never the text lines
         _print(args, {"run": run.as_json(), "events": operations.events(conn, args.id)}, [])
         return 0
     lines = operations.timeline(conn, args.id)
-    if verb == "trace":
+    if args.verb == "trace":
         _print(args, {}, lines or ["no events"])
         return 0
     body = run.as_json()
@@ -256,14 +314,20 @@ def _step_lines(found: list[Any]) -> list[str]:
     return lines
 
 
-def _approvals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
-    if args.verb == "list":
-        found = operations.list_approvals(conn, owner=args.owner, state=args.state, limit=args.limit)
-        _print(args, [a.as_json() for a in found],
-               [line for a in found for line in (
-                   f"{a.id}  {a.state:<9} {a.tool:<16} run {a.run_id}  expires {a.expires_at.isoformat()}",
-                   *_preview_lines(a.preview))] or ["no approval requests"])
-        return 0
+# --- approvals, loops, input ---
+
+
+def _list_approvals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    found = operations.list_approvals(conn, owner=args.owner, state=args.state, limit=args.limit)
+    _print(args, [a.as_json() for a in found],
+           [line for a in found for line in (
+               f"{a.id}  {a.state:<9} {a.tool:<16} run {a.run_id}  expires {a.expires_at.isoformat()}",
+               *_preview_lines(a.preview))] or ["no approval requests"])
+    return 0
+
+
+def _decide_approval(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    """``approvals approve|deny``; an approved run is sent once the decision commits."""
     decided = operations.decide_approval(conn, args.id, approve=args.verb == "approve")
     if args.verb == "approve":
         args.sendable.append(decided.run_id)
@@ -285,66 +349,64 @@ def _preview_lines(preview: dict[str, Any]) -> list[str]:
     return lines
 
 
-def _goals(args: argparse.Namespace, conn: Any, operations: Any) -> int:
-    """``kairos loops create|show`` and ``kairos input list|answer``."""
-    if args.command == "loops":
-        if args.verb == "create":
-            try:
-                raw = json.loads(Path(args.body[1:]).read_text() if args.body.startswith("@") else args.body)
-            except (OSError, ValueError):
-                print("kairos: --body must be a JSON object (or @file), e.g. '{\"conversation_id\": ...}'",
-                      file=sys.stderr)
-                return 2
-            loop = operations.create_loop(conn, owner=args.owner, raw=raw)
-        else:
-            loop = operations.get_loop(conn, args.id)
-        shown = loop.as_json()
-        _print(args, shown, [f"{k:<26} {v}" for k, v in shown.items() if k != "prompt"])
-        return 0
-    if args.verb == "list":
-        found = operations.list_input_requests(conn, owner=args.owner, state=args.state, limit=args.limit)
-        _print(args, [r.as_json() for r in found],
-               [f"{r.id}  {r.state:<9} run {r.run_id}  loop {r.schedule_id}  {r.question[:60]}" for r in found]
-               or ["no input requests"])
-        return 0
+def _create_loop(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    try:
+        raw = json.loads(Path(args.body[1:]).read_text() if args.body.startswith("@") else args.body)
+    except (OSError, ValueError):
+        print("kairos: --body must be a JSON object (or @file), e.g. '{\"conversation_id\": ...}'",
+              file=sys.stderr)
+        return 2
+    _print_schedule(args, operations.create_loop(conn, owner=args.owner, raw=raw))
+    return 0
+
+
+def _show_loop(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    _print_schedule(args, operations.get_loop(conn, args.id))
+    return 0
+
+
+def _list_input(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    found = operations.list_input_requests(conn, owner=args.owner, state=args.state, limit=args.limit)
+    _print(args, [r.as_json() for r in found],
+           [f"{r.id}  {r.state:<9} run {r.run_id}  loop {r.schedule_id}  {r.question[:60]}" for r in found]
+           or ["no input requests"])
+    return 0
+
+
+def _answer_input(args: argparse.Namespace, conn: Any, operations: Any) -> int:
     answered = operations.answer_input(conn, args.id, text=args.answer)
     args.sendable.append(answered.run_id)
     _print(args, answered.as_json(), [f"{answered.id}  {answered.state.value}  run {answered.run_id} requeued"])
     return 0
 
 
-def _steer_schedule(args: argparse.Namespace, conn: Any, operations: Any) -> int:
-    if args.verb == "edit":
-        try:
-            patch = json.loads(args.patch)
-        except ValueError:
-            print("kairos: --patch must be a JSON object, e.g. '{\"prompt\": \"...\"}'", file=sys.stderr)
-            return 2
-        sched = operations.edit_schedule(conn, args.id, patch=patch, if_match=args.if_match)
-        _print(args, sched.as_json(), [f"{k:<26} {v}" for k, v in sched.as_json().items() if k != "prompt"])
-        return 0
-    if args.verb == "trigger":
-        triggered = operations.trigger_schedule(conn, args.id)
-        args.sendable.extend([triggered.run_id] if triggered.sendable else [])
-        _print(args, triggered.as_json(), [f"run {triggered.run_id} ({triggered.decision.value})"])
-        return 0
-    if args.verb == "test":
-        try:
-            payload = None if args.payload is None else json.loads(args.payload)
-        except ValueError:
-            print("kairos: --payload must be JSON", file=sys.stderr)
-            return 2
-        tested = operations.test_schedule(conn, args.id, payload=payload)
-        args.sendable.extend([tested.run_id] if tested.sendable else [])
-        _print(args, tested.as_json(), [f"test run {tested.run_id} (mutations are recorded, not sent)"])
-        return 0
-    raw = {"from": args.start, "until": args.until, **({} if args.max is None else {"max": args.max})}
-    done = operations.backfill_schedule(conn, args.id, raw=raw)
-    args.sendable.extend(done.sendable)
-    _print(args, {"occurrences": done.occurrences},
-           [f"{o['fire_at']}  {o['local_time']}{o['utc_offset']}  revision {o['schedule_revision']}  "
-            f"{o['decision']:<13} run {o['run_id']}" for o in done.occurrences] or ["no instants in the window"])
-    return 0
+# (command, verb) -> the operation: it prints its answer and returns the exit code. ``verb`` is None
+# for a command without verbs. The parser (``_add_operator_commands``) offers exactly these.
+OPERATIONS: dict[tuple[str, str | None], Operation] = {
+    ("status", None): _status,
+    ("schedules", "list"): _list_schedules,
+    ("schedules", "show"): _schedule("get_schedule"),
+    ("schedules", "pause"): _schedule("pause_schedule"),
+    ("schedules", "resume"): _schedule("resume_schedule"),
+    ("schedules", "cancel"): _schedule("cancel_schedule"),
+    ("schedules", "edit"): _edit_schedule,
+    ("schedules", "trigger"): _trigger_schedule,
+    ("schedules", "test"): _test_schedule,
+    ("schedules", "backfill"): _backfill_schedule,
+    ("runs", "list"): _list_runs,
+    ("runs", "show"): _show_run,
+    ("runs", "trace"): _show_run,
+    ("runs", "steps"): _run_steps,
+    ("runs", "retry"): _retry_run,
+    ("runs", "cancel"): _cancel_run,
+    ("approvals", "list"): _list_approvals,
+    ("approvals", "approve"): _decide_approval,
+    ("approvals", "deny"): _decide_approval,
+    ("loops", "create"): _create_loop,
+    ("loops", "show"): _show_loop,
+    ("input", "list"): _list_input,
+    ("input", "answer"): _answer_input,
+}
 
 
 def _cmd_invoke(args: argparse.Namespace) -> int:

@@ -7,7 +7,7 @@ schedule. ``edit`` is a JSON merge patch of the loop fields under a new revision
 schedules): a new goal moves the goal to that revision and the loop to ``draft`` — nothing fires, a run
 still queued from an older revision is refused at claim (``goal_revised``), the pending question of a
 run of the old goal is cancelled with its run — until the owner resumes it (``/v1/schedules/{id}/resume``
-or ``kairos loops resume``). Pause, resume and cancel are the schedule routes'; cancel also cancels the
+or ``kairos schedules resume``). Pause, resume and cancel are the schedule routes'; cancel also cancels the
 loop's pending questions and the runs that wait on them (``kairos.input_requests``). What a loop run's
 ``goal_report`` does to its loop (``kairos.execution.goal_report``) is the moves at the end of this module:
 ``continue_``, ``complete``, ``block``, ``release``, ``wait`` — with the owner's moves in
