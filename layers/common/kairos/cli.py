@@ -486,7 +486,6 @@ def build_parser() -> argparse.ArgumentParser:
 def _add_operator_commands(sub: Any) -> None:
     """``status``, ``schedules``, ``runs``, ``approvals``, ``loops`` and ``input``: operator commands over
     every owner's rows."""
-    from kairos.states import RunState
 
     common = argparse.ArgumentParser(add_help=False)
     common.add_argument("--database-url", help="libpq URL (default: $DATABASE_URL)")
@@ -518,6 +517,24 @@ def _add_operator_commands(sub: Any) -> None:
     sb.add_argument("--max", type=int, help="refuse if the window holds more instants (at most 100)")
     sched.set_defaults(func=_cmd_ops)
 
+    _add_run_commands(sub, common)
+
+    approval = sub.add_parser("approvals", help="list approval waits, approve or deny one (every owner)")
+    approval_verbs = approval.add_subparsers(dest="verb", required=True)
+    al = approval_verbs.add_parser("list", parents=[common])
+    al.add_argument("--owner")
+    al.add_argument("--state", help="pending, approved, applied, denied, expired or retired")
+    al.add_argument("--limit", type=int, default=50)
+    for verb in ("approve", "deny"):
+        approval_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
+    approval.set_defaults(func=_cmd_ops)
+    _add_goal_commands(sub, common)
+
+
+def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
+    """``runs list|show|trace|steps|cancel|retry``."""
+    from kairos.states import RunState
+
     run = sub.add_parser("runs", help="list, show, trace, steps, retry or cancel runs (every owner)")
     run_verbs = run.add_subparsers(dest="verb", required=True)
     rl = run_verbs.add_parser("list", parents=[common])
@@ -536,17 +553,6 @@ def _add_operator_commands(sub: Any) -> None:
     rr.add_argument("--from-last-step", action="store_true",
                     help="take over the run's completed steps (never sent again) and continue after them")
     run.set_defaults(func=_cmd_ops)
-
-    approval = sub.add_parser("approvals", help="list approval waits, approve or deny one (every owner)")
-    approval_verbs = approval.add_subparsers(dest="verb", required=True)
-    al = approval_verbs.add_parser("list", parents=[common])
-    al.add_argument("--owner")
-    al.add_argument("--state", help="pending, approved, applied, denied, expired or retired")
-    al.add_argument("--limit", type=int, default=50)
-    for verb in ("approve", "deny"):
-        approval_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
-    approval.set_defaults(func=_cmd_ops)
-    _add_goal_commands(sub, common)
 
 
 def _add_goal_commands(sub: Any, common: argparse.ArgumentParser) -> None:
