@@ -45,7 +45,7 @@ from kairos.execution.sqs import parse_run_id
 from kairos.local import demo_server
 from kairos.local.apigw import LocalContext
 from kairos.local.postgres import LocalPostgres
-from kairos.observability import logger
+from kairos.observability import logger, metrics
 from kairos.probes import Probes
 from kairos.tick import Tick
 
@@ -54,6 +54,9 @@ DRAIN_MINUTES = 40  # simulated: past the handoff's stale bound (15 min) and the
 VISIBILITY_SECONDS = 1  # a failed record comes back after this (real) time
 MAX_RECEIVES = 5  # then SQS moves it to the dead-letter queue
 RETRY_DELAY_MAX = 2  # a run's retry delay, compressed to real seconds
+
+
+CRASHES = ("pg_restart", "pg_terminate", "kill")  # the faults that strike inside a tick or a run
 
 
 class Crash(Exception):
@@ -121,6 +124,8 @@ class Rehearsal:
         self.sim = START
         self.hooks: list[tuple[uuid.UUID, str]] = []  # (schedule id, token)
         self.chat_conversations: dict[bool, uuid.UUID] = {}
+        self.struck: set[Fault] = set()
+        self._lock = threading.Lock()
 
     # -- the stack ---------------------------------------------------------------------------------
 
@@ -159,6 +164,7 @@ class Rehearsal:
             yield self
         finally:
             self.kill.uninstall()
+            metrics.clear_metrics()  # the components' EMF lines: CloudWatch's input, nothing to print here
             closers: list[Callable[[], Any]] = [self.model.stop, moto.stop, self.pg.stop]
             if hasattr(self, "db"):
                 closers.insert(0, self.db.close)
@@ -252,12 +258,12 @@ class Rehearsal:
         probes = Probes()
         if fault is None or fault.point in ("", "statement"):
             return probes
-        done = threading.Event()
 
         def strike(**_: Any) -> None:
-            if done.is_set():
-                return
-            done.set()
+            with self._lock:
+                if fault in self.struck:
+                    return
+                self.struck.add(fault)
             self.counters.struck[fault.kind] += 1
             if fault.kind == "pg_restart":
                 self.pg.restart(mode="immediate")
@@ -292,14 +298,13 @@ class Rehearsal:
         finally:
             if fault is not None and fault.point == "statement" and self.kill.disarm():
                 self.counters.struck[fault.kind] += 1
+                self.struck.add(fault)
 
-    def work(self, faults: list[Fault], *, rounds: int = 3) -> int:
+    def work(self, faults: list[Fault], run_fault: Fault | None = None, *, rounds: int = 3) -> int:
         """Takes what the queue holds (up to ``rounds`` receives) and runs each id; how many were taken.
-        A probe fault of the step strikes the first run that reaches its point; a statement kill, the
-        step's first run; a short deadline, the first run; a skewed clock, every run of the step."""
+        ``run_fault`` (a probe fault) strikes the first run that reaches its point, a statement kill the
+        first run; a short deadline, the first run; a skewed clock, every run of the step."""
         by_kind = {f.kind: f for f in faults}
-        run_fault = next((f for f in faults if f.kind in ("pg_restart", "pg_terminate", "kill")
-                          and f.target == "run"), None)
         probes = self._probes(run_fault)
         statement = run_fault.nth if run_fault is not None and run_fault.point == "statement" else 0
         taken = 0
@@ -313,7 +318,8 @@ class Rehearsal:
             if round_ == 0:
                 received = self._sqs_faults(received, by_kind)
             for message in received:
-                self._invoke(message, probes, statement, by_kind.pop("deadline", None), by_kind.get("clock_skew"))
+                self._invoke(message, probes, (statement, run_fault), by_kind.pop("deadline", None),
+                             by_kind.get("clock_skew"))
                 statement = 0
         return taken
 
@@ -343,8 +349,9 @@ class Rehearsal:
     def _delete(self, message: dict[str, Any]) -> None:
         self.sqs.delete_message(QueueUrl=self.queue, ReceiptHandle=message["ReceiptHandle"])
 
-    def _invoke(self, message: dict[str, Any], probes: Probes, statement: int, deadline: Fault | None,
-                skew: Fault | None) -> None:
+    def _invoke(self, message: dict[str, Any], probes: Probes, kill: tuple[int, Fault | None],
+                deadline: Fault | None, skew: Fault | None) -> None:
+        statement, statement_fault = kill
         run_id = parse_run_id(message.get("Body"))
         if run_id is None:
             self._delete(message)
@@ -352,7 +359,9 @@ class Rehearsal:
         now = self.sim
         if skew is not None:
             now = self.sim + timedelta(seconds=skew.value)
-            self.counters.struck["clock_skew"] += 1
+            if skew not in self.struck:
+                self.struck.add(skew)
+                self.counters.struck["clock_skew"] += 1
         remaining: Callable[[], int] | None = None
         if deadline is not None:
             started = time.monotonic()
@@ -373,6 +382,8 @@ class Rehearsal:
         finally:
             if statement and self.kill.disarm():
                 self.counters.struck["kill"] += 1
+                if statement_fault is not None:
+                    self.struck.add(statement_fault)
         self.counters.events[f"outcome {outcome.result}"] += 1
         if outcome.result == "deferred":
             return  # redelivered after the visibility timeout
@@ -391,15 +402,23 @@ class Rehearsal:
     def run(self) -> None:
         wall = time.monotonic()
         self.create_workload()
+        carried: dict[str, Fault | None] = {"tick": None, "run": None}
         for step in range(self.plan.steps):
             self.sim = START + timedelta(seconds=STEP_SECONDS * (step + 1))
             actions, faults = self.plan.at(step)
             for index, action in enumerate(actions):
                 self.act(action, step + index)
-            tick_fault = next((f for f in faults if f.kind in ("pg_restart", "pg_terminate", "kill")
-                               and f.target == "tick"), None)
-            self.tick(tick_fault)
-            self.work(faults)
+            # A fault that finds nothing to strike (no fire in this tick, no run reaching its point) waits
+            # for the next step, until the step of the next fault of its target.
+            for target in ("tick", "run"):
+                new = next((f for f in faults if f.kind in CRASHES and f.target == target), None)
+                if new is not None:
+                    carried[target] = new
+            self.tick(carried["tick"])
+            self.work(faults, carried["run"])
+            for target in ("tick", "run"):
+                if carried[target] in self.struck:
+                    carried[target] = None
             self.decide_approvals()
             if self.verbose and step % 15 == 0:
                 self.out(f"step {step}/{self.plan.steps}  sim {self.sim.isoformat()}  "

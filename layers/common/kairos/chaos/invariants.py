@@ -6,6 +6,8 @@ how many violated it, the first violating run) and ``timeline`` a run's events, 
 * fires once per instant — no schedule has two scheduled occurrences at one ``fire_at``;
 * one terminal run per occurrence — an occurrence that was dispatched (or queued behind another run)
   has exactly one run and it has ended; a skipped one has none;
+* ended once — every ended run has exactly one terminal event (``run.succeeded`` … ``run.policy_blocked``):
+  a run executed again after it ended (a claim without its guard) shows here;
 * nothing stuck — after the drain, no run is still queued, running or waiting;
 * no mutation sent twice — every ``http_post`` target (one unique path per chat turn) received at most
   one request, and each settled ``http_call`` effect exactly one;
@@ -62,6 +64,14 @@ SELECT count(*) AS counted,
          AS first_run
   FROM o"""
 
+_ENDED_ONCE = """
+WITH t AS (SELECT run_id, count(*) AS n FROM run_events WHERE type = ANY(%(events)s) GROUP BY run_id)
+SELECT count(*) AS counted,
+       count(*) FILTER (WHERE coalesce(t.n, 0) <> 1) AS violations,
+       min(r.id::text) FILTER (WHERE coalesce(t.n, 0) <> 1) AS first_run
+  FROM runs r LEFT JOIN t ON t.run_id = r.id
+ WHERE r.state = ANY(%(terminal)s) AND r.pruned_at IS NULL"""
+
 _STUCK = """
 SELECT count(*) AS counted,
        count(*) FILTER (WHERE NOT (state = ANY(%(terminal)s))) AS violations,
@@ -100,6 +110,7 @@ def check(url: str, sink_counts: Mapping[str, int], model_usage: Mapping[str, in
         fires = conn.execute(_FIRES).fetchone() or {}
         one = conn.execute(_ONE_TERMINAL, params).fetchone() or {}
         stuck = conn.execute(_STUCK, params).fetchone() or {}
+        ended = conn.execute(_ENDED_ONCE, {**params, "events": [f"run.{t}" for t in TERMINAL]}).fetchone() or {}
         traces = conn.execute(_TRACES).fetchone() or {}
         http = conn.execute(_HTTP_EFFECTS).fetchall()
         effects = conn.execute(_EFFECT_USAGE).fetchone() or {}
@@ -108,6 +119,8 @@ def check(url: str, sink_counts: Mapping[str, int], model_usage: Mapping[str, in
         Check("fires recorded once per instant", int(fires.get("counted") or 0), int(fires.get("violations") or 0)),
         Check("one terminal run per occurrence (or a skip)", int(one.get("counted") or 0),
               int(one.get("violations") or 0), one.get("first_run")),
+        Check("each ended run ended once (one terminal event)", int(ended.get("counted") or 0),
+              int(ended.get("violations") or 0), ended.get("first_run")),
         Check("nothing stuck after the drain", int(stuck.get("counted") or 0), int(stuck.get("violations") or 0),
               stuck.get("first_run"), f"states {stuck['states']}" if stuck.get("states") else ""),
         _mutations(http, sink_counts),
