@@ -19,9 +19,10 @@ from __future__ import annotations
 import json
 import math
 import os
+from collections.abc import Callable, Mapping
 from dataclasses import dataclass, field
 from functools import lru_cache
-from typing import Literal
+from typing import Any, Literal
 from urllib.parse import quote
 
 DEFAULT_RETENTION_DAYS = 30
@@ -108,6 +109,62 @@ def _model_prices(raw: str | None) -> dict[str, tuple[float, float]]:
     return prices
 
 
+def _set(raw: str | None) -> str | None:
+    """The value as given; unset or empty means None."""
+    return raw or None
+
+
+def _trimmed(raw: str | None) -> str | None:
+    """The value without surrounding spaces; unset or blank means None."""
+    return (raw or "").strip() or None
+
+
+def _names(raw: str | None) -> tuple[str, ...]:
+    """A comma-separated list, each name trimmed, empty ones dropped."""
+    return tuple(name.strip() for name in (raw or "").split(",") if name.strip())
+
+
+def _on(raw: str | None) -> bool:
+    """A switch that is on unless ``off``, ``false`` or ``0``; unset means on."""
+    return (raw or "on").strip().lower() not in ("off", "false", "0")
+
+
+def _auth(raw: str | None) -> Literal["jwt", "dev"]:
+    """``KAIROS_AUTH``: ``dev`` (the tokens of ``KAIROS_DEV_TOKENS``) or, for anything else, ``jwt``."""
+    return "dev" if raw == "dev" else "jwt"
+
+
+def _dev_tokens(raw: str | None) -> dict[str, str]:
+    """``KAIROS_DEV_TOKENS``: ``token=principal`` pairs, comma-separated; a pair missing either is skipped."""
+    tokens: dict[str, str] = {}
+    for pair in filter(None, (p.strip() for p in (raw or "").split(","))):
+        token, _, principal = pair.partition("=")
+        if token and principal:
+            tokens[token.strip()] = principal.strip()
+    return tokens
+
+
+def _public_url(raw: str | None) -> str | None:
+    return (raw or "").rstrip("/") or None
+
+
+def _issuer(raw: str | None) -> str | None:
+    return (raw or "").strip().rstrip("/") or None
+
+
+def _scopes(raw: str | None) -> str:
+    """``KAIROS_CONSOLE_SCOPES``: scopes separated by spaces or commas, one space each; none means ``openid``."""
+    return " ".join((raw or "openid").replace(",", " ").split()) or "openid"
+
+
+def _whole_of(name: str, default: int, high: int, unit: str) -> Callable[[str | None], int]:
+    return lambda raw: _whole(name, raw, default, 1, high, unit)
+
+
+def _usd_of(name: str, default: float, high: float) -> Callable[[str | None], float]:
+    return lambda raw: _usd(name, raw, default, high)
+
+
 @dataclass(frozen=True)
 class Settings:
     database_url: str | None = None
@@ -148,49 +205,13 @@ class Settings:
     run_dlq_url: str | None = None
 
     @classmethod
-    def from_env(cls, env: dict[str, str] | None = None) -> Settings:
+    def from_env(cls, env: Mapping[str, str] | None = None) -> Settings:
         env = dict(os.environ if env is None else env)
-        tokens: dict[str, str] = {}
-        for pair in filter(None, (p.strip() for p in env.get("KAIROS_DEV_TOKENS", "").split(","))):
-            token, _, principal = pair.partition("=")
-            if token and principal:
-                tokens[token.strip()] = principal.strip()
-        return cls(
-            database_url=env.get("DATABASE_URL") or None,
-            database_secret_arn=env.get("DATABASE_SECRET_ARN") or None,
-            run_queue_url=env.get("RUN_QUEUE_URL") or None,
-            database_proxy_host=env.get("DATABASE_PROXY_HOST") or None,
-            prepared_statements=not env.get("DATABASE_PROXY_HOST")
-            and env.get("KAIROS_PREPARED_STATEMENTS", "on").strip().lower() not in ("off", "false", "0"),
-            pipeline=env.get("KAIROS_PIPELINE", "on").strip().lower() not in ("off", "false", "0"),
-            auth="dev" if env.get("KAIROS_AUTH", "jwt") == "dev" else "jwt",
-            dev_tokens=tokens,
-            public_url=(env.get("KAIROS_PUBLIC_URL") or "").rstrip("/") or None,
-            egress_allow=tuple(
-                h.strip() for h in env.get("KAIROS_EGRESS_ALLOW", "").split(",") if h.strip()
-            ),
-            retention_days=_retention_days(env.get("KAIROS_RETENTION_DAYS")),
-            owner_concurrency=_whole("KAIROS_OWNER_CONCURRENCY", env.get("KAIROS_OWNER_CONCURRENCY"),
-                                     DEFAULT_OWNER_CONCURRENCY, 1, MAX_OWNER_CONCURRENCY, "runs"),
-            owner_queue_max=_whole("KAIROS_OWNER_QUEUE_MAX", env.get("KAIROS_OWNER_QUEUE_MAX"),
-                                   DEFAULT_OWNER_QUEUE_MAX, 1, MAX_OWNER_QUEUE_MAX, "runs"),
-            owner_daily_tokens=_whole("KAIROS_OWNER_DAILY_TOKENS", env.get("KAIROS_OWNER_DAILY_TOKENS"),
-                                      DEFAULT_OWNER_DAILY_TOKENS, 1, MAX_OWNER_DAILY_TOKENS, "tokens"),
-            owner_daily_cost_usd=_usd("KAIROS_OWNER_DAILY_COST_USD", env.get("KAIROS_OWNER_DAILY_COST_USD"),
-                                      DEFAULT_OWNER_DAILY_COST_USD, MAX_OWNER_DAILY_COST_USD),
-            model_prices=_model_prices(env.get("KAIROS_MODEL_PRICES")),
-            corpus_buckets=tuple(b.strip() for b in env.get("KAIROS_CORPUS_BUCKETS", "").split(",") if b.strip()),
-            export_bucket=(env.get("KAIROS_EXPORT_BUCKET") or "").strip() or None,
-            corpus_max_concurrency=_whole("KAIROS_CORPUS_MAX_CONCURRENCY", env.get("KAIROS_CORPUS_MAX_CONCURRENCY"),
-                                          DEFAULT_CORPUS_MAX_CONCURRENCY, 1, MAX_CORPUS_MAX_CONCURRENCY, "partitions"),
-            console_issuer=(env.get("KAIROS_CONSOLE_ISSUER") or "").strip().rstrip("/") or None,
-            console_client_id=(env.get("KAIROS_CONSOLE_CLIENT_ID") or "").strip() or None,
-            console_scopes=" ".join((env.get("KAIROS_CONSOLE_SCOPES") or "openid").replace(",", " ").split())
-            or "openid",
-            console_authorize_url=(env.get("KAIROS_CONSOLE_AUTHORIZE_URL") or "").strip() or None,
-            console_token_url=(env.get("KAIROS_CONSOLE_TOKEN_URL") or "").strip() or None,
-            run_dlq_url=env.get("RUN_DLQ_URL") or None,
-        )
+        # In the table's order, so the first variable refused is the same one whatever else is wrong.
+        values = {name: read(env.get(variable)) for variable, (name, read) in _READERS.items()}
+        # RDS Proxy pins every session that prepares a statement: behind it, nothing is prepared.
+        values["prepared_statements"] = values["prepared_statements"] and not env.get("DATABASE_PROXY_HOST")
+        return cls(**values)
 
     @property
     def readable_corpus_buckets(self) -> tuple[str, ...]:
@@ -204,6 +225,41 @@ class Settings:
         if self.database_secret_arn:
             return _url_from_secret(self.database_secret_arn, self.database_proxy_host)
         raise RuntimeError("set DATABASE_URL or DATABASE_SECRET_ARN")
+
+
+# Each variable: the setting it sets, and how its value (None when unset) is read.
+_READERS: dict[str, tuple[str, Callable[[str | None], Any]]] = {
+    "DATABASE_URL": ("database_url", _set),
+    "DATABASE_SECRET_ARN": ("database_secret_arn", _set),
+    "RUN_QUEUE_URL": ("run_queue_url", _set),
+    "DATABASE_PROXY_HOST": ("database_proxy_host", _set),
+    "KAIROS_PREPARED_STATEMENTS": ("prepared_statements", _on),
+    "KAIROS_PIPELINE": ("pipeline", _on),
+    "KAIROS_AUTH": ("auth", _auth),
+    "KAIROS_DEV_TOKENS": ("dev_tokens", _dev_tokens),
+    "KAIROS_PUBLIC_URL": ("public_url", _public_url),
+    "KAIROS_EGRESS_ALLOW": ("egress_allow", _names),
+    "KAIROS_RETENTION_DAYS": ("retention_days", _retention_days),
+    "KAIROS_OWNER_CONCURRENCY": ("owner_concurrency", _whole_of(
+        "KAIROS_OWNER_CONCURRENCY", DEFAULT_OWNER_CONCURRENCY, MAX_OWNER_CONCURRENCY, "runs")),
+    "KAIROS_OWNER_QUEUE_MAX": ("owner_queue_max", _whole_of(
+        "KAIROS_OWNER_QUEUE_MAX", DEFAULT_OWNER_QUEUE_MAX, MAX_OWNER_QUEUE_MAX, "runs")),
+    "KAIROS_OWNER_DAILY_TOKENS": ("owner_daily_tokens", _whole_of(
+        "KAIROS_OWNER_DAILY_TOKENS", DEFAULT_OWNER_DAILY_TOKENS, MAX_OWNER_DAILY_TOKENS, "tokens")),
+    "KAIROS_OWNER_DAILY_COST_USD": ("owner_daily_cost_usd", _usd_of(
+        "KAIROS_OWNER_DAILY_COST_USD", DEFAULT_OWNER_DAILY_COST_USD, MAX_OWNER_DAILY_COST_USD)),
+    "KAIROS_MODEL_PRICES": ("model_prices", _model_prices),
+    "KAIROS_CORPUS_BUCKETS": ("corpus_buckets", _names),
+    "KAIROS_EXPORT_BUCKET": ("export_bucket", _trimmed),
+    "KAIROS_CORPUS_MAX_CONCURRENCY": ("corpus_max_concurrency", _whole_of(
+        "KAIROS_CORPUS_MAX_CONCURRENCY", DEFAULT_CORPUS_MAX_CONCURRENCY, MAX_CORPUS_MAX_CONCURRENCY, "partitions")),
+    "KAIROS_CONSOLE_ISSUER": ("console_issuer", _issuer),
+    "KAIROS_CONSOLE_CLIENT_ID": ("console_client_id", _trimmed),
+    "KAIROS_CONSOLE_SCOPES": ("console_scopes", _scopes),
+    "KAIROS_CONSOLE_AUTHORIZE_URL": ("console_authorize_url", _trimmed),
+    "KAIROS_CONSOLE_TOKEN_URL": ("console_token_url", _trimmed),
+    "RUN_DLQ_URL": ("run_dlq_url", _set),
+}
 
 
 @lru_cache(maxsize=8)
