@@ -53,6 +53,7 @@ OWNER = "chaos"
 DRAIN_MINUTES = 40  # simulated: past the handoff's stale bound (15 min) and the lease (2 min)
 VISIBILITY_SECONDS = 1  # a failed record comes back after this (real) time
 MAX_RECEIVES = 5  # then SQS moves it to the dead-letter queue
+EXPORT_BUCKET = "kairos-exports"  # a corpus run's exports, in moto's S3
 RETRY_DELAY_MAX = 2  # a run's retry delay, compressed to real seconds
 
 
@@ -124,6 +125,7 @@ class Rehearsal:
         self.sim = START
         self.hooks: list[tuple[uuid.UUID, str]] = []  # (schedule id, token)
         self.chat_conversations: dict[bool, uuid.UUID] = {}
+        self.corpus_conversation = uuid.UUID(int=0)
         self.struck: set[Fault] = set()
         self._lock = threading.Lock()
 
@@ -153,8 +155,10 @@ class Rehearsal:
                 "VisibilityTimeout": str(VISIBILITY_SECONDS),
                 "RedrivePolicy": json.dumps({"deadLetterTargetArn": dlq_arn["Attributes"]["QueueArn"],
                                              "maxReceiveCount": str(MAX_RECEIVES)})})["QueueUrl"]
+            boto3.client("s3", endpoint_url=endpoint, region_name="us-east-1").create_bucket(Bucket=EXPORT_BUCKET)
             self.model.start()
-            os.environ.update({"DATABASE_URL": self.url, "RUN_QUEUE_URL": self.queue, "KAIROS_LOCAL": "1",
+            os.environ.update({"KAIROS_EXPORT_BUCKET": EXPORT_BUCKET, "DATABASE_URL": self.url,
+                               "RUN_QUEUE_URL": self.queue, "KAIROS_LOCAL": "1",
                                "KAIROS_EGRESS_ALLOW": self.model.egress_allow(None),
                                "POWERTOOLS_METRICS_DISABLED": "true", "POWERTOOLS_TRACE_DISABLED": "true"})
             runtime.reset()
@@ -185,6 +189,7 @@ class Rehearsal:
         with self.db.transaction() as conn:
             conv = {name: conversations.create(conn, owner=OWNER, agent=agent, title=f"chaos {name}").id
                     for name, agent in (("echo", echo), ("demo", demo))}
+            self.corpus_conversation = conversations.create(conn, owner=OWNER, agent=demo, title="chaos corpus").id
             for name, rule, zone, agent in self.plan.schedules:
                 schedules.create(conn, owner=OWNER, now=START, raw={
                     "conversation_id": str(conv[agent]), "name": name, "timezone": zone,
@@ -216,6 +221,15 @@ class Rehearsal:
                     webhooks.receive(self.db, webhooks.Delivery(token, body, headers), now=self.sim,
                                      handoff=self._handoff)
                 self.counters.events["webhook deliveries"] += action.copies
+            elif action.kind == "corpus":
+                corpus = {"partition_size": action.copies, "instructions": "One record per note.\ndemo: records",
+                          "source": {"items": [f"Note {i} of {action.mark}." for i in range(action.items)]}}
+                with self.db.transaction() as conn:
+                    turn = chat.post(conn, self.corpus_conversation, owner=OWNER, now=self.sim,
+                                     raw={"content": f"Catalogue {action.mark}.", "corpus": corpus})
+                if not turn.waiting:
+                    self._handoff(self.db, [turn.run_id])
+                self.counters.events["corpus runs"] += 1
             else:
                 call = {"url": self.sink_url(action.mark), "body": {"mark": action.mark}}
                 content = f"Chat turn {action.mark}.\ndemo: call http_post {json.dumps(call)}"
@@ -476,6 +490,7 @@ def quiet_logs(level: str = "CRITICAL") -> None:
     logger.setLevel(level)
     logging.getLogger("werkzeug").setLevel(logging.ERROR)
     logging.getLogger("botocore").setLevel(logging.ERROR)
+    logging.getLogger("psycopg.pool").setLevel(level)  # "discarding closed connection": the faults, expected
 
 
 def iso(value: datetime) -> str:

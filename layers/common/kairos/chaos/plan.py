@@ -55,8 +55,9 @@ SCHEDULES = (  # name, rule, timezone, agent ("echo" or "demo": the demo model)
 @dataclass(frozen=True)
 class Action:
     """Workload at one step: a webhook delivery (``keyed``: with an Idempotency-Key, sent ``copies``
-    times) or a chat turn whose model calls ``http_post`` once with a unique ``mark`` (``approval``:
-    whether the agent asks first, ``decision`` what the approver answers)."""
+    times), a chat turn whose model calls ``http_post`` once with a unique ``mark`` (``approval``:
+    whether the agent asks first, ``decision`` what the approver answers), or a corpus run's turn
+    (``items`` inline items, ``copies`` per partition)."""
 
     step: int
     kind: str  # "webhook" | "chat"
@@ -65,6 +66,7 @@ class Action:
     copies: int = 1
     approval: bool = False
     decision: str = "approve"  # "approve" | "deny"
+    items: int = 0
 
 
 @dataclass(frozen=True)
@@ -134,6 +136,10 @@ def make_plan(seed: int, minutes: float, kinds: Iterable[str] = FAULT_KINDS, *, 
             if rng.random() >= fault_rate / 3:
                 continue
             faults.append(_fault(rng, step, kind))
+    # Drawn last, so adding it kept every earlier draw (and each seed's faults) where it was.
+    actions.append(Action(rng.randrange(steps // 2 + 1), "corpus", _mark(rng), copies=rng.randint(2, 4),
+                          items=rng.randint(5, 12)))
+    actions.sort(key=lambda a: a.step)  # stable: within a step, the order drawn
     chosen = tuple(kinds)
     return Plan(seed=seed, minutes=minutes, steps=steps, kinds=chosen, actions=tuple(actions),
                 faults=tuple(f for f in faults if f.kind in chosen))
