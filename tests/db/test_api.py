@@ -93,6 +93,7 @@ BODIES: dict[str, Any] = {
 # cancel (an earlier route of the walk) ended it.
 # A chat turn is accepted (202); the request is approved first, so the deny after it conflicts (409).
 OWNER_STATUS: dict[str, set[int]] = {"POST /v1/schedules/{id}/trigger": {202},
+                                     "POST /v1/schedules/{id}/test": {202},
                                      "POST /v1/conversations/{id}/messages": {202},
                                      "POST /v1/approvals/{id}/deny": {409},
                                      "POST /v1/schedules/{id}/backfill": {202},
@@ -127,7 +128,7 @@ def test_another_principals_object_answers_exactly_like_a_missing_one_on_every_i
         assert foreign.headers == absent.headers, spec.key
         assert alices not in foreign.text and missing not in absent.text
         covered.add(spec.key)
-    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 28
+    assert covered == {s.key for s in ID_ROUTES} and len(covered) == 30
     after = {t: rows(api.url, f"SELECT t::text AS row FROM {t} t ORDER BY 1") for t in ("schedules", "runs")}
     assert after == before, "bob's attempts changed nothing of alice's"
 
@@ -427,6 +428,7 @@ def spec_status(spec: RouteSpec) -> int:
     return {"POST /v1/conversations": 201, "POST /v1/schedules": 201, "POST /v1/loops": 201,
             "POST /v1/hooks/{token}": 202,
             "POST /v1/schedules/{id}/trigger": 202, "POST /v1/schedules/{id}/backfill": 202,
+            "POST /v1/schedules/{id}/test": 202,
             "POST /v1/runs/{id}/retry": 202, "POST /v1/conversations/{id}/messages": 202,
             "DELETE /v1/secrets/{name}": 204, "POST /v1/runs/{id}/pause": 202,
             "POST /v1/runs/{id}/resume": 202}.get(spec.key, 200)
