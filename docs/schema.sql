@@ -11,6 +11,19 @@ $$;
 
 COMMENT ON FUNCTION public.kairos_allow_pruning() IS 'Lets the current transaction DELETE from occurrences, run_events and conversation_entries (the retention pruner only).';
 
+CREATE FUNCTION public.kairos_dispatch_at(schedule_id uuid, fire_at timestamp with time zone, jitter integer) RETURNS timestamp with time zone
+    LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
+    AS $$
+BEGIN
+    IF jitter <= 0 THEN
+        RETURN fire_at;
+    END IF;
+    RETURN fire_at + make_interval(secs => (('x' || encode(substring(
+               sha256(uuid_send(schedule_id) || int8send((extract(epoch FROM fire_at) * 1000000)::bigint))
+               FROM 1 FOR 6), 'hex'))::bit(48)::bigint % (jitter + 1)));
+END
+$$;
+
 CREATE FUNCTION public.kairos_record_revision() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -105,6 +118,8 @@ CREATE TABLE public.schedules (
     goal_revision integer,
     input_run_id uuid,
     flow jsonb,
+    jitter_seconds integer DEFAULT 0 NOT NULL,
+    next_dispatch_at timestamp with time zone GENERATED ALWAYS AS (public.kairos_dispatch_at(id, next_fire_at, jitter_seconds)) STORED,
     CONSTRAINT schedules_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT schedules_draft_is_loop CHECK (((status <> 'draft'::text) OR loop)),
     CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['auto'::text, 'first'::text, 'last'::text, 'both'::text]))),
@@ -113,6 +128,7 @@ CREATE TABLE public.schedules (
     CONSTRAINT schedules_goal_iff_loop CHECK (((goal IS NULL) = (NOT loop))),
     CONSTRAINT schedules_input_run_is_loop CHECK (((input_run_id IS NULL) OR loop)),
     CONSTRAINT schedules_interval_seconds_check CHECK (((interval_seconds IS NULL) OR (interval_seconds > 0))),
+    CONSTRAINT schedules_jitter_bounds CHECK (((jitter_seconds >= 0) AND (jitter_seconds <= 3600))),
     CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'interval'::text, 'once'::text, 'webhook'::text]))),
     CONSTRAINT schedules_loop_policies CHECK (((NOT loop) OR ((goal IS NOT NULL) AND (goal_revision IS NOT NULL) AND (kind = ANY (ARRAY['cron'::text, 'interval'::text])) AND (catch_up = false) AND (overlap = 'skip'::text) AND (mode = 'append'::text) AND (ends_at IS NOT NULL) AND (max_occurrences IS NOT NULL) AND (max_occurrences <= 500)))),
     CONSTRAINT schedules_max_delay_bounds CHECK (((max_delay_seconds >= 60) AND (max_delay_seconds <= 86400))),
@@ -133,9 +149,9 @@ CREATE FUNCTION public.kairos_schedule_definition(s public.schedules) RETURNS js
     LANGUAGE sql STABLE
     AS $$
     SELECT to_jsonb(s) - ARRAY['id', 'owner', 'conversation_id', 'status', 'revision', 'next_fire_at',
-                               'last_fire_at', 'fire_count', 'consecutive_failures', 'token_hash',
-                               'previous_token_hash', 'previous_token_expires_at', 'created_by_run_id',
-                               'created_at', 'updated_at', 'input_run_id']
+                               'next_dispatch_at', 'last_fire_at', 'fire_count', 'consecutive_failures',
+                               'token_hash', 'previous_token_hash', 'previous_token_expires_at',
+                               'created_by_run_id', 'created_at', 'updated_at', 'input_run_id']
 $$;
 
 CREATE FUNCTION public.kairos_settle_usage() RETURNS trigger
@@ -451,6 +467,7 @@ CREATE TABLE public.occurrences (
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     key_generation integer DEFAULT 0 NOT NULL,
     coalesced_into uuid,
+    dispatch_at timestamp with time zone,
     CONSTRAINT occurrences_coalesced_shape CHECK (((decision = 'coalesced'::text) = (coalesced_into IS NOT NULL))),
     CONSTRAINT occurrences_covers_count_check CHECK ((covers_count >= 1)),
     CONSTRAINT occurrences_decision_check CHECK ((decision = ANY (ARRAY['coalesced'::text, 'dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text]))),
@@ -775,7 +792,7 @@ CREATE INDEX runs_unsettled_idx ON public.runs USING btree (finished_at) WHERE (
 
 CREATE INDEX schedules_conversation_idx ON public.schedules USING btree (conversation_id, created_at);
 
-CREATE INDEX schedules_due_key_idx ON public.schedules USING btree (next_fire_at, id) WHERE ((status = 'active'::text) AND (next_fire_at IS NOT NULL));
+CREATE INDEX schedules_due_key_idx ON public.schedules USING btree (next_dispatch_at, id) WHERE ((status = 'active'::text) AND (next_dispatch_at IS NOT NULL));
 
 CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, created_at, id);
 

@@ -339,10 +339,13 @@ def test_preview_lists_fires_with_local_time_offset_and_fold(api: Api, world: di
     assert all(datetime.fromisoformat(f["fire_at"]) > datetime.now(UTC) - timedelta(minutes=1)
                for f in default.json["fires"])
     assert autumn.json == {"fires": [
-        {"fire_at": "2030-10-27T00:30:00Z", "local_time": "2030-10-27T01:30:00", "utc_offset": "+01:00", "fold": 0},
-        {"fire_at": "2030-10-27T01:30:00Z", "local_time": "2030-10-27T01:30:00", "utc_offset": "+00:00", "fold": 1},
-        {"fire_at": "2030-10-28T01:30:00Z", "local_time": "2030-10-28T01:30:00", "utc_offset": "+00:00", "fold": 0},
-    ]}
+        {"fire_at": "2030-10-27T00:30:00Z", "dispatch_at": "2030-10-27T00:30:00Z", "local_time": "2030-10-27T01:30:00",
+         "utc_offset": "+01:00", "fold": 0},
+        {"fire_at": "2030-10-27T01:30:00Z", "dispatch_at": "2030-10-27T01:30:00Z", "local_time": "2030-10-27T01:30:00",
+         "utc_offset": "+00:00", "fold": 1},
+        {"fire_at": "2030-10-28T01:30:00Z", "dispatch_at": "2030-10-28T01:30:00Z", "local_time": "2030-10-28T01:30:00",
+         "utc_offset": "+00:00", "fold": 0},
+    ]}  # without jitter a fire is dispatched at its instant
     hook = api.alice.get(f"/v1/schedules/{world['alice']['hook']}/preview")
     assert hook.status == 200 and hook.json == {"fires": []}
 

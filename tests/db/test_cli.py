@@ -300,3 +300,15 @@ def test_loops_create_show_and_input_list_answer(api: Api, capsys: pytest.Captur
     assert [m["run_id"] for m in api.messages()] == [str(asking["id"])]
     code, _, err = run_cli(capsys, "input", "answer", str(question["id"]), "--answer", "again")
     assert code == 1 and "already answered" in err
+
+
+def test_schedules_list_and_show_carry_the_jitter_and_the_dispatch_instant(
+        api: Api, capsys: pytest.CaptureFixture[str]) -> None:
+    at = datetime(2030, 1, 7, 7, 0, tzinfo=UTC)
+    sched = factories.schedule(api.url, owner="carol", cron="0 7 * * *", next_fire_at=at, jitter_seconds=600)
+    code, out, _ = run_cli(capsys, "schedules", "list")
+    assert code == 0 and f"(jitter 600s: dispatch {sched['next_dispatch_at'].isoformat()})" in out
+    code, out, _ = run_cli(capsys, "schedules", "show", str(sched["id"]), "--json")
+    shown = json.loads(out)
+    assert shown["jitter_seconds"] == 600 and datetime.fromisoformat(shown["next_dispatch_at"]) == \
+        sched["next_dispatch_at"]

@@ -94,6 +94,8 @@ def _print(args: argparse.Namespace, value: Any, lines: Iterable[str]) -> None:
 def _schedule_line(s: Any) -> str:
     rule = s.cron or (f"every {s.interval_seconds}s" if s.interval_seconds else s.starts_at or "webhook")
     nxt = s.next_fire_at.isoformat() if s.next_fire_at else "-"
+    if s.jitter_seconds and s.next_dispatch_at:  # the fire's nominal instant, then when it is dispatched
+        nxt += f" (jitter {s.jitter_seconds}s: dispatch {s.next_dispatch_at.isoformat()})"
     flow = f"  flow {flow_summary(s.flow)}" if getattr(s, "flow", None) else ""
     return f"{s.id}  {s.owner:<12} {s.kind:<8} {s.status:<9} {rule!s:<20} next {nxt}  {s.name}{flow}"
 

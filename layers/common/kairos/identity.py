@@ -5,13 +5,18 @@ generation); run id = uuid5(namespace, occurrence id). A key's generation counts
 expired receipt (0 first, the form every earlier id was made with), so a key used again after 24 h
 makes a new, still deterministic, occurrence. A duplicate tick, a retried webhook or a replayed
 request computes the same ids and converges on the same rows through the unique constraints.
+
+A jittered fire's dispatch offset (``dispatch_offset``) is derived the same way, from what the fire's
+occurrence id is made of (its schedule id and nominal instant): uniform in ``[0, jitter]`` and the same
+for every tick that computes it. The database computes the same number (``kairos_dispatch_at``, the
+generated ``schedules.next_dispatch_at``).
 """
 
 from __future__ import annotations
 
 import hashlib
 import uuid
-from datetime import UTC, datetime
+from datetime import UTC, datetime, timedelta
 
 from kairos.states import Source, parse
 
@@ -59,3 +64,25 @@ def occurrence_id(schedule_id: uuid.UUID, source: Source | str, *, fire_at: date
 
 def run_id(occurrence: uuid.UUID) -> uuid.UUID:
     return _uuid5(f"run:{occurrence}")
+
+
+_EPOCH = datetime(1970, 1, 1, tzinfo=UTC)
+_MICROSECOND = timedelta(microseconds=1)
+
+
+def dispatch_offset(schedule_id: uuid.UUID, fire_at: datetime, jitter_seconds: int) -> int:
+    """Whole seconds in ``[0, jitter_seconds]`` that the timed fire of ``schedule_id`` at ``fire_at`` waits
+    before dispatch: the first 48 bits of SHA-256(schedule id bytes || the instant as big-endian signed
+    microseconds since the Unix epoch), mod ``jitter_seconds + 1`` (``kairos_dispatch_at`` in SQL)."""
+    if jitter_seconds <= 0:
+        return 0
+    if fire_at.tzinfo is None:
+        raise ValueError("fire_at must be timezone-aware")
+    micros = (fire_at - _EPOCH) // _MICROSECOND
+    digest = hashlib.sha256(schedule_id.bytes + micros.to_bytes(8, "big", signed=True)).digest()
+    return int.from_bytes(digest[:6]) % (jitter_seconds + 1)
+
+
+def dispatch_at(schedule_id: uuid.UUID, fire_at: datetime, jitter_seconds: int) -> datetime:
+    """The instant a timed fire is due for dispatch: ``fire_at`` plus its ``dispatch_offset``."""
+    return fire_at + timedelta(seconds=dispatch_offset(schedule_id, fire_at, jitter_seconds))

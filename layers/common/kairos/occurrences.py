@@ -47,6 +47,7 @@ def planned(
     source: Source,
     fire: Fire,
     revision: int,
+    dispatch_at: datetime | None = None,
     decision: Decision,
     run_id: UUID | None,
     blocked_by: UUID | None = None,
@@ -66,7 +67,8 @@ def planned(
 
     Only what is set is in it: ``occurrences_insert`` reads the batch with ``jsonb_to_record``, where a
     missing key is NULL as a null one is, and a tick's fire leaves about half the fields unset (the
-    document is encoded and parsed once a fire, on the tick's hot path)."""
+    document is encoded and parsed once a fire, on the tick's hot path). ``dispatch_at`` is a jittered
+    fire's dispatch instant; without it the occurrence is recorded as dispatched at ``fire_at``."""
     row: dict[str, Any] = {
         "occurrence_id": str(occurrence_id),
         "source": source.value,
@@ -85,7 +87,7 @@ def planned(
                        ("retry_of", retry_of), ("coalesced_into", coalesced_into)):
         if value is not None:
             row[key] = str(value)
-    for key, instant in (("covers_from", covers_from), ("covers_until", covers_until)):
+    for key, instant in (("covers_from", covers_from), ("covers_until", covers_until), ("dispatch_at", dispatch_at)):
         if instant is not None:
             row[key] = instant.isoformat()
     if chat is not None:
@@ -132,6 +134,7 @@ class Occurrence:
     utc_offset: timedelta
     fold: int
     schedule_revision: int
+    dispatch_at: datetime
     decision: str
     covers_from: datetime | None
     covers_until: datetime | None
@@ -139,12 +142,14 @@ class Occurrence:
     run_id: UUID | None
 
     def as_json(self) -> dict[str, Any]:
-        """RFC 3339 UTC instants; ``local_time`` is the wall time in the schedule's zone (ISO 8601, no
-        offset) and ``utc_offset`` its offset at ``fire_at``; ``run_id`` is null for a fire that made no run."""
+        """RFC 3339 UTC instants (``dispatch_at``: ``fire_at`` plus the fire's jitter offset); ``local_time``
+        is the wall time in the schedule's zone (ISO 8601, no offset) and ``utc_offset`` its offset at
+        ``fire_at``; ``run_id`` is null for a fire that made no run."""
         return {
             "id": str(self.id),
             "source": self.source,
             "fire_at": rfc3339(self.fire_at),
+            "dispatch_at": rfc3339(self.dispatch_at),
             "local_time": self.local_time.isoformat(),
             "utc_offset": offset_text(self.utc_offset),
             "fold": self.fold,
@@ -172,5 +177,5 @@ def page(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, owner: str, bef
         "before_id": None if key is None else key.id, "limit": limit + 1})
     found, next_before = pages.cut(PAGE, rows, limit, lambda r: pages.Key(r["fire_at"], r["id"]))
     return [Occurrence(r["id"], r["source"], r["fire_at"], r["local_time"], r["utc_offset"], int(r["fold"]),
-                       int(r["schedule_revision"]), r["decision"], r["covers_from"], r["covers_until"],
-                       int(r["covers_count"]), r["run_id"]) for r in found], next_before
+                       int(r["schedule_revision"]), r["dispatch_at"], r["decision"], r["covers_from"],
+                       r["covers_until"], int(r["covers_count"]), r["run_id"]) for r in found], next_before

@@ -151,6 +151,9 @@ class ScheduleList(_Strict):
 
 class FireOut(_Strict):
     fire_at: str = Field(description="UTC instant, RFC 3339")
+    dispatch_at: str | None = Field(default=None, description=(
+        "when the fire is dispatched: fire_at plus its stable jitter offset in [0, jitter_seconds] (fire_at "
+        "without jitter); lateness and expiry count from it. A preview and an occurrence always carry it"))
     local_time: str = Field(description="wall time in the schedule's zone, ISO 8601 without offset")
     utc_offset: str = Field(description="offset at fire_at, e.g. +02:00")
     fold: int = Field(ge=0, le=1)
@@ -287,6 +290,8 @@ class OccurrenceOut(_Open):
     id: str
     source: str
     fire_at: str = Field(description="UTC instant, RFC 3339")
+    dispatch_at: str = Field(description="fire_at plus the fire's jitter offset (fire_at without jitter); lateness "
+                                         "and a scheduled run's expiry count from it")
     local_time: str = Field(description="wall time in the schedule's zone, ISO 8601 without offset")
     utc_offset: str
     fold: int = Field(ge=0, le=1)

@@ -77,7 +77,9 @@ async function renderList(main) {
       ? [h("a", { href: `#/runs/${encodeURIComponent(s.last_run.id)}` }, badge(s.last_run.state)), " ",
         h("span", { class: "muted" }, s.last_run.source)]
       : h("span", { class: "muted" }, "none")),
-    h("td", {}, s.next_fire_at ? inZone(s.next_fire_at, s.timezone) : "—"),
+    h("td", {}, s.next_fire_at ? inZone(s.next_fire_at, s.timezone) : "—",
+      s.jitter_seconds && s.next_dispatch_at
+        ? h("div", { class: "muted" }, `dispatch ${inZone(s.next_dispatch_at, s.timezone)}`) : null),
     h("td", {}, controls(s, () => renderList(main)))));
   replace(main,
     h("div", { class: "head" }, h("h1", {}, "Schedules"),
@@ -100,8 +102,9 @@ function firesTable(fires) {
         ` DST change ${f.change}`) : null),
     h("td", {}, f.utc_offset),
     h("td", {}, String(f.fold)),
-    h("td", { class: "muted" }, f.fire_at)));
-  return table(["Local time", "Offset", "Fold", "UTC"], rows, { id: "fires" });
+    h("td", { class: "muted" }, f.fire_at),
+    h("td", { class: "muted" }, f.dispatch_at && f.dispatch_at !== f.fire_at ? f.dispatch_at : "at fire")));
+  return table(["Local time", "Offset", "Fold", "UTC", "Dispatch (UTC, jitter)"], rows, { id: "fires" });
 }
 
 function shownOnce(webhook) {
@@ -136,6 +139,8 @@ async function renderOne(main, id, shown) {
       s.loop ? goalFacts(s) : null,
       h("dt", {}, "Zone"), h("dd", {}, `${s.timezone} (gap ${s.dst_gap}, fold ${s.dst_fold})`),
       s.flow ? [h("dt", {}, "Flow"), h("dd", { id: "flow" }, flowText(s.flow))] : null,
+      s.kind === "cron" || s.kind === "interval" ? [h("dt", {}, "Jitter"), h("dd", { id: "jitter" }, s.jitter_seconds
+        ? `up to ${s.jitter_seconds} s after each fire (next dispatch ${s.next_dispatch_at || "—"})` : "none")] : null,
       h("dt", {}, "Revision"), h("dd", {}, String(s.revision)),
       h("dt", {}, "Prompt"), h("dd", { class: "pre" }, s.prompt || ""),
       h("dt", {}, "Last run"), h("dd", {}, s.last_run
@@ -150,12 +155,13 @@ async function renderOne(main, id, shown) {
     h("h2", {}, "Occurrences"), occurrences);
   await more(25);
   const { occurrences: list } = await call("GET", `/v1/schedules/${sid}/occurrences${qs({ limit: 10 })}`);
-  replace(occurrences, list.length ? table(["Fire (local)", "Source", "Decision", "Rev", "Run"], list.map((o) => h("tr", {},
+  replace(occurrences, list.length ? table(["Fire (local)", "Source", "Decision", "Rev", "Run", "Dispatched (UTC)"], list.map((o) => h("tr", {},
     h("td", {}, `${o.local_time.replace("T", " ")} ${o.utc_offset}`), h("td", {}, o.source),
     h("td", { title: o.decision === "coalesced" ? "folded into the run on the right (debounce or batch)" : null },
       o.decision),
     h("td", {}, String(o.schedule_revision)),
-    h("td", {}, o.run_id ? h("a", { href: `#/runs/${encodeURIComponent(o.run_id)}` }, o.run_id.slice(0, 8)) : "—"))))
+    h("td", {}, o.run_id ? h("a", { href: `#/runs/${encodeURIComponent(o.run_id)}` }, o.run_id.slice(0, 8)) : "—"),
+    h("td", { class: "muted" }, o.dispatch_at || o.fire_at))))
     : h("p", { class: "muted" }, "None yet."));
 }
 
@@ -223,6 +229,7 @@ async function renderForm(main, id) {
     dst_fold: select("dst_fold", ["auto", "first", "last", "both"], s.dst_fold || "auto"),
     mode: select("mode", ["fork", "append", "fresh"], s.mode || "fork"),
     overlap: select("overlap", ["allow", "skip", "queue_one", "cancel_replace"], s.overlap || "allow"),
+    jitter_seconds: h("input", { name: "jitter_seconds", type: "number", min: 0, max: 3600, value: s.jitter_seconds || 0 }),
   };
   let conversation = null;
   if (!editing) {
@@ -239,7 +246,8 @@ async function renderForm(main, id) {
     field("Cron (5 fields, wall clock of the zone)", inputs.cron), field("Interval seconds", inputs.interval_seconds),
     field("Starts at (once / interval anchor)", inputs.starts_at), field("Time zone (IANA)", inputs.timezone),
     h("div", { class: "row" }, field("DST gap", inputs.dst_gap), field("DST fold", inputs.dst_fold),
-      s.loop ? null : [field("Mode", inputs.mode), field("Overlap", inputs.overlap)]),
+      s.loop ? null : [field("Mode", inputs.mode), field("Overlap", inputs.overlap),
+        field("Jitter seconds (cron, interval)", inputs.jitter_seconds)]),
     s.loop ? h("p", { class: "muted" }, "A goal loop always appends to its conversation and skips a fire while a run " +
       "is in flight; its goal is changed through the loops API.") : null,
     problem, h("button", { type: "submit", class: "primary" }, editing ? "Save" : "Create"));
@@ -249,6 +257,7 @@ async function renderForm(main, id) {
     const body = { name: inputs.name.value, prompt: inputs.prompt.value, kind, timezone: inputs.timezone.value,
       dst_gap: inputs.dst_gap.value, dst_fold: inputs.dst_fold.value };
     if (!s.loop) Object.assign(body, { mode: inputs.mode.value, overlap: inputs.overlap.value });
+    if (!s.loop && (kind === "cron" || kind === "interval")) body.jitter_seconds = Number(inputs.jitter_seconds.value || 0);
     if (kind === "cron") body.cron = inputs.cron.value;
     if (kind === "interval") body.interval_seconds = Number(inputs.interval_seconds.value);
     if (inputs.starts_at.value) body.starts_at = new Date(inputs.starts_at.value).toISOString();

@@ -36,7 +36,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import conversations, db
+from kairos import conversations, db, identity
 from kairos.errors import (
     Conflict,
     FieldError,
@@ -54,6 +54,7 @@ from kairos.schedules.request import (
     CRON_MAX,
     DAY,
     INTERVAL_MAX_SECONDS,
+    JITTER_MAX_SECONDS,
     MAX_DELAY_DEFAULT_SECONDS,
     MAX_DELAY_MAX_SECONDS,
     MAX_DELAY_MIN_SECONDS,
@@ -81,11 +82,12 @@ if TYPE_CHECKING:
     from kairos import calendar
 
 __all__ = [
-    "CRON_MAX", "DAY", "INTERVAL_MAX_SECONDS", "MAX_DELAY_DEFAULT_SECONDS", "MAX_DELAY_MAX_SECONDS",
+    "CRON_MAX", "DAY", "INTERVAL_MAX_SECONDS", "JITTER_MAX_SECONDS", "MAX_DELAY_DEFAULT_SECONDS",
+    "MAX_DELAY_MAX_SECONDS",
     "MAX_DELAY_MIN_SECONDS", "MAX_OCCURRENCES_MAX", "MAX_PER_CONVERSATION", "MIN_SPACING", "NAME_MAX",
     "PREVIEW_MAX", "PROMPT_MAX_BYTES", "TIMED_KINDS", "TOKEN_OVERLAP_DEFAULT_SECONDS", "TOKEN_OVERLAP_MAX_SECONDS",
     "Created", "Schedule", "ScheduleRequest", "SigningConfig", "cancel", "canonicalize", "create", "get",
-    "hash_token", "list_for", "next_fire_at", "parse_request", "pause", "preview", "preview_owned",
+    "hash_token", "list_for", "next_fire_at", "parse_request", "pause", "preview", "preview_dispatch", "preview_owned",
     "resume", "rule_of", "validate_signing",
 ]
 
@@ -139,6 +141,10 @@ class Schedule:
     created_at: datetime | None = None
     updated_at: datetime | None = None
     max_delay_seconds: int = MAX_DELAY_DEFAULT_SECONDS
+    # A cron or interval schedule's jitter: each fire is dispatched at its nominal instant plus a stable
+    # offset in [0, jitter_seconds] (kairos.identity.dispatch_offset); next_dispatch_at is the cursor's.
+    jitter_seconds: int = 0
+    next_dispatch_at: datetime | None = None
     notify: dict[str, Any] | None = None  # {"on", "webhook"?: {"url", "secret"}}: the secret is a reference
     corpus: dict[str, Any] | None = None  # a corpus run's checked spec (kairos.schedules.corpus_spec)
     flow: dict[str, Any] | None = None  # a webhook's checked flow control (kairos.schedules.flow_spec)
@@ -221,11 +227,20 @@ def preview_owned(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, o
     tests) when it is None. The arguments are checked before the schedule is read, so a bad one is
     ``ValidationFailed`` whether or not the id names a schedule; a missing or foreign one is
     ``NotFound("schedule")``."""
+    return [fire for fire, _ in preview_dispatch(conn, schedule_id, owner=owner, count=count, after=after, now=now)]
+
+
+def preview_dispatch(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str, count: int,
+                     after: datetime | None = None,
+                     now: datetime | None = None) -> list[tuple[calendar.Fire, datetime]]:
+    """``preview_owned`` with each fire's dispatch instant (its ``fire_at`` plus its jitter offset,
+    ``kairos.identity.dispatch_at``), as the tick will dispatch it. ``after`` bounds the nominal instants."""
     problems = [*count_problems(count), *([] if after is None else after_problems(after))]
     if problems:
         raise ValidationFailed(problems)
     schedule = get(conn, schedule_id, owner=owner)
-    return _fires(schedule, database_now(conn, now) if after is None else after, count)
+    fires = _fires(schedule, database_now(conn, now) if after is None else after, count)
+    return [(f, identity.dispatch_at(schedule.id, f.fire_at, schedule.jitter_seconds)) for f in fires]
 
 def _fires(schedule: Schedule, after: datetime, count: int) -> list[calendar.Fire]:
     if schedule.kind not in TIMED_KINDS:
@@ -344,6 +359,7 @@ def definition_columns(request: ScheduleRequest, *, conversation_agent: Mapping[
         "catch_up": request.catch_up,
         "max_delay_seconds": request.max_delay_seconds,
         "overlap": request.overlap.value,
+        "jitter_seconds": request.jitter_seconds,
         # The snapshot a fresh run starts from; fork and append read the conversation's agent.
         "agent": Jsonb(dict(request.agent if request.agent is not None else conversation_agent)),
         "signing": None if request.signing is None else Jsonb(request.signing),

@@ -183,6 +183,8 @@ def as_body(current: Schedule, patch: Mapping[str, Any] | None = None) -> dict[s
     if current.kind in TIMED_KINDS:
         body.update(dst_gap=current.dst_gap.value, dst_fold=current.dst_fold.value,
                     max_delay_seconds=current.max_delay_seconds)
+    if current.jitter_seconds:  # checked again against the merged rule (at most half its shortest period)
+        body["jitter_seconds"] = current.jitter_seconds
     if current.mode is Mode.FRESH and current.agent is not None:
         body["agent"] = current.agent
     if current.signing is not None:

@@ -87,6 +87,9 @@ MAX_DELAY_DEFAULT_SECONDS = 600
 MAX_DELAY_MIN_SECONDS = 60
 MAX_DELAY_MAX_SECONDS = 86_400
 PREVIEW_MAX = 100
+# Jitter (docs/api.md "Jitter"): each fire of a cron or interval schedule is dispatched up to this many
+# seconds after its nominal instant, and never more than half the rule's shortest period after it.
+JITTER_MAX_SECONDS = 3_600
 # A webhook token's rotation (``kairos.webhooks.rotate``): how long the previous token keeps working.
 TOKEN_OVERLAP_DEFAULT_SECONDS = 86_400
 TOKEN_OVERLAP_MAX_SECONDS = 604_800
@@ -147,6 +150,7 @@ class ScheduleRequest(BaseModel):
     max_delay_seconds: StrictInt = Field(default=MAX_DELAY_DEFAULT_SECONDS, ge=MAX_DELAY_MIN_SECONDS,
                                          le=MAX_DELAY_MAX_SECONDS)
     overlap: Overlap = Overlap.ALLOW
+    jitter_seconds: StrictInt = Field(default=0, ge=0, le=JITTER_MAX_SECONDS)
     agent: dict[str, Any] | None = None
     signing: dict[str, Any] | None = None
     # {"on": [terminal run states], "webhook"?: {"url", "secret"}}, checked by ``kairos.notify.validate_notify``;
@@ -336,7 +340,7 @@ def _standalone_problems(body: Mapping[str, Any], reported: set[str]) -> list[Fi
 _NOT_FOR_KIND: dict[ScheduleKind, tuple[tuple[str, ...], str]] = {
     ScheduleKind.WEBHOOK: (("cron", "interval_seconds", "starts_at", "ends_at", "max_occurrences", "max_delay_seconds"),
                            "timed kinds (cron, interval, once)"),
-    ScheduleKind.ONCE: (("ends_at", "max_occurrences"), "kinds cron and interval"),
+    ScheduleKind.ONCE: (("ends_at", "max_occurrences", "jitter_seconds"), "kinds cron and interval"),
 }
 
 
@@ -361,6 +365,8 @@ def _fields_not_for_kind(request: ScheduleRequest) -> list[FieldError]:
 
     names, applies = _NOT_FOR_KIND.get(request.kind, ((), ""))
     problems = [refused(name, applies) for name in names if _given(request, name)]
+    if request.kind is ScheduleKind.WEBHOOK and request.jitter_seconds:  # spreads timed fires only
+        problems.append(refused("jitter_seconds", "kinds cron and interval"))
     if request.kind is not ScheduleKind.WEBHOOK and request.signing is not None:
         problems.append(refused("signing", "kind webhook"))
     if request.kind is not ScheduleKind.WEBHOOK and request.flow is not None:
@@ -397,6 +403,9 @@ def _calendar_errors(check: Callable[[], object]) -> list[FieldError]:
 
 
 def _check_frequency(request: ScheduleRequest, now: datetime) -> None:
+    """The rule's shortest period (``calendar.min_spacing``, over its bounded horizon) against
+    ``MIN_SPACING`` (``LimitExceeded``) and against twice ``jitter_seconds`` (``ValidationFailed``: a
+    jittered fire must be dispatched before the next fire's nominal instant, so fires keep their order)."""
     from kairos import calendar
 
     spacing = calendar.min_spacing(rule_of(request), now)
@@ -407,6 +416,12 @@ def _check_frequency(request: ScheduleRequest, now: datetime) -> None:
             fields=[FieldError(name, "min_interval", f"fires every {_human(spacing)}; schedules may fire at most "
                                f"every {_human(MIN_SPACING)}")],
         )
+    if spacing is not None and request.jitter_seconds and timedelta(seconds=2 * request.jitter_seconds) > spacing:
+        half = int(spacing.total_seconds()) // 2
+        raise ValidationFailed([FieldError(
+            "jitter_seconds", "max_half_period",
+            f"the rule fires {_human(spacing)} apart at its closest ({_rule_field(request.kind)}); "
+            f"jitter_seconds may be at most half of that: {half}")])
 
 
 def _rule_field(kind: ScheduleKind) -> str:

@@ -7,8 +7,9 @@
 -- fires, one accepted webhook delivery, a trigger, a retry, a backfill and a chat turn alike. The run
 -- executes the revision its occurrence records (schedule_revisions): that revision's prompt, mode and
 -- agent (else the conversation's), in the schedule's conversation; a chat turn (no schedule) brings
--- its conversation, prompt and mode and runs the conversation's agent. A scheduled run claimable at once
--- without catch-up expires at fire_at + the schedule's max_delay_seconds; a queued-behind run gets its
+-- its conversation, prompt and mode and runs the conversation's agent. The occurrence's dispatch_at is
+-- the one given (a jittered fire's) or its fire_at. A scheduled run claimable at once
+-- without catch-up expires at dispatch_at + the schedule's max_delay_seconds; a queued-behind run gets its
 -- expiry when it is released (runs_release_blocked); a webhook run does not expire. The owner's queue
 -- cap (queue_max, KAIROS_OWNER_QUEUE_MAX) is applied here: see `planned`. A test run (source test) is
 -- marked `test` and, for an append schedule, forks its conversation instead of writing to it.
@@ -20,7 +21,8 @@ WITH given AS (
                 utc_offset_seconds integer, fold smallint, timezone text, tzdata_version text, revision integer,
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
                 idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb,
-                retry_of uuid, conversation_id uuid, prompt text, mode text, corpus jsonb, coalesced_into uuid)
+                retry_of uuid, conversation_id uuid, prompt text, mode text, corpus jsonb, coalesced_into uuid,
+                dispatch_at timestamptz)
       LEFT JOIN schedules s ON s.id = p.schedule_id
       LEFT JOIN conversations cv ON cv.id = p.conversation_id AND p.schedule_id IS NULL  -- a chat turn
 ), queued AS (
@@ -37,7 +39,8 @@ WITH given AS (
            CASE WHEN g.over THEN 'skipped_budget' ELSE g.decision END AS decision,
            g.covers_from, g.covers_until, g.covers_count, g.idempotency_key, g.key_generation,
            CASE WHEN g.over THEN NULL ELSE g.run_id END AS run_id, g.blocked_by, g.payload, g.retry_of,
-           g.conversation_id, g.prompt, g.mode, g.corpus, g.coalesced_into
+           g.conversation_id, g.prompt, g.mode, g.corpus, g.coalesced_into,
+           coalesce(g.dispatch_at, g.fire_at) AS dispatch_at
       FROM (SELECT given.*,
                    coalesce(given.run_id IS NOT NULL
                             AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
@@ -46,10 +49,11 @@ WITH given AS (
 ), occ AS (
     INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
                              tzdata_version, schedule_revision, decision, covers_from, covers_until,
-                             covers_count, idempotency_key, key_generation, created_at, coalesced_into)
+                             covers_count, idempotency_key, key_generation, created_at, coalesced_into, dispatch_at)
     SELECT occurrence_id, schedule_id, source, fire_at, local_time, make_interval(secs => utc_offset_seconds),
            fold, timezone, tzdata_version, revision, decision, covers_from, covers_until, covers_count,
-           idempotency_key, coalesce(key_generation, 0), coalesce(%(now)s::timestamptz, now()), coalesced_into
+           idempotency_key, coalesce(key_generation, 0), coalesce(%(now)s::timestamptz, now()), coalesced_into,
+           dispatch_at
       FROM planned
         ON CONFLICT DO NOTHING
     RETURNING id, schedule_id, decision
@@ -64,7 +68,7 @@ WITH given AS (
            coalesce(d.prompt, p.prompt),
            p.payload, coalesce(d.agent, c.agent), coalesce(d.catch_up, false), 'queued', p.blocked_by,
            CASE WHEN p.source = 'scheduled' AND NOT d.catch_up AND p.blocked_by IS NULL
-                THEN p.fire_at + make_interval(secs => d.max_delay_seconds) END,
+                THEN p.dispatch_at + make_interval(secs => d.max_delay_seconds) END,
            1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), p.retry_of,
            coalesce(d.corpus, p.corpus), p.source = 'test'
       FROM occ
@@ -119,8 +123,9 @@ SELECT o.id, o.source, o.fire_at, o.local_time, o.utc_offset, o.fold, o.schedule
 -- (fire_at, id) strictly below the cursor (kairos.pages), each with the run it produced, if any (a
 -- coalesced delivery: the run it folded into).
 -- Reads occurrences_schedule_idx; limit is the page size plus one.
-SELECT o.id, o.source, o.fire_at, o.local_time, o.utc_offset, o.fold, o.schedule_revision, o.decision,
-       o.covers_from, o.covers_until, o.covers_count, coalesce(r.id, o.coalesced_into) AS run_id
+SELECT o.id, o.source, o.fire_at, coalesce(o.dispatch_at, o.fire_at) AS dispatch_at, o.local_time, o.utc_offset,
+       o.fold, o.schedule_revision, o.decision, o.covers_from, o.covers_until, o.covers_count,
+       coalesce(r.id, o.coalesced_into) AS run_id
   FROM occurrences o
   LEFT JOIN runs r ON r.occurrence_id = o.id
  WHERE o.schedule_id = %(schedule_id)s

@@ -451,12 +451,13 @@ SELECT (SELECT count(*) FROM steps)::integer AS steps,
 
 -- name: runs_release_blocked
 -- queue_one: unblocks queued runs whose blocker has ended, so they can be handed to SQS. A scheduled
--- run without catch-up becomes claimable here, so its expiry is set here: fire_at + max_delay_seconds
--- (a run that waited behind a long blocker is not delivered late either).
+-- run without catch-up becomes claimable here, so its expiry is set here: its occurrence's dispatch_at
+-- (fire_at plus its jitter offset) + max_delay_seconds (a run that waited behind a long blocker is not
+-- delivered late either).
 UPDATE runs AS r
    SET blocked_by_run_id = NULL,
        expires_at = CASE WHEN r.source = 'scheduled' AND NOT r.catch_up
-                         THEN o.fire_at + make_interval(secs => (SELECT s.max_delay_seconds FROM schedules s
+                         THEN coalesce(o.dispatch_at, o.fire_at) + make_interval(secs => (SELECT s.max_delay_seconds FROM schedules s
                                                                   WHERE s.id = r.schedule_id)) END,
        updated_at = coalesce(%(now)s::timestamptz, now())
   FROM occurrences o

@@ -12,14 +12,16 @@
 SELECT coalesce(%(now)s::timestamptz, now()) AS now,
        count(*) AS due
   FROM schedules
- WHERE status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());
+ WHERE status = 'active' AND next_dispatch_at <= coalesce(%(now)s::timestamptz, now());
 
 -- name: schedules_lock_due
 -- Locks a batch of due schedules (oldest cursor first, skipping held ones) with their newest active run
 -- (a test run is not one),
--- in (next_fire_at, id) order after the keyset cursor (after_at, after_id): '-infinity' for a full scan.
+-- in (next_dispatch_at, id) order after the keyset cursor (after_at, after_id): '-infinity' for a full
+-- scan. Due means the cursor's dispatch instant (next_fire_at plus its jitter offset) has come.
 SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timezone, s.dst_gap, s.dst_fold,
-       s.catch_up, s.overlap, s.revision, s.next_fire_at, s.fire_count, s.max_occurrences, s.conversation_id,
+       s.catch_up, s.overlap, s.revision, s.next_fire_at, s.next_dispatch_at, s.jitter_seconds, s.fire_count,
+       s.max_occurrences, s.conversation_id,
        coalesce(%(now)s::timestamptz, now()) AS db_now,
        CASE WHEN s.overlap <> 'allow' THEN (
            SELECT r.id FROM runs r
@@ -33,9 +35,9 @@ SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timez
             LIMIT 1) END AS waiting_run_id
   FROM schedules s
  WHERE s.status = 'active'
-   AND s.next_fire_at <= coalesce(%(now)s::timestamptz, now())
-   AND (s.next_fire_at, s.id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
- ORDER BY s.next_fire_at, s.id
+   AND s.next_dispatch_at <= coalesce(%(now)s::timestamptz, now())
+   AND (s.next_dispatch_at, s.id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+ ORDER BY s.next_dispatch_at, s.id
  LIMIT %(limit)s
    FOR NO KEY UPDATE OF s SKIP LOCKED;
 
@@ -131,10 +133,10 @@ SELECT * FROM schedules WHERE id = %(id)s;
 -- name: schedules_ops_status
 -- Operators: the due backlog (active timed schedules whose next fire has passed) and its oldest fire.
 SELECT count(*) AS due,
-       min(next_fire_at) AS oldest_due_at,
+       min(next_dispatch_at) AS oldest_due_at,
        coalesce(%(now)s::timestamptz, now()) AS now
   FROM schedules
- WHERE status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());
+ WHERE status = 'active' AND next_dispatch_at <= coalesce(%(now)s::timestamptz, now());
 
 -- name: schedules_clock
 -- The instant schedule decisions use: the injected now, else the database clock.
@@ -145,13 +147,13 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 INSERT INTO schedules (
     id, owner, conversation_id, name, prompt, kind, cron, interval_seconds, starts_at, ends_at,
     max_occurrences, timezone, dst_gap, dst_fold, mode, catch_up, max_delay_seconds, overlap, agent, signing,
-    notify, next_fire_at, token_hash, created_by_run_id, created_at, updated_at, corpus, flow
+    notify, next_fire_at, token_hash, created_by_run_id, created_at, updated_at, corpus, flow, jitter_seconds
 ) VALUES (
     %(id)s, %(owner)s, %(conversation_id)s, %(name)s, %(prompt)s, %(kind)s, %(cron)s, %(interval_seconds)s,
     %(starts_at)s, %(ends_at)s, %(max_occurrences)s, %(timezone)s, %(dst_gap)s, %(dst_fold)s, %(mode)s,
     %(catch_up)s, %(max_delay_seconds)s, %(overlap)s, %(agent)s, %(signing)s, %(notify)s, %(next_fire_at)s,
     %(token_hash)s, %(created_by_run_id)s, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-    %(corpus)s, %(flow)s
+    %(corpus)s, %(flow)s, %(jitter_seconds)s
 )
 RETURNING *;
 
@@ -222,7 +224,7 @@ UPDATE schedules
        dst_fold = %(dst_fold)s, mode = %(mode)s, catch_up = %(catch_up)s,
        max_delay_seconds = %(max_delay_seconds)s, overlap = %(overlap)s, agent = %(agent)s,
        signing = %(signing)s, notify = %(notify)s, corpus = %(corpus)s, flow = %(flow)s,
-       next_fire_at = %(next_fire_at)s::timestamptz,
+       next_fire_at = %(next_fire_at)s::timestamptz, jitter_seconds = %(jitter_seconds)s,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND owner = %(owner)s AND revision = %(revision)s
@@ -340,7 +342,7 @@ RETURNING id, status, revision;
 -- name: schedules_owner_status
 -- The console's operator status (GET /v1/status): one owner's due backlog and its oldest due fire.
 SELECT count(*) AS due,
-       min(next_fire_at) AS oldest_due_at,
+       min(next_dispatch_at) AS oldest_due_at,
        coalesce(%(now)s::timestamptz, now()) AS now
   FROM schedules
- WHERE owner = %(owner)s AND status = 'active' AND next_fire_at <= coalesce(%(now)s::timestamptz, now());
+ WHERE owner = %(owner)s AND status = 'active' AND next_dispatch_at <= coalesce(%(now)s::timestamptz, now());

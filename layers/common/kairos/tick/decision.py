@@ -7,8 +7,12 @@ so the same inputs always give the same plan: two ticks that both see the row (o
 under the row lock) reach the same deterministic occurrence and run ids.
 
 Guarantees:
-* The due instants are the cursor ``next_fire_at`` (itself a fire) and the rule's fires in
-  ``(next_fire_at, now]``. They end in one run at most: the latest instant is dispatched when it is
+* The due instants are the cursor ``next_fire_at`` (itself a fire) and the rule's fires after it
+  whose dispatch instant is at most now. A fire's dispatch instant is its nominal ``fire_at`` plus its
+  jitter offset (``kairos.identity.dispatch_offset``: 0 without ``jitter_seconds``); since the jitter
+  is at most half the rule's shortest period, dispatch instants keep the fires' order, and at most
+  the latest nominally due fire can still wait for its dispatch instant (it then becomes the cursor).
+  Lateness counts from the dispatch instant. They end in one run at most: the latest instant is dispatched when it is
   at most ``grace`` late, or whatever its lateness with ``catch_up`` (missed instants collapse into
   that one run, ``covers_*`` recording them). Without catch-up, earlier missed instants become one
   ``skipped_late`` occurrence at the last skipped instant; when even the latest is too late, one
@@ -65,6 +69,7 @@ class Due:
     overlap: Overlap
     fire_count: int
     max_occurrences: int | None
+    jitter_seconds: int = 0
     active_run_id: UUID | None = None  # newest run in queued/running/awaiting_approval (overlap only)
     waiting_run_id: UUID | None = None  # a queued run already blocked behind another (queue_one)
 
@@ -81,6 +86,7 @@ class Due:
             overlap=parse(Overlap, row["overlap"]),
             fire_count=int(row["fire_count"]),
             max_occurrences=row["max_occurrences"],
+            jitter_seconds=int(row.get("jitter_seconds") or 0),
             active_run_id=row.get("active_run_id"),
             waiting_run_id=row.get("waiting_run_id"),
         )
@@ -91,6 +97,7 @@ class PlannedOccurrence:
     id: UUID
     fire: calendar.Fire
     decision: Decision
+    dispatch_at: datetime  # fire_at plus the fire's jitter offset: lateness and expiry count from it
     covers_from: datetime | None = None
     covers_until: datetime | None = None
     covers_count: int = 1
@@ -182,6 +189,7 @@ def _occurrence(due: Due, fire: calendar.Fire, decision: Decision, *, covers: tu
         id=occurrence_id,
         fire=fire,
         decision=decision,
+        dispatch_at=identity.dispatch_at(due.id, fire.fire_at, due.jitter_seconds),
         covers_from=covers_from,
         covers_until=covers_until,
         covers_count=covers_count,
@@ -193,12 +201,34 @@ def _occurrence(due: Due, fire: calendar.Fire, decision: Decision, *, covers: tu
 
 
 
+def _due_scan(due: Due, now: datetime) -> tuple[_Window | None, calendar.Fire | None]:
+    """``_scan`` with the jitter applied: fires whose dispatch instant is after ``now`` are not due yet.
+
+    Dispatch instants keep the fires' order, so only the latest nominally due fire can be waiting; it
+    is cut off by scanning again up to just before it (a loop, so a rule whose gaps fell under twice
+    the jitter after it was checked still ends right). The cursor itself waiting means nothing is due.
+    """
+    window, following = _scan(due.rule, due.next_fire_at, now)
+    if due.jitter_seconds <= 0:
+        return window, following
+    while window is not None and identity.dispatch_at(due.id, window.latest.fire_at, due.jitter_seconds) > now:
+        following = window.latest
+        if following.fire_at <= due.next_fire_at:
+            return None, following
+        window, _ = _scan(due.rule, due.next_fire_at, following.fire_at - _MICROSECOND)
+    return window, following
+
+
+_MICROSECOND = timedelta(microseconds=1)
+
+
 def decide(due: Due, now: datetime, *, grace: timedelta = GRACE) -> Plan:
     """The plan for one due schedule at database time ``now`` (see the module docstring)."""
-    window, following = _scan(due.rule, due.next_fire_at, now)
+    window, following = _due_scan(due, now)
     occurrences: list[PlannedOccurrence] = []
     if window is not None:
-        in_time = now - window.latest.fire_at <= grace
+        dispatch_at = identity.dispatch_at(due.id, window.latest.fire_at, due.jitter_seconds)
+        in_time = now - dispatch_at <= grace
         if due.catch_up or in_time:
             if not due.catch_up and window.previous is not None:
                 occurrences.append(

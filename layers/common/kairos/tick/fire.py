@@ -1,7 +1,7 @@
 """The fire step: due schedules become occurrences and runs, exactly once per due fire.
 
 Role: one ``run_once`` handles one bounded batch. In one transaction it locks up to ``batch_size``
-due schedules (``FOR NO KEY UPDATE SKIP LOCKED``, by database time, in ``(next_fire_at, id)`` order
+due schedules (``FOR NO KEY UPDATE SKIP LOCKED``, by database time, in ``(next_dispatch_at, id)`` order
 after an optional keyset cursor ``after``: the tick resumes each batch after the last key the
 previous ones claimed, so no batch rescans the index entries — and the dead row versions behind
 them — of schedules already fired; the report's ``last_key`` is the key to resume after), decides each
@@ -51,7 +51,9 @@ from kairos.tick.decision import GRACE, Due, Plan, decide
 from kairos.tick.pause import pause_with_note
 
 DEFAULT_BATCH = 500
-Key = tuple[datetime, UUID]  # (next_fire_at, id) of a due schedule: the keyset cursor
+# (next_dispatch_at, id) of a due schedule: the keyset cursor. next_dispatch_at is the cursor's nominal
+# instant plus its jitter offset (a generated column; equal to next_fire_at without jitter).
+Key = tuple[datetime, UUID]
 START: Key = (datetime(1, 1, 1, tzinfo=UTC), UUID(int=0))  # before every key: a full scan
 
 
@@ -68,10 +70,10 @@ class FireReport:
     paused: int = counted()  # rules that no longer evaluate
     conflicts: int = counted()  # cursors someone else had moved, occurrences recorded before
     handoff_failures: int = counted()
-    lags: tuple[float, ...] = field(default=(), repr=False)  # now - fire_at of dispatched fires, seconds
+    lags: tuple[float, ...] = field(default=(), repr=False)  # now - dispatch_at of dispatched fires, seconds
     db_seconds: float = counted("fire_db_seconds", default=0.0)
     sqs_seconds: float = counted("fire_sqs_seconds", default=0.0)
-    last_key: Key | None = None  # the last (next_fire_at, id) locked: where the next batch may resume
+    last_key: Key | None = None  # the last (next_dispatch_at, id) locked: where the next batch may resume
 
 
 class Fire:
@@ -156,7 +158,8 @@ class Fire:
         return occurrences.record(conn, [
             occurrences.planned(
                 occurrence_id=o.id, schedule_id=plan.schedule_id, source=Source.SCHEDULED, fire=o.fire,
-                revision=plan.revision, decision=o.decision, run_id=o.run_id, blocked_by=o.blocked_by_run_id,
+                dispatch_at=o.dispatch_at, revision=plan.revision, decision=o.decision, run_id=o.run_id,
+                blocked_by=o.blocked_by_run_id,
                 covers_from=o.covers_from, covers_until=o.covers_until, covers_count=o.covers_count)
             for plan in plans
             for o in plan.occurrences
@@ -194,7 +197,7 @@ class Fire:
                 decision = recorded[o.id]
                 if decision is Decision.DISPATCHED:
                     dispatched += 1
-                    lags.append((db_now - o.fire_at).total_seconds())
+                    lags.append((db_now - o.dispatch_at).total_seconds())
                 elif decision is Decision.QUEUED_BEHIND:
                     queued_behind += 1
                 else:
@@ -207,7 +210,7 @@ class Fire:
                     )
         report = FireReport(
             locked=len(rows),
-            last_key=(rows[-1]["next_fire_at"], rows[-1]["id"]),
+            last_key=(rows[-1]["next_dispatch_at"], rows[-1]["id"]),
             dispatched=dispatched,
             skipped=skipped,
             queued_behind=queued_behind,

@@ -101,7 +101,8 @@ def edit_schedule(id: str, body: Annotated[dict[str, Any], Body(description="Sch
 
 
 @router.endpoint("GET", "/v1/schedules/<id>/preview", status=200, model=models.FireList, errors=(404,),
-                 summary="The next fires strictly after `after` (default: now), with local time, offset and fold")
+                 summary="The next fires strictly after `after` (default: now), with dispatch instant (jitter), "
+                         "local time, offset and fold")
 def preview_schedule(
     id: str,
     count: Annotated[int, Query(ge=1, le=schedules.PREVIEW_MAX)] = 10,
@@ -110,11 +111,11 @@ def preview_schedule(
     owner = principal()
     schedule_id = parse_id(id, "schedule")
     with database().transaction() as conn:
-        fires = schedules.preview_owned(conn, schedule_id, owner=owner, after=after, count=count)
+        fires = schedules.preview_dispatch(conn, schedule_id, owner=owner, after=after, count=count)
     return ok(200, models.FireList, {"fires": [
-        {"fire_at": rfc3339(f.fire_at), "local_time": f.local_time.isoformat(),
+        {"fire_at": rfc3339(f.fire_at), "dispatch_at": rfc3339(dispatch_at), "local_time": f.local_time.isoformat(),
          "utc_offset": offset_text(f.utc_offset), "fold": f.fold}
-        for f in fires
+        for f, dispatch_at in fires
     ]})
 
 
