@@ -87,9 +87,7 @@ MAX_DELAY_DEFAULT_SECONDS = 600
 MAX_DELAY_MIN_SECONDS = 60
 MAX_DELAY_MAX_SECONDS = 86_400
 PREVIEW_MAX = 100
-# Jitter (docs/api.md "Jitter"): each fire of a cron or interval schedule is dispatched up to this many
-# seconds after its nominal instant, and never more than half the rule's shortest period after it.
-JITTER_MAX_SECONDS = 3_600
+JITTER_MAX_SECONDS = 3_600  # and at most half the rule's shortest period (docs/api.md, "Jitter")
 # A webhook token's rotation (``kairos.webhooks.rotate``): how long the previous token keeps working.
 TOKEN_OVERLAP_DEFAULT_SECONDS = 86_400
 TOKEN_OVERLAP_MAX_SECONDS = 604_800
@@ -403,9 +401,7 @@ def _calendar_errors(check: Callable[[], object]) -> list[FieldError]:
 
 
 def _check_frequency(request: ScheduleRequest, now: datetime) -> None:
-    """The rule's shortest period (``calendar.min_spacing``, over its bounded horizon) against
-    ``MIN_SPACING`` (``LimitExceeded``) and against twice ``jitter_seconds`` (``ValidationFailed``: a
-    jittered fire must be dispatched before the next fire's nominal instant, so fires keep their order)."""
+    """The shortest period (``calendar.min_spacing``) against ``MIN_SPACING`` and twice ``jitter_seconds``."""
     from kairos import calendar
 
     spacing = calendar.min_spacing(rule_of(request), now)
