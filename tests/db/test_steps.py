@@ -338,3 +338,24 @@ def test_cancelling_a_run_that_waits_for_approval_ends_its_waiting_step(
     assert [(s["step"], s["state"], s["finished_at"] is not None) for s in steps] == [
         (1, "succeeded", True), (2, "failed", True)]
     assert leaky.received == []
+
+
+def test_a_run_without_tools_shows_its_one_model_call_as_a_step(
+        api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    created = api.alice.post("/v1/conversations", {"agent": openai_agent(fake_openai)})
+    turn = api.alice.post(f"/v1/conversations/{created.json['conversation']['id']}/messages", {"content": "hello"})
+    api.messages()
+    run_id = uuid.UUID(turn.json["run_id"])
+
+    assert work(db, run_id).result == "succeeded"
+
+    [step] = api.alice.get(f"/v1/runs/{run_id}/steps").json["steps"]
+    assert (step["step"], step["attempt"], step["kind"], step["name"], step["state"]) == (
+        1, 1, "model", "gpt-e2e", "succeeded")
+    assert step["input"]["messages"][-1] == {"role": "user", "content": "hello"}
+    assert step["output"] == {"content": "Good morning from the fake model.", "tool_calls": []}
+    assert step["target"]["path"] == "/v1/chat/completions"
+    assert (step["usage"]["input_tokens"], step["usage"]["output_tokens"]) == (21, 7)
+    [effect] = rows(api.url, "SELECT id, created_at FROM effects WHERE run_id = %s", run_id)
+    assert step["effect_id"] == str(effect["id"]) and step["started_at"] <= step["finished_at"]
+    assert stored_anywhere(api.url, OPENAI_KEY) == []

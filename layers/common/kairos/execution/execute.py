@@ -44,7 +44,7 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import budgets, db, effects, trace
+from kairos import budgets, db, effects, redact, trace
 from kairos.diagnosis import diagnose
 from kairos.execution.claim import Claimed, Outcome, claim
 from kairos.execution.corpus.phases import execute as execute_corpus
@@ -144,7 +144,10 @@ class Execution:
                          data={"input": claimed.model_input.record} if model_call else None)
         if isinstance(sent, Outcome):
             return sent
-        return self.publish(step, *sent)
+        # A model's answer is the run's one step, recorded with its previews as the answer is published.
+        finish = _model_step(self, prepared, str(agent.get("model") or agent.get("executor")), *sent) \
+            if model_call else None
+        return self.publish(step, *sent, finish_step=finish)
 
     def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
              data: dict[str, Any] | None = None, begin: BeginStep | None = None,
@@ -476,6 +479,19 @@ def _run(run: Execution) -> Outcome:
         except LeaseLost:
             moves.count("LeasesLost")
             return Outcome(run_id, "lease_lost")
+
+
+def _model_step(run: Execution, prepared: PreparedCall, model: str, effect: effects.Effect,
+                reply: Reply) -> FinishStep:
+    """The single model call of a run without tools as step 1 (``kairos.runs.steps``), redacted and bounded."""
+    secrets = redact.secrets_of(prepared.headers)
+    input_preview = run_steps.preview(run_steps.model_input(prepared.body), secrets)
+    output = run_steps.preview({"content": reply.content, "tool_calls": []}, secrets)
+    target = run_steps.target(prepared.method, prepared.url, secrets)
+    record = {"content": redact.redact(reply.content, secrets), "tool_calls": []}
+    return lambda conn, usage: run_steps.send_finish(
+        conn, run.run_id, run.claimed.fence, n=1, kind="model", name=model, record=record, input=input_preview,
+        output=output, target=target, usage=dict(usage), effect_id=effect.id, now=run.now)
 
 
 def _output_tokens(agent: dict[str, Any]) -> int:

@@ -161,7 +161,7 @@ def _model_step(run: Execution, executor: Executor, request: ExecutionRequest, n
         raise Failure(error.reason_code, retry_safe=error.retry_safe) from error
     secrets |= redact.secrets_of(prepared.headers)
     known = frozenset(secrets)
-    opened = _begin(run, n, "model", model, None, run_steps.preview(_model_input(prepared.body), known),
+    opened = _begin(run, n, "model", model, None, run_steps.preview(run_steps.model_input(prepared.body), known),
                     run_steps.target(prepared.method, prepared.url, known))
     sent = run.call(executor.send, prepared, name, begin=opened)
     if isinstance(sent, Outcome):
@@ -195,26 +195,6 @@ def _secrets(executor: Executor, request: ExecutionRequest) -> set[str]:
         return set(redact.secrets_of(executor.prepare(request).headers))
     except ExecutorError as error:
         raise Failure(error.reason_code, retry_safe=error.retry_safe) from error
-
-
-def _model_input(body: bytes) -> dict[str, Any]:
-    """A model turn's input as its step shows it: the model, the messages new in this turn (after the
-    model's last answer: the prompt on the first turn, the tools' answers later), how many messages
-    were sent in all, and the tools offered by name."""
-    try:
-        document = json.loads(body)
-    except ValueError:
-        return {"bytes": len(body)}
-    if not isinstance(document, dict):
-        return {"bytes": len(body)}
-    messages = document.get("messages") or []
-    if not isinstance(messages, list):  # another executor's request shape: shown whole, bounded
-        return document
-    last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
-               default=-1)
-    tools_offered = [t.get("function", {}).get("name") for t in document.get("tools") or () if isinstance(t, dict)]
-    return {"model": document.get("model"), "messages": messages[last + 1:], "messages_total": len(messages),
-            "tools": tools_offered}
 
 
 def _parsed(text: str) -> Any:

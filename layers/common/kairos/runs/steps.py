@@ -65,6 +65,26 @@ def target(method: str, url: str, secrets: Iterable[str] = ()) -> dict[str, str]
     return {"method": method.upper(), "host": host, "path": redact.redact(parts.path or "/", secrets)}
 
 
+def model_input(body: bytes) -> dict[str, Any]:
+    """A model turn's input as its step shows it: the model, the messages new in this turn (after the
+    model's last answer: the prompt on the first turn, the tools' answers later), how many messages
+    were sent in all, and the tools offered by name."""
+    try:
+        document = json.loads(body)
+    except ValueError:
+        return {"bytes": len(body)}
+    if not isinstance(document, dict):
+        return {"bytes": len(body)}
+    messages = document.get("messages") or []
+    if not isinstance(messages, list):  # another executor's request shape: shown whole, bounded
+        return document
+    last = max((i for i, m in enumerate(messages) if isinstance(m, dict) and m.get("role") == "assistant"),
+               default=-1)
+    tools_offered = [t.get("function", {}).get("name") for t in document.get("tools") or () if isinstance(t, dict)]
+    return {"model": document.get("model"), "messages": messages[last + 1:], "messages_total": len(messages),
+            "tools": tools_offered}
+
+
 @dataclass(frozen=True)
 class Row:
     """A stored step as the API shows it."""

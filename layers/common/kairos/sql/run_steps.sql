@@ -44,12 +44,15 @@ RETURNING s.n;
 
 -- name: run_steps_finish
 -- Ends step n for the current fence holder: a step opened by run_steps_begin (running or parked) moves
--- to its end state; a step that made no call (a refused or local tool call) is written ended at once.
+-- to its end state; a step not opened before (a refused or local tool call, a run's single model call)
+-- is written ended at once, started when its effect was reserved (or now, with no effect).
 -- Zero rows: the fence moved on, or the step had already ended.
 INSERT INTO run_steps (run_id, n, kind, name, call_id, record, attempt, fence, state, started_at, finished_at,
                        input, output, target, usage, effect_id, created_at)
 SELECT r.id, %(n)s, %(kind)s, %(name)s, %(call_id)s, %(record)s, r.attempt, r.fence, %(state)s,
-       coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), %(input)s, %(output)s,
+       coalesce((SELECT e.created_at FROM effects e WHERE e.id = %(effect_id)s AND e.run_id = r.id),
+                %(now)s::timestamptz, now()),
+       coalesce(%(now)s::timestamptz, now()), %(input)s, %(output)s,
        %(target)s, %(usage)s, %(effect_id)s, coalesce(%(now)s::timestamptz, now())
   FROM runs r
  WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
