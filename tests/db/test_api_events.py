@@ -26,7 +26,7 @@ ORDER = [
     "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
     "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_list_approvals", "api_get_approval",
     "api_approve", "api_deny", "api_list_input_requests", "api_answer_input_request", "api_create_loop",
-    "api_get_loop", "api_edit_loop", "api_get_run", "api_run_events",
+    "api_get_loop", "api_edit_loop", "api_get_run", "api_run_events", "api_run_steps",
     "api_run_output", "api_run_corpus", "api_run_corpus_records", "api_pause_run", "api_resume_run",
     "api_get_usage", "api_get_status", "api_console_root", "api_console_index", "api_console_file",
     "api_cancel_run", "api_cancel_schedule", "api_delete_secret",
