@@ -2,7 +2,7 @@
 
 Role: ``Rehearsal`` starts what ``kairos dev`` starts (an embedded PostgreSQL it may stop and restart,
 moto's SQS with a dead-letter queue, the demo model with its counting ``/sink``), creates the workload's
-schedules, then walks the plan step by step: at each step the simulated clock moves ``STEP_SECONDS``
+schedules (cron and interval, webhook, a goal loop), then walks the plan step by step: at each step the simulated clock moves ``STEP_SECONDS``
 (every named query takes it as ``now``), the step's deliveries and chat turns arrive, the tick runs,
 a worker loop takes what the queue holds and hands each run id to ``kairos.execution.execute.process``
 as the run function would, and pending approvals are decided as the plan says. The step's faults are
@@ -47,6 +47,7 @@ from kairos.local.apigw import LocalContext
 from kairos.local.postgres import LocalPostgres
 from kairos.observability import logger, metrics
 from kairos.probes import Probes
+from kairos.schedules import loops
 from kairos.tick import Tick
 
 OWNER = "chaos"
@@ -190,6 +191,13 @@ class Rehearsal:
             conv = {name: conversations.create(conn, owner=OWNER, agent=agent, title=f"chaos {name}").id
                     for name, agent in (("echo", echo), ("demo", demo))}
             self.corpus_conversation = conversations.create(conn, owner=OWNER, agent=demo, title="chaos corpus").id
+            # A goal loop: each run reports `continue` through goal_report, up to its max_occurrences.
+            loop_conversation = conversations.create(conn, owner=OWNER, agent=demo, title="chaos loop").id
+            loops.create(conn, owner=OWNER, now=START, raw={
+                "conversation_id": str(loop_conversation), "goal": {"outcome": "The rehearsal is over"},
+                "prompt": "Check the rehearsal.\ndemo: goal continue", "interval_seconds": 300,
+                "starts_at": (START + timedelta(seconds=40)).isoformat(),
+                "ends_at": (START + timedelta(hours=3)).isoformat(), "max_occurrences": 6})
             for name, rule, zone, agent in self.plan.schedules:
                 schedules.create(conn, owner=OWNER, now=START, raw={
                     "conversation_id": str(conv[agent]), "name": name, "timezone": zone,
@@ -398,7 +406,7 @@ class Rehearsal:
                 self.counters.struck["kill"] += 1
                 if statement_fault is not None:
                     self.struck.add(statement_fault)
-        self.counters.events[f"outcome {outcome.result}"] += 1
+        self.counters.events[f"worker outcome {outcome.result}"] += 1
         if outcome.result == "deferred":
             return  # redelivered after the visibility timeout
         if outcome.result in ("retry", "slot_wait", "continued"):
@@ -469,6 +477,12 @@ class Rehearsal:
                     time.sleep(0.2)  # in flight or delayed in real seconds: let SQS hand them out
         self.counters.events["DLQ redriven"] += self.redrive()
         self.drained_at = self.sim
+        with psycopg.connect(self.url) as conn:
+            for kind, state, count in conn.execute(
+                    "SELECT CASE WHEN s.loop THEN 'loop' WHEN r.corpus IS NOT NULL THEN 'corpus' ELSE r.source END,"
+                    " r.state, count(*) FROM runs r LEFT JOIN schedules s ON s.id = r.schedule_id"
+                    " GROUP BY 1, 2").fetchall():
+                self.counters.events[f"runs {kind} {state}"] = int(count)
         if self.verbose:
             self.out(f"drained in {time.monotonic() - started:.1f}s to sim {self.sim.isoformat()}")
 
