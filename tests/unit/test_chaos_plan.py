@@ -2,7 +2,8 @@
 
 Given a seed and a length, when the plan is drawn twice, then both are equal (digest and content); a
 different seed gives another plan; narrowing to a subset of fault kinds keeps exactly those faults at
-the same steps and points, with the same workload; an unknown kind is refused naming it.
+the same steps and points, with the same workload; a shorter rehearsal is the first steps of a longer
+one; an unknown kind is refused naming it.
 """
 
 from __future__ import annotations
@@ -31,3 +32,10 @@ def test_fault_kinds_are_parsed_and_unknown_ones_named() -> None:
     assert parse_kinds("kill, sqs_drop,kill") == ("kill", "sqs_drop")
     with pytest.raises(ValueError, match="'reboot'"):
         parse_kinds("kill,reboot")
+
+
+def test_a_shorter_rehearsal_is_the_first_steps_of_a_longer_one() -> None:
+    short, long = make_plan(7, 10), make_plan(7, 20)
+    assert short.faults == tuple(f for f in long.faults if f.step < short.steps)
+    assert [a for a in short.actions if a.kind != "corpus"] == [
+        a for a in long.actions if a.step < short.steps and a.kind != "corpus"]
