@@ -120,6 +120,8 @@ CREATE TABLE public.schedules (
     flow jsonb,
     jitter_seconds integer DEFAULT 0 NOT NULL,
     next_dispatch_at timestamp with time zone GENERATED ALWAYS AS (public.kairos_dispatch_at(id, next_fire_at, jitter_seconds)) STORED,
+    paused_at timestamp with time zone,
+    paused_reason text,
     CONSTRAINT schedules_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT schedules_draft_is_loop CHECK (((status <> 'draft'::text) OR loop)),
     CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['auto'::text, 'first'::text, 'last'::text, 'both'::text]))),
@@ -136,6 +138,7 @@ CREATE TABLE public.schedules (
     CONSTRAINT schedules_mode_check CHECK ((mode = ANY (ARRAY['fork'::text, 'append'::text, 'fresh'::text]))),
     CONSTRAINT schedules_overlap_check CHECK ((overlap = ANY (ARRAY['allow'::text, 'skip'::text, 'queue_one'::text, 'cancel_replace'::text]))),
     CONSTRAINT schedules_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT schedules_paused_reason_bounded CHECK (((paused_reason IS NULL) OR (char_length(paused_reason) <= 500))),
     CONSTRAINT schedules_rate_limit_per_minute_check CHECK (((rate_limit_per_minute IS NULL) OR (rate_limit_per_minute > 0))),
     CONSTRAINT schedules_revision_check CHECK ((revision >= 1)),
     CONSTRAINT schedules_rule CHECK ((((kind = 'cron'::text) AND (cron IS NOT NULL)) OR ((kind = 'interval'::text) AND (interval_seconds IS NOT NULL) AND (starts_at IS NOT NULL)) OR ((kind = 'once'::text) AND (starts_at IS NOT NULL)) OR (kind = 'webhook'::text))),
@@ -149,9 +152,9 @@ CREATE FUNCTION public.kairos_schedule_definition(s public.schedules) RETURNS js
     LANGUAGE sql STABLE
     AS $$
     SELECT to_jsonb(s) - ARRAY['id', 'owner', 'conversation_id', 'status', 'revision', 'next_fire_at',
-                               'next_dispatch_at', 'last_fire_at', 'fire_count', 'consecutive_failures',
-                               'token_hash', 'previous_token_hash', 'previous_token_expires_at',
-                               'created_by_run_id', 'created_at', 'updated_at', 'input_run_id']
+                               'last_fire_at', 'fire_count', 'consecutive_failures', 'token_hash',
+                               'previous_token_hash', 'previous_token_expires_at', 'created_by_run_id',
+                               'created_at', 'updated_at', 'input_run_id', 'paused_at', 'paused_reason']
 $$;
 
 CREATE FUNCTION public.kairos_settle_usage() RETURNS trigger
@@ -470,7 +473,7 @@ CREATE TABLE public.occurrences (
     dispatch_at timestamp with time zone,
     CONSTRAINT occurrences_coalesced_shape CHECK (((decision = 'coalesced'::text) = (coalesced_into IS NOT NULL))),
     CONSTRAINT occurrences_covers_count_check CHECK ((covers_count >= 1)),
-    CONSTRAINT occurrences_decision_check CHECK ((decision = ANY (ARRAY['coalesced'::text, 'dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text]))),
+    CONSTRAINT occurrences_decision_check CHECK ((decision = ANY (ARRAY['coalesced'::text, 'dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text, 'skipped_paused'::text]))),
     CONSTRAINT occurrences_fold_check CHECK ((fold = ANY (ARRAY[0, 1]))),
     CONSTRAINT occurrences_key_generation_check CHECK ((key_generation >= 0)),
     CONSTRAINT occurrences_keyed CHECK (((source <> ALL (ARRAY['webhook'::text, 'manual'::text, 'test'::text])) OR (idempotency_key IS NOT NULL))),

@@ -281,10 +281,10 @@ def test_a_new_owners_schedule_is_read_by_its_key(new_schedules: Any, db: Databa
     one of the newcomer's schedules (PENDING) was fetched to find it."""
     with db.transaction() as conn:
         assert db_module.fetch_one(conn, statement, {"schedule_id": new_schedules, "owner": "owner-1",
-                                                     "now": None}) is None
+                                                     "reason": None, "now": None}) is None
         before = _reads(conn, "schedules")
         found = db_module.fetch_one(conn, statement, {"schedule_id": new_schedules, "owner": "newcomer",
-                                                      "now": None})
+                                                      "reason": None, "now": None})
         read = _reads(conn, "schedules") - before
     assert found is not None and found["id"] == new_schedules
     assert read <= 3, read
@@ -358,7 +358,7 @@ def test_a_schedule_found_by_id_or_token_reads_its_own_row(active: dict[str, Any
     which the statistics said was empty (ACTIVE entries here)."""
     target = active["hook"] if statement == "schedules_find_hook" else active["timed"]
     params = {"schedule_id": target["id"], "ids": [target["id"]], "owner": target["owner"],
-              "token_hash": target["token_hash"], "now": datetime.now(UTC)}
+              "token_hash": target["token_hash"], "reason": None, "now": datetime.now(UTC)}
     with db.transaction() as conn:
         before = _reads(conn, "schedules")
         found = db_module.fetch_all(conn, statement, params)

@@ -201,13 +201,18 @@ def _list_schedules(args: argparse.Namespace, conn: Any, operations: Any) -> int
 
 
 def _schedule(name: str) -> Operation:
-    """``schedules show|pause|resume|cancel``: ``operations.<name>`` on one schedule, printed whole."""
+    """``schedules show|resume|cancel``: ``operations.<name>`` on one schedule, printed whole."""
 
     def run(args: argparse.Namespace, conn: Any, operations: Any) -> int:
         _print_schedule(args, getattr(operations, name)(conn, args.id))
         return 0
 
     return run
+
+
+def _pause_schedule(args: argparse.Namespace, conn: Any, operations: Any) -> int:
+    _print_schedule(args, operations.pause_schedule(conn, args.id, reason=args.reason))
+    return 0
 
 
 def _print_schedule(args: argparse.Namespace, sched: Any) -> None:
@@ -388,7 +393,7 @@ OPERATIONS: dict[tuple[str, str | None], Operation] = {
     ("status", None): _status,
     ("schedules", "list"): _list_schedules,
     ("schedules", "show"): _schedule("get_schedule"),
-    ("schedules", "pause"): _schedule("pause_schedule"),
+    ("schedules", "pause"): _pause_schedule,
     ("schedules", "resume"): _schedule("resume_schedule"),
     ("schedules", "cancel"): _schedule("cancel_schedule"),
     ("schedules", "edit"): _edit_schedule,
@@ -503,8 +508,11 @@ def _add_operator_commands(sub: Any) -> None:
     sl.add_argument("--owner")
     sl.add_argument("--all", action="store_true", help="include cancelled schedules")
     sl.add_argument("--limit", type=int, default=100)
-    for verb in ("show", "pause", "resume", "cancel", "trigger"):
+    for verb in ("show", "resume", "cancel", "trigger"):
         sched_verbs.add_parser(verb, parents=[common]).add_argument("id", type=uuid.UUID)
+    sp = sched_verbs.add_parser("pause", parents=[common])
+    sp.add_argument("id", type=uuid.UUID)
+    sp.add_argument("--reason", help="why (at most 500 characters), shown with the schedule until it resumes")
     se = sched_verbs.add_parser("edit", parents=[common], help="a new revision: a JSON merge patch of the fields")
     se.add_argument("id", type=uuid.UUID)
     se.add_argument("--patch", required=True, help='JSON object, e.g. \'{"prompt": "...", "cron": "0 8 * * *"}\'')

@@ -183,8 +183,9 @@ def timeline(conn: psycopg.Connection[db.Row], run_id: UUID) -> list[str]:
     return lines
 
 
-def pause_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> schedules.Schedule:
-    return schedules.pause(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner)
+def pause_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *,
+                   reason: str | None = None) -> schedules.Schedule:
+    return schedules.pause(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner, reason=reason)
 
 
 def resume_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> schedules.Schedule:

@@ -72,6 +72,7 @@ class Decision(StrEnum):
     QUEUED_BEHIND = "queued_behind"
     EXPIRED = "expired"
     SKIPPED_BUDGET = "skipped_budget"  # the owner's queue was full (KAIROS_OWNER_QUEUE_MAX): no run
+    SKIPPED_PAUSED = "skipped_paused"  # recorded at resume: the fires that fell while paused (covers_*), no run
     COALESCED = "coalesced"  # a webhook delivery folded into another run's debounce or batch window (kairos.flow)
 
 

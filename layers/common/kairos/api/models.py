@@ -65,6 +65,12 @@ class TestRunRequest(_Strict):
     payload: Any = Field(default=None, description="any JSON, at most 65,536 bytes; the run's payload")
 
 
+class PauseRequest(_Strict):
+    """``POST /v1/schedules/{id}/pause``: why, shown with the schedule as ``paused_reason`` until it resumes."""
+
+    reason: str | None = Field(default=None, max_length=500)
+
+
 class RetryRequest(_Strict):
     """``POST /v1/runs/{id}/retry``: from the start (no body, or no ``from``) or from the last step."""
 

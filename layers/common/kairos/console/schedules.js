@@ -48,7 +48,11 @@ function controls(s, done) {
   const id = encodeURIComponent(s.id);
   const buttons = [];
   if (s.status === "active") {
-    buttons.push(act("Pause", () => run(() => call("POST", `/v1/schedules/${id}/pause`), done, "Paused")));
+    buttons.push(act("Pause", () => {
+      const reason = window.prompt("Why pause it? (optional, shown with the schedule)", "");
+      run(() => call("POST", `/v1/schedules/${id}/pause`, reason ? { reason: reason.slice(0, 500) } : undefined),
+        done, "Paused");
+    }));
   }
   if (s.status === "paused" || s.status === "draft") {
     buttons.push(act("Resume", () => run(() => call("POST", `/v1/schedules/${id}/resume`), done, "Resumed")));
@@ -56,6 +60,8 @@ function controls(s, done) {
   if (!s.loop && (s.status === "active" || s.status === "paused")) {
     buttons.push(act("Trigger", () => run(() => call("POST", `/v1/schedules/${id}/trigger`), done,
       (a) => `Run ${a.run_id} queued`)));
+    buttons.push(act("Test run", () => run(() => call("POST", `/v1/schedules/${id}/test`), done,
+      (a) => `Test run ${a.run_id} queued: model calls are real, nothing is sent`)));
   }
   if (s.status !== "cancelled" && s.status !== "completed") {
     buttons.push(act("Cancel", () => {
@@ -146,7 +152,9 @@ async function renderOne(main, id, shown) {
       h("dt", {}, "Last run"), h("dd", {}, s.last_run
         ? h("a", { href: `#/runs/${encodeURIComponent(s.last_run.id)}` }, `${s.last_run.state} · ${when(s.last_run.created_at)}`)
         : "none"),
-      h("dt", {}, "Failures"), h("dd", {}, String(s.consecutive_failures ?? 0))),
+      h("dt", {}, "Failures"), h("dd", {}, String(s.consecutive_failures ?? 0)),
+      s.status === "paused" ? [h("dt", {}, "Paused"), h("dd", { id: "paused-reason" },
+        `${when(s.paused_at)}${s.paused_reason ? ` — ${s.paused_reason}` : ""}`)] : null),
     h("div", { class: "actions" }, controls(s, again), extra,
       h("a", { class: "button", href: `#/schedules/${sid}/edit` }, "Edit"),
       h("a", { class: "button", href: `#/runs?schedule_id=${sid}` }, "Runs")),
@@ -158,7 +166,7 @@ async function renderOne(main, id, shown) {
   replace(occurrences, list.length ? table(["Fire (local)", "Source", "Decision", "Rev", "Run", "Dispatched (UTC)"], list.map((o) => h("tr", {},
     h("td", {}, `${o.local_time.replace("T", " ")} ${o.utc_offset}`), h("td", {}, o.source),
     h("td", { title: o.decision === "coalesced" ? "folded into the run on the right (debounce or batch)" : null },
-      o.decision),
+      o.covers_count > 1 ? `${o.decision} ×${o.covers_count}` : o.decision),
     h("td", {}, String(o.schedule_revision)),
     h("td", {}, o.run_id ? h("a", { href: `#/runs/${encodeURIComponent(o.run_id)}` }, o.run_id.slice(0, 8)) : "—"),
     h("td", { class: "muted" }, o.dispatch_at || o.fire_at))))

@@ -152,6 +152,8 @@ class Schedule:
     goal: dict[str, Any] | None = None  # a loop's private goal envelope; as_json shows its safe projection
     goal_revision: int | None = None  # the revision whose goal is in force
     input_run_id: uuid.UUID | None = None  # the run a paused loop waits on (its question to the owner)
+    paused_at: datetime | None = None  # when the current pause began; None unless paused
+    paused_reason: str | None = None  # why: the owner's words, or the tick's or the loop's reason
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:
@@ -392,10 +394,17 @@ def list_for(conn: psycopg.Connection[db.Row], *, owner: str,
     return [Schedule.from_row(r) for r in rows]
 
 
-def pause(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str,
+def pause(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str, reason: str | None = None,
           now: datetime | None = None) -> Schedule:
-    """active -> paused; anything else is ``Conflict``."""
-    row = db.fetch_one(conn, "schedules_pause", {"schedule_id": schedule_id, "owner": owner, "now": now})
+    """active -> paused, with the owner's ``reason`` (at most 500 characters) and when; anything else is
+    ``Conflict``."""
+    from kairos.schedules import paused
+
+    problems = paused.reason_problems(reason)
+    if problems:
+        raise ValidationFailed(problems)
+    row = db.fetch_one(conn, "schedules_pause", {"schedule_id": schedule_id, "owner": owner, "reason": reason,
+                                                 "now": now})
     if row is None:
         raise _refused_move(conn, schedule_id, owner, "paused", "only an active schedule can be paused")
     return _moved(row, "schedule.paused")
@@ -403,7 +412,9 @@ def pause(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: st
 
 def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str,
            now: datetime | None = None) -> Schedule:
-    """paused -> active: clears ``consecutive_failures`` and computes the next fire from now.
+    """paused -> active: clears ``consecutive_failures`` and the pause's reason, and computes the next
+    fire from now. The fires that fell in the pause are recorded as one ``skipped_paused`` occurrence
+    (``kairos.schedules.paused``).
 
     A schedule with nothing left to fire (a ``once`` whose instant passed, a rule past ``ends_at``,
     ``max_occurrences`` used up) cannot be resumed: ``Conflict``. The update is guarded by the
@@ -421,6 +432,9 @@ def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
             if first is None:
                 raise Conflict("this schedule has nothing left to fire; cancel it and create a new one",
                                fields=[FieldError("status", "no_future_fire", "the rule has no fire after now")])
+            from kairos.schedules import paused
+
+            paused.record_at_resume(conn, current, rule_of(current), now=clock)
         row = db.fetch_one(conn, "schedules_resume", {
             "schedule_id": schedule_id, "owner": owner, "revision": current.revision,
             "next_fire_at": first, "now": clock})

@@ -59,9 +59,12 @@ UPDATE schedules AS s
 RETURNING s.id;
 
 -- name: schedules_pause_by_tick
--- active -> paused for schedules the tick stops (3 failures in a row, a rule that no longer evaluates).
+-- active -> paused for schedules the tick stops (3 failures in a row, a rule that no longer evaluates),
+-- with when and why (resume records the fires that fell in the pause).
 UPDATE schedules
    SET status = 'paused',
+       paused_at = coalesce(%(now)s::timestamptz, now()),
+       paused_reason = %(reason)s,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = ANY(%(ids)s::uuid[]) AND status = 'active'
@@ -176,9 +179,11 @@ SELECT count(*) AS open FROM schedules
  WHERE conversation_id = %(conversation_id)s AND status IN ('draft', 'active', 'paused');
 
 -- name: schedules_pause
--- active -> paused (the API). The cursor is kept; resume recomputes it.
+-- active -> paused (the API), with when and the owner's reason. The cursor is kept; resume recomputes it.
 UPDATE schedules
    SET status = 'paused',
+       paused_at = coalesce(%(now)s::timestamptz, now()),
+       paused_reason = %(reason)s,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND owner = %(owner)s AND status = 'active'
@@ -190,6 +195,8 @@ RETURNING *;
 UPDATE schedules
    SET status = 'active',
        input_run_id = NULL,
+       paused_at = NULL,
+       paused_reason = NULL,
        consecutive_failures = 0,
        next_fire_at = %(next_fire_at)s::timestamptz,
        revision = revision + 1,
@@ -294,6 +301,8 @@ SELECT *, coalesce(%(now)s::timestamptz, now()) AS db_now
 UPDATE schedules
    SET status = 'paused',
        input_run_id = %(run_id)s,
+       paused_at = coalesce(%(now)s::timestamptz, now()),
+       paused_reason = 'the loop asked its owner a question',
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND loop AND status = 'active'
@@ -306,6 +315,8 @@ UPDATE schedules
    SET status = CASE WHEN %(next_fire_at)s::timestamptz IS NULL THEN 'completed' ELSE 'active' END,
        next_fire_at = %(next_fire_at)s::timestamptz,
        input_run_id = NULL,
+       paused_at = NULL,
+       paused_reason = NULL,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND loop AND status = 'paused' AND input_run_id = %(run_id)s
@@ -326,6 +337,8 @@ RETURNING id, status, revision;
 -- active -> paused: a loop run reported its goal blocked; its owner resumes it.
 UPDATE schedules
    SET status = 'paused',
+       paused_at = coalesce(%(now)s::timestamptz, now()),
+       paused_reason = 'the loop reported its goal blocked',
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND loop AND status = 'active'

@@ -30,7 +30,7 @@ def pause_with_note(conn: psycopg.Connection[db.Row], ids: Sequence[UUID], *, re
     fields of a moved row to both."""
     if not ids:
         return []
-    paused = db.fetch_all(conn, "schedules_pause_by_tick", {"ids": list(ids), "now": now})
+    paused = db.fetch_all(conn, "schedules_pause_by_tick", {"ids": list(ids), "reason": reason, "now": now})
     for row in paused:
         extra = dict(details(row)) if details is not None else {}
         conversations.note(conn, row["conversation_id"], kind="schedule_paused",

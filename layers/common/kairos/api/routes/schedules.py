@@ -139,14 +139,18 @@ def _moved(id: str, move: Callable[..., schedules.Schedule]) -> Response[dict[st
     return ok(200, models.ScheduleEnvelope, {"schedule": shown})
 
 
-@router.endpoint("POST", "/v1/schedules/<id>/pause", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
-                 summary="Pause a schedule")
-def pause_schedule(id: str) -> Response[dict[str, Any]]:
-    return _moved(id, schedules.pause)
+@router.endpoint("POST", "/v1/schedules/<id>/pause", status=200, model=models.ScheduleEnvelope,
+                 errors=(400, 404, 409, 415), has_body=True,
+                 summary="Pause a schedule, with an optional reason shown with it (paused_reason); the fires that "
+                         "fall in the pause are recorded at resume as one skipped_paused occurrence")
+def pause_schedule(id: str, body: Annotated[models.PauseRequest | None, Body()] = None) -> Response[dict[str, Any]]:
+    reason = (body or models.PauseRequest()).reason
+    return _moved(id, lambda conn, schedule_id, owner: schedules.pause(conn, schedule_id, owner=owner, reason=reason))
 
 
 @router.endpoint("POST", "/v1/schedules/<id>/resume", status=200, model=models.ScheduleEnvelope, errors=(404, 409),
-                 summary="Resume a paused schedule (clears failures, computes the next fire)")
+                 summary="Resume a paused schedule (clears failures and the reason, records the fires that fell "
+                         "in the pause as one skipped_paused occurrence, computes the next fire)")
 def resume_schedule(id: str) -> Response[dict[str, Any]]:
     return _moved(id, schedules.resume)
 
