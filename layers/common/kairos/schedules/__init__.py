@@ -434,7 +434,8 @@ def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
                                fields=[FieldError("status", "no_future_fire", "the rule has no fire after now")])
             from kairos.schedules import paused
 
-            paused.record_at_resume(conn, current, rule_of(current), now=clock)
+            paused.record_at_resume(conn, current.id, revision=current.revision, paused_at=current.paused_at,
+                                    rule=rule_of(current), now=clock)
         row = db.fetch_one(conn, "schedules_resume", {
             "schedule_id": schedule_id, "owner": owner, "revision": current.revision,
             "next_fire_at": first, "now": clock})

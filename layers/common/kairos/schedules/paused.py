@@ -15,8 +15,8 @@ Must not: dispatch anything (the fires are gone, not owed), or log the reason (i
 
 from __future__ import annotations
 
+import uuid
 from datetime import datetime, timedelta
-from typing import TYPE_CHECKING
 
 import psycopg
 
@@ -24,9 +24,6 @@ from kairos import calendar, db, identity, occurrences
 from kairos.errors import FieldError
 from kairos.instants import rfc3339
 from kairos.states import Decision, Source
-
-if TYPE_CHECKING:
-    from kairos.schedules import Schedule
 
 COUNT_CAP = 10_000
 REASON_MAX_CHARS = 500
@@ -43,19 +40,20 @@ def reason_problems(reason: object) -> list[FieldError]:
     return []
 
 
-def record_at_resume(conn: psycopg.Connection[db.Row], schedule: Schedule, rule: calendar.Rule, *,
-                     now: datetime) -> int:
-    """Records the pause's ``skipped_paused`` occurrence; the number of fires it covers (0: none)."""
-    if schedule.paused_at is None:
+def record_at_resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, revision: int,
+                     paused_at: datetime | None, rule: calendar.Rule, now: datetime) -> int:
+    """Records the ``skipped_paused`` occurrence of the pause that began at ``paused_at`` (under the
+    schedule's ``revision``); the number of fires it covers (0: none, nothing recorded)."""
+    if paused_at is None:
         return 0
-    covered = _covered(rule, schedule.paused_at, now)
+    covered = _covered(rule, paused_at, now)
     if covered is None:
         return 0
     first, last, count = covered
-    occurrence_id = identity.occurrence_id(schedule.id, Source.SCHEDULED, key=f"paused:{rfc3339(schedule.paused_at)}")
+    occurrence_id = identity.occurrence_id(schedule_id, Source.SCHEDULED, key=f"paused:{rfc3339(paused_at)}")
     occurrences.record(conn, [occurrences.planned(
-        occurrence_id=occurrence_id, schedule_id=schedule.id, source=Source.SCHEDULED, fire=first,
-        revision=schedule.revision, decision=Decision.SKIPPED_PAUSED, run_id=None, covers_from=first.fire_at,
+        occurrence_id=occurrence_id, schedule_id=schedule_id, source=Source.SCHEDULED, fire=first,
+        revision=revision, decision=Decision.SKIPPED_PAUSED, run_id=None, covers_from=first.fire_at,
         covers_until=last.fire_at, covers_count=count)], now=now)
     return count
 
