@@ -152,9 +152,10 @@ CREATE FUNCTION public.kairos_schedule_definition(s public.schedules) RETURNS js
     LANGUAGE sql STABLE
     AS $$
     SELECT to_jsonb(s) - ARRAY['id', 'owner', 'conversation_id', 'status', 'revision', 'next_fire_at',
-                               'last_fire_at', 'fire_count', 'consecutive_failures', 'token_hash',
-                               'previous_token_hash', 'previous_token_expires_at', 'created_by_run_id',
-                               'created_at', 'updated_at', 'input_run_id', 'paused_at', 'paused_reason']
+                               'next_dispatch_at', 'last_fire_at', 'fire_count', 'consecutive_failures',
+                               'token_hash', 'previous_token_hash', 'previous_token_expires_at',
+                               'created_by_run_id', 'created_at', 'updated_at', 'input_run_id',
+                               'paused_at', 'paused_reason']
 $$;
 
 CREATE FUNCTION public.kairos_settle_usage() RETURNS trigger

@@ -62,6 +62,11 @@ def test_a_resume_records_the_fires_that_fell_in_the_pause_once(api: Api) -> Non
     assert (occurrence["source"], occurrence["run_id"]) == ("scheduled", None)
     assert rows(api.url, "SELECT 1 FROM runs WHERE schedule_id = %s", sid) == []
 
+    # and the pause is state, not definition: no revision records it
+    kept = rows(api.url, "SELECT definition ? 'paused_at' OR definition ? 'paused_reason' AS has "
+                         "FROM schedule_revisions WHERE schedule_id = %s", sid)
+    assert len(kept) == 3 and not any(r["has"] for r in kept)
+
     # And a pause in which no fire falls records nothing
     assert api.alice.post(f"/v1/schedules/{sid}/pause").status == 200
     assert api.alice.get(f"/v1/schedules/{sid}").json["schedule"]["paused_reason"] is None

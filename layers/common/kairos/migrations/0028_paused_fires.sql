@@ -13,7 +13,8 @@ SELECT kairos_widen_check('occurrences', 'decision', ARRAY['skipped_paused']);
 -- The definition a revision records leaves out the pause (state, like the status and the cursor).
 CREATE OR REPLACE FUNCTION kairos_schedule_definition(s schedules) RETURNS jsonb LANGUAGE sql STABLE AS $$
     SELECT to_jsonb(s) - ARRAY['id', 'owner', 'conversation_id', 'status', 'revision', 'next_fire_at',
-                               'last_fire_at', 'fire_count', 'consecutive_failures', 'token_hash',
-                               'previous_token_hash', 'previous_token_expires_at', 'created_by_run_id',
-                               'created_at', 'updated_at', 'input_run_id', 'paused_at', 'paused_reason']
+                               'next_dispatch_at', 'last_fire_at', 'fire_count', 'consecutive_failures',
+                               'token_hash', 'previous_token_hash', 'previous_token_expires_at',
+                               'created_by_run_id', 'created_at', 'updated_at', 'input_run_id',
+                               'paused_at', 'paused_reason']
 $$;
