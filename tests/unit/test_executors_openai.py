@@ -94,6 +94,9 @@ def test_a_200_sends_the_exact_canonical_body_with_the_bearer_key() -> None:
                 {"role": "user", "content": "42"},  # a tool entry goes as user text
                 {"role": "user", "content": "Summarise the news."},
             ],
+            # The answer streams when the server does; this one answers JSON, read as before.
+            "stream": True,
+            "stream_options": {"include_usage": True},
         }
     )
     (got,) = peer.received
@@ -102,6 +105,7 @@ def test_a_200_sends_the_exact_canonical_body_with_the_bearer_key() -> None:
     assert hashlib.sha256(got.body).hexdigest() == prepared.digest
     assert got.headers["authorization"] == f"Bearer {KEY}"
     assert got.headers["content-type"] == "application/json"
+    assert got.headers["accept"] == "text/event-stream, application/json"
     assert reply == Reply(content="Good morning.",
                           usage={"prompt_tokens": 12, "completion_tokens": 3, "total_tokens": 15})
     assert (prepared.kind, prepared.mutation, prepared.method) == ("model_call", False, "POST")

@@ -25,6 +25,7 @@ from pydantic import (
     BaseModel,
     ConfigDict,
     Field,
+    StrictBool,
     StrictInt,
     StrictStr,
     ValidationError,
@@ -75,6 +76,8 @@ class AgentConfig(BaseModel):
     tools: list[Literal["schedules", "http"]] | None = Field(default=None, max_length=2)
     max_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS_CAP)
     approval: Literal["never", "mutations", "always"] | None = None
+    # openai: ask for a streamed answer (default); false for a server that refuses the stream fields.
+    stream: StrictBool | None = None
 
     @field_validator("base_url")
     @classmethod

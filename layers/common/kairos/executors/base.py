@@ -8,7 +8,9 @@ the effect in the ledger between them:
    ``ExecutorError`` for configuration problems (bad agent, egress refused, missing secret) — the
    outcome is known: nothing was sent.
 2. ``send(prepared, timeout=…)`` performs that one call and returns a ``Reply``; when the worker set
-   ``prepared.abort`` and fires it (cancel, lost lease), an HTTP call stops at once as a dropped call. It raises
+   ``prepared.abort`` and fires it (cancel, lost lease), an HTTP call stops at once as a dropped call.
+   A model executor whose peer streams its answer tells ``prepared.on_text`` (when set) the text so
+   far as it grows; the ``Reply`` is what counts, whether or not it streamed. It raises
    ``ExecutorError`` whose flags say what is known about the outcome: ``outcome_unknown`` when the
    request may have reached the peer (a timeout after sending, a dropped connection mid-response);
    ``retry_safe`` only when the evidence says nothing happened outside (connection refused, a 429 or
@@ -29,7 +31,7 @@ import math
 import re
 import socket
 import threading
-from collections.abc import Iterator, Mapping
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, overload
@@ -141,6 +143,10 @@ class Abort:
             self._sockets.discard(sock)
 
 
+# The text a streaming model has answered so far (``PreparedCall.on_text``).
+TextProgress = Callable[[str], None]
+
+
 @dataclass(frozen=True)
 class ResolvedTarget:
     """A URL whose host passed the egress check, with the addresses a connection may use."""
@@ -173,6 +179,9 @@ class PreparedCall:
     target: ResolvedTarget | None = None
     # Set by the worker before ``send``: the handle that aborts this call in flight (see ``Abort``).
     abort: Abort | None = field(default=None, compare=False, repr=False)
+    # Set by the worker before ``send``: told the answer's text so far while a model streams it (an
+    # executor that does not stream never calls it). Called on the sending thread; must not raise.
+    on_text: TextProgress | None = field(default=None, compare=False, repr=False)
 
 
 @dataclass(frozen=True)

@@ -23,7 +23,10 @@ allows that port only. The local stack allows its demo model that way, and nothi
 DNS answer that changes between check and connect (rebinding) cannot redirect it: the TCP connection
 goes to the pinned IP, while the ``Host`` header, TLS SNI and certificate check use the original host.
 It follows no redirects, retries nothing, bounds connect and read time, and reads at most
-``read_limit`` bytes. Failures come back as ``TransportFailure`` with the stage they happened in, so
+``read_limit`` bytes. With ``sink_for``, a 2xx answer the caller wants as a stream (it returns a
+``Sink`` for the status and content type, e.g. ``text/event-stream``) is handed over chunk by chunk
+as it arrives and not kept: the sink bounds what it holds, and stops the read by answering False.
+Failures come back as ``TransportFailure`` with the stage they happened in, so
 each executor applies its own table of what the stage proves about the outcome.
 
 This module never logs request bodies or headers (they carry prompts and credentials).
@@ -78,11 +81,18 @@ _V4_TRANSLATED = ipaddress.ip_network("::ffff:0:0:0/96")
 _V4_COMPATIBLE = ipaddress.ip_network("::/96")
 
 
+# Takes the next bytes of a streamed answer as they arrive; False stops the read (the rest is not read).
+Sink = Callable[[bytes], bool]
+# Given a 2xx answer's status and content type: the sink to stream its body into, or None to read it whole.
+SinkFor = Callable[[int, str], Sink | None]
+
+
 @dataclass(frozen=True)
 class Answer:
     status: int
-    body: bytes  # at most read_limit bytes
-    overflow: bool  # the peer sent more than read_limit bytes (the rest was not read)
+    body: bytes  # at most read_limit bytes (empty when streamed into a sink)
+    overflow: bool  # the peer sent more than read_limit bytes, or the sink stopped the read
+    streamed: bool = False  # the body went to the caller's sink as it arrived
 
 
 class TransportFailure(Exception):
@@ -151,7 +161,8 @@ def check(url: str, *, allow: Sequence[str], resolve: Resolver = socket.getaddri
 
 
 def post(target: ResolvedTarget, *, body: bytes, headers: dict[str, str], timeout: float,
-         read_limit: int, ca_certs: str | None = None, abort: Abort | None = None) -> Answer:
+         read_limit: int, ca_certs: str | None = None, abort: Abort | None = None,
+         sink_for: SinkFor | None = None) -> Answer:
     """One POST to ``target``'s pinned addresses (the next one only when connecting failed).
 
     A fired ``abort`` stops it: before the request is sent as ``connect`` (nothing was sent), after
@@ -162,7 +173,7 @@ def post(target: ResolvedTarget, *, body: bytes, headers: dict[str, str], timeou
     for address in target.addresses:
         try:
             return _post_once(target, address, body=body, headers=headers, timeout=timeout,
-                              read_limit=read_limit, ca_certs=ca_certs, abort=abort)
+                              read_limit=read_limit, ca_certs=ca_certs, abort=abort, sink_for=sink_for)
         except TransportFailure as failure:
             if failure.stage != "connect":
                 raise
@@ -173,7 +184,7 @@ def post(target: ResolvedTarget, *, body: bytes, headers: dict[str, str], timeou
 
 
 def _post_once(target: ResolvedTarget, address: str, *, body: bytes, headers: dict[str, str], timeout: float,
-               read_limit: int, ca_certs: str | None, abort: Abort | None) -> Answer:
+               read_limit: int, ca_certs: str | None, abort: Abort | None, sink_for: SinkFor | None) -> Answer:
     deadline = time.monotonic() + timeout
     if abort is not None and abort.fired:
         raise TransportFailure("connect", "aborted")
@@ -208,8 +219,11 @@ def _post_once(target: ResolvedTarget, address: str, *, body: bytes, headers: di
             raise _aborted(abort) or TransportFailure("timeout", "no answer in time") from exc
         except (HTTPError, HTTPException, OSError) as exc:
             raise _aborted(abort) or TransportFailure("dropped", _describe(exc)) from exc
+        sink = None
+        if sink_for is not None and 200 <= response.status < 300:
+            sink = sink_for(response.status, response.headers.get("Content-Type", ""))
         try:
-            answer = _read_bounded(response, deadline=deadline, read_limit=read_limit)
+            answer = _read_bounded(response, deadline=deadline, read_limit=read_limit, sink=sink)
         except TransportFailure as failure:
             raise _aborted(abort, failure) or failure from failure.__cause__
         # A shut-down socket reads as a clean end, so an answer read while the abort fired may be cut
@@ -232,7 +246,8 @@ def _aborted(abort: Abort | None, failure: TransportFailure | None = None) -> Tr
     return TransportFailure("dropped", "aborted", status=status, partial=b"" if failure is None else failure.partial)
 
 
-def _read_bounded(response: urllib3.BaseHTTPResponse, *, deadline: float, read_limit: int) -> Answer:
+def _read_bounded(response: urllib3.BaseHTTPResponse, *, deadline: float, read_limit: int,
+                  sink: Sink | None = None) -> Answer:
     status = response.status
     chunks: list[bytes] = []
     size = 0
@@ -241,9 +256,13 @@ def _read_bounded(response: urllib3.BaseHTTPResponse, *, deadline: float, read_l
             if time.monotonic() > deadline:
                 raise TransportFailure("timeout", "the answer did not complete in time", status=status,
                                        partial=b"".join(chunks))
-            chunk = response.read1(min(65_536, read_limit + 1 - size))
+            chunk = response.read1(min(65_536, read_limit + 1 - size) if sink is None else 65_536)
             if not chunk:
-                return Answer(status=status, body=b"".join(chunks), overflow=False)
+                return Answer(status=status, body=b"".join(chunks), overflow=False, streamed=sink is not None)
+            if sink is not None:  # handed over, not kept: the sink bounds what it holds
+                if not sink(chunk):
+                    return Answer(status=status, body=b"", overflow=True, streamed=True)
+                continue
             chunks.append(chunk)
             size += len(chunk)
             if size > read_limit:
