@@ -51,7 +51,7 @@ INSERT INTO run_steps (run_id, n, kind, name, call_id, record, attempt, fence, s
                        input, output, target, usage, effect_id, created_at)
 SELECT r.id, %(n)s, %(kind)s, %(name)s, %(call_id)s, %(record)s, r.attempt, r.fence, %(state)s,
        coalesce((SELECT e.created_at FROM effects e WHERE e.id = %(effect_id)s AND e.run_id = r.id),
-                %(now)s::timestamptz, now()),
+                coalesce(%(now)s::timestamptz, now())),
        coalesce(%(now)s::timestamptz, now()), %(input)s, %(output)s,
        %(target)s, %(usage)s, %(effect_id)s, coalesce(%(now)s::timestamptz, now())
   FROM runs r
