@@ -2,8 +2,9 @@
 
 Role: ``Rehearsal`` starts what ``kairos dev`` starts (an embedded PostgreSQL it may stop and restart,
 moto's SQS with a dead-letter queue, the demo model with its counting ``/sink``), creates the workload's
-schedules (cron and interval, webhook, a goal loop), then walks the plan step by step: at each step the simulated clock moves ``STEP_SECONDS``
-(every named query takes it as ``now``), the step's deliveries and chat turns arrive, the tick runs,
+schedules (cron and interval, webhook, a goal loop), then walks the plan step by step: at each step
+the simulated clock moves ``STEP_SECONDS`` (every named query takes it as ``now``), the step's
+deliveries, chat turns and corpus turn arrive, the tick runs,
 a worker loop takes what the queue holds and hands each run id to ``kairos.execution.execute.process``
 as the run function would, and pending approvals are decided as the plan says. The step's faults are
 armed on the way: probe handlers that restart PostgreSQL, kill sessions or raise (a crash) in the tick
@@ -61,8 +62,9 @@ RETRY_DELAY_MAX = 2  # a run's retry delay, compressed to real seconds
 CRASHES = ("pg_restart", "pg_terminate", "kill")  # the faults that strike inside a tick or a run
 
 
-class Crash(Exception):
-    """Raised by a fault where a process would die: the invocation ends there."""
+class Crash(BaseException):
+    """Raised by a fault where a process would die: the invocation ends there. A BaseException (as
+    the tests' crashes are), so no ``except Exception`` of the component can turn it into an outcome."""
 
 
 @dataclass
@@ -315,7 +317,7 @@ class Rehearsal:
         try:
             tick.run(context.get_remaining_time_in_millis, now=self.sim)
             self.counters.events["ticks"] += 1
-        except Exception as error:  # noqa: BLE001 - a tick that dies; the next one comes back
+        except (Exception, Crash) as error:  # noqa: BLE001 - a tick that dies; the next one comes back
             self.counters.events[f"ticks died ({type(error).__name__})"] += 1
         finally:
             if fault is not None and fault.point == "statement" and self.kill.disarm():
@@ -398,7 +400,7 @@ class Rehearsal:
         try:
             outcome = process(self.db, run_id, settings=self.settings, now=now, probes=probes,
                               lambda_remaining_ms=remaining)
-        except Exception as error:  # noqa: BLE001 - the record fails; SQS delivers it again
+        except (Exception, Crash) as error:  # noqa: BLE001 - the record fails; SQS delivers it again
             self.counters.events[f"records failed ({type(error).__name__})"] += 1
             return
         finally:
@@ -478,11 +480,12 @@ class Rehearsal:
         self.counters.events["DLQ redriven"] += self.redrive()
         self.drained_at = self.sim
         with psycopg.connect(self.url) as conn:
-            for kind, state, count in conn.execute(
+            for kind, state, reason, count in conn.execute(
                     "SELECT CASE WHEN s.loop THEN 'loop' WHEN r.corpus IS NOT NULL THEN 'corpus' ELSE r.source END,"
-                    " r.state, count(*) FROM runs r LEFT JOIN schedules s ON s.id = r.schedule_id"
-                    " GROUP BY 1, 2").fetchall():
-                self.counters.events[f"runs {kind} {state}"] = int(count)
+                    " r.state, r.diagnosis->>'reason_code', count(*)"
+                    " FROM runs r LEFT JOIN schedules s ON s.id = r.schedule_id GROUP BY 1, 2, 3").fetchall():
+                why = f" ({reason})" if reason and state != "succeeded" else ""
+                self.counters.events[f"runs {kind} {state}{why}"] += int(count)
         if self.verbose:
             self.out(f"drained in {time.monotonic() - started:.1f}s to sim {self.sim.isoformat()}")
 
