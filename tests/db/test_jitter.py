@@ -149,6 +149,25 @@ def test_a_run_expires_from_its_dispatch_instant_not_its_fire(
     assert outcome.state is not None and outcome.state.value == "expired"
 
 
+def test_a_run_queued_behind_another_expires_from_its_dispatch_instant_when_released(
+        db: Database, db_url: str, sqs_queue: SqsQueue) -> None:
+    sched = jittered(db_url, overlap="queue_one")
+    while sched["next_dispatch_at"] == T:  # an offset of 0 would not tell dispatch_at from fire_at
+        sched = jittered(db_url, overlap="queue_one")
+    dispatch = sched["next_dispatch_at"]
+    blocker = factories.run(db_url, schedule_row=sched, state="running", fire_at=T - timedelta(days=1))
+    tick(db, sqs_queue).run(now=dispatch)
+    [waiting] = rows(db_url, "SELECT * FROM runs WHERE schedule_id = %s AND id <> %s", sched["id"], blocker["id"])
+    assert waiting["blocked_by_run_id"] == blocker["id"] and waiting["expires_at"] is None
+    with psycopg.connect(db_url, autocommit=True) as conn:  # the blocker ends
+        conn.execute("""UPDATE runs SET state = 'succeeded', output = '{}', lease_token = NULL,
+                               lease_expires_at = NULL, finished_at = now() WHERE id = %s""", (blocker["id"],))
+    assert tick(db, sqs_queue).run(now=dispatch + timedelta(minutes=3)).released == 1
+    [released] = rows(db_url, "SELECT * FROM runs WHERE id = %s", waiting["id"])
+    assert released["blocked_by_run_id"] is None
+    assert released["expires_at"] == dispatch + timedelta(seconds=600)  # from dispatch_at, not fire_at
+
+
 # --- the API's bounds -----------------------------------------------------------------------------
 
 
