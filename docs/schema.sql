@@ -3,6 +3,12 @@
 -- regenerate with ./scripts/schema. tests/db/test_schema_file.py holds it equal to the migrations.
 -- pg_dump major version: 18
 
+CREATE FUNCTION public.kairos_agent_digest(agent jsonb) RETURNS text
+    LANGUAGE sql IMMUTABLE STRICT
+    AS $$
+    SELECT encode(sha256(convert_to(kairos_canonical_json(agent), 'UTF8')), 'hex')
+$$;
+
 CREATE FUNCTION public.kairos_allow_pruning() RETURNS void
     LANGUAGE sql
     AS $$
@@ -10,6 +16,24 @@ CREATE FUNCTION public.kairos_allow_pruning() RETURNS void
 $$;
 
 COMMENT ON FUNCTION public.kairos_allow_pruning() IS 'Lets the current transaction DELETE from occurrences, run_events and conversation_entries (the retention pruner only).';
+
+CREATE FUNCTION public.kairos_canonical_json(value jsonb) RETURNS text
+    LANGUAGE plpgsql IMMUTABLE STRICT
+    AS $$
+BEGIN
+    CASE jsonb_typeof(value)
+    WHEN 'object' THEN
+        RETURN '{' || coalesce((SELECT string_agg(to_jsonb(e.key)::text || ':' || kairos_canonical_json(e.value), ','
+                                                  ORDER BY e.key COLLATE "C")
+                                  FROM jsonb_each(value) AS e), '') || '}';
+    WHEN 'array' THEN
+        RETURN '[' || coalesce((SELECT string_agg(kairos_canonical_json(a.value), ',' ORDER BY a.ordinal)
+                                  FROM jsonb_array_elements(value) WITH ORDINALITY AS a(value, ordinal)), '') || ']';
+    ELSE
+        RETURN value::text;
+    END CASE;
+END
+$$;
 
 CREATE FUNCTION public.kairos_dispatch_at(schedule_id uuid, fire_at timestamp with time zone, jitter integer) RETURNS timestamp with time zone
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
@@ -122,6 +146,7 @@ CREATE TABLE public.schedules (
     next_dispatch_at timestamp with time zone GENERATED ALWAYS AS (public.kairos_dispatch_at(id, next_fire_at, jitter_seconds)) STORED,
     paused_at timestamp with time zone,
     paused_reason text,
+    limits jsonb,
     CONSTRAINT schedules_consecutive_failures_check CHECK ((consecutive_failures >= 0)),
     CONSTRAINT schedules_draft_is_loop CHECK (((status <> 'draft'::text) OR loop)),
     CONSTRAINT schedules_dst_fold_check CHECK ((dst_fold = ANY (ARRAY['auto'::text, 'first'::text, 'last'::text, 'both'::text]))),
@@ -132,6 +157,7 @@ CREATE TABLE public.schedules (
     CONSTRAINT schedules_interval_seconds_check CHECK (((interval_seconds IS NULL) OR (interval_seconds > 0))),
     CONSTRAINT schedules_jitter_bounds CHECK (((jitter_seconds >= 0) AND (jitter_seconds <= 3600))),
     CONSTRAINT schedules_kind_check CHECK ((kind = ANY (ARRAY['cron'::text, 'interval'::text, 'once'::text, 'webhook'::text]))),
+    CONSTRAINT schedules_limits_check CHECK (((limits IS NULL) OR (jsonb_typeof(limits) = 'object'::text))),
     CONSTRAINT schedules_loop_policies CHECK (((NOT loop) OR ((goal IS NOT NULL) AND (goal_revision IS NOT NULL) AND (kind = ANY (ARRAY['cron'::text, 'interval'::text])) AND (catch_up = false) AND (overlap = 'skip'::text) AND (mode = 'append'::text) AND (ends_at IS NOT NULL) AND (max_occurrences IS NOT NULL) AND (max_occurrences <= 500)))),
     CONSTRAINT schedules_max_delay_bounds CHECK (((max_delay_seconds >= 60) AND (max_delay_seconds <= 86400))),
     CONSTRAINT schedules_max_occurrences_check CHECK (((max_occurrences IS NULL) OR (max_occurrences > 0))),
@@ -571,6 +597,10 @@ CREATE TABLE public.runs (
     deliveries integer,
     test boolean DEFAULT false NOT NULL,
     resumed_from integer,
+    max_steps integer DEFAULT 8 NOT NULL,
+    schedule_revision integer,
+    agent_digest text,
+    CONSTRAINT runs_agent_digest_check CHECK (((agent_digest IS NULL) OR (agent_digest ~ '^[0-9a-f]{64}$'::text))),
     CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
     CONSTRAINT runs_deliveries_check CHECK ((deliveries >= 1)),
     CONSTRAINT runs_failed_has_diagnosis CHECK (((state <> ALL (ARRAY['failed'::text, 'abandoned'::text])) OR (diagnosis IS NOT NULL))),
@@ -580,6 +610,7 @@ CREATE TABLE public.runs (
     CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
     CONSTRAINT runs_lease_iff_running CHECK ((((state = 'running'::text) = (lease_token IS NOT NULL)) AND ((lease_token IS NULL) = (lease_expires_at IS NULL)))),
     CONSTRAINT runs_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT runs_max_steps_check CHECK ((max_steps >= 1)),
     CONSTRAINT runs_mode_check CHECK ((mode = ANY (ARRAY['fork'::text, 'append'::text, 'fresh'::text]))),
     CONSTRAINT runs_owner_check CHECK ((owner <> ''::text)),
     CONSTRAINT runs_pruned_after_finish CHECK (((pruned_at IS NULL) OR (finished_at IS NOT NULL))),
@@ -587,6 +618,7 @@ CREATE TABLE public.runs (
     CONSTRAINT runs_resumed_from_is_retry CHECK (((resumed_from IS NULL) OR ((resumed_from >= 0) AND (retry_of IS NOT NULL)))),
     CONSTRAINT runs_runtime_limit_seconds_check CHECK ((runtime_limit_seconds > 0)),
     CONSTRAINT runs_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
+    CONSTRAINT runs_schedule_revision_check CHECK (((schedule_revision IS NULL) OR (schedule_revision >= 1))),
     CONSTRAINT runs_settled_after_finish CHECK (((settled_at IS NULL) OR (finished_at IS NOT NULL))),
     CONSTRAINT runs_source_check CHECK ((source = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text]))),
     CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text]))),

@@ -11,7 +11,8 @@ Deployed, the page signs in with OIDC authorization code + PKCE against the issu
 out of the URL. Issue 37: an approval's arguments read as JSON escaped once; the inbox shows each
 note's kind, run, reason and time; a message is cleared on navigation; a wrong token is "not
 accepted" and Sign out shows only when signed in; the New-schedule picker offers no run thread; a goal
-loop shows its goal and offers no Trigger or Backfill.
+loop shows its goal and offers no Trigger or Backfill. Issue 39: a runtime limit is raised from the
+diagnosis (the control opens the schedule's edit form at limits.runtime_seconds) and the next run has it.
 
 Waiting is Playwright's auto-waiting ``expect``, never a sleep, and always on what the test asserts:
 no table or element is read once right after an action (the page redraws when its fetch answers), and
@@ -494,3 +495,41 @@ def test_usage_status_inbox_and_runs_pages_draw_from_the_api(page: Any, stack: S
     assert run_id in [r["id"] for r in chat]
     expect(page.locator("#runs-table tbody td:nth-child(1)")).to_have_text([r["id"][:8] for r in chat])
     expect(page.locator("#runs-table tbody td:nth-child(3)")).to_have_text(["chat"] * len(chat))
+
+
+def test_a_runtime_limit_is_raised_from_the_diagnosis_and_the_next_run_gets_it(
+        page: Any, stack: Stack, model: Model) -> None:
+    # Given a hook whose run may take 2 s, on a model that answers only after that
+    conversation_id = conversation(stack, model.agent("hang"), "hanging model")
+    created = stack.api("POST", "/v1/schedules", {"conversation_id": conversation_id, "prompt": "Summarize",
+                                                  "kind": "webhook", "name": "tight hook",
+                                                  "limits": {"runtime_seconds": 2}})
+    schedule_id = created["schedule"]["id"]
+    run_id = stack.hook(created["webhook"]["url"], {"n": 1})
+    sign_in(page, stack, f"#/runs/{run_id}")
+    expect(page.locator("#run-state")).to_have_text("failed", timeout=60_000)
+    diagnosis = page.locator("#diagnosis")
+    expect(diagnosis).to_contain_text("runtime_limit")
+    expect(page.locator("#run-limits")).to_contain_text("2 s")
+    expect(page.locator("#agent-digest")).to_have_text(re.compile(r"sha256:[0-9a-f]{12}"))
+    expect(page.locator("#run-revision")).to_have_text("1")
+
+    # When the owner follows raise_runtime_limit: it opens the schedule's edit form at that field
+    diagnosis.locator("button[data-action=raise_runtime_limit]").click()
+    expect(page).to_have_url(re.compile(re.escape(f"#/schedules/{schedule_id}/edit?field=limits.runtime_seconds")))
+    limit = page.locator("input[name='limits.runtime_seconds']")
+    expect(limit).to_be_focused()
+    expect(limit).to_have_value("2")
+    limit.fill("30")
+    page.click("#schedule-form button[type=submit]")
+
+    # Then the schedule carries the raised limit under a new revision, and the next run is recorded with it
+    expect(page.locator("#schedule-limits")).to_have_text("runtime_seconds 30")
+    shown = stack.api("GET", f"/v1/schedules/{schedule_id}")["schedule"]
+    assert (shown["limits"], shown["revision"]) == ({"runtime_seconds": 30}, 2), shown
+    again = stack.hook(created["webhook"]["url"], {"n": 2})
+    assert stack.api("GET", f"/v1/runs/{again}")["run"]["limits"]["runtime_seconds"] == 30
+    page.goto(f"{stack.console}#/runs/{again}")
+    expect(page.locator("h1")).to_have_text(f"Run {again[:8]}")
+    expect(page.locator("#run-revision")).to_have_text("2")
+    expect(page.locator("#run-limits")).to_contain_text("30 s")

@@ -243,7 +243,11 @@ def test_a_loop_runs_diagnosis_never_offers_the_retry_the_api_refuses(api: Api) 
                   *[r["diagnosis"] for r in api.alice.get(f"/v1/runs?schedule_id={loop['id']}").json["runs"]],
                   api.alice.get(f"/v1/runs/{loop_run['id']}/output").json["output"]["diagnosis"],
                   api.alice.post(f"/v1/runs/{loop_run['id']}/cancel").json["run"]["diagnosis"]):
-        assert shown == {**diagnosis, "recovery_actions": ["check_target"]}, shown
+        assert shown == {**diagnosis, "recovery_actions": ["check_target"], "actions": [
+            {"action": "check_target", "method": "PATCH", "path": f"/v1/schedules/{loop['id']}",
+             "field": "agent.base_url"}]}, shown
     # while a plain schedule's run keeps it, and its retry is taken
-    assert api.alice.get(f"/v1/runs/{plain_run['id']}").json["run"]["diagnosis"] == diagnosis
+    plain_shown = api.alice.get(f"/v1/runs/{plain_run['id']}").json["run"]["diagnosis"]
+    assert {k: v for k, v in plain_shown.items() if k != "actions"} == diagnosis
+    assert [a["action"] for a in plain_shown["actions"]] == ["retry_run", "check_target"]
     assert api.alice.post(f"/v1/runs/{plain_run['id']}/retry").status == 202

@@ -570,8 +570,10 @@ def test_the_output_projection_follows_the_run(db: Database, db_url: str) -> Non
     cancelled = _run(db_url, state="cancelled")
 
     with db.transaction() as conn:
-        assert runs.output(conn, queued["id"], owner="alice") == {"state": "empty", "reason": "queued"}
-        assert runs.output(conn, running["id"], owner="alice") == {"state": "empty", "reason": "running"}
+        # (runs made by the factory, not recorded from a fire: no revision, no agent digest)
+        unrecorded = {"schedule_revision": None, "agent_digest": None}
+        assert runs.output(conn, queued["id"], owner="alice") == {"state": "empty", "reason": "queued", **unrecorded}
+        assert runs.output(conn, running["id"], owner="alice") == {"state": "empty", "reason": "running", **unrecorded}
         out_failed = runs.output(conn, failed["id"], owner="alice")
         out_ok = runs.output(conn, succeeded["id"], owner="alice")
         assert runs.output(conn, cancelled["id"], owner="alice")["reason"] == "no_output"
@@ -590,7 +592,8 @@ def test_the_output_projection_follows_the_run(db: Database, db_url: str) -> Non
         conn.execute("SELECT kairos_allow_pruning()")  # entries are append-only otherwise
         conn.execute("DELETE FROM conversation_entries WHERE run_id = %s AND role = 'assistant'", (succeeded["id"],))
     with db.transaction() as conn:
-        assert runs.output(conn, succeeded["id"], owner="alice") == {"state": "unavailable", "reason": "source_gone"}
+        assert runs.output(conn, succeeded["id"], owner="alice") == {"state": "unavailable", "reason": "source_gone",
+                                                                      "schedule_revision": None, "agent_digest": None}
         assert runs.get(conn, succeeded["id"], owner="alice").state == "succeeded"
 
 

@@ -79,6 +79,8 @@ def _answer(model: Model, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
         return 401, b'{"error": {"type": "invalid_api_key", "message": "no"}}'
     if scenario == "slow":
         model.gate.wait(timeout=60)
+    if scenario == "hang":  # answers only after any run's runtime limit of a few seconds
+        threading.Event().wait(timeout=20)
     if scenario == "tool" and not any(m.get("role") == "tool" for m in body.get("messages", [])):
         call = {"id": "post-1", "type": "function", "function": {
             "name": "http_post",

@@ -64,3 +64,22 @@ def test_a_budget_that_means_nothing_is_refused_naming_the_variable(name: str, r
         Settings.from_env({name: raw})
     assert refused.value.name == name
     assert str(refused.value).startswith(f"{name} must be ")
+
+
+def test_the_limit_caps_have_defaults_and_are_read_from_the_environment() -> None:
+    default = Settings.from_env({})
+    assert (default.max_runtime_seconds, default.max_attempts, default.max_steps,
+            default.max_rate_per_minute) == (840, 10, 64, 600)
+    read = Settings.from_env({"KAIROS_MAX_RUNTIME_SECONDS": "120", "KAIROS_MAX_ATTEMPTS": "4",
+                              "KAIROS_MAX_STEPS": "12", "KAIROS_MAX_RATE_PER_MINUTE": "30"})
+    assert (read.max_runtime_seconds, read.max_attempts, read.max_steps, read.max_rate_per_minute) == (120, 4, 12, 30)
+
+
+@pytest.mark.parametrize(("name", "raw"), [
+    ("KAIROS_MAX_RUNTIME_SECONDS", "900"), ("KAIROS_MAX_RUNTIME_SECONDS", "0"), ("KAIROS_MAX_ATTEMPTS", "many"),
+    ("KAIROS_MAX_STEPS", "257"), ("KAIROS_MAX_RATE_PER_MINUTE", "-1"),
+])
+def test_a_limit_cap_that_means_nothing_is_refused_naming_the_variable(name: str, raw: str) -> None:
+    with pytest.raises(SettingInvalid) as refused:
+        Settings.from_env({name: raw})
+    assert refused.value.name == name

@@ -33,7 +33,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kairos import secrets
+from kairos import limits, runtime, secrets
 from kairos.errors import REQUIRED, TYPE, FieldError, ValidationFailed, from_validation_error
 from kairos.executors.base import MAX_STEPS_CAP
 from kairos.executors.catalog import CATALOG, TOOL_EXECUTORS
@@ -59,6 +59,17 @@ def _reference(value: str) -> str:
 SecretReference = Annotated[StrictStr, Field(max_length=2_048), AfterValidator(_reference)]
 
 
+class RunLimits(BaseModel):
+    """What one run may use (docs/api.md "Limits"): each a whole number from 1 to the server's cap
+    (``KAIROS_MAX_*``, checked by ``kairos.limits.cap_problems``); unset means the default."""
+
+    model_config = ConfigDict(extra="forbid", frozen=True, defer_build=True)
+
+    runtime_seconds: StrictInt | None = Field(default=None, ge=1, description="default 600")
+    max_attempts: StrictInt | None = Field(default=None, ge=1, description="default 3")
+    max_steps: StrictInt | None = Field(default=None, ge=1, description="a tool loop's model turns; default 8")
+
+
 class AgentConfig(BaseModel):
     """The agent JSON (docs/api.md "API"); extra fields are refused."""
 
@@ -78,6 +89,8 @@ class AgentConfig(BaseModel):
     approval: Literal["never", "mutations", "always"] | None = None
     # openai: ask for a streamed answer (default); false for a server that refuses the stream fields.
     stream: StrictBool | None = None
+    # A conversation's runs (chat turns, and a schedule's when it sets none): kairos.limits.
+    limits: RunLimits | None = None
 
     @field_validator("base_url")
     @classmethod
@@ -128,6 +141,9 @@ def validate(raw: object, *, owner: str | None, field: str = "agent") -> dict[st
             secrets.check(config.api_key_secret, owner=owner, audience=config.base_url)
         except secrets.Refused as refused:
             problems.append(secrets.field_error(refused, f"{field}.api_key_secret"))
+    if config is not None and config.limits is not None:
+        problems.extend(limits.cap_problems(config.limits.model_dump(exclude_none=True), prefix=f"{field}.limits",
+                                            settings=runtime.settings()))
     if problems or config is None:
         raise ValidationFailed(problems)
     return config.model_dump(exclude_none=True)

@@ -58,9 +58,28 @@ RECOVERY_ACTIONS: frozenset[str] = frozenset(
         "check_egress_allow",
         "check_target",
         "raise_runtime_limit",
+        "raise_max_steps",
         "report_issue",
     }
 )
+
+# Each recovery action's executable form (docs/api.md "Diagnoses"): the route that performs it, or the
+# route and the field of its body to change (``field``: a dotted path into the PATCH body, e.g.
+# ``limits.runtime_seconds``). ``{run_id}`` and ``{schedule_id}`` are the run's; ``with_actions`` fills
+# them in. tests/unit/test_recovery_actions.py holds each to a route of the API and a field its body takes.
+ACTION_ROUTES: dict[str, dict[str, str]] = {
+    "retry_run": {"method": "POST", "path": "/v1/runs/{run_id}/retry"},
+    "resume_schedule": {"method": "POST", "path": "/v1/schedules/{schedule_id}/resume"},
+    "check_agent_config": {"method": "PATCH", "path": "/v1/schedules/{schedule_id}", "field": "agent"},
+    "check_secret": {"method": "PATCH", "path": "/v1/schedules/{schedule_id}", "field": "agent.api_key_secret"},
+    "check_egress_allow": {"method": "PATCH", "path": "/v1/schedules/{schedule_id}", "field": "agent.base_url"},
+    "check_target": {"method": "PATCH", "path": "/v1/schedules/{schedule_id}", "field": "agent.base_url"},
+    "raise_runtime_limit": {"method": "PATCH", "path": "/v1/schedules/{schedule_id}",
+                            "field": "limits.runtime_seconds"},
+    "raise_max_steps": {"method": "PATCH", "path": "/v1/schedules/{schedule_id}", "field": "limits.max_steps"},
+    # What to attach to a report: the run's trace.
+    "report_issue": {"method": "GET", "path": "/v1/runs/{run_id}/events"},
+}
 Scope = Literal["run", "step", "target"]
 
 # reason_code -> (scope, retry eligible, recovery actions, plain-language summary). Summaries are
@@ -89,7 +108,8 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
                         "The run's prompt and the agent's system prompt alone exceed the agent's input limit."),
     "ambiguous_effect": ("step", False, ("check_target",),
                          "An external call may or may not have taken effect, so the run is not replayed."),
-    "runtime_limit": ("run", False, ("raise_runtime_limit", "check_target"), "The run exceeded its runtime limit."),
+    "runtime_limit": ("run", False, ("raise_runtime_limit", "check_target"),
+                      "The run exceeded its runtime limit (the schedule's limits.runtime_seconds)."),
     "lease_lost": ("run", True, ("retry_run",), "The worker lost its lease on the run."),
     "restart_limit": ("run", True, ("retry_run",), "The run was interrupted and restarted too often."),
     "abandoned_late": ("run", False, (), "The run was interrupted and is not delivered late (catch-up is off)."),
@@ -109,8 +129,9 @@ _DIAGNOSES: dict[str, tuple[Scope, bool, tuple[str, ...], str]] = {
                                   "so it is not delivered late."),
     "undeliverable": ("run", True, ("retry_run", "report_issue"),
                       "The run was handed to the queue five times and no worker claimed it."),
-    "step_limit": ("run", False, ("check_agent_config",),
-                   "The agent kept calling tools and reached its max_steps without a final answer."),
+    "step_limit": ("run", False, ("raise_max_steps", "check_agent_config"),
+                   "The agent kept calling tools and reached its max_steps (the schedule's limits.max_steps) "
+                   "without a final answer."),
     "approved_call_not_applied": ("step", False, (), "The approved tool call could not be applied as approved."),
     "approval_denied": ("step", False, (), "A tool call of the run needed approval and was denied."),
     "approval_expired": ("step", False, (), "A tool call of the run needed approval and nobody decided in time."),
@@ -166,6 +187,20 @@ def diagnose(
         "retry_eligible": eligible,
         "recovery_actions": [a for a in actions if eligible or a != "retry_run"],
     }
+
+
+def with_actions(diagnosis: dict[str, Any], *, run_id: object, schedule_id: object | None) -> dict[str, Any]:
+    """``diagnosis`` as the API shows it: beside ``recovery_actions`` (the names), ``actions``, each one's
+    executable form for this run (``{"action", "method", "path"[, "field"]}``). An action whose route
+    needs a schedule is left out of ``actions`` for a run without one (a chat turn)."""
+    forms = []
+    for action in diagnosis.get("recovery_actions") or []:
+        route = ACTION_ROUTES.get(action)
+        if route is None or ("{schedule_id}" in route["path"] and schedule_id is None):
+            continue
+        path = route["path"].format(run_id=run_id, schedule_id=schedule_id)
+        forms.append({"action": action, **route, "path": path})
+    return {**diagnosis, "actions": forms}
 
 
 def for_loop_run(diagnosis: dict[str, Any] | None) -> dict[str, Any] | None:

@@ -29,7 +29,7 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import budgets, db, pages, runtime
+from kairos import budgets, db, limits, pages, runtime
 from kairos.errors import NotFound, QueueFull
 from kairos.instants import offset_text, rfc3339
 from kairos.states import Decision, Source
@@ -113,7 +113,8 @@ def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
                         [r["conversation_id"] for r in rows if "schedule_id" not in r and "conversation_id" in r])
     # json.dumps is C, psycopg's array adaptation is not, and this is the hot path of a large tick.
     return db.fetch_all(conn, "occurrences_insert", {"occurrences": json.dumps(rows), "now": now,
-                                                     "queue_max": queue_max})
+                                                     "queue_max": queue_max,
+                                                     **limits.sql_parameters(runtime.settings())})
 
 
 def refuse_over_cap(recorded: list[db.Row], *, queue_max: int | None = None) -> None:

@@ -39,6 +39,17 @@ MAX_OWNER_DAILY_COST_USD = 10**9
 # Corpus runs (docs/api.md "Corpus runs"; kairos.corpus): partitions at once per run.
 DEFAULT_CORPUS_MAX_CONCURRENCY = 1
 MAX_CORPUS_MAX_CONCURRENCY = 16
+# The server's caps on a schedule's or an agent's ``limits`` (docs/api.md "Limits"; kairos.limits): a
+# request above a cap is refused (422 naming the field), and a run never gets more than the cap in force.
+# Lambda's hard maximum is 900 s; a run stops well before it so it can still write its failure.
+RUNTIME_CAP_SECONDS = 840
+DEFAULT_MAX_RUNTIME_SECONDS = RUNTIME_CAP_SECONDS
+DEFAULT_MAX_ATTEMPTS = 10
+MAX_MAX_ATTEMPTS = 100
+DEFAULT_MAX_STEPS = 64
+MAX_MAX_STEPS = 256
+DEFAULT_MAX_RATE_PER_MINUTE = 600
+MAX_MAX_RATE_PER_MINUTE = 100_000
 
 
 class SettingInvalid(ValueError):
@@ -192,6 +203,11 @@ class Settings:
     corpus_buckets: tuple[str, ...] = ()
     export_bucket: str | None = None
     corpus_max_concurrency: int = DEFAULT_CORPUS_MAX_CONCURRENCY
+    # The caps on ``limits`` (kairos.limits): runtime, attempts, a tool loop's model turns, a hook's rate.
+    max_runtime_seconds: int = DEFAULT_MAX_RUNTIME_SECONDS
+    max_attempts: int = DEFAULT_MAX_ATTEMPTS
+    max_steps: int = DEFAULT_MAX_STEPS
+    max_rate_per_minute: int = DEFAULT_MAX_RATE_PER_MINUTE
     # The console's sign-in (kairos.api.routes.console): the OIDC issuer the JWT authorizer trusts, the
     # console's client id and scopes (none set: the console asks for a bearer token), and the DLQ the
     # operator status reads (kairos.api.routes.status).
@@ -253,6 +269,13 @@ _READERS: dict[str, tuple[str, Callable[[str | None], Any]]] = {
     "KAIROS_EXPORT_BUCKET": ("export_bucket", _trimmed),
     "KAIROS_CORPUS_MAX_CONCURRENCY": ("corpus_max_concurrency", _whole_of(
         "KAIROS_CORPUS_MAX_CONCURRENCY", DEFAULT_CORPUS_MAX_CONCURRENCY, MAX_CORPUS_MAX_CONCURRENCY, "partitions")),
+    "KAIROS_MAX_RUNTIME_SECONDS": ("max_runtime_seconds", _whole_of(
+        "KAIROS_MAX_RUNTIME_SECONDS", DEFAULT_MAX_RUNTIME_SECONDS, RUNTIME_CAP_SECONDS, "seconds")),
+    "KAIROS_MAX_ATTEMPTS": ("max_attempts", _whole_of(
+        "KAIROS_MAX_ATTEMPTS", DEFAULT_MAX_ATTEMPTS, MAX_MAX_ATTEMPTS, "attempts")),
+    "KAIROS_MAX_STEPS": ("max_steps", _whole_of("KAIROS_MAX_STEPS", DEFAULT_MAX_STEPS, MAX_MAX_STEPS, "model turns")),
+    "KAIROS_MAX_RATE_PER_MINUTE": ("max_rate_per_minute", _whole_of(
+        "KAIROS_MAX_RATE_PER_MINUTE", DEFAULT_MAX_RATE_PER_MINUTE, MAX_MAX_RATE_PER_MINUTE, "deliveries")),
     "KAIROS_CONSOLE_ISSUER": ("console_issuer", _issuer),
     "KAIROS_CONSOLE_CLIENT_ID": ("console_client_id", _trimmed),
     "KAIROS_CONSOLE_SCOPES": ("console_scopes", _scopes),

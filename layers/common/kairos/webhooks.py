@@ -25,9 +25,9 @@ Flow of ``receive`` (one transaction, then the SQS handoff):
    the first run;
 5. the schedule's ``flow`` (``kairos.flow``): a delivery that folds into an open debounce or batch
    window is recorded as a ``coalesced`` occurrence naming that window's run, and answered with it;
-6. the rate limit: ``rate_limit_per_minute`` (default 60) runs of the hook dispatchable in any 60 s
-   (``kairos.flow.rate_hold``): over it, ``RateLimited`` with the seconds until the window frees a slot,
-   or with ``flow.over_rate: defer`` a run held until the rate allows;
+6. the rate limit: ``limits.rate_per_minute`` (``rate_per_minute``: default 60) runs of the hook
+   dispatchable in any 60 s (``kairos.flow.rate_hold``): over it, ``RateLimited`` with the seconds until
+   the window frees a slot, or with ``flow.over_rate: defer`` a run held until the rate allows;
 7. the occurrence (source ``webhook``, ``fire_at`` = database now, local time from
    ``calendar.describe``), the run (payload = the JSON body, or ``{"raw": text}`` when it is not JSON
    PostgreSQL can store: ``NaN``, ``Infinity``, ``1e999``, NUL, lone surrogates; a batch window's run:
@@ -71,7 +71,7 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import calendar, db, idempotency, identity, occurrences
+from kairos import calendar, db, idempotency, identity, limits, occurrences, runtime
 from kairos import flow as kairos_flow
 from kairos.errors import (
     Conflict,
@@ -95,7 +95,7 @@ MAX_KEY_LENGTH = idempotency.MAX_KEY_LENGTH
 # Standard Webhooks timestamps are integer seconds; 12 digits reach the year 33658. Anything longer
 # (10^400 overflowed float conversion: a 500) or not ASCII digits is refused as unsigned.
 _TIMESTAMP = re.compile(r"-?[0-9]{1,12}")
-DEFAULT_RATE_LIMIT = 60
+DEFAULT_RATE_LIMIT = limits.DEFAULTS["rate_per_minute"]
 DEFAULT_TOLERANCE_SECONDS = 300
 RATE_WINDOW = kairos_flow.RATE_WINDOW
 
@@ -253,7 +253,7 @@ def _rate_hold(conn: psycopg.Connection[db.Row], hook: Mapping[str, Any], flow: 
     """``kairos.flow.rate_hold`` for this hook: None (dispatch now), the instant a deferred run may go,
     or ``RateLimited`` (logged as a rejection) when its flow rejects what is over the rate."""
     try:
-        return kairos_flow.rate_hold(conn, hook["id"], limit=hook["rate_limit_per_minute"] or DEFAULT_RATE_LIMIT,
+        return kairos_flow.rate_hold(conn, hook["id"], limit=rate_per_minute(hook),
                                      over_rate=(flow or {}).get("over_rate", OverRate.REJECT), db_now=db_now, now=now)
     except RateLimited:
         _rejected("rate_limited", hook["id"])
@@ -426,6 +426,13 @@ def _resolve_secret(reference: str, owner: str) -> str:
         # Misconfiguration on our side; the sender only learns the signature could not be verified.
         logger.error("webhook signing secret unavailable", extra={"action": "webhook_secret_unavailable"})
         raise SignatureInvalid("the signature could not be verified") from None
+
+
+def rate_per_minute(hook: Mapping[str, Any]) -> int:
+    """The runs a hook dispatches per minute: its schedule's ``limits.rate_per_minute``, else the older
+    ``rate_limit_per_minute`` column, else the default (60); never above ``KAIROS_MAX_RATE_PER_MINUTE``."""
+    given = (hook.get("limits") or {}).get("rate_per_minute") or hook.get("rate_limit_per_minute")
+    return min(int(given or DEFAULT_RATE_LIMIT), runtime.settings().max_rate_per_minute)
 
 
 @dataclass(frozen=True)

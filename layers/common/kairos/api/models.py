@@ -121,6 +121,8 @@ class ScheduleOut(_Open):
     status: str
     revision: int
     last_run: LastRunOut | None = Field(description="the schedule's newest run; null before its first")
+    limits: dict[str, int] | None = Field(default=None, description="runtime_seconds, max_attempts, max_steps, "
+                                          "rate_per_minute (webhook): the limits it sets; null: none")
 
 
 class ScheduleEnvelope(_Strict):
@@ -208,6 +210,14 @@ class RunOut(_Open):
                                              "for any other run")
     resumed_from: int | None = Field(description="a retry from the last step: the number of the last of the old "
                                                  "run's steps it took over (0: none); null for any other run")
+    schedule_revision: int | None = Field(
+        default=None, description="the schedule revision the run executed; null for a chat turn (and runs "
+                                  "recorded before it was kept)")
+    agent_digest: str | None = Field(
+        default=None, description="SHA-256 hex of the canonical agent JSON the run used (sorted keys, compact, "
+                                  "UTF-8; secret references, never values)")
+    limits: dict[str, int] | None = Field(
+        default=None, description="runtime_seconds, max_attempts, max_steps: the limits the run was recorded with")
 
 
 class RunEnvelope(_Strict):
@@ -353,6 +363,8 @@ class StepPage(_Strict):
 
 class OutputOut(_Open):
     state: Literal["available", "empty", "unavailable"]
+    schedule_revision: int | None = Field(default=None, description="as the run's: the revision that produced it")
+    agent_digest: str | None = Field(default=None, description="as the run's: the agent JSON that produced it")
 
 
 class OutputEnvelope(_Strict):

@@ -10,14 +10,18 @@ import { isTerminalEvent, Timeline } from "./timeline.js";
 const FINISHED = new Set(["succeeded", "failed", "cancelled", "expired", "abandoned", "policy_blocked"]);
 const POLL_MS = 1000;
 
+// What each recovery action means; its control comes from the diagnosis' executable form (actions).
 const GUIDANCE = {
-  check_agent_config: "Check the agent of the conversation (executor, model, base_url).",
-  check_secret: "Check the agent's api_key_secret: store your key through the secrets API, then retry.",
-  check_egress_allow: "The endpoint is not allowed: ask the operator to add it to KAIROS_EGRESS_ALLOW.",
-  check_target: "The target answered with an error: check it, then retry.",
-  raise_runtime_limit: "The run hit a runtime limit (steps, input or output size): raise it in the agent.",
-  report_issue: "This looks like a Kairos fault: report it with the run id.",
+  check_agent_config: "Check the schedule's agent (executor, model, base_url).",
+  check_secret: "Check the agent's api_key_secret: store your key through the secrets API, then point the agent at it.",
+  check_egress_allow: "The endpoint is not an allowed destination: point the agent's base_url at a public host.",
+  check_target: "The target answered with an error or not in time: check it (and the agent's base_url), then retry.",
+  raise_runtime_limit: "The run hit its runtime limit: raise the schedule's limits.runtime_seconds.",
+  raise_max_steps: "The tool loop used all its model turns: raise the schedule's limits.max_steps.",
+  report_issue: "This looks like a Kairos fault: report it with the run id and its trace.",
 };
+const LABELS = { retry_run: "Retry run", resume_schedule: "Resume schedule", raise_runtime_limit: "Raise runtime limit",
+  raise_max_steps: "Raise max steps", report_issue: "Report: open the trace" };
 
 function facts(run) {
   const usage = run.usage || {};
@@ -29,37 +33,57 @@ function facts(run) {
     run.deliveries ? [h("dt", {}, "Deliveries"), h("dd", { id: "deliveries" },
       `${run.deliveries} (${run.flow_window === "batch" ? "batched" : "debounced"})`)] : null,
     run.held_until && run.state === "queued" ? [h("dt", {}, "Held until"), h("dd", {}, when(run.held_until))] : null,
+    h("dt", {}, "Revision"), h("dd", { id: "run-revision" }, run.schedule_revision == null ? "—" : String(run.schedule_revision)),
+    h("dt", {}, "Agent"), h("dd", {}, h("code", { id: "agent-digest", title: run.agent_digest || "" },
+      run.agent_digest ? `sha256:${run.agent_digest.slice(0, 12)}` : "—")),
+    h("dt", {}, "Limits"), h("dd", { id: "run-limits" }, run.limits
+      ? `${run.limits.runtime_seconds} s · ${run.limits.max_attempts} attempts · ${run.limits.max_steps} steps` : "—"),
     h("dt", {}, "Created"), h("dd", {}, when(run.created_at)),
     h("dt", {}, "Finished"), h("dd", {}, when(run.finished_at)),
     h("dt", {}, "Usage"), h("dd", {}, `${usage.input_tokens ?? 0} in · ${usage.output_tokens ?? 0} out · ` +
       `${usage.calls ?? 0} calls · $${Number(usage.cost_usd ?? 0).toFixed(4)}`));
 }
 
+// One control per recovery action: a POST performs its route; a field to change opens the schedule's
+// edit form at that field; a GET (the trace) opens the route's answer. An action without a form for this
+// run (a chat turn has no schedule) explains itself.
+function control(run, action, form, hint, refresh) {
+  const label = LABELS[action] || action.replaceAll("_", " ");
+  const explain = () => { hint.textContent = GUIDANCE[action] || action; };
+  if (form && form.method === "POST") {
+    return h("button", { type: "button", class: action === "retry_run" ? "primary" : "", dataset: { action },
+      onclick: async () => {
+        try {
+          const answer = await call("POST", form.path);
+          if (answer && answer.run_id) location.hash = `#/runs/${encodeURIComponent(answer.run_id)}`;
+          else { toast(`${label}: done`, "ok"); refresh(); }
+        } catch (err) { toast(err.message, "bad"); }
+      } }, label);
+  }
+  if (form && form.method === "PATCH" && form.field && run.schedule_id) {
+    return h("button", { type: "button", dataset: { action }, onclick: () => {
+      explain();
+      location.hash = `#/schedules/${encodeURIComponent(run.schedule_id)}/edit${qs({ field: form.field })}`;
+    } }, label);
+  }
+  if (form && form.method === "GET") {
+    return h("button", { type: "button", dataset: { action }, onclick: async () => {
+      explain();
+      try {
+        const page = await call("GET", form.path);
+        hint.append(h("pre", { class: "output", id: "report" }, JSON.stringify({ run_id: run.id, ...page }, null, 2)));
+      } catch (err) { toast(err.message, "bad"); }
+    } }, label);
+  }
+  return h("button", { type: "button", dataset: { action }, onclick: explain }, label);
+}
+
 function diagnosis(run, refresh) {
   const d = run.diagnosis;
   if (!d) return null;
-  const hint = h("p", { class: "muted", id: "guidance" });
-  const buttons = (d.recovery_actions || []).map((action) => {
-    if (action === "retry_run") {  // every source, a chat turn included (it retries into its conversation)
-      return h("button", { type: "button", class: "primary", dataset: { action }, onclick: async () => {
-        try {
-          const retried = await call("POST", `/v1/runs/${encodeURIComponent(run.id)}/retry`);
-          location.hash = `#/runs/${encodeURIComponent(retried.run_id)}`;
-        } catch (err) { toast(err.message, "bad"); }
-      } }, "Retry run");
-    }
-    if (action === "resume_schedule" && run.schedule_id) {
-      return h("button", { type: "button", dataset: { action }, onclick: async () => {
-        try {
-          await call("POST", `/v1/schedules/${encodeURIComponent(run.schedule_id)}/resume`);
-          toast("Schedule resumed", "ok");
-          refresh();
-        } catch (err) { toast(err.message, "bad"); }
-      } }, "Resume schedule");
-    }
-    return h("button", { type: "button", dataset: { action },
-      onclick: () => { hint.textContent = GUIDANCE[action] || action; } }, action.replaceAll("_", " "));
-  });
+  const hint = h("div", { class: "muted", id: "guidance" });
+  const forms = Object.fromEntries((d.actions || []).map((a) => [a.action, a]));
+  const buttons = (d.recovery_actions || []).map((action) => control(run, action, forms[action], hint, refresh));
   return h("section", { class: "card diagnosis", id: "diagnosis" },
     h("h2", {}, "Diagnosis"),
     h("p", { class: "summary" }, d.summary),

@@ -148,6 +148,8 @@ async function renderOne(main, id, shown) {
       s.kind === "cron" || s.kind === "interval" ? [h("dt", {}, "Jitter"), h("dd", { id: "jitter" }, s.jitter_seconds
         ? `up to ${s.jitter_seconds} s after each fire (next dispatch ${s.next_dispatch_at || "—"})` : "none")] : null,
       h("dt", {}, "Revision"), h("dd", {}, String(s.revision)),
+      h("dt", {}, "Limits"), h("dd", { id: "schedule-limits" }, s.limits && Object.keys(s.limits).length
+        ? Object.entries(s.limits).map(([k, v]) => `${k} ${v}`).join(" · ") : "defaults"),
       h("dt", {}, "Prompt"), h("dd", { class: "pre" }, s.prompt || ""),
       h("dt", {}, "Last run"), h("dd", {}, s.last_run
         ? h("a", { href: `#/runs/${encodeURIComponent(s.last_run.id)}` }, `${s.last_run.state} · ${when(s.last_run.created_at)}`)
@@ -216,6 +218,9 @@ function backfillForm(s, done) {
 }
 
 const KINDS = ["cron", "interval", "once", "webhook"];
+const LIMITS = [["runtime_seconds", "Runtime seconds"], ["max_attempts", "Max attempts"], ["max_steps", "Max steps"],
+  ["rate_per_minute", "Deliveries per minute"]];
+const LIMIT_DEFAULTS = { runtime_seconds: 600, max_attempts: 3, max_steps: 8, rate_per_minute: 60 };
 
 function select(name, options, value) {
   return h("select", { name }, options.map((o) => h("option", { value: o, selected: o === value }, o)));
@@ -239,6 +244,11 @@ async function renderForm(main, id) {
     overlap: select("overlap", ["allow", "skip", "queue_one", "cancel_replace"], s.overlap || "allow"),
     jitter_seconds: h("input", { name: "jitter_seconds", type: "number", min: 0, max: 3600, value: s.jitter_seconds || 0 }),
   };
+  // Limits (docs/api.md "Limits"): empty means the agent's or the default; rate_per_minute is a webhook's.
+  const limits = s.limits || {};
+  const limitInputs = Object.fromEntries(LIMITS.map(([name]) => [name, h("input", {
+    name: `limits.${name}`, id: `limits-${name}`, type: "number", min: 1, value: limits[name] ?? "",
+    placeholder: `default ${LIMIT_DEFAULTS[name]}` })]));
   let conversation = null;
   if (!editing) {
     // Only the conversations the user made: the threads fork and fresh runs leave are not pickable.
@@ -258,6 +268,9 @@ async function renderForm(main, id) {
         field("Jitter seconds (cron, interval)", inputs.jitter_seconds)]),
     s.loop ? h("p", { class: "muted" }, "A goal loop always appends to its conversation and skips a fire while a run " +
       "is in flight; its goal is changed through the loops API.") : null,
+    s.loop ? null : h("fieldset", { class: "row", id: "limits" }, h("legend", {}, "Limits (each run; empty: default)"),
+      LIMITS.filter(([name]) => name !== "rate_per_minute" || (s.kind || "cron") === "webhook")
+        .map(([name, label]) => field(label, limitInputs[name]))),
     problem, h("button", { type: "submit", class: "primary" }, editing ? "Save" : "Create"));
   form.addEventListener("submit", async (event) => {
     event.preventDefault();
@@ -269,6 +282,17 @@ async function renderForm(main, id) {
     if (kind === "cron") body.cron = inputs.cron.value;
     if (kind === "interval") body.interval_seconds = Number(inputs.interval_seconds.value);
     if (inputs.starts_at.value) body.starts_at = new Date(inputs.starts_at.value).toISOString();
+    if (!s.loop) {
+      // An edit merges inside limits: an emptied one is null (back to the default); a create sends the set ones.
+      const given = {};
+      for (const [name] of LIMITS) {
+        if (name === "rate_per_minute" && kind !== "webhook") continue;
+        const raw = limitInputs[name].value;
+        if (raw !== "") given[name] = Number(raw);
+        else if (editing && limits[name] !== undefined) given[name] = null;
+      }
+      if (Object.keys(given).length) body.limits = given;
+    }
     try {
       if (editing && s.loop) {  // a loop is edited through its own route (the schedule route refuses it)
         await call("PATCH", `/v1/loops/${encodeURIComponent(id)}`, body, { "If-Match": `"${s.revision}"` });
@@ -290,6 +314,12 @@ async function renderForm(main, id) {
     }
   });
   replace(main, form);
+  // Opened from a diagnosis (#/schedules/ID/edit?field=limits.runtime_seconds): that field has focus.
+  const wanted = new URLSearchParams(location.hash.split("?")[1] || "").get("field");
+  const target = wanted && form.querySelector(`[name="${CSS.escape(wanted)}"]`);
+  if (target) { target.classList.add("wanted"); target.focus(); }
+  else if (wanted) replace(problem, h("p", { class: "muted", id: "field-hint" },
+    `Change ${wanted}: this form does not edit it; change it with the API's PATCH of this schedule.`));
 }
 
 export async function render(main, route) {

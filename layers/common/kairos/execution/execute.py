@@ -22,7 +22,8 @@ Guarantees:
 * A run whose cancel was requested can never publish success (the success statement requires
   ``cancel_requested_at IS NULL``); its worker ends it ``cancelled`` at the next boundary.
 * A model input over the agent's limit fails ``input_too_large`` before any call.
-* A run's runtime is bounded by ``runtime_limit_seconds`` (server-capped below the Lambda timeout,
+* A run's runtime is bounded by ``runtime_limit_seconds`` (its ``limits``, capped by
+  ``KAIROS_MAX_RUNTIME_SECONDS`` below the Lambda timeout,
   and by the invocation's remaining time); exceeding it fails the run with ``runtime_limit``.
 * Failures end in a closed diagnosis (``kairos.diagnosis``).
 
@@ -66,11 +67,10 @@ from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.runs import moves
 from kairos.runs import steps as run_steps
+from kairos.settings import RUNTIME_CAP_SECONDS as RUNTIME_CAP_SECONDS  # Lambda's 900 s less time to fail
 from kairos.settings import Settings
 from kairos.states import EventType, RunState, Source
 
-# Lambda's hard maximum is 900 s; a run stops well before so it can still write its failure.
-RUNTIME_CAP_SECONDS = 840
 # Time kept back from the invocation's remaining time to fail the run cleanly and answer SQS.
 LAMBDA_MARGIN_SECONDS = 15.0
 # A record with less invocation time than this left is not claimed: SQS delivers it again.
@@ -437,7 +437,8 @@ def process(
     claimed = claim(database, run_id, now=now, probes=probes, owner_slots=settings.owner_concurrency)
     if isinstance(claimed, Outcome):
         return claimed
-    limit = min(int(claimed.row["runtime_limit_seconds"]), RUNTIME_CAP_SECONDS)
+    # The run's limit (kairos.limits: recorded with the run), never above the cap in force now.
+    limit = min(int(claimed.row["runtime_limit_seconds"]), settings.max_runtime_seconds, RUNTIME_CAP_SECONDS)
     deadline = started + limit if lambda_deadline is None else min(started + limit, lambda_deadline)
     heartbeat = Heartbeat(database, run_id, claimed.fence, interval=heartbeat_interval, now=now, probes=probes)
     run = Execution(database, run_id, settings, executor_factory, now, clock, probes, claimed, heartbeat.start(),

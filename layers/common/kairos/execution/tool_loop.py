@@ -44,7 +44,6 @@ from kairos.execution import goal_report, steps
 from kairos.execution.claim import Claimed, Outcome
 from kairos.execution.stops import Cancelled, Failure, LeaseLost
 from kairos.executors.base import (
-    MAX_STEPS_CAP,
     MAX_STEPS_DEFAULT,
     ExecutionRequest,
     Executor,
@@ -89,12 +88,18 @@ class Execution(Protocol):
     def lock(self, conn: psycopg.Connection[db.Row]) -> db.Row: ...
 
 
+def _max_steps(run: Execution, agent: Mapping[str, Any]) -> int:
+    """The run's max_steps (kairos.limits: recorded with the run), never above the cap in force now."""
+    recorded = run.claimed.row.get("max_steps") or agent.get("max_steps") or MAX_STEPS_DEFAULT
+    return min(int(recorded), run.settings.max_steps)
+
+
 def run_loop(run: Execution, executor: Executor, request: ExecutionRequest) -> Outcome:
 
     row = run.claimed.row
     agent = request.agent
     context = tools.Context(run.run_id, str(row["owner"]), str(row["source"]), row["source_conversation_id"])
-    limit = min(int(agent.get("max_steps") or MAX_STEPS_DEFAULT), MAX_STEPS_CAP)
+    limit = _max_steps(run, agent)
     specs = tools.specs(agent)
     goal: goal_report.Goal | None = None
     with run.database.connection() as conn:

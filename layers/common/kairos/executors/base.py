@@ -36,6 +36,7 @@ from contextlib import contextmanager
 from dataclasses import dataclass, field
 from typing import Any, Literal, Protocol, overload
 
+from kairos import limits
 from kairos.diagnosis import REASON_CODES
 from kairos.executors.catalog import TOOL_EXECUTORS as TOOL_EXECUTORS
 from kairos.secrets import SecretUnavailable
@@ -274,7 +275,7 @@ TOOL_CALLS_PER_TURN = 8
 TOOL_ARGUMENTS_CHARS = 16_384
 # A tool loop's model turns (an agent's ``max_steps``): this many when unset, never more than the cap
 # (kairos.agents refuses a larger max_steps; kairos.execution.tool_loop bounds the loop).
-MAX_STEPS_DEFAULT = 8
+MAX_STEPS_DEFAULT = limits.DEFAULTS["max_steps"]
 MAX_STEPS_CAP = 32
 
 

@@ -29,6 +29,8 @@ Must not: import the worker, the executors or the heartbeat (the API reads a row
 
 from __future__ import annotations
 
+import hashlib
+import json
 from collections.abc import Mapping
 from dataclasses import dataclass
 from datetime import datetime
@@ -38,7 +40,7 @@ from uuid import UUID
 import psycopg
 
 from kairos import db, pages, trace
-from kairos.diagnosis import diagnose, for_loop_run
+from kairos.diagnosis import diagnose, for_loop_run, with_actions
 from kairos.errors import NotFound
 from kairos.observability import logger
 from kairos.runs import moves, steps
@@ -78,6 +80,11 @@ class Run:
     held_until: datetime | None = None
     flow_window: str | None = None
     deliveries: int | None = None
+    # What produced the answer: the schedule revision executed (None: a chat turn) and the agent's digest
+    # (``agent_digest``; None for a run recorded before they were kept). And the run's limits.
+    schedule_revision: int | None = None
+    agent_digest: str | None = None
+    limits: dict[str, int] | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -109,6 +116,11 @@ class Run:
             held_until=row.get("held_until"),
             flow_window=row.get("flow_window"),
             deliveries=row.get("deliveries"),
+            schedule_revision=row.get("schedule_revision"),
+            agent_digest=row.get("agent_digest"),
+            limits=None if "max_steps" not in row else {
+                "runtime_seconds": int(row["runtime_limit_seconds"]), "max_attempts": int(row["max_attempts"]),
+                "max_steps": int(row["max_steps"])},
         )
 
     def as_json(self) -> dict[str, Any]:
@@ -136,13 +148,17 @@ class Run:
             "started_at": trace.rfc3339(self.started_at),
             "finished_at": trace.rfc3339(self.finished_at),
             "usage": self.usage,
-            "diagnosis": self.diagnosis,
+            "diagnosis": None if self.diagnosis is None else with_actions(
+                self.diagnosis, run_id=self.id, schedule_id=self.schedule_id),
             "output": self.output,
             # A webhook flow's hold (a window still collecting, or a delivery deferred by the rate): the
             # run starts no earlier; with a window, its kind and the deliveries it carries.
             "held_until": None if self.held_until is None else trace.rfc3339(self.held_until),
             "flow_window": self.flow_window,
             "deliveries": self.deliveries,
+            "schedule_revision": self.schedule_revision,
+            "agent_digest": self.agent_digest,
+            "limits": self.limits,
         }
 
 
@@ -202,15 +218,30 @@ def cancel(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str, now: d
     return Run.from_row(row)
 
 
+def agent_digest(agent: Mapping[str, Any]) -> str:
+    """SHA-256 hex of an agent JSON's canonical text (keys sorted, no whitespace, UTF-8): what a run's
+    ``agent_digest`` is, computed by the database when the run is recorded (``kairos_agent_digest``)."""
+    text = json.dumps(agent, sort_keys=True, separators=(",", ":"), ensure_ascii=False)
+    return hashlib.sha256(text.encode("utf-8")).hexdigest()
+
+
 def output(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner: str) -> dict[str, Any]:
     """The output projection: ``available`` (bounded preview and the producer's correlations),
     ``empty`` (why: queued, running, failed — with its diagnosis — or no_output) or ``unavailable``
     (the answer's source is no longer readable: ``pruned`` by retention, with when, or ``source_gone``).
-    The run's state is read, never rewritten: a pruned run still says ``succeeded``."""
+    The run's state is read, never rewritten: a pruned run still says ``succeeded``. Each carries what
+    produced the answer: ``schedule_revision`` and ``agent_digest``."""
     row = db.fetch_one(conn, "runs_get_owned", {"run_id": run_id, "owner": owner})
     if row is None:
         raise NotFound("run")
     run = Run.from_row(row)
+    projection = _output(conn, run, row, owner=owner)
+    if projection.get("diagnosis") is not None:
+        projection["diagnosis"] = with_actions(projection["diagnosis"], run_id=run.id, schedule_id=run.schedule_id)
+    return {**projection, "schedule_revision": run.schedule_revision, "agent_digest": run.agent_digest}
+
+
+def _output(conn: psycopg.Connection[db.Row], run: Run, row: db.Row, *, owner: str) -> dict[str, Any]:
     if run.state is RunState.QUEUED:
         return {"state": "empty", "reason": "queued"}
     if run.state in (RunState.RUNNING, RunState.AWAITING_APPROVAL, RunState.AWAITING_INPUT):

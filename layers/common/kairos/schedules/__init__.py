@@ -154,6 +154,7 @@ class Schedule:
     input_run_id: uuid.UUID | None = None  # the run a paused loop waits on (its question to the owner)
     paused_at: datetime | None = None  # when the current pause began; None unless paused
     paused_reason: str | None = None  # why: the owner's words, or the tick's or the loop's reason
+    limits: dict[str, Any] | None = None  # what each run may use, a hook's rate (kairos.limits); None: defaults
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Schedule:
@@ -368,7 +369,14 @@ def definition_columns(request: ScheduleRequest, *, conversation_agent: Mapping[
         "notify": Jsonb(request.notify or {"on": [s.value for s in NOTIFY_ON_DEFAULT]}),
         "corpus": None if request.corpus is None else Jsonb(request.corpus),
         "flow": None if request.flow is None else Jsonb(request.flow),
+        "limits": _limits_column(request),
     }
+
+
+def _limits_column(request: ScheduleRequest) -> Jsonb | None:
+    """The limits a request sets (None when it sets none: every run gets the agent's or the defaults)."""
+    given = {} if request.limits is None else request.limits.model_dump(exclude_none=True)
+    return Jsonb(given) if given else None
 
 
 def _from_run() -> Forbidden:

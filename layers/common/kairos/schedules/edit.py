@@ -195,11 +195,17 @@ def as_body(current: Schedule, patch: Mapping[str, Any] | None = None) -> dict[s
         body["corpus"] = current.corpus
     if current.flow is not None:
         body["flow"] = current.flow
+    if current.limits:  # checked again like the rest (a lowered cap refuses an edit that keeps a higher limit)
+        body["limits"] = current.limits
     for name, value in (patch or {}).items():
         if name == "conversation_id":
             continue
         if value is None:
             body.pop(name, None)
+        elif name == "limits" and isinstance(value, Mapping):
+            # RFC 7396 inside the object too: {"limits": {"runtime_seconds": 900}} keeps the other limits.
+            merged = {**(body.get("limits") or {}), **value}
+            body["limits"] = {k: v for k, v in merged.items() if v is not None}
         else:
             body[name] = value
     return body

@@ -56,7 +56,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kairos import agents
+from kairos import agents, limits
 from kairos import secrets as kairos_secrets
 from kairos.errors import (
     MAX,
@@ -123,6 +123,13 @@ def _instant(value: object) -> datetime:
 Instant = Annotated[datetime, BeforeValidator(_instant)]
 
 
+class ScheduleLimits(agents.RunLimits):
+    """A schedule's ``limits`` (docs/api.md "Limits"): a run's, and a webhook schedule's delivery rate."""
+
+    rate_per_minute: StrictInt | None = Field(default=None, ge=1,
+                                              description="webhook deliveries accepted per minute; default 60")
+
+
 class ScheduleRequest(BaseModel):
     """The ``POST /v1/schedules`` body, strict: declared fields only, no type coercion of numbers,
     booleans or strings, times with an offset."""
@@ -162,6 +169,8 @@ class ScheduleRequest(BaseModel):
         'webhook only: {"debounce_seconds"?: 1..3600, "batch"?: {"max_events": 2..100, "max_wait_seconds": '
         '1..300}, "concurrency"?: {"key": "<JSON pointer>", "limit"?: 1..100}, "over_rate"?: "reject" | "defer"}; '
         'debounce_seconds and batch exclude each other'))
+    # What each run may use, and a hook's rate (kairos.limits); unset ones are the agent's, else the defaults.
+    limits: ScheduleLimits | None = None
 
     @field_validator("prompt")
     @classmethod
@@ -297,11 +306,28 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     if problems:
         raise ValidationFailed(problems)
 
+    if request.limits is not None:
+        problems.extend(_limits_problems(request))
+    if problems:
+        raise ValidationFailed(problems)
+
     request = request.model_copy(update={"agent": agent, "signing": signing, "notify": notify, "corpus": corpus,
                                          "flow": flow})
     if request.kind in TIMED_KINDS:
         _check_frequency(request, now)
     return request
+
+
+def _limits_problems(request: ScheduleRequest) -> list[FieldError]:
+    """``limits`` above the server's caps, and a rate on a schedule that is not a webhook."""
+    from kairos import runtime
+
+    given = {} if request.limits is None else request.limits.model_dump(exclude_none=True)
+    problems = limits.cap_problems(given, prefix="limits", settings=runtime.settings())
+    if "rate_per_minute" in given and request.kind is not ScheduleKind.WEBHOOK:
+        problems.append(FieldError("limits.rate_per_minute", "not_for_kind",
+                                   "limits.rate_per_minute applies only to kind webhook; remove it"))
+    return problems
 
 
 def _corpus(raw: object, problems: list[FieldError], *, owner: str) -> dict[str, Any] | None:

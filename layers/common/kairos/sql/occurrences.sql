@@ -13,6 +13,8 @@
 -- expiry when it is released (runs_release_blocked); a webhook run does not expire. The owner's queue
 -- cap (queue_max, KAIROS_OWNER_QUEUE_MAX) is applied here: see `planned`. A test run (source test) is
 -- marked `test` and, for an append schedule, forks its conversation instead of writing to it.
+-- The run records its limits (the defaults and caps are parameters: kairos.limits.sql_parameters), the
+-- revision it executes and its agent's digest.
 WITH given AS (
     SELECT p.*, e.ordinal, coalesce(s.owner, cv.owner) AS owner
       FROM jsonb_array_elements(%(occurrences)s::jsonb) WITH ORDINALITY AS e(doc, ordinal)
@@ -60,17 +62,27 @@ WITH given AS (
 ), new_runs AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
                       payload, agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at,
-                      updated_at, retry_of, corpus, test)
+                      updated_at, retry_of, corpus, test, runtime_limit_seconds, max_attempts, max_steps,
+                      schedule_revision, agent_digest)
     SELECT p.run_id, occ.id, s.id, c.owner, p.source, c.id,
            -- A test run never writes into the schedule's conversation: an append schedule's test forks it.
            CASE WHEN p.source = 'test' AND coalesce(d.mode, p.mode) = 'append' THEN 'fork'
                 ELSE coalesce(d.mode, p.mode) END,
            coalesce(d.prompt, p.prompt),
-           p.payload, coalesce(d.agent, c.agent), coalesce(d.catch_up, false), 'queued', p.blocked_by,
+           p.payload, a.agent, coalesce(d.catch_up, false), 'queued', p.blocked_by,
            CASE WHEN p.source = 'scheduled' AND NOT d.catch_up AND p.blocked_by IS NULL
                 THEN p.dispatch_at + make_interval(secs => d.max_delay_seconds) END,
            1, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()), p.retry_of,
-           coalesce(d.corpus, p.corpus), p.source = 'test'
+           coalesce(d.corpus, p.corpus), p.source = 'test',
+           -- The run's limits (kairos.limits.effective): the schedule's limits in force now, else its
+           -- agent's, else the default; never above the server's cap.
+           least(coalesce((s.limits ->> 'runtime_seconds')::integer, (a.agent #>> '{limits,runtime_seconds}')::integer,
+                          %(default_runtime_seconds)s), %(cap_runtime_seconds)s),
+           least(coalesce((s.limits ->> 'max_attempts')::integer, (a.agent #>> '{limits,max_attempts}')::integer,
+                          %(default_max_attempts)s), %(cap_max_attempts)s),
+           least(coalesce((s.limits ->> 'max_steps')::integer, (a.agent #>> '{limits,max_steps}')::integer,
+                          (a.agent ->> 'max_steps')::integer, %(default_max_steps)s), %(cap_max_steps)s),
+           CASE WHEN s.id IS NOT NULL THEN p.revision END, kairos_agent_digest(a.agent)
       FROM occ
       JOIN planned p ON p.occurrence_id = occ.id
       LEFT JOIN schedules s ON s.id = occ.schedule_id
@@ -78,6 +90,7 @@ WITH given AS (
       LEFT JOIN LATERAL jsonb_to_record(rv.definition)
            AS d(mode text, prompt text, agent jsonb, catch_up boolean, max_delay_seconds integer, corpus jsonb) ON true
       JOIN conversations c ON c.id = coalesce(s.conversation_id, p.conversation_id)
+     CROSS JOIN LATERAL (SELECT coalesce(d.agent, c.agent) AS agent) AS a
      WHERE p.run_id IS NOT NULL
         ON CONFLICT DO NOTHING
     RETURNING id, occurrence_id, source, blocked_by_run_id, attempt, fence, retry_of

@@ -107,7 +107,7 @@ WITH changed AS (
                                    LIMIT %(owner_slots)s) AS held) < %(owner_slots)s
     RETURNING r.id, r.occurrence_id, r.schedule_id, r.owner, r.source, r.mode, r.state, r.attempt, r.max_attempts,
               r.fence, r.lease_expires_at, r.heartbeat_at, r.conversation_id, r.source_conversation_id, r.prompt,
-              r.payload, r.agent, r.runtime_limit_seconds, r.last_seq, r.corpus, r.retry_of,
+              r.payload, r.agent, r.runtime_limit_seconds, r.max_steps, r.last_seq, r.corpus, r.retry_of,
               EXISTS (SELECT 1 FROM schedules l WHERE l.id = r.schedule_id AND l.loop) AS loop,
               CASE WHEN r.state <> 'running' THEN NULL
                    WHEN r.agent ->> 'executor' = 'http' THEN 'http' ELSE 'model' END AS first_step,

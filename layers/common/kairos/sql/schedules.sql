@@ -92,7 +92,7 @@ UPDATE schedules AS s
 -- name: schedules_find_hook
 -- The active webhook schedule presenting this token hash (current, or previous before it expires), locked, with the database time.
 SELECT s.id, s.owner, s.conversation_id, s.prompt, s.mode, s.catch_up, s.timezone, s.revision, s.signing,
-       s.rate_limit_per_minute, s.token_hash, s.previous_token_hash, s.flow,
+       s.rate_limit_per_minute, s.token_hash, s.previous_token_hash, s.flow, s.limits,
        coalesce(s.agent, c.agent) AS agent,
        coalesce(%(now)s::timestamptz, now()) AS now
   FROM schedules s
@@ -150,13 +150,13 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now;
 INSERT INTO schedules (
     id, owner, conversation_id, name, prompt, kind, cron, interval_seconds, starts_at, ends_at,
     max_occurrences, timezone, dst_gap, dst_fold, mode, catch_up, max_delay_seconds, overlap, agent, signing,
-    notify, next_fire_at, token_hash, created_by_run_id, created_at, updated_at, corpus, flow, jitter_seconds
+    notify, next_fire_at, token_hash, created_by_run_id, created_at, updated_at, corpus, flow, jitter_seconds, limits
 ) VALUES (
     %(id)s, %(owner)s, %(conversation_id)s, %(name)s, %(prompt)s, %(kind)s, %(cron)s, %(interval_seconds)s,
     %(starts_at)s, %(ends_at)s, %(max_occurrences)s, %(timezone)s, %(dst_gap)s, %(dst_fold)s, %(mode)s,
     %(catch_up)s, %(max_delay_seconds)s, %(overlap)s, %(agent)s, %(signing)s, %(notify)s, %(next_fire_at)s,
     %(token_hash)s, %(created_by_run_id)s, coalesce(%(now)s::timestamptz, now()), coalesce(%(now)s::timestamptz, now()),
-    %(corpus)s, %(flow)s, %(jitter_seconds)s
+    %(corpus)s, %(flow)s, %(jitter_seconds)s, %(limits)s
 )
 RETURNING *;
 
@@ -232,6 +232,7 @@ UPDATE schedules
        max_delay_seconds = %(max_delay_seconds)s, overlap = %(overlap)s, agent = %(agent)s,
        signing = %(signing)s, notify = %(notify)s, corpus = %(corpus)s, flow = %(flow)s,
        next_fire_at = %(next_fire_at)s::timestamptz, jitter_seconds = %(jitter_seconds)s,
+       limits = %(limits)s,
        revision = revision + 1,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(schedule_id)s AND owner = %(owner)s AND revision = %(revision)s
