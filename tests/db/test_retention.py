@@ -168,9 +168,12 @@ def test_the_output_of_a_pruned_succeeded_run_is_unavailable_and_the_run_still_s
 
     # Then the output says the source was pruned, and when; the run still says succeeded with its reference
     stamp = _run(api.url, done["id"])["pruned_at"]
+    made_by = {k: projection.pop(k) for k in ("schedule_revision", "agent_digest")}  # what produced it, kept
+    assert made_by == {"schedule_revision": _run(api.url, done["id"])["schedule_revision"],
+                       "agent_digest": _run(api.url, done["id"])["agent_digest"]}
     assert projection == {"state": "unavailable", "reason": "pruned",
                           "pruned_at": instants.rfc3339(stamp)}
-    assert api.alice.get(path + "/output").json == {"output": projection}
+    assert api.alice.get(path + "/output").json == {"output": {**projection, **made_by}}
     run = api.alice.get(path).json["run"]
     assert run["state"] == "succeeded" and run["output"] == done["output"]
     assert api.alice.get(path + "/events").json["events"], "the trace stays readable"

@@ -24,6 +24,7 @@ from __future__ import annotations
 from collections.abc import Mapping
 from typing import Any
 
+from kairos import runtime
 from kairos.errors import FieldError
 from kairos.settings import Settings
 
@@ -53,6 +54,21 @@ def cap_problems(limits: Mapping[str, Any] | None, *, prefix: str, settings: Set
                        f"at most {bounds[name]} on this server ({SETTINGS[name]})")
             for name, value in limits.items()
             if name in bounds and isinstance(value, int) and value > bounds[name]]
+
+
+def schedule_problems(given: Mapping[str, Any] | None, *, webhook: bool,
+                      settings: Settings | None = None) -> list[FieldError]:
+    """A schedule's well-shaped ``limits`` checked: above a cap (``cap_problems``, the caps in force when
+    ``settings`` is None), and ``rate_per_minute`` on a schedule that is not a webhook (``not_for_kind``)."""
+    if not given:
+        return []
+    if settings is None:
+        settings = runtime.settings()  # the caps in force
+    problems = cap_problems(given, prefix="limits", settings=settings)
+    if "rate_per_minute" in given and not webhook:
+        problems.append(FieldError("limits.rate_per_minute", "not_for_kind",
+                                   "limits.rate_per_minute applies only to kind webhook; remove it"))
+    return problems
 
 
 def effective(schedule_limits: Mapping[str, Any] | None, agent: Mapping[str, Any] | None,

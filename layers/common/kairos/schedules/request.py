@@ -306,28 +306,11 @@ def parse_request(raw: object, *, owner: str, now: datetime | None = None) -> Sc
     if problems:
         raise ValidationFailed(problems)
 
-    if request.limits is not None:
-        problems.extend(_limits_problems(request))
-    if problems:
-        raise ValidationFailed(problems)
-
     request = request.model_copy(update={"agent": agent, "signing": signing, "notify": notify, "corpus": corpus,
                                          "flow": flow})
     if request.kind in TIMED_KINDS:
         _check_frequency(request, now)
     return request
-
-
-def _limits_problems(request: ScheduleRequest) -> list[FieldError]:
-    """``limits`` above the server's caps, and a rate on a schedule that is not a webhook."""
-    from kairos import runtime
-
-    given = {} if request.limits is None else request.limits.model_dump(exclude_none=True)
-    problems = limits.cap_problems(given, prefix="limits", settings=runtime.settings())
-    if "rate_per_minute" in given and request.kind is not ScheduleKind.WEBHOOK:
-        problems.append(FieldError("limits.rate_per_minute", "not_for_kind",
-                                   "limits.rate_per_minute applies only to kind webhook; remove it"))
-    return problems
 
 
 def _corpus(raw: object, problems: list[FieldError], *, owner: str) -> dict[str, Any] | None:
@@ -372,7 +355,9 @@ def _check_semantics(request: ScheduleRequest, now: datetime) -> list[FieldError
     """Rules beyond the shape. Rule words match the calendar's (``not_for_kind``, ``known_zone``…)."""
     from kairos import calendar
 
-    problems = _fields_not_for_kind(request) + _times_not_future(request, now)
+    problems = _fields_not_for_kind(request) + _times_not_future(request, now) + limits.schedule_problems(
+        None if request.limits is None else request.limits.model_dump(exclude_none=True),
+        webhook=request.kind is ScheduleKind.WEBHOOK)
     if request.kind is ScheduleKind.WEBHOOK:  # the same zone list the calendar uses
         return problems + _calendar_errors(lambda: calendar.describe(now, request.timezone))
     # The calendar judges what it owns: required rule fields, the expression, the zone, the window.
