@@ -45,10 +45,14 @@ def event(data: dict[str, Any] | str) -> bytes:
 
 
 def sse(events: Sequence[dict[str, Any] | str | bytes], *, done: bool = True, gate_after: int | None = None,
-        gate: threading.Event | None = None, content_type: str = "text/event-stream") -> Behaviour:
+        gate: threading.Event | None = None, gates: dict[int, threading.Event] | None = None,
+        content_type: str = "text/event-stream") -> Behaviour:
     """Answers 200 with ``events`` as server-sent events (bytes are written as they are), then
     ``data: [DONE]``; with ``gate_after``, waits on ``gate`` after that many events (the stream stays
-    open: the client has read them and waits for more)."""
+    open: the client has read them and waits for more); ``gates`` holds several such stops."""
+    stops = dict(gates or {})
+    if gate_after is not None and gate is not None:
+        stops[gate_after] = gate
 
     def behaviour(handler: BaseHTTPRequestHandler, peer: Peer) -> None:
         handler.send_response(200)
@@ -59,8 +63,8 @@ def sse(events: Sequence[dict[str, Any] | str | bytes], *, done: bool = True, ga
         if done:
             frames.append(b"data: [DONE]\n\n")
         for i, frame in enumerate(frames):
-            if gate_after is not None and i == gate_after and gate is not None:
-                gate.wait(30)
+            if i in stops:
+                stops[i].wait(30)
             handler.wfile.write(b"%x\r\n%s\r\n" % (len(frame), frame))
             handler.wfile.flush()
         handler.wfile.write(b"0\r\n\r\n")

@@ -37,7 +37,7 @@ from __future__ import annotations
 import dataclasses
 import time
 import uuid
-from collections.abc import Callable, Mapping, Sequence
+from collections.abc import Callable, Iterable, Mapping, Sequence
 from dataclasses import dataclass, field
 from datetime import datetime
 from typing import Any
@@ -50,6 +50,7 @@ from kairos.diagnosis import diagnose
 from kairos.execution.claim import Claimed, Outcome, claim
 from kairos.execution.corpus.phases import execute as execute_corpus
 from kairos.execution.heartbeat import HEARTBEAT_SECONDS, Heartbeat
+from kairos.execution.live import LiveOutput, Opening
 from kairos.execution.stops import Cancelled, Failure, LeaseLost
 from kairos.execution.tool_loop import run_loop
 from kairos.executors.base import (
@@ -82,6 +83,8 @@ ExecutorFactory = Callable[..., Executor]
 BeginStep = Callable[[psycopg.Connection[db.Row], effects.Effect], bool]
 # Sends a step's end in the pipeline that settles its effect, given the usage it settles with.
 FinishStep = Callable[[psycopg.Connection[db.Row], Mapping[str, Any]], Callable[[], bool]]
+# Given a model call's reserved effect: the ``on_text`` that grows its step's preview (``kairos.execution.live``).
+Live = Callable[[effects.Effect], LiveOutput]
 
 
 
@@ -140,21 +143,22 @@ class Execution:
         if prepared.mutation and row["source"] == Source.TEST:  # a test run sends no mutation, ever
             raise Failure("agent_invalid", summary="A test run does not send this agent's request: it is an "
                                                    "external change. Test runs call models and record tool calls.")
+        model = str(agent.get("model") or agent.get("executor"))
         sent = self.call(executor.send, prepared, step,
-                         data={"input": claimed.model_input.record} if model_call else None)
+                         data={"input": claimed.model_input.record} if model_call else None,
+                         live=_live_step(self, prepared, model, step) if model_call else None)
         if isinstance(sent, Outcome):
             return sent
         # A model's answer is the run's one step, recorded with its previews as the answer is published.
-        finish = _model_step(self, prepared, str(agent.get("model") or agent.get("executor")), *sent) \
-            if model_call else None
+        finish = _model_step(self, prepared, model, *sent) if model_call else None
         return self.publish(step, *sent, finish_step=finish)
 
     def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
-             data: dict[str, Any] | None = None, begin: BeginStep | None = None,
+             data: dict[str, Any] | None = None, begin: BeginStep | None = None, live: Live | None = None,
              ) -> tuple[effects.Effect, Reply] | Outcome:
-        """Reserves the call's effect (committed; with ``begin``, a tool loop's step record, in one
-        transaction), makes the call under the heartbeat's abort, and answers the open effect with the
-        reply; a failed call ends the run here (its Outcome)."""
+        """Reserves the call's effect (with ``begin``, a step's record, in one transaction), makes the
+        call under the heartbeat's abort (with ``live``: ``kairos.execution.live``) and answers the open
+        effect with the reply; a failed call ends the run here (its Outcome)."""
         claimed = self.claimed
         agent: dict[str, Any] = dict(claimed.row["agent"] or {})
         self.call_started = False
@@ -190,7 +194,7 @@ class Execution:
         self.probes.fire("after_reserve", run_id=self.run_id, fence=claimed.fence, effect=effect)
         self.check_stop()
         # The heartbeat aborts the call when it reads a cancel request or finds the lease lost.
-        prepared = dataclasses.replace(prepared, abort=self.heartbeat.abort)
+        prepared = dataclasses.replace(prepared, abort=self.heartbeat.abort, on_text=live and live(effect))
         self.heartbeat.step_started(step)
         started = time.monotonic()
         self.call_started = True
@@ -209,6 +213,12 @@ class Execution:
             else {"steps": 1, "duration_ms": int(seconds * 1000)})
         self.probes.fire("after_send", run_id=self.run_id, fence=claimed.fence, effect=effect)
         return effect, reply
+
+    def live_output(self, n: int, step: str, secrets: Iterable[str], *,
+                    opening: Opening | None = None) -> LiveOutput:
+        """The ``on_text`` of model step ``n`` (trace step ``step``) of this attempt (``kairos.execution.live``)."""
+        return LiveOutput(self.database, self.run_id, self.claimed.fence, n, step, heartbeat=self.heartbeat,
+                          secrets=secrets, opening=opening, now=self.now, clock=self.clock)
 
     def usage_of(self, effect: effects.Effect) -> dict[str, Any]:
         """The usage ``effect`` is settled with: its call's own (``kairos.budgets.priced`` for a model
@@ -440,7 +450,8 @@ def process(
     # The run's limit (kairos.limits: recorded with the run), never above the cap in force now.
     limit = min(int(claimed.row["runtime_limit_seconds"]), settings.max_runtime_seconds, RUNTIME_CAP_SECONDS)
     deadline = started + limit if lambda_deadline is None else min(started + limit, lambda_deadline)
-    heartbeat = Heartbeat(database, run_id, claimed.fence, interval=heartbeat_interval, now=now, probes=probes)
+    heartbeat = Heartbeat(database, run_id, claimed.fence, interval=heartbeat_interval, now=now, clock=clock,
+                          probes=probes)
     run = Execution(database, run_id, settings, executor_factory, now, clock, probes, claimed, heartbeat.start(),
                     deadline)
     probes.fire("heartbeat_started", run_id=run_id, fence=claimed.fence, heartbeat=heartbeat)
@@ -480,6 +491,24 @@ def _run(run: Execution) -> Outcome:
         except LeaseLost:
             moves.count("LeasesLost")
             return Outcome(run_id, "lease_lost")
+
+
+def _live_step(run: Execution, prepared: PreparedCall, model: str, step: str) -> Live:
+    """The live output of a run's single model call: step 1, opened at its first preview (a call that
+    does not stream writes its step only with the answer, ``_model_step``)."""
+    secrets = redact.secrets_of(prepared.headers)
+
+    def live(effect: effects.Effect) -> LiveOutput:
+        def opening(conn: psycopg.Connection[db.Row]) -> bool:
+            return run_steps.begin(
+                conn, run.run_id, run.claimed.fence, n=1, kind="model", name=model,
+                input=run_steps.preview(run_steps.model_input(prepared.body), secrets),
+                target=run_steps.target(prepared.method, prepared.url, secrets), effect_id=effect.id,
+                now=effect.created_at)
+
+        return run.live_output(1, step, secrets, opening=opening)
+
+    return live
 
 
 def _model_step(run: Execution, prepared: PreparedCall, model: str, effect: effects.Effect,

@@ -5,7 +5,8 @@ Role: while the worker is in an external call, a daemon thread extends the run's
 and reads ``cancel_requested_at``. That thread starts only when the first beat is due (one
 dispatcher thread per process keeps the due times): a run that ends within one interval starts no
 thread and borrows no connection. It writes ``step.progress`` (no content) for the step in flight
-at most once per ``PROGRESS_MIN_SECONDS``.
+at most once per ``PROGRESS_MIN_SECONDS``, a count it shares with a streaming model step's own
+``step.progress`` (``progress_due``; ``kairos.execution.live``).
 
 Guarantees: a cancel request or a lost lease sets ``cancel_requested`` / ``lost`` and fires
 ``abort`` (``kairos.executors.base.Abort``): the worker hands that ``Abort`` to the executor, whose
@@ -89,6 +90,16 @@ class Heartbeat:
     def step_finished(self) -> None:
         with self._lock:
             self._step = None
+
+    def progress_due(self) -> bool:
+        """Whether the step in flight may write ``step.progress`` now (at most once per
+        ``PROGRESS_MIN_SECONDS`` since it started or last reported, counting the beats' events); a True
+        answer counts as that step's report (``kairos.execution.live`` writes one with its characters)."""
+        with self._lock:
+            if self._step is None or self._clock() - self._step_mark < PROGRESS_MIN_SECONDS:
+                return False
+            self._step_mark = self._clock()
+            return True
 
     def beat_once(self) -> bool:
         """Extends the lease under the fence; False once the lease is lost (another fence holds)."""

@@ -33,7 +33,7 @@ from __future__ import annotations
 import dataclasses
 import json
 import uuid
-from collections.abc import Callable, Mapping
+from collections.abc import Callable, Iterable, Mapping
 from datetime import datetime
 from typing import Any, Protocol
 
@@ -42,6 +42,7 @@ import psycopg
 from kairos import approvals, db, effects, input_requests, redact, tools, trace
 from kairos.execution import goal_report, steps
 from kairos.execution.claim import Claimed, Outcome
+from kairos.execution.live import LiveOutput, Opening
 from kairos.execution.stops import Cancelled, Failure, LeaseLost
 from kairos.executors.base import (
     MAX_STEPS_DEFAULT,
@@ -77,7 +78,11 @@ class Execution(Protocol):
     def call(self, send: Callable[..., Reply], prepared: PreparedCall, step: str, *,
              data: dict[str, Any] | None = None,
              begin: Callable[[psycopg.Connection[db.Row], effects.Effect], bool] | None = None,
+             live: Callable[[effects.Effect], LiveOutput] | None = None,
              ) -> tuple[effects.Effect, Reply] | Outcome: ...
+
+    def live_output(self, n: int, step: str, secrets: Iterable[str], *,
+                    opening: Opening | None = None) -> LiveOutput: ...
 
     def publish(self, step: str, effect: effects.Effect, reply: Reply, *,
                 finish_step: Callable[[psycopg.Connection[db.Row], Mapping[str, Any]], Callable[[], bool]] | None
@@ -168,7 +173,7 @@ def _model_step(run: Execution, executor: Executor, request: ExecutionRequest, n
     known = frozenset(secrets)
     opened = _begin(run, n, "model", model, None, run_steps.preview(run_steps.model_input(prepared.body), known),
                     run_steps.target(prepared.method, prepared.url, known))
-    sent = run.call(executor.send, prepared, name, begin=opened)
+    sent = run.call(executor.send, prepared, name, begin=opened, live=lambda _: run.live_output(n, name, known))
     if isinstance(sent, Outcome):
         return sent
     effect, reply = sent
