@@ -37,3 +37,12 @@ def test_a_short_seed_with_every_fault_holds_every_invariant(capsys: pytest.Capt
                  "each ended run ended once (one terminal event)"):
         row = next(line for line in table.splitlines() if line.startswith(name))
         assert int(row[len(name):].split()[0]) > 0, f"{name} counted nothing:\n{table}"
+
+
+def test_a_killed_worker_is_rescued_not_failed_internal(capsys: pytest.CaptureFixture[str]) -> None:
+    """Seed 5's first kill strikes a worker at a statement inside its model step: a crash ends the
+    invocation (the run is rescued by the tick), it never ends the run failed 'internal'."""
+    code = rehearse.main(argparse.Namespace(seed=5, minutes=3, faults="kill", verbose=False, log_level="CRITICAL"))
+    table = capsys.readouterr().out
+    assert code == 0, table
+    assert "kill                    1        1" in table, table

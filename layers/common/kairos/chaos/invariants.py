@@ -9,6 +9,8 @@ how many violated it, the first violating run) and ``timeline`` a run's events, 
 * ended once — every ended run has exactly one terminal event (``run.succeeded`` … ``run.policy_blocked``):
   a run executed again after it ended (a claim without its guard) shows here;
 * nothing stuck — after the drain, no run is still queued, running or waiting;
+* nothing internal — no run failed with reason ``internal``: every fault the rehearsal injects is one
+  the code classifies (a retry, a rescue, a deadline), never an error it did not expect;
 * no mutation sent twice — every ``http_post`` target (one unique path per chat turn) received at most
   one request, and each settled ``http_call`` effect exactly one;
 * traces gap-free — each run's events are numbered 1..n with no gap, and ``runs.last_seq`` is n;
@@ -79,6 +81,12 @@ SELECT count(*) AS counted,
        string_agg(DISTINCT state, ',') FILTER (WHERE NOT (state = ANY(%(terminal)s))) AS states
   FROM runs"""
 
+_INTERNAL = """
+SELECT count(*) FILTER (WHERE state IN ('failed', 'abandoned')) AS counted,
+       count(*) FILTER (WHERE diagnosis->>'reason_code' = 'internal') AS violations,
+       min(id::text) FILTER (WHERE diagnosis->>'reason_code' = 'internal') AS first_run
+  FROM runs"""
+
 _TRACES = """
 WITH e AS (SELECT run_id, count(*) AS n, min(seq) AS lo, max(seq) AS hi FROM run_events GROUP BY run_id)
 SELECT count(*) AS counted,
@@ -112,6 +120,7 @@ def check(url: str, sink_counts: Mapping[str, int], model_usage: Mapping[str, in
         stuck = conn.execute(_STUCK, params).fetchone() or {}
         ended = conn.execute(_ENDED_ONCE, {**params, "events": [f"run.{t}" for t in TERMINAL]}).fetchone() or {}
         traces = conn.execute(_TRACES).fetchone() or {}
+        internal = conn.execute(_INTERNAL).fetchone() or {}
         http = conn.execute(_HTTP_EFFECTS).fetchall()
         effects = conn.execute(_EFFECT_USAGE).fetchone() or {}
         ledger = conn.execute(_LEDGER).fetchone() or {}
@@ -123,6 +132,8 @@ def check(url: str, sink_counts: Mapping[str, int], model_usage: Mapping[str, in
               int(ended.get("violations") or 0), ended.get("first_run")),
         Check("nothing stuck after the drain", int(stuck.get("counted") or 0), int(stuck.get("violations") or 0),
               stuck.get("first_run"), f"states {stuck['states']}" if stuck.get("states") else ""),
+        Check("no run failed 'internal' (an unclassified error)", int(internal.get("counted") or 0),
+              int(internal.get("violations") or 0), internal.get("first_run")),
         _mutations(http, sink_counts),
         Check("every trace gap-free", int(traces.get("counted") or 0), int(traces.get("violations") or 0),
               traces.get("first_run")),
