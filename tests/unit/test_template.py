@@ -219,6 +219,12 @@ def test_run_function_reports_batch_item_failures_from_the_run_queue() -> None:
     assert number(function_setting("RunFunction", "Timeout")) <= 900
     # The poller never runs more copies than the function may.
     assert event["ScalingConfig"]["MaximumConcurrency"] == props("RunFunction")["ReservedConcurrentExecutions"]
+    # A batch's runs execute at once: the function runs as many as a batch holds, and batches fill
+    # within a window short beside a model's answer.
+    variables = function_setting("RunFunction", "Environment")["Variables"]
+    assert variables["KAIROS_RUN_CONCURRENCY_PER_INVOCATION"] == event["BatchSize"] == {"Ref": "RunBatchSize"}
+    assert number(template()["Parameters"]["RunBatchSize"]["Default"]) == 10
+    assert 0 < number(event["MaximumBatchingWindowInSeconds"]) <= 2
 
 
 # --- alarms and dashboard --------------------------------------------------------------------------

@@ -30,7 +30,8 @@ trip. psycopg syncs after every ``BEGIN`` it issues itself and after ``commit()`
 spelled-out ``BEGIN`` and ``COMMIT`` ride with the statements around them. With ``pipeline=False``
 the same code runs statement by statement (one round trip each), same results.
 
-Connections: one small pool per process (a Lambda container uses one connection at a time; the
+Connections: one small pool per process (a Lambda container runs the records of a batch at once,
+each with its connection and its heartbeat's: ``kairos.runtime`` sizes the pool for that; the
 local stack and tests call handlers from several threads, which must never share a connection).
 What a database restart or failover (Aurora behind RDS Proxy) does to them, and what the pool does:
 
@@ -420,12 +421,14 @@ _databases: dict[str, Database] = {}
 _lock = threading.Lock()
 
 
-def shared(url: str, *, prepared_statements: bool = True, pipeline: bool = True) -> Database:
-    """The process-wide pool for ``url`` (one per Lambda container, reused across invocations)."""
+def shared(url: str, *, prepared_statements: bool = True, pipeline: bool = True, max_size: int = 4) -> Database:
+    """The process-wide pool for ``url`` (one per Lambda container, reused across invocations), of at
+    most ``max_size`` connections (the first caller's size; connections open only when borrowed)."""
     with _lock:
         db = _databases.get(url)
         if db is None:
-            db = _databases[url] = Database(url, prepared_statements=prepared_statements, pipeline=pipeline)
+            db = _databases[url] = Database(url, prepared_statements=prepared_statements, pipeline=pipeline,
+                                            max_size=max_size)
         return db
 
 

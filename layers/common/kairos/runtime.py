@@ -33,8 +33,16 @@ def settings() -> Settings:
 
 
 def database() -> db.Database:
+    """The container's pool: room for every run of a batch at once, each with its own connection and
+    its heartbeat's (``KAIROS_RUN_CONCURRENCY_PER_INVOCATION`` x 2), never fewer than 4."""
     s = settings()
-    return db.shared(s.resolve_database_url(), prepared_statements=s.prepared_statements, pipeline=s.pipeline)
+    return db.shared(s.resolve_database_url(), prepared_statements=s.prepared_statements, pipeline=s.pipeline,
+                     max_size=pool_size(s))
+
+
+def pool_size(s: Settings) -> int:
+    """Connections a container may need at once: a run and its heartbeat per concurrent run."""
+    return max(4, 2 * s.run_concurrency_per_invocation)
 
 
 def sqs() -> Any:

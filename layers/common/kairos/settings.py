@@ -50,6 +50,10 @@ DEFAULT_MAX_STEPS = 64
 MAX_MAX_STEPS = 256
 DEFAULT_MAX_RATE_PER_MINUTE = 600
 MAX_MAX_RATE_PER_MINUTE = 100_000
+# Runs of one SQS batch executed at once by one invocation (kairos.execution.sqs): the model's wait
+# is billed once for all of them. 10 is SQS's largest batch without a batching window.
+DEFAULT_RUN_CONCURRENCY_PER_INVOCATION = 10
+MAX_RUN_CONCURRENCY_PER_INVOCATION = 100
 
 
 class SettingInvalid(ValueError):
@@ -208,6 +212,8 @@ class Settings:
     max_attempts: int = DEFAULT_MAX_ATTEMPTS
     max_steps: int = DEFAULT_MAX_STEPS
     max_rate_per_minute: int = DEFAULT_MAX_RATE_PER_MINUTE
+    # The run function (kairos.execution.sqs): runs of one batch executed at once.
+    run_concurrency_per_invocation: int = DEFAULT_RUN_CONCURRENCY_PER_INVOCATION
     # The console's sign-in (kairos.api.routes.console): the OIDC issuer the JWT authorizer trusts, the
     # console's client id and scopes (none set: the console asks for a bearer token), and the DLQ the
     # operator status reads (kairos.api.routes.status).
@@ -276,6 +282,9 @@ _READERS: dict[str, tuple[str, Callable[[str | None], Any]]] = {
     "KAIROS_MAX_STEPS": ("max_steps", _whole_of("KAIROS_MAX_STEPS", DEFAULT_MAX_STEPS, MAX_MAX_STEPS, "model turns")),
     "KAIROS_MAX_RATE_PER_MINUTE": ("max_rate_per_minute", _whole_of(
         "KAIROS_MAX_RATE_PER_MINUTE", DEFAULT_MAX_RATE_PER_MINUTE, MAX_MAX_RATE_PER_MINUTE, "deliveries")),
+    "KAIROS_RUN_CONCURRENCY_PER_INVOCATION": ("run_concurrency_per_invocation", _whole_of(
+        "KAIROS_RUN_CONCURRENCY_PER_INVOCATION", DEFAULT_RUN_CONCURRENCY_PER_INVOCATION,
+        MAX_RUN_CONCURRENCY_PER_INVOCATION, "runs")),
     "KAIROS_CONSOLE_ISSUER": ("console_issuer", _issuer),
     "KAIROS_CONSOLE_CLIENT_ID": ("console_client_id", _trimmed),
     "KAIROS_CONSOLE_SCOPES": ("console_scopes", _scopes),

@@ -1,8 +1,14 @@
 """SQS batches for the run function: each record is one run id, handled alone (partial batch failures).
 
 Role: parse each record, hand the run id to ``kairos.execution.execute.process``, and tell SQS which records to
-deliver again. Built on Powertools' ``BatchProcessor`` + ``process_partial_response``, one record
-at a time, so one bad or failing record never takes the good records of its batch with it.
+deliver again. The records of a batch execute **at once**, on a bounded pool of threads
+(``KAIROS_RUN_CONCURRENCY_PER_INVOCATION``, default 10): an agent run spends most of its life waiting
+on a model, and the invocation is billed for that wait once rather than once per run. Each run keeps
+what it had alone — its own pooled connection (the pool is sized for a run and a heartbeat per
+thread: ``kairos.runtime``), its own claim, lease, heartbeat and fence, and the invocation's remaining
+time as its deadline. Then Powertools' ``BatchProcessor`` + ``process_partial_response`` report each
+record's stored outcome in order, so one bad or failing record never takes the good records of its
+batch with it, exactly as when records ran one after another.
 
 Per record:
 
@@ -46,6 +52,7 @@ from __future__ import annotations
 
 import json
 from collections.abc import Callable
+from concurrent.futures import Future, ThreadPoolExecutor
 from typing import Any
 from uuid import UUID
 
@@ -180,7 +187,7 @@ def handle_batch(
     # A new processor per call: handlers may run on several threads of one process at once.
     processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
 
-    def record_handler(record: SQSRecord) -> None:
+    def run_record(record: SQSRecord) -> None:
         try:
             handle_record(record, database=db, settings=settings, send_retry=sender,
                           lambda_remaining_ms=remaining, executor_factory=executor_factory)
@@ -192,6 +199,21 @@ def handle_batch(
             if database_error(error):
                 raise RecordFailed(withheld(error).strip()) from None
             raise
+
+    record_handler: Callable[[SQSRecord], None] = run_record
+    workers = min(settings.run_concurrency_per_invocation, len(records))
+    if workers > 1:
+        # Every record executes at once first; the processor then reports each stored outcome.
+        with ThreadPoolExecutor(max_workers=workers, thread_name_prefix="kairos-run") as pool:
+            done = [(record["messageId"], pool.submit(run_record, SQSRecord(record))) for record in records]
+        outcomes: dict[str, list[Future[None]]] = {}
+        for message_id, future in done:
+            outcomes.setdefault(message_id, []).append(future)
+
+        def stored(record: SQSRecord) -> None:
+            outcomes[record.message_id].pop(0).result()  # re-raises the record's own failure
+
+        record_handler = stored
 
     return dict(process_partial_response(event=event, record_handler=record_handler, processor=processor,
                                          context=context))
