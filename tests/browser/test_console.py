@@ -12,7 +12,8 @@ out of the URL. Issue 37: an approval's arguments read as JSON escaped once; the
 note's kind, run, reason and time; a message is cleared on navigation; a wrong token is "not
 accepted" and Sign out shows only when signed in; the New-schedule picker offers no run thread; a goal
 loop shows its goal and offers no Trigger or Backfill. Issue 39: a runtime limit is raised from the
-diagnosis (the control opens the schedule's edit form at limits.runtime_seconds) and the next run has it.
+diagnosis (the control opens the schedule's edit form at limits.runtime_seconds) and the next run has it;
+a live run's answer grows under its running model step while the model streams, then is the output.
 
 Waiting is Playwright's auto-waiting ``expect``, never a sleep, and always on what the test asserts:
 no table or element is read once right after an action (the page redraws when its fetch answers), and
@@ -214,6 +215,29 @@ def test_a_runs_steps_are_bars_on_a_time_axis_that_expand_to_their_previews(
     expect(first.locator(".step-usage")).to_contain_text("21 in · 7 out")
     expect(first.locator(".step-input")).to_contain_text("post order 42")
     keep(page, "console-steps.png")
+
+
+def test_a_live_runs_output_grows_while_the_model_streams_then_is_the_final_output(
+        page: Any, stack: Stack, model: Model) -> None:
+    # Given a run whose model streams "Good " and then holds its stream open
+    conversation_id = conversation(stack, model.agent("stream"), "streaming agent")
+    run_id = stack.api("POST", f"/v1/conversations/{conversation_id}/messages", {"content": "greet Ada"})["run_id"]
+    sign_in(page, stack, f"#/runs/{run_id}")
+    step = page.locator("#steps .step-row[data-step='1']")
+    try:
+        # Then the page, following the run, shows the answer so far under the running model step
+        expect(step).to_have_attribute("data-state", "running")
+        expect(step.locator(".step-live")).to_have_text("Good ")
+        expect(page.locator("#run-state")).to_have_text("running")
+    finally:
+        model.stream_gate.set()
+    # and once the model finishes, the run's output and the step's are the whole answer
+    expect(page.locator("#run-state")).to_have_text("succeeded")
+    expect(step).to_have_attribute("data-state", "succeeded")
+    expect(step.locator(".step-live")).to_have_count(0)
+    step.locator("summary").click()
+    expect(step.locator(".step-output")).to_contain_text('"content": "Good morning, Ada."')
+    expect(page.locator("#output-text")).to_have_text("Good morning, Ada.")
 
 
 def test_a_failed_run_shows_its_diagnosis_and_recovery_actions(page: Any, stack: Stack, model: Model) -> None:

@@ -36,6 +36,7 @@ from typing import Any
 import pytest
 
 from tests.support.output import reader, stop_dev, wait_for
+from tests.support.streaming import chunks, event
 
 CHROMIUM = os.environ.get("KAIROS_CHROMIUM", "/usr/bin/chromium")
 ARTIFACTS = Path(__file__).resolve().parents[1] / "browser" / "artifacts"
@@ -51,6 +52,8 @@ class Model:
     port: int = 0
     gate: threading.Event = field(default_factory=threading.Event)
     hooks: list[bytes] = field(default_factory=list)
+    # The "stream" scenario streams "Good " and then holds its stream open until this is set.
+    stream_gate: threading.Event = field(default_factory=threading.Event)
 
     def base_url(self, scenario: str) -> str:
         return f"http://127.0.0.1:{self.port}/{scenario}/v1"
@@ -98,6 +101,20 @@ def _answer(model: Model, path: str, body: dict[str, Any]) -> tuple[int, bytes]:
     return 200, _completion({"role": "assistant", "content": text})
 
 
+def _stream(handler: BaseHTTPRequestHandler, model: Model) -> None:
+    """A streamed answer, "Good morning, Ada.": its first piece, then (once the test let it go) the rest."""
+    handler.send_response(200)
+    handler.send_header("Content-Type", "text/event-stream")
+    handler.send_header("Connection", "close")
+    handler.end_headers()
+    for i, frame in enumerate([*(event(c) for c in chunks(["Good ", "morning", ", Ada."])), b"data: [DONE]\n\n"]):
+        if i == 2:
+            model.stream_gate.wait(timeout=60)
+        handler.wfile.write(frame)
+        handler.wfile.flush()
+    handler.close_connection = True
+
+
 @pytest.fixture(scope="session")
 def model() -> Iterator[Model]:
     state = Model()
@@ -105,7 +122,11 @@ def model() -> Iterator[Model]:
     class Handler(BaseHTTPRequestHandler):
         def do_POST(self) -> None:
             raw = self.rfile.read(int(self.headers.get("Content-Length", "0")))
-            status, body = _answer(state, self.path, json.loads(raw or b"{}"))
+            request = json.loads(raw or b"{}")
+            if self.path.strip("/").startswith("stream/") and request.get("stream") is True:
+                _stream(self, state)
+                return
+            status, body = _answer(state, self.path, request)
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))

@@ -1,7 +1,8 @@
 // A run's steps (the API's steps route) drawn on one time axis: a lane per attempt, each model turn
 // or tool call a bar from its start to its end (a running step to now), each wait for a person (an
 // approval or an answer, read from the trace) a hatched bar in its attempt's lane. Every step opens
-// to its input, output, target, usage and state. Values reach the page only as text (dom.js):
+// to its input, output, target, usage and state; a running model step shows its answer so far (live
+// output: the page redraws the steps on every poll while the run goes on). Values reach the page only as text (dom.js):
 // a preview is JSON.stringify'd into a <pre>'s text, never parsed as markup. Positions are set through
 // the CSSOM (element.style), which the strict policy allows, never a style attribute.
 
@@ -35,6 +36,17 @@ function usageText(usage) {
 
 function targetText(target) {
   return target ? `${target.method} ${target.host}${target.path}` : "—";
+}
+
+// A running model step's answer so far (its output preview, grown by the worker while the model
+// streams), shown under its bar without opening it; nothing for any other step.
+function liveText(step) {
+  if (step.state !== "running" || step.kind !== "model" || !step.output) return null;
+  const out = step.output;
+  const text = typeof out.content === "string" ? out.content
+    : out.truncated ? `${out.head || ""}… (${out.bytes} bytes so far)` : null;
+  if (!text) return null;
+  return h("p", { class: "step-live", "aria-live": "polite" }, text);
 }
 
 // Reads every page of a run's steps (they change state while the run goes on: always from the first).
@@ -106,6 +118,6 @@ export class StepsView {
         h("dt", {}, "Input"), h("dd", {}, h("pre", { class: "step-input" }, json(step.input))),
         h("dt", {}, "Output"), h("dd", {}, h("pre", { class: "step-output" }, json(step.output)))));
     return h("li", { class: "step-row", dataset: { step: key, state: step.state, kind: step.kind, at: String(from) } },
-      h("div", { class: "track" }, bar), details);
+      h("div", { class: "track" }, bar), details, liveText(step));
   }
 }
