@@ -11,6 +11,7 @@ import pytest
 from kairos import conversations, input_requests
 from kairos.api import models
 from kairos.schedules import loop_policy
+from kairos.schedules.request import PAUSE_REASON_MAX
 from pydantic import BaseModel
 
 # (model, field, bound) -> the library constant it must equal
@@ -21,6 +22,7 @@ BOUNDS: list[tuple[type[BaseModel], str, type, int]] = [
     (models.LoopGoal, "verification", annotated_types.MaxLen, loop_policy.VERIFICATION_MAX),
     (models.LoopCreate, "max_occurrences", annotated_types.Le, loop_policy.MAX_OCCURRENCES),
     (models.InputAnswer, "answer", annotated_types.MaxLen, input_requests.ANSWER_MAX),
+    (models.PauseRequest, "reason", annotated_types.MaxLen, PAUSE_REASON_MAX),
 ]
 
 

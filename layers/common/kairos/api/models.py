@@ -23,6 +23,7 @@ from pydantic import BaseModel, ConfigDict, Field
 
 from kairos import conversations, input_requests, schedules, secrets
 from kairos.schedules import loop_policy
+from kairos.schedules.request import PAUSE_REASON_MAX
 from kairos.states import StepState
 
 
@@ -68,7 +69,7 @@ class TestRunRequest(_Strict):
 class PauseRequest(_Strict):
     """``POST /v1/schedules/{id}/pause``: why, shown with the schedule as ``paused_reason`` until it resumes."""
 
-    reason: str | None = Field(default=None, max_length=500)
+    reason: str | None = Field(default=None, max_length=PAUSE_REASON_MAX)
 
 
 class RetryRequest(_Strict):

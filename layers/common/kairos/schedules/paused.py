@@ -23,10 +23,10 @@ import psycopg
 from kairos import calendar, db, identity, occurrences
 from kairos.errors import FieldError
 from kairos.instants import rfc3339
+from kairos.schedules.request import PAUSE_REASON_MAX
 from kairos.states import Decision, Source
 
 COUNT_CAP = 10_000
-REASON_MAX_CHARS = 500
 _TAIL_WINDOWS = (timedelta(hours=1), timedelta(days=1), timedelta(days=32), timedelta(days=400))
 
 
@@ -35,8 +35,8 @@ def reason_problems(reason: object) -> list[FieldError]:
         return []
     if not isinstance(reason, str):
         return [FieldError("reason", "type", "give the reason as a string")]
-    if len(reason) > REASON_MAX_CHARS:
-        return [FieldError("reason", "max_length", f"at most {REASON_MAX_CHARS} characters")]
+    if len(reason) > PAUSE_REASON_MAX:
+        return [FieldError("reason", "max_length", f"at most {PAUSE_REASON_MAX} characters")]
     return []
 
 

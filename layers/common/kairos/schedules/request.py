@@ -79,6 +79,7 @@ if TYPE_CHECKING:
 MIN_SPACING = timedelta(minutes=5)
 PROMPT_MAX_BYTES = 16 * 1024
 NAME_MAX = 200
+PAUSE_REASON_MAX = 500  # characters of a pause's reason (kairos.schedules.paused)
 CRON_MAX = 200
 INTERVAL_MAX_SECONDS = 366 * 86_400
 MAX_OCCURRENCES_MAX = 1_000_000
