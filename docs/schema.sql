@@ -90,6 +90,66 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.kairos_release_slots(p_owner text, p_released_by uuid, p_now timestamp with time zone) RETURNS SETOF uuid
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_held integer;
+    v_limit integer;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('kairos.owner_slots:' || p_owner, 0));
+    SELECT w.slot_limit INTO v_limit
+      FROM runs w
+     WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
+       AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+     ORDER BY w.created_at, w.id
+     LIMIT 1;
+    IF v_limit IS NULL THEN
+        RETURN;  -- nothing waits
+    END IF;
+    SELECT count(*) INTO v_held
+      FROM runs h
+     WHERE h.owner = p_owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL);
+    IF v_held >= v_limit THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH holders AS (
+        SELECT h.schedule_id, h.concurrency_key
+          FROM runs h
+         WHERE h.owner = p_owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL)
+           AND h.concurrency_key IS NOT NULL
+    ), candidates AS (
+        SELECT w.id, w.schedule_id, w.concurrency_key, w.concurrency_limit, w.created_at
+          FROM runs w
+         WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
+           AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+         ORDER BY w.created_at, w.id
+         LIMIT 100
+    ), ranked AS (
+        SELECT c.id, c.created_at,
+               c.concurrency_key IS NULL
+               OR row_number() OVER (PARTITION BY c.schedule_id, c.concurrency_key ORDER BY c.created_at, c.id)
+                  + (SELECT count(*) FROM holders h
+                      WHERE h.schedule_id = c.schedule_id AND h.concurrency_key = c.concurrency_key)
+                  <= c.concurrency_limit AS fits
+          FROM candidates c
+    ), chosen AS (
+        SELECT r.id FROM ranked r WHERE r.fits ORDER BY r.created_at, r.id LIMIT v_limit - v_held
+    ), admitted AS (
+        UPDATE runs u
+           SET admitted_at = coalesce(p_now, now()),
+               released_by = p_released_by,
+               updated_at = coalesce(p_now, now())
+          FROM chosen
+         WHERE u.id = chosen.id AND u.state = 'queued' AND u.admitted_at IS NULL
+           AND u.blocked_by_run_id IS NULL AND u.paused_at IS NULL
+        RETURNING u.id
+    )
+    SELECT a.id FROM admitted a;
+END;
+$$;
+
 CREATE FUNCTION public.kairos_run_usage(run uuid) RETURNS jsonb
     LANGUAGE sql STABLE
     AS $$
@@ -99,6 +159,24 @@ CREATE FUNCTION public.kairos_run_usage(run uuid) RETURNS jsonb
              WHERE e.run_id = run AND e.state = 'settled' AND jsonb_typeof(e.usage) = 'object'
                AND jsonb_typeof(u.value) = 'number'
              GROUP BY u.key) AS s
+$$;
+
+CREATE FUNCTION public.kairos_runs_give_up_slot() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    NEW.admitted_at := NULL;
+    RETURN NEW;
+END;
+$$;
+
+CREATE FUNCTION public.kairos_runs_release_slot() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    PERFORM kairos_release_slots(NEW.owner, NEW.id, NULL);
+    RETURN NULL;
+END;
 $$;
 
 CREATE TABLE public.schedules (
@@ -226,6 +304,110 @@ BEGIN
      WHERE owner = res.owner AND day = res.day;
     RETURN NULL;
 END;
+$$;
+
+CREATE TABLE public.runs (
+    id uuid NOT NULL,
+    occurrence_id uuid NOT NULL,
+    schedule_id uuid,
+    owner text NOT NULL,
+    source text NOT NULL,
+    source_conversation_id uuid NOT NULL,
+    conversation_id uuid,
+    mode text NOT NULL,
+    prompt text NOT NULL,
+    payload jsonb,
+    agent jsonb NOT NULL,
+    catch_up boolean DEFAULT false NOT NULL,
+    state text DEFAULT 'queued'::text NOT NULL,
+    attempt integer DEFAULT 0 NOT NULL,
+    max_attempts integer DEFAULT 3 NOT NULL,
+    restarts integer DEFAULT 0 NOT NULL,
+    fence bigint DEFAULT 0 NOT NULL,
+    lease_token uuid,
+    lease_expires_at timestamp with time zone,
+    heartbeat_at timestamp with time zone,
+    cancel_requested_at timestamp with time zone,
+    blocked_by_run_id uuid,
+    handoff_at timestamp with time zone,
+    handoff_count integer DEFAULT 0 NOT NULL,
+    last_seq integer DEFAULT 0 NOT NULL,
+    runtime_limit_seconds integer DEFAULT 600 NOT NULL,
+    output jsonb,
+    usage jsonb,
+    diagnosis jsonb,
+    settled_at timestamp with time zone,
+    created_at timestamp with time zone DEFAULT now() NOT NULL,
+    started_at timestamp with time zone,
+    updated_at timestamp with time zone DEFAULT now() NOT NULL,
+    finished_at timestamp with time zone,
+    expires_at timestamp with time zone,
+    unclaimed_handoffs integer DEFAULT 0 NOT NULL,
+    retry_of uuid,
+    pruned_at timestamp with time zone,
+    deferred_at timestamp with time zone,
+    corpus jsonb,
+    pause_requested_at timestamp with time zone,
+    paused_at timestamp with time zone,
+    held_until timestamp with time zone,
+    flow_window text,
+    window_deadline timestamp with time zone,
+    deliveries integer,
+    test boolean DEFAULT false NOT NULL,
+    resumed_from integer,
+    max_steps integer DEFAULT 8 NOT NULL,
+    schedule_revision integer,
+    agent_digest text,
+    admitted_at timestamp with time zone,
+    released_by uuid,
+    slot_limit integer DEFAULT 4 NOT NULL,
+    concurrency_key text,
+    concurrency_limit integer,
+    CONSTRAINT runs_agent_digest_check CHECK (((agent_digest IS NULL) OR (agent_digest ~ '^[0-9a-f]{64}$'::text))),
+    CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT runs_concurrency_check CHECK (((concurrency_key IS NULL) OR (concurrency_limit IS NOT NULL))),
+    CONSTRAINT runs_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
+    CONSTRAINT runs_deliveries_check CHECK ((deliveries >= 1)),
+    CONSTRAINT runs_failed_has_diagnosis CHECK (((state <> ALL (ARRAY['failed'::text, 'abandoned'::text])) OR (diagnosis IS NOT NULL))),
+    CONSTRAINT runs_fence_check CHECK ((fence >= 0)),
+    CONSTRAINT runs_finished_iff_terminal CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT runs_flow_window_check CHECK ((flow_window = ANY (ARRAY['debounce'::text, 'batch'::text]))),
+    CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
+    CONSTRAINT runs_lease_iff_running CHECK ((((state = 'running'::text) = (lease_token IS NOT NULL)) AND ((lease_token IS NULL) = (lease_expires_at IS NULL)))),
+    CONSTRAINT runs_max_attempts_check CHECK ((max_attempts >= 1)),
+    CONSTRAINT runs_max_steps_check CHECK ((max_steps >= 1)),
+    CONSTRAINT runs_mode_check CHECK ((mode = ANY (ARRAY['fork'::text, 'append'::text, 'fresh'::text]))),
+    CONSTRAINT runs_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT runs_pruned_after_finish CHECK (((pruned_at IS NULL) OR (finished_at IS NOT NULL))),
+    CONSTRAINT runs_restarts_check CHECK ((restarts >= 0)),
+    CONSTRAINT runs_resumed_from_is_retry CHECK (((resumed_from IS NULL) OR ((resumed_from >= 0) AND (retry_of IS NOT NULL)))),
+    CONSTRAINT runs_runtime_limit_seconds_check CHECK ((runtime_limit_seconds > 0)),
+    CONSTRAINT runs_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
+    CONSTRAINT runs_schedule_revision_check CHECK (((schedule_revision IS NULL) OR (schedule_revision >= 1))),
+    CONSTRAINT runs_settled_after_finish CHECK (((settled_at IS NULL) OR (finished_at IS NOT NULL))),
+    CONSTRAINT runs_slot_limit_check CHECK ((slot_limit >= 1)),
+    CONSTRAINT runs_source_check CHECK ((source = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text]))),
+    CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text]))),
+    CONSTRAINT runs_succeeded_has_output CHECK (((state <> 'succeeded'::text) OR (output IS NOT NULL))),
+    CONSTRAINT runs_test_iff_source CHECK ((test = (source = 'test'::text))),
+    CONSTRAINT runs_unclaimed_handoffs_nonneg CHECK ((unclaimed_handoffs >= 0)),
+    CONSTRAINT runs_window_shape CHECK ((((flow_window IS NULL) = (deliveries IS NULL)) AND ((flow_window IS NULL) OR (held_until IS NOT NULL))))
+)
+WITH (fillfactor='50');
+
+CREATE FUNCTION public.kairos_waiting_for(r public.runs) RETURNS text
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT CASE
+        WHEN r.state <> 'queued' OR r.admitted_at IS NOT NULL OR r.blocked_by_run_id IS NOT NULL
+             OR r.paused_at IS NOT NULL THEN NULL
+        WHEN r.concurrency_key IS NOT NULL
+             AND (SELECT count(*) FROM runs k
+                   WHERE k.owner = r.owner AND (k.state = 'running' OR k.admitted_at IS NOT NULL)
+                     AND k.schedule_id = r.schedule_id AND k.concurrency_key = r.concurrency_key)
+                 >= r.concurrency_limit THEN 'key'
+        ELSE 'slot'
+    END
 $$;
 
 CREATE FUNCTION public.kairos_widen_check(tbl regclass, col text, added text[]) RETURNS void
@@ -548,87 +730,6 @@ CREATE TABLE public.run_steps (
     CONSTRAINT run_steps_succeeded_has_record CHECK (((state <> 'succeeded'::text) OR (record IS NOT NULL) OR (pruned_at IS NOT NULL)))
 );
 
-CREATE TABLE public.runs (
-    id uuid NOT NULL,
-    occurrence_id uuid NOT NULL,
-    schedule_id uuid,
-    owner text NOT NULL,
-    source text NOT NULL,
-    source_conversation_id uuid NOT NULL,
-    conversation_id uuid,
-    mode text NOT NULL,
-    prompt text NOT NULL,
-    payload jsonb,
-    agent jsonb NOT NULL,
-    catch_up boolean DEFAULT false NOT NULL,
-    state text DEFAULT 'queued'::text NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    restarts integer DEFAULT 0 NOT NULL,
-    fence bigint DEFAULT 0 NOT NULL,
-    lease_token uuid,
-    lease_expires_at timestamp with time zone,
-    heartbeat_at timestamp with time zone,
-    cancel_requested_at timestamp with time zone,
-    blocked_by_run_id uuid,
-    handoff_at timestamp with time zone,
-    handoff_count integer DEFAULT 0 NOT NULL,
-    last_seq integer DEFAULT 0 NOT NULL,
-    runtime_limit_seconds integer DEFAULT 600 NOT NULL,
-    output jsonb,
-    usage jsonb,
-    diagnosis jsonb,
-    settled_at timestamp with time zone,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    started_at timestamp with time zone,
-    updated_at timestamp with time zone DEFAULT now() NOT NULL,
-    finished_at timestamp with time zone,
-    expires_at timestamp with time zone,
-    unclaimed_handoffs integer DEFAULT 0 NOT NULL,
-    retry_of uuid,
-    pruned_at timestamp with time zone,
-    deferred_at timestamp with time zone,
-    corpus jsonb,
-    pause_requested_at timestamp with time zone,
-    paused_at timestamp with time zone,
-    held_until timestamp with time zone,
-    flow_window text,
-    window_deadline timestamp with time zone,
-    deliveries integer,
-    test boolean DEFAULT false NOT NULL,
-    resumed_from integer,
-    max_steps integer DEFAULT 8 NOT NULL,
-    schedule_revision integer,
-    agent_digest text,
-    CONSTRAINT runs_agent_digest_check CHECK (((agent_digest IS NULL) OR (agent_digest ~ '^[0-9a-f]{64}$'::text))),
-    CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT runs_deliveries_check CHECK ((deliveries >= 1)),
-    CONSTRAINT runs_failed_has_diagnosis CHECK (((state <> ALL (ARRAY['failed'::text, 'abandoned'::text])) OR (diagnosis IS NOT NULL))),
-    CONSTRAINT runs_fence_check CHECK ((fence >= 0)),
-    CONSTRAINT runs_finished_iff_terminal CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text])) = (finished_at IS NOT NULL))),
-    CONSTRAINT runs_flow_window_check CHECK ((flow_window = ANY (ARRAY['debounce'::text, 'batch'::text]))),
-    CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
-    CONSTRAINT runs_lease_iff_running CHECK ((((state = 'running'::text) = (lease_token IS NOT NULL)) AND ((lease_token IS NULL) = (lease_expires_at IS NULL)))),
-    CONSTRAINT runs_max_attempts_check CHECK ((max_attempts >= 1)),
-    CONSTRAINT runs_max_steps_check CHECK ((max_steps >= 1)),
-    CONSTRAINT runs_mode_check CHECK ((mode = ANY (ARRAY['fork'::text, 'append'::text, 'fresh'::text]))),
-    CONSTRAINT runs_owner_check CHECK ((owner <> ''::text)),
-    CONSTRAINT runs_pruned_after_finish CHECK (((pruned_at IS NULL) OR (finished_at IS NOT NULL))),
-    CONSTRAINT runs_restarts_check CHECK ((restarts >= 0)),
-    CONSTRAINT runs_resumed_from_is_retry CHECK (((resumed_from IS NULL) OR ((resumed_from >= 0) AND (retry_of IS NOT NULL)))),
-    CONSTRAINT runs_runtime_limit_seconds_check CHECK ((runtime_limit_seconds > 0)),
-    CONSTRAINT runs_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
-    CONSTRAINT runs_schedule_revision_check CHECK (((schedule_revision IS NULL) OR (schedule_revision >= 1))),
-    CONSTRAINT runs_settled_after_finish CHECK (((settled_at IS NULL) OR (finished_at IS NOT NULL))),
-    CONSTRAINT runs_source_check CHECK ((source = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text]))),
-    CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text]))),
-    CONSTRAINT runs_succeeded_has_output CHECK (((state <> 'succeeded'::text) OR (output IS NOT NULL))),
-    CONSTRAINT runs_test_iff_source CHECK ((test = (source = 'test'::text))),
-    CONSTRAINT runs_unclaimed_handoffs_nonneg CHECK ((unclaimed_handoffs >= 0)),
-    CONSTRAINT runs_window_shape CHECK ((((flow_window IS NULL) = (deliveries IS NULL)) AND ((flow_window IS NULL) OR (held_until IS NOT NULL))))
-)
-WITH (fillfactor='50');
-
 CREATE TABLE public.schedule_revisions (
     schedule_id uuid NOT NULL,
     revision integer NOT NULL,
@@ -812,6 +913,8 @@ CREATE INDEX runs_owner_created_idx ON public.runs USING btree (owner, created_a
 
 CREATE INDEX runs_prunable_idx ON public.runs USING btree (finished_at) WHERE ((pruned_at IS NULL) AND (finished_at IS NOT NULL));
 
+CREATE INDEX runs_released_by_idx ON public.runs USING btree (released_by) WHERE (released_by IS NOT NULL);
+
 CREATE UNIQUE INDEX runs_retry_of_idx ON public.runs USING btree (retry_of) WHERE (retry_of IS NOT NULL);
 
 CREATE INDEX runs_running_idx ON public.runs USING btree (id) WHERE ((state = 'running'::text) AND (lease_token IS NOT NULL));
@@ -821,6 +924,10 @@ CREATE INDEX runs_schedule_active_idx ON public.runs USING btree (schedule_id) W
 CREATE INDEX runs_schedule_backfill_idx ON public.runs USING btree (schedule_id, created_at DESC) WHERE (source = 'backfill'::text);
 
 CREATE INDEX runs_schedule_created_idx ON public.runs USING btree (schedule_id, created_at DESC, id DESC);
+
+CREATE INDEX runs_slot_holders_idx ON public.runs USING btree (owner) WHERE ((state = 'running'::text) OR (admitted_at IS NOT NULL));
+
+CREATE INDEX runs_slot_waiting_idx ON public.runs USING btree (owner, created_at, id) WHERE ((state = 'queued'::text) AND (admitted_at IS NULL) AND (blocked_by_run_id IS NULL) AND (paused_at IS NULL));
 
 CREATE INDEX runs_unsettled_chat_idx ON public.runs USING btree (finished_at) WHERE ((schedule_id IS NULL) AND (finished_at IS NOT NULL) AND (settled_at IS NULL));
 
@@ -861,6 +968,10 @@ CREATE TRIGGER run_events_no_delete BEFORE DELETE ON public.run_events FOR EACH 
 CREATE TRIGGER run_events_no_truncate BEFORE TRUNCATE ON public.run_events FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
 
 CREATE TRIGGER run_steps_no_delete BEFORE DELETE ON public.run_steps FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER runs_give_up_slot BEFORE UPDATE ON public.runs FOR EACH ROW WHEN (((new.admitted_at IS NOT NULL) AND ((new.state <> ALL (ARRAY['queued'::text, 'running'::text])) OR (new.paused_at IS NOT NULL)))) EXECUTE FUNCTION public.kairos_runs_give_up_slot();
+
+CREATE TRIGGER runs_release_slot AFTER UPDATE ON public.runs FOR EACH ROW WHEN ((((old.state = 'running'::text) OR (old.admitted_at IS NOT NULL)) AND (NOT ((new.state = 'running'::text) OR (new.admitted_at IS NOT NULL))))) EXECUTE FUNCTION public.kairos_runs_release_slot();
 
 CREATE TRIGGER schedule_revisions_immutable BEFORE UPDATE ON public.schedule_revisions FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_revision_change();
 

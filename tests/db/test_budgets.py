@@ -1,11 +1,10 @@
-"""Per-owner budgets against real PostgreSQL: running slots at the claim, daily token and cost ceilings
-reserved at the effect and settled with the actual usage (kairos.budgets)."""
+"""Per-owner budgets against real PostgreSQL: daily token and cost ceilings reserved at the effect and
+settled with the actual usage (kairos.budgets; running slots: tests/db/test_slots.py)."""
 
 from __future__ import annotations
 
 import threading
 import uuid
-from collections import deque
 from datetime import date, datetime, timedelta, timezone
 from decimal import Decimal
 from typing import Any
@@ -13,9 +12,9 @@ from typing import Any
 import psycopg
 from kairos import budgets
 from kairos.db import Database
-from kairos.execution.claim import Outcome, claim
+from kairos.execution.claim import Outcome
 from kairos.execution.execute import process
-from kairos.executors.base import ExecutorError, PreparedCall, Reply
+from kairos.executors.base import ExecutorError, Reply
 from kairos.probes import Probes
 from kairos.settings import Settings
 from psycopg.rows import dict_row
@@ -43,189 +42,6 @@ def _manual_runs(url: str, n: int, *, owner: str = "alice", agent: dict[str, Any
     """``n`` queued manual runs of one schedule (manual: no run supersedes another)."""
     sched = factories.schedule(url, owner=owner, **({"agent": agent} if agent else {}))
     return [factories.run(url, schedule_row=sched, source="manual")["id"] for _ in range(n)]
-
-
-# --- running slots ----------------------------------------------------------------------------------
-
-
-def test_twenty_runs_with_four_slots_never_run_more_than_four_and_all_finish(db_url: str) -> None:
-    """Eight workers, twenty runs of one owner, four slots. Phase one holds every model call open until
-    four runs are in their call and each of the other sixteen has been deferred once; without the slot
-    check a fifth worker would enter its call and the wait ends at once. Phase two lets them finish;
-    a deferred run comes back (like a delayed SQS message) when a run ends."""
-    total, slots, workers = 20, 4, 8
-    run_ids = _manual_runs(db_url, total)
-    settings = Settings(owner_concurrency=slots)
-    database = Database(db_url, max_size=workers + 4)
-    cond = threading.Condition()
-    pending: deque[uuid.UUID] = deque(run_ids)
-    parked: list[uuid.UUID] = []
-    seen: dict[str, Any] = {"in_flight": 0, "max_in_flight": 0, "deferrals": 0, "finished": 0, "active": 0,
-                            "samples": [], "delays": [], "other": []}
-    release = threading.Event()
-
-    def on_send(prepared: PreparedCall, timeout: float) -> Reply:
-        with cond:
-            seen["in_flight"] += 1
-            seen["max_in_flight"] = max(seen["max_in_flight"], seen["in_flight"])
-            cond.notify_all()
-        release.wait(timeout=60)
-        with cond:
-            seen["in_flight"] -= 1
-        return Reply(content="done", usage={"prompt_tokens": 1, "completion_tokens": 1})
-
-    def sample(**_: Any) -> None:
-        count = _running(db_url, "alice")
-        with cond:
-            seen["samples"].append(count)
-
-    executor = ScriptedExecutor(on_send=on_send)
-    probes = Probes().on("after_claim", sample).on("before_finish", sample)
-
-    def ready() -> bool:
-        if pending or seen["finished"] == total:
-            return True
-        if parked and seen["active"] == 0:  # nothing left to free a slot: the delayed messages arrive
-            pending.extend(parked)
-            parked.clear()
-            return True
-        return False
-
-    def work() -> None:
-        while True:
-            with cond:
-                cond.wait_for(ready)
-                if not pending:
-                    return
-                run_id = pending.popleft()
-                seen["active"] += 1
-            outcome: Outcome = process(database, run_id, settings=settings, executor_factory=executor.factory,
-                                       probes=probes)
-            with cond:
-                seen["active"] -= 1
-                if outcome.result == "slot_wait":
-                    seen["deferrals"] += 1
-                    seen["delays"].append(outcome.retry_delay_seconds)
-                    parked.append(run_id)
-                elif outcome.result == "succeeded":
-                    seen["finished"] += 1
-                    pending.extend(parked)  # a slot came free: the deferred ones are delivered again
-                    parked.clear()
-                else:
-                    seen["other"].append(outcome)
-                    seen["finished"] += 1
-                cond.notify_all()
-
-    threads = [threading.Thread(target=work, name=f"worker-{i}") for i in range(workers)]
-    try:
-        for t in threads:
-            t.start()
-        with cond:
-            cond.wait_for(lambda: seen["in_flight"] > slots
-                          or (seen["in_flight"] == slots and seen["deferrals"] >= total - slots), timeout=60)
-            held, deferred_once = seen["in_flight"], seen["deferrals"]
-        # Phase one: exactly four in their call, the sixteen others waiting queued.
-        assert held == slots and deferred_once == total - slots
-        assert _running(db_url, "alice") == slots
-        assert _one(db_url, "SELECT count(*) AS n FROM runs WHERE state = 'queued'")["n"] == total - slots
-    finally:
-        release.set()
-        for t in threads:
-            t.join(timeout=120)
-        database.close()
-
-    assert not any(t.is_alive() for t in threads)
-    assert seen["other"] == []
-    assert seen["max_in_flight"] == slots
-    assert seen["samples"] and max(seen["samples"]) <= slots
-    states = _rows(db_url, "SELECT state, count(*) AS n FROM runs GROUP BY state")
-    assert states == [{"state": "succeeded", "n": total}]  # all finished, none lost
-    assert all(30 <= d <= 60 for d in seen["delays"])
-    deferred = _rows(db_url, "SELECT run_id, count(*) AS n FROM run_events WHERE type = 'run.deferred' "
-                             "GROUP BY run_id")
-    # Every run deferred in phase one has its run.deferred; at most one a minute each.
-    assert len(deferred) >= total - slots and all(r["n"] == 1 for r in deferred)
-
-
-def _claim_together(database: Database, run_ids: list[uuid.UUID], owner_slots: int) -> list[str]:
-    """Claims the runs at once (a barrier), each on its own thread: "claimed" or the outcome's result."""
-    barrier = threading.Barrier(len(run_ids))
-    results: list[str] = []
-
-    def one(run_id: uuid.UUID) -> None:
-        barrier.wait(timeout=30)
-        got = claim(database, run_id, now=None, probes=Probes(), owner_slots=owner_slots)
-        results.append(got.result if isinstance(got, Outcome) else "claimed")
-
-    threads = [threading.Thread(target=one, args=(r,)) for r in run_ids]
-    for t in threads:
-        t.start()
-    for t in threads:
-        t.join(timeout=60)
-    return results
-
-
-def test_two_claims_for_the_last_slot_exactly_one_wins(db_url: str) -> None:
-    """Three runs running, four slots, two queued runs claimed at once, five rounds."""
-    sched = factories.schedule(db_url)
-    for _ in range(3):
-        factories.run(db_url, schedule_row=sched, source="manual", state="running")
-    database = Database(db_url, max_size=6)
-    try:
-        for _ in range(5):
-            contenders = [factories.run(db_url, schedule_row=sched, source="manual")["id"] for _ in range(2)]
-            assert sorted(_claim_together(database, contenders, 4)) == ["claimed", "slot_wait"]
-            assert _running(db_url, "alice") == 4
-            # Free the slot again for the next round.
-            _rows(db_url, "UPDATE runs SET state = 'cancelled', lease_token = NULL, lease_expires_at = NULL, "
-                          "finished_at = now() WHERE state = 'running' AND id = ANY(%s) RETURNING id", contenders)
-    finally:
-        database.close()
-
-
-def test_runs_awaiting_approval_hold_no_slot_and_other_owners_are_not_counted(db_url: str) -> None:
-    settings = Settings(owner_concurrency=2)
-    sched = factories.schedule(db_url)
-    for _ in range(3):
-        factories.run(db_url, schedule_row=sched, source="manual", state="awaiting_approval")
-    bob = factories.schedule(db_url, owner="bob")
-    for _ in range(2):
-        factories.run(db_url, schedule_row=bob, source="manual", state="running")
-    run_id = factories.run(db_url, schedule_row=sched, source="manual")["id"]
-    database = Database(db_url)
-    try:
-        outcome = process(database, run_id, settings=settings, executor_factory=ScriptedExecutor().factory)
-    finally:
-        database.close()
-    assert outcome.result == "succeeded"
-
-
-def test_a_full_owner_defers_with_one_run_deferred_a_minute_and_no_undeliverable_count(
-        db: Database, db_url: str) -> None:
-    sched = factories.schedule(db_url)
-    factories.run(db_url, schedule_row=sched, source="manual", state="running")
-    run_id = factories.run(db_url, schedule_row=sched, source="manual", unclaimed_handoffs=3)["id"]
-    settings = Settings(owner_concurrency=1)
-    executor = ScriptedExecutor()
-
-    first = process(db, run_id, settings=settings, executor_factory=executor.factory)
-    second = process(db, run_id, settings=settings, executor_factory=executor.factory)
-
-    assert (first.result, second.result) == ("slot_wait", "slot_wait")
-    assert first.state == "queued" and first.retry_delay_seconds is not None
-    assert executor.requests == []
-    row = _one(db_url, "SELECT state, attempt, fence, unclaimed_handoffs, deferred_at, handoff_at FROM runs "
-                       "WHERE id = %s", run_id)
-    assert row["state"] == "queued" and row["attempt"] == 0 and row["fence"] == 0
-    assert row["unclaimed_handoffs"] == 0 and row["deferred_at"] is not None and row["handoff_at"] is not None
-    events = _rows(db_url, "SELECT seq, type, data FROM run_events WHERE run_id = %s ORDER BY seq", run_id)
-    assert [e["type"] for e in events] == ["run.deferred"]  # the second, within the minute, adds none
-    assert events[0]["data"] == {"reason": "owner_slots_full", "owner_slots": 1}
-    # A minute later the next deferral is traced again.
-    _rows(db_url, "UPDATE runs SET deferred_at = deferred_at - interval '61 seconds' WHERE id = %s RETURNING id",
-          run_id)
-    assert process(db, run_id, settings=settings, executor_factory=executor.factory).result == "slot_wait"
-    assert len(_rows(db_url, "SELECT 1 FROM run_events WHERE run_id = %s AND type = 'run.deferred'", run_id)) == 2
 
 
 # --- daily ceilings ---------------------------------------------------------------------------------

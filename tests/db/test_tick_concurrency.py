@@ -259,9 +259,14 @@ def test_eight_concurrent_ticks_fire_every_due_instant_exactly_once(db: Database
     assert all(r["settled_at"] is not None for r in runs if r["finished_at"] is not None)
     assert all(s["consecutive_failures"] == 0 for s in schedules.values())
 
-    # Every runnable run reached SQS exactly once (by exactly one of the eight ticks) and was stamped;
-    # blocked runs were never sent.
-    runnable = [r for r in runs if r["blocked_by_run_id"] is None]
-    assert all(r["handoff_count"] == 1 and r["handoff_at"] is not None for r in runnable)
+    # Every run holding a slot reached SQS exactly once (by exactly one of the eight ticks) and was
+    # stamped; runs waiting for a slot and blocked runs were never sent.
+    # (finish_queued_runs ends waiting runs too, as workers would once each had its slot; the runs its
+    # statement released, released_by set, are its "worker's" to send, and the repair's a tick later.)
+    runnable = [r for r in runs if r["state"] == "queued" and r["admitted_at"] is not None
+                and r["released_by"] is None]
+    assert runnable and all(r["handoff_count"] == 1 and r["handoff_at"] is not None for r in runnable)
+    assert all(r["handoff_count"] == 0 for r in runs if r["state"] == "queued" and r["admitted_at"] is None)
+    assert all(r["handoff_count"] <= 1 for r in runs)
     assert all(r["handoff_at"] is None for r in runs if r["blocked_by_run_id"] is not None)
-    assert messages == sum(r["handoff_count"] for r in runnable)
+    assert messages == sum(r["handoff_count"] for r in runs)

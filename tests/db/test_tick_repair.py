@@ -79,12 +79,16 @@ def effect_state(url: str, effect_id: uuid.UUID) -> str:
 def test_unsent_and_stale_handoffs_are_sent_again_fresh_and_blocked_ones_are_not(
         db: Database, db_url: str, sqs_queue: SqsQueue, now: datetime) -> None:
     sched = factories.schedule(db_url)
-    never_sent = make_run(db_url, schedule_row=sched, created_at=now - timedelta(seconds=31))
-    just_created = make_run(db_url, schedule_row=sched, created_at=now - timedelta(seconds=10))
+    # Runs holding a slot (admitted_at: released to it): the repair sends those its releaser did not.
+    never_sent = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1),
+                          admitted_at=now - timedelta(seconds=31))
+    just_released = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1),
+                             admitted_at=now - timedelta(seconds=10))
     stale = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1),
-                          handoff_at=now - timedelta(minutes=16), handoff_count=1)
+                     admitted_at=now - timedelta(hours=1), handoff_at=now - timedelta(minutes=16), handoff_count=1)
     recent = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1),
-                           handoff_at=now - timedelta(minutes=5), handoff_count=1)
+                      admitted_at=now - timedelta(hours=1), handoff_at=now - timedelta(minutes=5), handoff_count=1)
+    waiting = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1))  # holds no slot
     blocker = make_run(db_url, schedule_row=sched, state="running", handoff_at=now, handoff_count=1)
     blocked = make_run(db_url, schedule_row=sched, created_at=now - timedelta(hours=1),
                             blocked_by_run_id=blocker["id"])
@@ -96,7 +100,7 @@ def test_unsent_and_stale_handoffs_are_sent_again_fresh_and_blocked_ones_are_not
     assert sorted(sqs_queue.run_ids()) == sorted([never_sent["id"], stale["id"]])
     assert run_row(db_url, never_sent["id"])["handoff_at"] == now
     assert run_row(db_url, stale["id"])["handoff_count"] == 2
-    for untouched in (just_created, recent, blocked, running):
+    for untouched in (just_released, recent, blocked, running, waiting):
         assert run_row(db_url, untouched["id"])["handoff_count"] == untouched["handoff_count"]
     assert repair(db, sqs_queue).resend_once(now=now).resent == 0
 
@@ -113,7 +117,7 @@ def test_only_handoffs_since_the_last_claim_count_toward_undeliverable(db: Datab
                      (claimed_between["id"],))
         handoff.stamp(conn, [claimed_between["id"]], now=now - timedelta(minutes=16))
     never_claimed = make_run(db_url, schedule_row=sched, handoff_at=now - timedelta(minutes=16),
-                             handoff_count=5, unclaimed_handoffs=5)
+                             handoff_count=5, unclaimed_handoffs=5, admitted_at=now - timedelta(hours=1))
 
     report = repair(db, sqs_queue).resend_once(now=now)
 
@@ -130,7 +134,7 @@ def test_only_handoffs_since_the_last_claim_count_toward_undeliverable(db: Datab
 
 def test_a_failed_resend_stays_unstamped_and_is_retried(db: Database, db_url: str, sqs_queue: SqsQueue,
                                                         now: datetime) -> None:
-    run = make_run(db_url, created_at=now - timedelta(minutes=1))
+    run = make_run(db_url, created_at=now - timedelta(minutes=1), admitted_at=now - timedelta(minutes=1))
     broken = Repair(db, sqs_queue.client, sqs_queue.url.replace("/runs", "/missing"))
     report = broken.resend_once(now=now)
     assert report.resent == 0 and report.handoff_failures == 1

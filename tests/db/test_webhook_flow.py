@@ -263,7 +263,10 @@ def test_a_retried_delivery_inside_a_window_is_not_counted_twice(api: Api, sqs: 
 
 
 def test_over_rate_defer_accepts_a_burst_of_three_times_the_rate_and_dispatches_it_at_the_rate(
-        api: Api, sqs: RecordingSqs) -> None:
+        api: Api, sqs: RecordingSqs, monkeypatch: pytest.MonkeyPatch) -> None:
+    monkeypatch.setenv("KAIROS_OWNER_CONCURRENCY", "20")  # each run gets a running slot: the rate decides
+    runtime.reset()
+    monkeypatch.setattr(runtime, "sqs", lambda: sqs)
     token = flow_hook(api, {"over_rate": "defer"}, rate=5)
 
     answers = [hook(api, token, {"n": i}) for i in range(15)]

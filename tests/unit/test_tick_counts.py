@@ -60,7 +60,7 @@ def test_the_steps_add_to_the_totals_the_tick_has_always_reported() -> None:
     # Given one report of each step, every field set to a distinct amount
     settle = SettleReport(schedules=100, settled=1, paused=2, released=3, handoff_failures=4, notes=5, deliveries=6)
     repair = RepairReport(resent=7, rescued=8, requeued=9, abandoned=10, failed=11, cancelled=12,
-                          handoff_failures=13, undeliverable=14, approvals_expired=15)
+                          handoff_failures=13, undeliverable=14, approvals_expired=15, slots_released=40)
     fire = FireReport(locked=16, dispatched=17, skipped=18, queued_behind=19, fires_covered=20, completed=21,
                       paused=22, conflicts=23, handoff_failures=24, lags=(1.0, 3.0), db_seconds=0.5, sqs_seconds=0.25)
     prune = PruneReport(webhook_receipts=25, idempotency_receipts=26, runs=27, threads=28, entries=29, payloads=30,
@@ -70,7 +70,8 @@ def test_the_steps_add_to_the_totals_the_tick_has_always_reported() -> None:
     report = loop._Totals([settle], [repair], [fire], prune=[prune], deliver=[deliver]).report(12.5, True)
     # Then the flat report is the one the handler returns: every step's count, the prune's content kinds too
     assert report.as_dict() == {
-        "settled": 1, "paused": 2 + 22, "released": 3, "resent": 7, "rescued": 8, "requeued": 9, "abandoned": 10,
+        "settled": 1, "paused": 2 + 22, "released": 3, "slots_released": 40, "resent": 7, "rescued": 8,
+        "requeued": 9, "abandoned": 10,
         "failed": 11, "cancelled": 12, "undeliverable": 14, "approvals_expired": 15, "batches": 1, "schedules": 16,
         "dispatched": 17, "skipped": 18, "queued_behind": 19, "fires_covered": 20, "completed": 21, "conflicts": 23,
         "handoff_failures": 4 + 13 + 24, "pruned": 25 + 26, "notes": 5, "notify_delivered": 37, "notify_retried": 38,

@@ -4,10 +4,15 @@ Role: the server caps of docs/api.md "Budgets", all configured in
 ``kairos.settings`` (``KAIROS_OWNER_CONCURRENCY``, ``KAIROS_OWNER_QUEUE_MAX``,
 ``KAIROS_OWNER_DAILY_TOKENS``, ``KAIROS_OWNER_DAILY_COST_USD``, ``KAIROS_MODEL_PRICES``):
 
-* **Slots.** ``hold_slots`` takes the owner's slot lock before a claim (``runs_claim`` then counts the
-  owner's ``running`` runs and claims only under the limit); ``defer`` records a claim that found them
-  full: the run stays ``queued``, ``run.deferred`` at most once a minute, and the worker re-sends the
-  id after ``defer_delay_seconds`` (an SQS delay, never a busy loop).
+* **Slots.** A run is handed to SQS only once it holds one of its owner's running slots and, with a
+  concurrency key (``runs.concurrency_key``, a webhook's ``flow.concurrency``), one of its key's: the
+  others wait ``queued`` in PostgreSQL, unsent. ``release`` (``kairos_release_slots``, migration 0030)
+  admits an owner's oldest waiting runs into its free slots under the owner's slot lock; the statement
+  that ends or parks a run holding a slot does the same in that statement (a trigger), marking what it
+  released with its own id (``released``: what its worker sends after commit). The tick's repair
+  releases whatever a crash or a lost race left waiting beside a free slot. ``hold_slots`` takes the
+  slot lock only before the claim of a run nobody released (a stray message): a released run's claim
+  takes no lock, and a claim that finds no slot leaves the run waiting, never re-sending it.
 * **Queue.** ``hold_queues`` takes the owners' queue locks before a fire is recorded
   (``kairos.occurrences.record``); ``occurrences_insert`` records a fire that would queue more than
   the cap ``skipped_budget``, without a run.
@@ -27,8 +32,12 @@ Role: the server caps of docs/api.md "Budgets", all configured in
   ``days`` answers ``GET /v1/usage``: an owner's tokens, cost, model calls and runs (runs with a model
   call answered that day) per UTC day.
 
-Guarantees: two claims racing for an owner's last slot — exactly one wins (the lock serializes them
-and each counts after the other committed). Reservations are atomic against the day's ceiling (one
+Guarantees: an owner never has more runs holding a slot (running, or released and on their way to a
+claim) than its slots, nor a key more than its limit: every release and every claim of an unreleased
+run counts under the owner's slot lock, after whoever held it before committed; two claims racing
+for an owner's last slot — exactly one wins. A run that ends never leaves a waiting run beside its
+free slot (the release is in its ending statement, and a run recorded meanwhile is released by its
+intake, which takes the same lock). Reservations are atomic against the day's ceiling (one
 guarded upsert on the owner's ledger row), so concurrent runs never reserve past it; actual usage
 can exceed an estimate only by what the estimate missed (at most one reservation's worth per call in
 flight). The ledger sums the usage of the effects that settled. A failed or ambiguous model call
@@ -39,9 +48,8 @@ Must not: call anything outside the database; read prompts or replies (only coun
 
 from __future__ import annotations
 
-import random
 import re
-from collections.abc import Mapping
+from collections.abc import Mapping, Sequence
 from dataclasses import dataclass
 from datetime import date, datetime
 from decimal import Decimal
@@ -53,8 +61,6 @@ import psycopg
 from kairos import db
 from kairos.settings import Settings
 
-DEFER_EVENT_EVERY_SECONDS = 60  # run.deferred at most once a minute per run
-DEFER_DELAY_SECONDS = (30, 60)  # the re-send's SQS delay: from, to (jittered so deferred runs spread)
 MAX_USAGE_DAYS = 366
 DEFAULT_USAGE_DAYS = 30
 
@@ -63,21 +69,40 @@ DEFAULT_USAGE_DAYS = 30
 
 
 def hold_slots(conn: psycopg.Connection[db.Row], run_id: UUID) -> None:
-    """Takes the slot lock of the run's owner until the caller's transaction ends (before the claim)."""
+    """Takes the slot lock of the run's owner until the caller's transaction ends (before the claim),
+    unless the run holds a slot already (then the claim needs no lock)."""
     db.send(conn, "runs_hold_owner_slots", {"run_id": run_id})  # unread: in a pipeline it rides with the claim
 
 
-def defer(conn: psycopg.Connection[db.Row], run_id: UUID, *, owner_slots: int, now: datetime | None = None) -> bool:
-    """Records that the owner's slots were full: the run stays queued; ``run.deferred`` when the last one
-    is a minute old or more. True when this call appended it."""
-    row = db.fetch_one(conn, "runs_defer", {"run_id": run_id, "owner_slots": owner_slots, "now": now,
-                                            "every_seconds": DEFER_EVENT_EVERY_SECONDS})
-    return bool(row is not None and row["traced"])
+def release(conn: psycopg.Connection[db.Row], owners: Sequence[str], *, now: datetime | None = None) -> list[UUID]:
+    """Admits these owners' oldest waiting runs into their free slots (and keys); the runs released.
+    Waits for the owners' slot locks (in owner order) and holds them to commit: call it last."""
+    if not owners:
+        return []
+    rows = db.fetch_all(conn, "runs_release_slots", {"owners": sorted(set(owners)), "now": now})
+    return [r["id"] for r in rows]
 
 
-def defer_delay_seconds() -> int:
-    """How long SQS holds a deferred run's id before delivering it again."""
-    return random.randint(*DEFER_DELAY_SECONDS)  # jitter, not a secret
+def owners_of(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID]) -> list[str]:
+    """The owners of these runs, each once."""
+    if not run_ids:
+        return []
+    return [str(r["owner"]) for r in db.fetch_all(conn, "runs_owners_of", {"ids": list(run_ids)})]
+
+
+def resent(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID]) -> list[UUID]:
+    """Of these runs, those queued that hold a slot and were sent before: a caller's deliberate re-send."""
+    if not run_ids:
+        return []
+    return [r["id"] for r in db.fetch_all(conn, "runs_admitted_sent", {"ids": list(run_ids)})]
+
+
+def unsent(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID]) -> list[UUID]:
+    """The runs these runs' ends (or parking) released (``released_by``) that still hold their slot,
+    queued and never sent: what the releaser sends after its commit."""
+    if not run_ids:
+        return []
+    return [r["id"] for r in db.fetch_all(conn, "runs_admitted_unsent", {"ids": list(run_ids)})]
 
 
 # -- queue -------------------------------------------------------------------------------------------

@@ -117,8 +117,9 @@ def _run_line(r: Any) -> str:
     held = getattr(r, "held_until", None)
     flow = (f"  {r.flow_window} of {r.deliveries} deliveries" if getattr(r, "deliveries", None) else "") + (
         f"  held until {held.isoformat()}" if held is not None and r.state == "queued" else "")
+    waits = f"  waits for a {r.waiting_for}" if getattr(r, "waiting_for", None) else ""  # slot or key
     return (f"{r.id}  {r.owner:<12} {r.source:<9} {r.state:<17} attempt {r.attempt}  "
-            f"created {r.created_at.isoformat()}{flow}")
+            f"created {r.created_at.isoformat()}{flow}{waits}")
 
 
 def _cmd_ops(args: argparse.Namespace) -> int:

@@ -1,8 +1,11 @@
 """The handoff: committed queued runs reach SQS as opaque run ids, then the row records it.
 
-Role: the only code that puts run ids on the run queue. The webhook API calls ``send(database, sqs,
-queue_url, run_ids)`` (send, then stamp) after the transaction that created the runs has committed;
-the tick uses the two halves, ``send_batch`` and ``stamp``, around its own transactions.
+Role: the only code that puts run ids on the run queue. Intake (the tick's fire, the webhook API, a
+trigger, an approval's requeue) calls ``send(database, sqs, queue_url, run_ids)`` after the transaction
+that created or requeued the runs has committed: it releases the owners' free slots to their oldest
+waiting runs (``kairos.budgets``) and sends only runs that hold a slot (then stamps them); the run
+worker calls ``send_released`` with the run it ended or parked, whose statement released the next
+ones; the tick's repair uses the two halves, ``send_batch`` and ``stamp``, around its own transactions.
 
 Guarantees:
 * A message body is exactly ``{"run_id": "<uuid>"}``; possessing it grants nothing (the worker must
@@ -21,7 +24,8 @@ Guarantees:
   failed keeps ``handoff_at`` NULL and the tick's repair step sends it again. Sending twice is
   harmless: the worker's claim is a guarded update and a second message finds nothing to claim.
 
-Must not: send a run id before the transaction that created the run has committed (the caller's
+Must not: send a run that holds no slot (it could not be claimed: it waits in the database); send
+a run id before the transaction that created the run has committed (the caller's
 duty: a worker could otherwise see an unknown run and drop the message); decide anything from SQS
 (PostgreSQL is the authority); log anything but ids and counts.
 """
@@ -41,7 +45,7 @@ from uuid import UUID
 import psycopg
 from aws_lambda_powertools.metrics import MetricUnit
 
-from kairos import db
+from kairos import budgets, db
 from kairos.observability import logger, metrics
 
 BATCH = 10  # SendMessageBatch's own limit
@@ -166,7 +170,42 @@ def stamp(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID], *, now: dat
 
 def send(database: db.Database, sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
          now: datetime | None = None, delay_seconds: int = 0) -> HandoffResult:
-    """The whole handoff of committed runs: send them, then stamp those SQS accepted (own transaction)."""
+    """The whole handoff of committed runs. Their owners' free slots are handed out first, to the oldest
+    waiting runs (``kairos.budgets.release``: these runs or older ones); the runs just released are
+    sent (with ``delay_seconds``: a webhook flow's timer), and those SQS accepted stamped. A run still
+    without a slot is not sent: it waits queued for its release."""
+    return _send_stamped(database, sqs, queue_url, admit(database, run_ids, now=now), now=now,
+                         delay_seconds=delay_seconds)
+
+
+def admit(database: db.Database, run_ids: Sequence[UUID], *, now: datetime | None = None) -> list[UUID]:
+    """``send``'s first half, in its own transaction: releases the owners of these runs' free slots to
+    their oldest waiting runs, and answers exactly those: what this call released is this call's to
+    send. A run someone else released (a concurrent intake, an ending run's statement) is theirs to
+    send, so no run is sent twice by two releasers. A run given that holds its slot and was sent
+    before is sent again (a webhook flow's window closing: the message is its timer)."""
+    if not run_ids:
+        return []
+    with database.transaction() as conn:
+        released = budgets.release(conn, budgets.owners_of(conn, run_ids), now=now)
+        again = budgets.resent(conn, run_ids)
+    return list(dict.fromkeys([*released, *again]))
+
+
+def send_released(database: db.Database, sqs: Any, queue_url: str, ended: Sequence[UUID], *,
+                  now: datetime | None = None) -> HandoffResult:
+    """After the commit that ended (or parked) these runs: sends the runs their statements released
+    into the slots they gave up (``released_by``), then stamps them."""
+    if not ended:
+        return HandoffResult()
+    with database.transaction() as conn:
+        ready = budgets.unsent(conn, ended)
+    return _send_stamped(database, sqs, queue_url, ready, now=now)
+
+
+def _send_stamped(database: db.Database, sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
+                  now: datetime | None = None, delay_seconds: int = 0) -> HandoffResult:
+    """Sends the runs, then stamps those SQS accepted (own transaction)."""
     result = send_batch(sqs, queue_url, run_ids, delay_seconds=delay_seconds)
     if result.sent:
         with database.transaction() as conn:

@@ -61,6 +61,7 @@ def planned(
     chat: tuple[UUID, str] | None = None,
     corpus: dict[str, Any] | None = None,
     coalesced_into: UUID | None = None,
+    concurrency: tuple[str, int] | None = None,
 ) -> dict[str, Any]:
     """One row of a batch for ``record`` (JSON-ready: the batch travels as one document). A chat turn
     has no schedule: ``chat`` gives its conversation and prompt (its run appends to the conversation).
@@ -98,22 +99,28 @@ def planned(
         row["payload"] = payload
     if corpus is not None:
         row["corpus"] = corpus  # a chat turn's checked corpus (a schedule's comes from its revision)
+    if concurrency is not None:  # a webhook run's concurrency key and its limit (kairos.budgets)
+        row.update(concurrency_key=concurrency[0], concurrency_limit=concurrency[1])
     return row
 
 
 def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
-           now: datetime | None = None, queue_max: int | None = None) -> list[db.Row]:
+           now: datetime | None = None, queue_max: int | None = None,
+           owner_slots: int | None = None) -> list[db.Row]:
     """Inserts the batch; returns one row per occurrence this call recorded (with its run, if any).
-    ``queue_max`` defaults to the deployment's ``KAIROS_OWNER_QUEUE_MAX``."""
+    ``queue_max`` and ``owner_slots`` (the runs' slot limit) default to the deployment's
+    ``KAIROS_OWNER_QUEUE_MAX`` and ``KAIROS_OWNER_CONCURRENCY``."""
     if not rows:
         return []
     if queue_max is None:
         queue_max = runtime.settings().owner_queue_max
+    if owner_slots is None:
+        owner_slots = runtime.settings().owner_concurrency
     budgets.hold_queues(conn, [r["schedule_id"] for r in rows if "schedule_id" in r],
                         [r["conversation_id"] for r in rows if "schedule_id" not in r and "conversation_id" in r])
     # json.dumps is C, psycopg's array adaptation is not, and this is the hot path of a large tick.
     return db.fetch_all(conn, "occurrences_insert", {"occurrences": json.dumps(rows), "now": now,
-                                                     "queue_max": queue_max,
+                                                     "queue_max": queue_max, "owner_slots": owner_slots,
                                                      **limits.sql_parameters(runtime.settings())})
 
 

@@ -85,7 +85,7 @@ from kairos.errors import (
     ValidationFailed,
 )
 from kairos.observability import logger, metrics
-from kairos.schedules import TOKEN_OVERLAP_DEFAULT_SECONDS, TOKEN_OVERLAP_MAX_SECONDS, Schedule
+from kairos.schedules import TOKEN_OVERLAP_DEFAULT_SECONDS, TOKEN_OVERLAP_MAX_SECONDS, Schedule, flow_spec
 from kairos.schedules import get as get_schedule
 from kairos.states import Decision, OverRate, Source
 from kairos.tokens import hash_token, new_token  # the one minter and hashing rule, shared with creation
@@ -235,7 +235,8 @@ def _record(conn: psycopg.Connection[db.Row], hook: Mapping[str, Any], occurrenc
     run_id = identity.run_id(occurrence_id)
     held = _rate_hold(conn, hook, flow, db_now, now)
     inserted = occurrences.record(conn, [planned(decision=Decision.DISPATCHED, run_id=run_id,
-                                                 payload=kairos_flow.first_payload(flow, payload))], now=now)
+                                                 payload=kairos_flow.first_payload(flow, payload),
+                                                 concurrency=concurrency_of(flow, payload))], now=now)
     occurrences.refuse_over_cap(inserted)  # 429 queue_full: the caller's transaction records nothing
     if not inserted:
         # Unreachable while deliveries of a schedule serialize on its row lock (the generation is read
@@ -246,6 +247,26 @@ def _record(conn: psycopg.Connection[db.Row], hook: Mapping[str, Any], occurrenc
         held_until = kairos_flow.open_window(conn, run_id, flow, held=held, db_now=db_now, now=now)
     return Accepted(schedule_id, occurrence_id, run_id, replayed=False,
                     send_delay=kairos_flow.timer_delay(held_until, db_now))
+
+
+# A key longer than this is stored as its digest: keys are compared, never shown in full.
+MAX_CONCURRENCY_KEY_CHARS = 200
+
+
+def concurrency_of(flow: Mapping[str, Any] | None, payload: Any) -> tuple[str, int] | None:
+    """The run's concurrency key and limit (``flow.concurrency``: the value its JSON pointer names in
+    the payload, a string as it is and anything else as canonical JSON); None without a concurrency
+    setting or when the pointer names nothing (the run then waits only for its owner's slots)."""
+    setting = (flow or {}).get("concurrency")
+    if not isinstance(setting, Mapping) or not isinstance(setting.get("key"), str):
+        return None
+    value = flow_spec.pointer_value(payload, setting["key"])
+    if value is None:
+        return None
+    key = value if isinstance(value, str) else json.dumps(value, sort_keys=True, separators=(",", ":"))
+    if len(key) > MAX_CONCURRENCY_KEY_CHARS:
+        key = "sha256:" + hashlib.sha256(key.encode("utf-8")).hexdigest()
+    return key, int(setting.get("limit") or 1)
 
 
 def _rate_hold(conn: psycopg.Connection[db.Row], hook: Mapping[str, Any], flow: Mapping[str, Any] | None,

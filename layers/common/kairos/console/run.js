@@ -38,6 +38,9 @@ function facts(run) {
       run.agent_digest ? `sha256:${run.agent_digest.slice(0, 12)}` : "—")),
     h("dt", {}, "Limits"), h("dd", { id: "run-limits" }, run.limits
       ? `${run.limits.runtime_seconds} s · ${run.limits.max_attempts} attempts · ${run.limits.max_steps} steps` : "—"),
+    run.waiting_for ? [h("dt", {}, "Waits for"), h("dd", { id: "waiting-for" }, run.waiting_for === "key"
+      ? "a slot of its concurrency key (another run of the same key holds it)"
+      : "one of your running slots (your other runs hold them all)")] : null,
     h("dt", {}, "Created"), h("dd", {}, when(run.created_at)),
     h("dt", {}, "Finished"), h("dd", {}, when(run.finished_at)),
     h("dt", {}, "Usage"), h("dd", {}, `${usage.input_tokens ?? 0} in · ${usage.output_tokens ?? 0} out · ` +

@@ -32,7 +32,7 @@ export async function render(main, route) {
   });
   const rows = page.runs.map((r) => h("tr", {},
     h("td", {}, h("a", { href: `#/runs/${encodeURIComponent(r.id)}` }, r.id.slice(0, 8))),
-    h("td", {}, badge(r.state)),
+    h("td", {}, badge(r.state), r.waiting_for ? h("span", { class: "muted" }, ` waits for a ${r.waiting_for}`) : null),
     h("td", {}, r.source),
     h("td", {}, String(r.attempt)),
     h("td", {}, when(r.created_at)),

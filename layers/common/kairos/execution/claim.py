@@ -3,9 +3,10 @@
 Role: ``claim`` turns a run id into either a ``Claimed`` attempt (the claimed row, its fence and
 attempt, its target conversation with the run's prompt entry in it, and the bounded model input)
 or an ``Outcome`` that says why nothing will be executed: not claimable, unknown, refused by the
-claim, cancelled while queued, left queued because the owner's running slots are full
-(``slot_wait``, ``kairos.budgets``), or failed before any call (a refused target, an earlier attempt's
-possibly-applied mutation). The execution (``kairos.execution.execute``) is built from a ``Claimed`` only.
+claim, cancelled while queued, left queued because it holds no slot and none is free
+(``slot_wait``: it waits for its release, ``kairos.budgets``), or failed before any call (a refused
+target, an earlier attempt's possibly-applied mutation). The execution (``kairos.execution.execute``)
+is built from a ``Claimed`` only.
 
 Guarantees:
 * The claim, the target conversation (fork / append / fresh) and the run's prompt entry commit
@@ -76,7 +77,7 @@ OutcomeResult = Literal[
     "unknown",  # no such run in this database
     "lease_lost",  # claimed, then fenced out by a newer claim: nothing more was written
     "deferred",  # not claimed because the invocation has too little time left: deliver again
-    "slot_wait",  # not claimed: the owner's running slots are full; re-send the id after retry_delay_seconds
+    "slot_wait",  # not claimed: released to no slot and none free (owner or key); it waits for its release
     "held",  # not claimed: held by its webhook flow (a window open, the rate); re-send after retry_delay_seconds
 ]
 
@@ -127,10 +128,10 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: 
     """Claims the run and prepares its attempt, in one transaction (see the module doc).
 
     A fork run's first attempt — the default, and the claim statement completes it alone (its thread
-    and prompt entry) — is claimed in one round trip: the owner's slot lock, the claim and the model
-    input's window travel together in pipeline mode, one implicit transaction (``Database.trip``),
-    so the owner's slot lock, which every claim of that owner waits for, is held from the server's
-    execution to its commit, never across a round trip to this process. Any other run is left queued
+    and prompt entry) — is claimed in one round trip: the owner's slot lock (taken only for a run
+    nobody released, ``kairos.budgets``), the claim and the model input's window travel together in
+    pipeline mode, one implicit transaction (``Database.trip``), so that lock is held from the
+    server's execution to its commit, never across a round trip to this process. Any other run is left queued
     by that statement and claimed the general way (``_claim``): one trip more for it."""
     thread_id = uuid.uuid4()
     claimed = _claim_fork(database, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
@@ -185,7 +186,7 @@ def _claim(database: db.Database, run_id: UUID, *, now: datetime | None, owner_s
     with database.explicit() as conn:
         with database.batch(conn):
             db.begin(conn)
-            budgets.hold_slots(conn, run_id)  # claims of one owner serialize until this one commits
+            budgets.hold_slots(conn, run_id)  # a run nobody released: its owner's slot lock, to commit
             row = moves.claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
             if row is None:
                 claimed: Claimed | Outcome = _not_claimed(conn, run_id, now, owner_slots)
@@ -389,22 +390,20 @@ def _not_claimed(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime |
             logger.info("run held by its webhook flow", extra={"action": "run_held", **log, "delay_seconds": delay})
             return Outcome(run_id, "held", state, retry_delay_seconds=delay)
     if state is RunState.QUEUED:
-        return _slots_full(conn, run_id, now, owner_slots, log)
+        return _slots_full(run_id, owner_slots, log)
     moves.count("ClaimConflicts")
     logger.info("run not claimable", extra={"action": "claim_conflict", **log})
     return Outcome(run_id, "skipped", state)
 
 
-def _slots_full(conn: psycopg.Connection[db.Row], run_id: UUID, now: datetime | None, owner_slots: int,
-                log: dict[str, str]) -> Outcome:
-    """Queued, unblocked, no cancel pending, and the claim (holding the owner's slot lock) did not take
-    it: the owner's running slots are full. The run stays queued and comes back after a delay."""
-    traced = budgets.defer(conn, run_id, owner_slots=owner_slots, now=now)
-    delay = budgets.defer_delay_seconds()
+def _slots_full(run_id: UUID, owner_slots: int, log: dict[str, str]) -> Outcome:
+    """Queued, unblocked, no cancel pending, released to no slot, and the claim (holding the owner's slot
+    lock) found none to spare: the run waits queued in the database. Its message is acknowledged and
+    nothing is re-sent: the end of a run holding a slot releases it (``kairos.budgets``)."""
     moves.count("ClaimsDeferred")
-    logger.info("owner's running slots full; run deferred", extra={
-        "action": "run_slot_wait", **log, "owner_slots": owner_slots, "delay_seconds": delay, "traced": traced})
-    return Outcome(run_id, "slot_wait", RunState.QUEUED, retry_delay_seconds=delay)
+    logger.info("no slot free; run waits for its release", extra={
+        "action": "run_slot_wait", **log, "owner_slots": owner_slots})
+    return Outcome(run_id, "slot_wait", RunState.QUEUED)
 
 
 def _prompt_entry(run_id: UUID, row: Mapping[str, Any]) -> str:

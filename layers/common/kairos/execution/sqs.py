@@ -27,9 +27,13 @@ Per record:
   fails, the record is reported failed instead (SQS delivers it again after the visibility timeout),
   and the tick's repair re-sends the queued run once its handoff is stale: every path is safe,
   because the claim is a guarded update and a second message finds nothing to claim.
-* A run whose owner's running slots are full stays ``queued`` (``process`` answers ``slot_wait``):
-  like a retry, its id is re-sent with ``DelaySeconds`` (30 to 60 s, jittered; ``kairos.budgets``) and the
-  current message is acknowledged — the run waits in SQS, never in a busy loop of redeliveries.
+* A run that holds no slot, with none free (``process`` answers ``slot_wait``: a message nobody
+  released, ``kairos.budgets``), stays ``queued`` and its message is acknowledged: nothing is re-sent;
+  the run waits in the database for the end of a run holding a slot to release it.
+* A run that ended or parked (succeeded, failed, cancelled, refused, awaiting a person, a paused
+  corpus run) gave its slot up in that statement, which released the owner's oldest waiting run(s)
+  into it: their ids are sent after the commit (``kairos.handoff.send_released``). Should that send
+  fail or this invocation die first, the tick's repair sends them (they hold a slot, unsent).
 * A webhook run held by its flow (a debounce or batch window still open, a delivery deferred by the
   hook's rate: ``kairos.flow``) stays ``queued`` (``process`` answers ``held``): its id is re-sent with
   ``DelaySeconds`` = the time left (at most 900 s), so the message is the window's timer.
@@ -67,6 +71,11 @@ from kairos.observability import database_error, logger, withheld
 from kairos.settings import Settings
 
 RetrySender = Callable[[UUID, int], None]
+ReleasedSender = Callable[[UUID], None]
+
+# Outcomes whose statement gave the run's slot up (and released the next waiting runs into it).
+GAVE_UP_SLOT = frozenset({"succeeded", "failed", "cancelled", "awaiting_approval", "awaiting_input", "paused",
+                          "refused"})
 
 
 class RedeliverRecord(Exception):
@@ -111,6 +120,18 @@ def sqs_retry_sender(database: Database, settings: Settings, sqs: Any = None) ->
     return send
 
 
+def sqs_released_sender(database: Database, settings: Settings, sqs: Any = None) -> ReleasedSender | None:
+    """Sends the runs an ended run's statement released into its slot (``kairos.handoff.send_released``)."""
+    queue_url = settings.run_queue_url
+    if not queue_url:
+        return None
+
+    def send(run_id: UUID) -> None:
+        handoff.send_released(database, sqs if sqs is not None else runtime.sqs(), queue_url, [run_id])
+
+    return send
+
+
 def handle_record(
     record: SQSRecord,
     *,
@@ -119,6 +140,7 @@ def handle_record(
     send_retry: RetrySender | None,
     lambda_remaining_ms: Callable[[], int] | None = None,
     executor_factory: ExecutorFactory | None = None,
+    send_released: ReleasedSender | None = None,
 ) -> Outcome | None:
     """One record; returns the run's outcome (None for a bad record). Raises to have it redelivered."""
     run_id = parse_run_id(record.body)
@@ -129,7 +151,13 @@ def handle_record(
                       lambda_remaining_ms=lambda_remaining_ms)
     if outcome.result == "deferred":
         raise RedeliverRecord("too little time left in this invocation")
-    if outcome.result in ("retry", "slot_wait", "continued", "held"):
+    if outcome.result in GAVE_UP_SLOT and send_released is not None:
+        try:
+            send_released(run_id)
+        except Exception:  # noqa: BLE001 - the released runs hold their slots, unsent: the repair sends them
+            logger.exception("released runs not sent; the repair sends them",
+                             extra={"action": "released_handoff_failed", "run_id": str(run_id)})
+    if outcome.result in ("retry", "continued", "held"):
         delay = outcome.retry_delay_seconds or 0
         if send_retry is None:
             raise RedeliverRecord("no queue to re-send the retry on")
@@ -176,6 +204,7 @@ def handle_batch(
     settings: Settings,
     send_retry: RetrySender | None = None,
     executor_factory: ExecutorFactory | None = None,
+    send_released: ReleasedSender | None = None,
 ) -> dict[str, Any]:
     """Processes one SQS batch; returns ``{"batchItemFailures": [{"itemIdentifier": …}, …]}``."""
     records = _well_formed(event)
@@ -183,6 +212,7 @@ def handle_batch(
         return {"batchItemFailures": []}
     event = {**event, "Records": records}
     sender = send_retry if send_retry is not None else sqs_retry_sender(db, settings)
+    released = send_released if send_released is not None else sqs_released_sender(db, settings)
     remaining: Callable[[], int] | None = getattr(context, "get_remaining_time_in_millis", None)
     # A new processor per call: handlers may run on several threads of one process at once.
     processor = BatchProcessor(event_type=EventType.SQS, raise_on_entire_batch_failure=False)
@@ -190,7 +220,8 @@ def handle_batch(
     def run_record(record: SQSRecord) -> None:
         try:
             handle_record(record, database=db, settings=settings, send_retry=sender,
-                          lambda_remaining_ms=remaining, executor_factory=executor_factory)
+                          lambda_remaining_ms=remaining, executor_factory=executor_factory,
+                          send_released=released)
         except RedeliverRecord:
             raise
         except Exception as error:

@@ -85,6 +85,9 @@ class Run:
     schedule_revision: int | None = None
     agent_digest: str | None = None
     limits: dict[str, int] | None = None
+    # A queued run that holds no running slot yet: "slot" (its owner's are all taken) or "key" (its
+    # concurrency key's are); None otherwise (kairos.budgets). Read where the row says (owner reads).
+    waiting_for: str | None = None
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Run:
@@ -121,12 +124,14 @@ class Run:
             limits=None if "max_steps" not in row else {
                 "runtime_seconds": int(row["runtime_limit_seconds"]), "max_attempts": int(row["max_attempts"]),
                 "max_steps": int(row["max_steps"])},
+            waiting_for=row.get("waiting_for"),
         )
 
     def as_json(self) -> dict[str, Any]:
         """The API shape: ids (``retry_of``: the run a retry made this one from, else null), state, attempt,
-        target conversation, times (RFC 3339 UTC), usage, diagnosis and the output reference
-        (``{"conversation_id", "entry_seq", "attempt"}``)."""
+        target conversation, times (RFC 3339 UTC), usage, diagnosis, the output reference
+        (``{"conversation_id", "entry_seq", "attempt"}``) and what a queued run waits for
+        (``waiting_for``: ``"slot"``, ``"key"`` or null)."""
         return {
             "id": str(self.id),
             "schedule_id": None if self.schedule_id is None else str(self.schedule_id),
@@ -159,6 +164,7 @@ class Run:
             "schedule_revision": self.schedule_revision,
             "agent_digest": self.agent_digest,
             "limits": self.limits,
+            "waiting_for": self.waiting_for,
         }
 
 

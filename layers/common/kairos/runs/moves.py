@@ -71,8 +71,9 @@ def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | Non
     ``expired`` with its diagnosis and terminal event, and the row comes back in that state with
     ``refusal`` set to the reason code (``refusal`` is None on a claim).
 
-    Only while the owner has fewer than ``owner_slots`` runs running; the caller holds the owner's
-    slot lock (``kairos.budgets.hold_slots``) so that count is exact.
+    Only a run that holds a slot (released to it, ``kairos.budgets``), or one its owner has a slot to
+    spare for (``owner_slots``); for such an unreleased run the caller holds the owner's slot lock
+    (``kairos.budgets.hold_slots``) so that count is exact.
 
     With ``thread_id``, a fork run's first attempt gets that thread (a fork of its source) and its
     prompt entry from the same statement; the row then says ``forked``."""

@@ -15,6 +15,8 @@
 -- marked `test` and, for an append schedule, forks its conversation instead of writing to it.
 -- The run records its limits (the defaults and caps are parameters: kairos.limits.sql_parameters), the
 -- revision it executes and its agent's digest.
+-- A run is inserted holding no slot (owner_slots, KAIROS_OWNER_CONCURRENCY, is its owner's limit; a
+-- webhook run may bring its concurrency key and limit): the caller's handoff releases free slots.
 WITH given AS (
     SELECT p.*, e.ordinal, coalesce(s.owner, cv.owner) AS owner
       FROM jsonb_array_elements(%(occurrences)s::jsonb) WITH ORDINALITY AS e(doc, ordinal)
@@ -24,7 +26,7 @@ WITH given AS (
                 decision text, covers_from timestamptz, covers_until timestamptz, covers_count integer,
                 idempotency_key text, key_generation integer, run_id uuid, blocked_by uuid, payload jsonb,
                 retry_of uuid, conversation_id uuid, prompt text, mode text, corpus jsonb, coalesced_into uuid,
-                dispatch_at timestamptz)
+                dispatch_at timestamptz, concurrency_key text, concurrency_limit integer)
       LEFT JOIN schedules s ON s.id = p.schedule_id
       LEFT JOIN conversations cv ON cv.id = p.conversation_id AND p.schedule_id IS NULL  -- a chat turn
 ), queued AS (
@@ -42,7 +44,7 @@ WITH given AS (
            g.covers_from, g.covers_until, g.covers_count, g.idempotency_key, g.key_generation,
            CASE WHEN g.over THEN NULL ELSE g.run_id END AS run_id, g.blocked_by, g.payload, g.retry_of,
            g.conversation_id, g.prompt, g.mode, g.corpus, g.coalesced_into,
-           coalesce(g.dispatch_at, g.fire_at) AS dispatch_at
+           coalesce(g.dispatch_at, g.fire_at) AS dispatch_at, g.concurrency_key, g.concurrency_limit
       FROM (SELECT given.*,
                    coalesce(given.run_id IS NOT NULL
                             AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
@@ -63,7 +65,7 @@ WITH given AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
                       payload, agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at,
                       updated_at, retry_of, corpus, test, runtime_limit_seconds, max_attempts, max_steps,
-                      schedule_revision, agent_digest)
+                      schedule_revision, agent_digest, slot_limit, concurrency_key, concurrency_limit)
     SELECT p.run_id, occ.id, s.id, c.owner, p.source, c.id,
            -- A test run never writes into the schedule's conversation: an append schedule's test forks it.
            CASE WHEN p.source = 'test' AND coalesce(d.mode, p.mode) = 'append' THEN 'fork'
@@ -82,7 +84,8 @@ WITH given AS (
                           %(default_max_attempts)s), %(cap_max_attempts)s),
            least(coalesce((s.limits ->> 'max_steps')::integer, (a.agent #>> '{limits,max_steps}')::integer,
                           (a.agent ->> 'max_steps')::integer, %(default_max_steps)s), %(cap_max_steps)s),
-           CASE WHEN s.id IS NOT NULL THEN p.revision END, kairos_agent_digest(a.agent)
+           CASE WHEN s.id IS NOT NULL THEN p.revision END, kairos_agent_digest(a.agent),
+           %(owner_slots)s, p.concurrency_key, p.concurrency_limit
       FROM occ
       JOIN planned p ON p.occurrence_id = occ.id
       LEFT JOIN schedules s ON s.id = occ.schedule_id

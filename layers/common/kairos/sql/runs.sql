@@ -18,8 +18,9 @@
 -- thread that does not exist before this commits, so no conversation lock is needed. Otherwise
 -- (fresh, a later attempt, no thread_id) the worker prepares the target. first_step names the step
 -- the run's executor performs.
--- Only while the owner has fewer than owner_slots runs running (awaiting_approval and awaiting_input
--- hold no slot); otherwise zero rows, and the caller finds the run still queued (runs_defer).
+-- Only a run that holds one of its owner's slots (admitted_at, migration 0030), or one its owner has a
+-- slot to spare for (awaiting_approval and awaiting_input hold none); otherwise zero rows, and the
+-- caller finds the run still queued: it waits for its release, no message is sent for it.
 -- Or refuses it, decided inside this same update from the run row it updates and its schedule (no
 -- check-then-claim race), ending it without any call (docs/api.md "API": catch_up, max_delay_seconds): `cancelled` when the
 -- schedule is neither active nor completed (schedule_cancelled, else schedule_paused; a loop run of a
@@ -36,7 +37,7 @@
 WITH changed AS (
     UPDATE runs AS r
        SET (state, fence, attempt, lease_token, lease_expires_at, heartbeat_at, started_at, conversation_id,
-            unclaimed_handoffs, diagnosis, finished_at, last_seq, updated_at) = (
+            unclaimed_handoffs, diagnosis, finished_at, last_seq, updated_at, admitted_at, released_by) = (
            SELECT CASE WHEN v.refusal IS NULL THEN 'running'
                        WHEN v.refusal = 'superseded' THEN 'abandoned'
                        WHEN v.refusal = 'expired' THEN 'expired'
@@ -57,7 +58,10 @@ WITH changed AS (
                   CASE WHEN v.refusal IS NULL THEN r.diagnosis ELSE %(refusals)s::text::jsonb -> v.refusal END,
                   CASE WHEN v.refusal IS NULL THEN NULL ELSE coalesce(%(now)s::timestamptz, now()) END,
                   r.last_seq + CASE WHEN v.refusal IS NULL THEN 2 ELSE 1 END,
-                  coalesce(%(now)s::timestamptz, now())
+                  coalesce(%(now)s::timestamptz, now()),
+                  -- A claim holds its slot from here (a refusal gives it up: runs_give_up_slot).
+                  coalesce(r.admitted_at, coalesce(%(now)s::timestamptz, now())),
+                  CASE WHEN v.refusal IS NULL THEN NULL ELSE r.released_by END
              FROM (SELECT CASE
                               WHEN s.status = 'cancelled' THEN 'schedule_cancelled'
                               -- A loop run made under an older goal than the loop's (kairos.schedules.loops).
@@ -101,10 +105,19 @@ WITH changed AS (
        AND (NOT %(fork_only)s::boolean
             OR (r.mode = 'fork' AND r.attempt = 0 AND r.conversation_id IS NULL
                 AND EXISTS (SELECT 1 FROM conversations src WHERE src.id = r.source_conversation_id)))
-       -- The owner's running slots (KAIROS_OWNER_CONCURRENCY): race-free because every claim holds the
-       -- owner's slot lock (runs_hold_owner_slots) from before this statement's snapshot to its commit.
-       AND (SELECT count(*) FROM (SELECT 1 FROM runs o WHERE o.owner = r.owner AND o.state = 'running'
-                                   LIMIT %(owner_slots)s) AS held) < %(owner_slots)s
+       -- The run holds a slot (admitted_at: released to it, kairos.budgets), or — a run nobody released,
+       -- whose id reached a worker anyway — its owner has a slot to spare (KAIROS_OWNER_CONCURRENCY) and
+       -- its concurrency key one too: race-free because such a claim holds the owner's slot lock
+       -- (runs_hold_owner_slots) from before this statement's snapshot to its commit, as every release does.
+       AND (r.admitted_at IS NOT NULL
+            OR ((SELECT count(*) FROM (SELECT 1 FROM runs o
+                                        WHERE o.owner = r.owner AND (o.state = 'running' OR o.admitted_at IS NOT NULL)
+                                        LIMIT %(owner_slots)s) AS held) < %(owner_slots)s
+                AND (r.concurrency_key IS NULL
+                     OR (SELECT count(*) FROM runs k
+                          WHERE k.owner = r.owner AND (k.state = 'running' OR k.admitted_at IS NOT NULL)
+                            AND k.schedule_id = r.schedule_id AND k.concurrency_key = r.concurrency_key)
+                        < r.concurrency_limit)))
     RETURNING r.id, r.occurrence_id, r.schedule_id, r.owner, r.source, r.mode, r.state, r.attempt, r.max_attempts,
               r.fence, r.lease_expires_at, r.heartbeat_at, r.conversation_id, r.source_conversation_id, r.prompt,
               r.payload, r.agent, r.runtime_limit_seconds, r.max_steps, r.last_seq, r.corpus, r.retry_of,
@@ -148,39 +161,54 @@ WITH changed AS (
 SELECT * FROM changed;
 
 -- name: runs_hold_owner_slots (prepared)
--- Takes the run owner's slot lock (a transaction-level advisory lock) before the claim: claims of one
--- owner serialize from here to their commit, so the claim's slot count sees every earlier claim.
--- Zero rows: no such run (the claim then finds nothing either).
-SELECT owner, pg_advisory_xact_lock(hashtextextended('kairos.owner_slots:' || owner, 0)) IS NOT NULL AS held
+-- Before the claim of a run that holds no slot (nobody released it), takes its owner's slot lock (a
+-- transaction-level advisory lock, as kairos_release_slots does) to its commit, so the claim's slot
+-- count sees every release and claim before it. A released run's claim takes no lock: claims of one
+-- owner do not wait for each other. Zero rows: no such run (the claim then finds nothing either).
+SELECT owner,
+       CASE WHEN admitted_at IS NULL AND state = 'queued'
+            THEN pg_advisory_xact_lock(hashtextextended('kairos.owner_slots:' || owner, 0)) IS NOT NULL END AS held
   FROM runs WHERE id = %(run_id)s;
 
--- name: runs_defer
--- A claim found the owner's slots full: the run stays queued. The worker re-sends it with a delay, so
--- this counts as a delivery (unclaimed_handoffs back to 0: the repair must not give it up as
--- undeliverable) and as a fresh handoff; run.deferred is appended at most once per `every_seconds`.
-WITH prior AS (
-    SELECT id, deferred_at IS NULL
-               OR deferred_at <= coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(every_seconds)s)
-               AS traced
-      FROM runs
-     WHERE id = %(run_id)s AND state = 'queued'
-       FOR NO KEY UPDATE
-), changed AS (
-    UPDATE runs r
-       SET unclaimed_handoffs = 0,
-           handoff_at = coalesce(%(now)s::timestamptz, now()),
-           deferred_at = CASE WHEN p.traced THEN coalesce(%(now)s::timestamptz, now()) ELSE r.deferred_at END,
-           last_seq = r.last_seq + CASE WHEN p.traced THEN 1 ELSE 0 END
-      FROM prior p
-     WHERE r.id = p.id
-    RETURNING r.id, r.last_seq, r.attempt, r.fence, p.traced
-), traced AS (
-    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, data)
-    SELECT id, last_seq, 'run.deferred', coalesce(%(now)s::timestamptz, now()), attempt, fence,
-           jsonb_build_object('reason', 'owner_slots_full', 'owner_slots', %(owner_slots)s::integer)
-      FROM changed WHERE traced
-)
-SELECT * FROM changed;
+-- name: runs_release_slots
+-- Releases the waiting runs these owners' free slots let in, oldest first (kairos_release_slots, in
+-- owner order: one statement takes several owners' slot locks, always in the same order). Run it as
+-- the last statement of its transaction (it waits for the locks); returns the runs released.
+SELECT r.id
+  FROM (SELECT DISTINCT owner FROM unnest(%(owners)s::text[]) AS g (owner) ORDER BY owner) AS o
+ CROSS JOIN LATERAL kairos_release_slots(o.owner, NULL, %(now)s::timestamptz) AS r (id);
+
+-- name: runs_owners_of
+-- The owners of these runs, each once, in order.
+SELECT DISTINCT owner FROM runs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY owner;
+
+-- name: runs_waiting_owners
+-- Owners with runs waiting for a slot (runs_slot_waiting_idx), for the tick's release pass.
+SELECT DISTINCT owner
+  FROM runs
+ WHERE state = 'queued' AND admitted_at IS NULL AND blocked_by_run_id IS NULL AND paused_at IS NULL
+ ORDER BY owner
+ LIMIT %(limit)s;
+
+-- name: runs_admitted_sent
+-- Of these runs, those queued that hold a slot and were handed to SQS before: a deliberate re-send
+-- (a webhook flow's window closing). A run released but not yet sent is its releaser's to send.
+SELECT id
+  FROM runs
+ WHERE id = ANY(%(ids)s::uuid[])
+   AND state = 'queued' AND admitted_at IS NOT NULL AND handoff_at IS NOT NULL
+   AND blocked_by_run_id IS NULL AND paused_at IS NULL
+ ORDER BY created_at, id;
+
+-- name: runs_admitted_unsent
+-- The runs these runs' ends released (released_by) that hold their slot, are queued and were never
+-- handed to SQS: what the ending worker sends after its commit (runs_released_by_idx).
+SELECT id
+  FROM runs
+ WHERE released_by = ANY(%(ids)s::uuid[])
+   AND state = 'queued' AND admitted_at IS NOT NULL AND handoff_at IS NULL
+   AND blocked_by_run_id IS NULL AND paused_at IS NULL
+ ORDER BY created_at, id;
 
 -- name: runs_get
 -- One run by id, whoever owns it (the worker: an SQS message names a run, never an owner).
@@ -188,8 +216,11 @@ SELECT * FROM runs WHERE id = %(run_id)s;
 
 -- name: runs_get_owned
 -- One run of one owner; another owner's run is as absent as a missing one. loop: its schedule is a
--- goal loop (the API does not offer retry_run on such a run's diagnosis).
-SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
+-- goal loop (the API does not offer retry_run on such a run's diagnosis). waiting_for: what a queued
+-- run waits for ('slot', 'key'; kairos_waiting_for, migration 0030).
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop,
+       kairos_waiting_for(runs) AS waiting_for
+  FROM runs WHERE id = %(run_id)s AND owner = %(owner)s;
 
 -- name: runs_list_owned
 -- One keyset page of an owner's runs, newest first: (created_at, id) strictly below the cursor
@@ -199,7 +230,8 @@ SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.
 -- other filters are checked on the rows of that range: a page of a rare state or of one conversation
 -- among many reads the owner's runs until it is full (no index per filter: each would cost every
 -- claim and terminal update one more entry). loop: as runs_get_owned.
-SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop,
+       kairos_waiting_for(runs) AS waiting_for
   FROM runs
  WHERE owner = %(owner)s
    AND (%(schedule_id)s::uuid IS NULL OR schedule_id = %(schedule_id)s::uuid)
@@ -472,18 +504,20 @@ UPDATE runs AS r
 RETURNING r.id;
 
 -- name: runs_lock_unsent
--- Locks queued, unblocked runs whose handoff never happened (and are not fresh) or is stale, or whose
--- hold ended with no message since (a lost window timer), never-sent first. It reads every queued, unblocked run from runs_handoff_idx and checks its handoff on the row:
+-- Locks queued, unblocked runs holding a slot whose handoff never happened (and whose release is not
+-- fresh: its releaser is about to send it) or is stale, or whose hold ended with no message since (a
+-- lost window timer), never-sent first. It reads every queued, unblocked run from runs_handoff_idx and checks its handoff on the row:
 -- the index names no column the handoff stamp writes, so each stamp is a HOT update (migration 0019);
 -- the owners' queue caps bound what this reads, once a tick.
-SELECT id, unclaimed_handoffs
+SELECT id, owner, unclaimed_handoffs
   FROM runs
  WHERE state = 'queued'
    AND blocked_by_run_id IS NULL
    AND max_attempts >= 1  -- true of every row; lets runs_handoff_idx serve this (migrations 0017, 0019)
    AND paused_at IS NULL  -- a paused corpus run is sent again by its resume
+   AND admitted_at IS NOT NULL  -- a run waiting for a slot is released, never sent (kairos.budgets)
    AND ((handoff_at IS NULL
-         AND created_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s))
+         AND admitted_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(fresh_seconds)s))
         OR handoff_at < coalesce(%(now)s::timestamptz, now()) - make_interval(secs => %(stale_seconds)s)
         -- A held run (kairos.flow) due for longer than `fresh` with no message sent since it became
         -- due: its timer was lost. The window is closed here, as a lost handoff is repaired.
@@ -507,7 +541,7 @@ RETURNING id, last_seq, attempt, fence, schedule_id, unclaimed_handoffs;
 
 -- name: runs_lock_expired
 -- Locks running runs whose lease expired (their worker is presumed gone) for the rescue.
-SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_requested_at,
+SELECT id, schedule_id, owner, source, catch_up, restarts, fence, attempt, cancel_requested_at,
        corpus IS NOT NULL AS corpus_run  -- a corpus run resumes what it committed: never abandoned late
   FROM runs
  WHERE state = 'running'
@@ -519,7 +553,8 @@ SELECT id, schedule_id, source, catch_up, restarts, fence, attempt, cancel_reque
 
 -- name: runs_requeue_rescued
 -- running -> queued after an expired lease: restarts + 1, lease cleared, handoff to be redone;
--- run.rescued follows in the same statement (kairos.trace.change).
+-- run.rescued follows in the same statement (kairos.trace.change). It keeps its running slot
+-- (admitted_at, kairos.budgets): the repair sends it at once.
 UPDATE runs
    SET last_seq = last_seq + jsonb_array_length(%(events)s::jsonb),
        state = 'queued',
@@ -527,6 +562,7 @@ UPDATE runs
        lease_token = NULL,
        lease_expires_at = NULL,
        restarts = restarts + 1,
+       admitted_at = coalesce(admitted_at, coalesce(%(now)s::timestamptz, now())),
        handoff_at = NULL,
        updated_at = coalesce(%(now)s::timestamptz, now())
  WHERE id = %(id)s AND state = 'running' AND fence = %(fence)s
@@ -551,7 +587,9 @@ RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_ops_list
 -- Operators: the newest runs, optionally of one schedule or in one state.
-SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop FROM runs
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop,
+       kairos_waiting_for(runs) AS waiting_for
+  FROM runs
  WHERE (%(schedule_id)s::uuid IS NULL OR schedule_id = %(schedule_id)s)
    AND (%(state)s::text IS NULL OR state = %(state)s)
  ORDER BY created_at DESC, id
@@ -559,7 +597,9 @@ SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.
 
 -- name: runs_ops_get
 -- Operators: one run whoever owns it.
-SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop FROM runs WHERE id = %(id)s;
+SELECT *, EXISTS (SELECT 1 FROM schedules l WHERE l.id = runs.schedule_id AND l.loop) AS loop,
+       kairos_waiting_for(runs) AS waiting_for
+  FROM runs WHERE id = %(id)s;
 
 -- name: runs_ops_events
 -- Operators: a run's whole trace in order (progress included).

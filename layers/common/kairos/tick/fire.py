@@ -7,17 +7,20 @@ previous ones claimed, so no batch rescans the index entries — and the dead ro
 them — of schedules already fired; the report's ``last_key`` is the key to resume after), decides each
 (``kairos.tick.decision``), moves the cursors first (guarded by the value read: a schedule whose
 cursor someone else moved is dropped from the batch), then records the occurrences, runs and
-``run.queued`` events in one statement. After the commit it sends the new run ids to SQS and stamps
-their handoff. The ``run.queued`` events are written in that statement (seq 1 of a run just
-inserted) rather than through ``trace.append`` one run at a time: a batch is one round trip.
+``run.queued`` events in one statement. After the commit it releases the owners' free slots to their
+oldest waiting runs and sends those that hold one to SQS, stamping their handoff (``kairos.handoff``);
+a run without a slot waits queued in the database until a run of its owner ends. The
+``run.queued`` events are written in that statement (seq 1 of a run just inserted) rather than
+through ``trace.append`` one run at a time: a batch is one round trip.
 
 Guarantees:
 * A due fire ends in exactly one occurrence and at most one run, whatever ticks run concurrently,
   repeat a minute, or die between two statements: the batch is one transaction, rows are locked,
   the cursor update is guarded, and occurrence/run ids are deterministic with unique constraints
   (a replay converges on the existing rows).
-* Runs reach SQS only after they are committed; a send that fails (or a tick that dies before it)
-  leaves ``handoff_at`` NULL, which the repair step notices and sends again.
+* Runs reach SQS only after they are committed, and only once they hold a slot; a send that fails
+  (or a tick that dies before it) leaves ``handoff_at`` NULL, which the repair step notices and
+  sends again (and a release a tick died before, the repair makes).
 * A schedule whose rule can no longer be evaluated (e.g. a zone that vanished from tzdata) is paused
   with an inbox note rather than blocking the batch or being retried forever.
 
@@ -113,6 +116,11 @@ class Fire:
         self.probes.fire("after_commit")
         to_send = [row["run_id"] for row in inserted
                    if row["run_id"] is not None and row["blocked_by_run_id"] is None and row["run_id"] not in blocked]
+        # Only runs that hold a slot go: the owners' free slots are released to their oldest waiting
+        # runs first; the rest wait queued until a run of theirs ends (kairos.budgets).
+        admit_started = time.perf_counter()
+        to_send = handoff.admit(self.db, to_send, now=now)
+        db_seconds += time.perf_counter() - admit_started
         result = handoff.send_batch(self.sqs, self.queue_url, to_send)
         self.probes.fire("after_send")
         if result.sent:

@@ -46,7 +46,8 @@ class TickReport:
 
     settled: int = 0
     paused: int = 0  # by settle (3 failures) and by fire (rule no longer evaluates)
-    released: int = 0
+    released: int = 0  # queued-behind runs whose blocker ended
+    slots_released: int = 0  # waiting runs the repair released into free slots (kairos.budgets)
     resent: int = 0
     rescued: int = 0
     requeued: int = 0

@@ -1,12 +1,15 @@
 """The repair step: queued work that never reached SQS is sent again; runs of vanished workers are rescued.
 
 Role:
-* Resend: ``queued`` runs that are not blocked and whose handoff never happened (created more than
-  ``fresh`` ago, so a tick that is about to send them is left alone) or happened longer than
-  ``stale`` ago are sent to SQS again and stamped; so is a run held by its webhook flow
-  (``kairos.flow``: a window, a deferral over the rate) whose hold ended more than ``fresh`` ago with no
-  message sent since — its timer was lost, and this closes the window. A run SQS already accepted
-  ``undeliverable_after`` (5) times since its last claim, none of which a worker claimed, is not sent again: it ends
+* Release: owners with runs waiting for a slot have their free slots released to the oldest of
+  them (``kairos.budgets``), which are sent: a release that a crash or a race left undone.
+* Resend: ``queued`` runs that hold a slot, are not blocked and whose handoff never happened
+  (released more than ``fresh`` ago, so a tick or worker that is about to send them is left alone)
+  or happened longer than ``stale`` ago are sent to SQS again and stamped; so is a run held by its
+  webhook flow (``kairos.flow``: a window, a deferral over the rate) whose hold ended more than
+  ``fresh`` ago with no message sent since — its timer was lost, and this closes the window. A run
+  waiting for a slot is never sent. A run SQS already accepted ``undeliverable_after`` (5) times
+  since its last claim, none of which a worker claimed, is not sent again: it ends
   ``failed`` (``undeliverable``) with ``run.failed``, and the settle step counts it toward the
   schedule's three-failure pause like any failure (rather than being resent every 15 minutes forever).
 * Rescue: ``running`` runs whose lease expired. Effects their worker left ``reserved`` are closed
@@ -40,7 +43,7 @@ from uuid import UUID
 import psycopg
 from aws_lambda_powertools.metrics import MetricUnit
 
-from kairos import approvals, db, handoff
+from kairos import approvals, budgets, db, handoff
 from kairos.observability import logger, metrics
 from kairos.runs import rescue
 from kairos.states import RunState, Source
@@ -57,6 +60,7 @@ DEFAULT_LIMIT = 500
 class RepairReport:
     resent: int = counted()
     resend_full: bool = False
+    slots_released: int = counted()  # waiting runs released into free slots nobody had released them into
     rescued: int = counted()  # lease-expired runs handled (any outcome)
     requeued: int = counted()
     abandoned: int = counted()
@@ -89,22 +93,40 @@ class Repair:
 
     def run_once(self, now: datetime | None = None) -> RepairReport:
         rescued = self.rescue_once(now)
+        released = self.release_once(now)
         resent = self.resend_once(now)
         with self.db.transaction() as conn:
             expired = approvals.expire_due(conn, limit=self.limit, now=now)
         return RepairReport(
             resent=resent.resent,
             resend_full=resent.resend_full,
+            slots_released=released.slots_released,
             rescued=rescued.rescued,
             requeued=rescued.requeued,
             abandoned=rescued.abandoned,
             failed=rescued.failed,
             cancelled=rescued.cancelled,
             rescue_full=rescued.rescue_full,
-            handoff_failures=rescued.handoff_failures + resent.handoff_failures,
+            handoff_failures=rescued.handoff_failures + released.handoff_failures + resent.handoff_failures,
             undeliverable=resent.undeliverable,
             approvals_expired=expired,
         )
+
+    def release_once(self, now: datetime | None = None) -> RepairReport:
+        """Releases waiting runs into free slots that nobody released them into (a crash between an
+        end and its release's send is repaired by ``resend_once``; this covers a release that never
+        happened: a run requeued or unblocked outside a worker, a lost race), then sends them."""
+        with self.db.transaction() as conn:
+            owners = [str(r["owner"]) for r in db.fetch_all(conn, "runs_waiting_owners", {"limit": self.limit})]
+            released = budgets.release(conn, owners, now=now)
+        if not released:
+            return RepairReport()
+        result = handoff.send_batch(self.sqs, self.queue_url, released)
+        with self.db.transaction() as conn:
+            handoff.stamp(conn, result.sent, now=now)
+        logger.info("waiting runs released", extra={"action": "runs_slot_released", "released": len(released),
+                                                    "failed": len(result.failed)})
+        return RepairReport(slots_released=len(released), handoff_failures=len(result.failed))
 
     def resend_once(self, now: datetime | None = None) -> RepairReport:
         with self.db.transaction() as conn:
@@ -116,7 +138,9 @@ class Repair:
             )
             if not rows:
                 return RepairReport()
-            given_up = [r for r in rows if int(r["unclaimed_handoffs"]) >= self.undeliverable_after]
+            # Owner order: each end releases under its owner's slot lock (kairos.budgets).
+            given_up = sorted((r for r in rows if int(r["unclaimed_handoffs"]) >= self.undeliverable_after),
+                              key=lambda r: str(r["owner"]))
             undeliverable = self._fail_undeliverable(conn, given_up, now) if given_up else 0
             to_send = [r["id"] for r in rows if int(r["unclaimed_handoffs"]) < self.undeliverable_after]
             result = handoff.send_batch(self.sqs, self.queue_url, to_send)
@@ -153,14 +177,21 @@ class Repair:
             unreplayable = {r["run_id"] for r in db.fetch_all(conn, "effects_unreplayable_runs", {"run_ids": run_ids})}
             counts = {state: 0 for state in RunState}
             requeued: list[UUID] = []
-            for row in rows:
+            ended: list[UUID] = []
+            # Owner order: an end releases the next waiting run under its owner's slot lock, held to
+            # commit (kairos.budgets); every statement that takes several takes them in this order.
+            for row in sorted(rows, key=lambda r: str(r["owner"])):
                 outcome = self._outcome(row, unreplayable)
                 if self._apply(conn, row, outcome, now):
                     counts[outcome.state] += 1
                     if outcome.state is RunState.QUEUED:
                         requeued.append(row["id"])
+                    else:
+                        ended.append(row["id"])
+            # A requeued run keeps its slot; an ended one released the owner's next waiting runs.
             # Sent while the rows are still locked: a worker's claim waits for this commit.
-            result = handoff.send_batch(self.sqs, self.queue_url, requeued)
+            to_send = [*requeued, *budgets.unsent(conn, ended)]
+            result = handoff.send_batch(self.sqs, self.queue_url, to_send)
             handoff.stamp(conn, result.sent, now=now)
         return RepairReport(
             rescued=sum(counts.values()),
