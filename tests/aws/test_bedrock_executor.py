@@ -5,8 +5,11 @@ timeout, connection refused)."""
 
 from __future__ import annotations
 
+import binascii
+import dataclasses
 import hashlib
 import json
+import struct
 from collections.abc import Iterator
 from typing import Any
 
@@ -216,3 +219,93 @@ def test_a_tool_loop_turn_sends_tool_config_and_earlier_turns_and_reads_tool_use
         stub.add_response("converse", asks, sent)
         reply = executor.send(prepared, timeout=5)
     assert reply.content == "" and reply.tool_calls == (ToolCall("tu-2", "schedules_create", {"prompt": "p"}),)
+
+
+# --- ConverseStream: a local endpoint speaking AWS's event-stream encoding (moto has no bedrock-runtime
+# Converse, and a Stubber cannot play an event stream), so botocore parses real frames off a socket.
+
+
+def _frame(headers: dict[str, str], payload: dict[str, Any]) -> bytes:
+    data = json.dumps(payload).encode()
+    head = b"".join(bytes([len(k)]) + k.encode() + b"\x07" + struct.pack(">H", len(v)) + v.encode()
+                    for k, v in headers.items())
+    prelude = struct.pack(">II", 16 + len(head) + len(data), len(head))
+    message = prelude + struct.pack(">I", binascii.crc32(prelude)) + head + data
+    return message + struct.pack(">I", binascii.crc32(message))
+
+
+def stream_event(kind: str, payload: dict[str, Any]) -> bytes:
+    return _frame({":event-type": kind, ":message-type": "event", ":content-type": "application/json"}, payload)
+
+
+def stream_exception(kind: str) -> bytes:
+    return _frame({":exception-type": kind, ":message-type": "exception", ":content-type": "application/json"},
+                  {"message": "slow down"})
+
+
+def event_stream(frames: list[bytes]) -> Any:
+    def behaviour(handler: Any, peer: Peer) -> None:
+        handler.send_response(200)
+        handler.send_header("Content-Type", "application/vnd.amazon.eventstream")
+        handler.send_header("Content-Length", str(sum(len(f) for f in frames)))
+        handler.end_headers()
+        for frame in frames:
+            handler.wfile.write(frame)
+            handler.wfile.flush()
+
+    return behaviour
+
+
+def streamed(*texts: str, stop: str = "end_turn", extra: tuple[bytes, ...] = ()) -> list[bytes]:
+    return [stream_event("messageStart", {"role": "assistant"}),
+            *(stream_event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": t}}) for t in texts),
+            stream_event("contentBlockStop", {"contentBlockIndex": 0}), *extra,
+            stream_event("messageStop", {"stopReason": stop}),
+            stream_event("metadata", {"usage": {"inputTokens": 40, "outputTokens": 4, "totalTokens": 44},
+                                      "metrics": {"latencyMs": 120}})]
+
+
+def send_streamed(peer: Peer, texts: list[str], **agent: Any) -> tuple[Any, Reply]:
+    executor = BedrockExecutor(client(endpoint_url=peer.url(""), config=Config(retries={"total_max_attempts": 1})))
+    prepared = dataclasses.replace(executor.prepare(request(**agent)), on_text=texts.append)
+    return prepared, executor.send(prepared, timeout=5)
+
+
+def test_a_followed_call_uses_converse_stream_and_reports_the_text_as_it_grows() -> None:
+    with Peer(event_stream(streamed("Nichts ", "Neues", "."))) as peer:
+        texts: list[str] = []
+        prepared, reply = send_streamed(peer, texts)
+    assert reply == Reply(content="Nichts Neues.",
+                          usage={"prompt_tokens": 40, "completion_tokens": 4, "total_tokens": 44})
+    assert texts == ["Nichts ", "Nichts Neues", "Nichts Neues."]
+    [got] = peer.received
+    assert got.path == f"/model/{MODEL.replace(':', '%3A')}/converse-stream"
+    assert json.loads(got.body) == {k: v for k, v in json.loads(prepared.body).items() if k != "modelId"}
+
+
+def test_a_streamed_tool_use_is_joined_from_its_input_pieces() -> None:
+    tool = (stream_event("contentBlockStart", {"contentBlockIndex": 1, "start": {
+                "toolUse": {"toolUseId": "tu-1", "name": "http_post"}}}),
+            stream_event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": '{"url": "h'}}}),
+            stream_event("contentBlockDelta", {"contentBlockIndex": 1, "delta": {"toolUse": {"input": 'ttps://x.test/"}'}}}))
+    with Peer(event_stream(streamed("Posting.", stop="tool_use", extra=tool))) as peer:
+        _, reply = send_streamed(peer, [], tools=["http"])
+    assert reply.content == "Posting."
+    assert [(c.id, c.name, c.arguments) for c in reply.tool_calls] == [("tu-1", "http_post", {"url": "https://x.test/"})]
+
+
+def test_an_error_event_mid_stream_is_classified_as_the_same_error_answered_whole() -> None:
+    frames = [stream_event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Nic"}}),
+              stream_exception("throttlingException")]
+    with Peer(event_stream(frames)) as peer:
+        with pytest.raises(ExecutorError) as info:
+            send_streamed(peer, [])
+    assert (info.value.reason_code, info.value.retry_safe) == ("rate_limited", True)
+
+
+def test_a_stream_that_ends_before_message_stop_leaves_the_outcome_unknown() -> None:
+    frames = [stream_event("contentBlockDelta", {"contentBlockIndex": 0, "delta": {"text": "Nic"}})]
+    with Peer(event_stream(frames)) as peer:
+        with pytest.raises(ExecutorError) as info:
+            send_streamed(peer, [])
+    assert (info.value.reason_code, info.value.retry_safe, info.value.outcome_unknown) == ("peer_error", False, True)

@@ -340,7 +340,7 @@ def test_a_bedrock_agent_runs_the_same_loop_through_converse(api: Api, db: Datab
 
     created = api.alice.post("/v1/conversations", {"agent": {
         "executor": "bedrock", "model": "anthropic.claude-3-haiku-20240307-v1:0", "tools": ["schedules"],
-        "approval": "never"}})
+        "approval": "never", "stream": False}})  # Converse answered whole (ConverseStream: test_bedrock_executor)
     conversation_id = created.json["conversation"]["id"]
     run_id = uuid.UUID(api.alice.post(f"/v1/conversations/{conversation_id}/messages",
                                       {"content": "every morning at 8, please"}).json["run_id"])

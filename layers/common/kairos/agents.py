@@ -87,7 +87,7 @@ class AgentConfig(BaseModel):
     tools: list[Literal["schedules", "http"]] | None = Field(default=None, max_length=2)
     max_steps: StrictInt | None = Field(default=None, ge=1, le=MAX_STEPS_CAP)
     approval: Literal["never", "mutations", "always"] | None = None
-    # openai: ask for a streamed answer (default); false for a server that refuses the stream fields.
+    # openai, bedrock: stream the answer (default); false for a server that refuses the stream fields.
     stream: StrictBool | None = None
     # A conversation's runs (chat turns, and a schedule's when it sets none): kairos.limits.
     limits: RunLimits | None = None

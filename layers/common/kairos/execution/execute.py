@@ -146,7 +146,8 @@ class Execution:
         model = str(agent.get("model") or agent.get("executor"))
         sent = self.call(executor.send, prepared, step,
                          data={"input": claimed.model_input.record} if model_call else None,
-                         live=_live_step(self, prepared, model, step) if model_call else None)
+                         live=_live_step(self, prepared, model, step) if model_call and agent.get("stream") is not False
+                         else None)
         if isinstance(sent, Outcome):
             return sent
         # A model's answer is the run's one step, recorded with its previews as the answer is published.

@@ -173,7 +173,9 @@ def _model_step(run: Execution, executor: Executor, request: ExecutionRequest, n
     known = frozenset(secrets)
     opened = _begin(run, n, "model", model, None, run_steps.preview(run_steps.model_input(prepared.body), known),
                     run_steps.target(prepared.method, prepared.url, known))
-    sent = run.call(executor.send, prepared, name, begin=opened, live=lambda _: run.live_output(n, name, known))
+    follow = request.agent.get("stream") is not False  # the agent may say not to stream (kairos.agents)
+    sent = run.call(executor.send, prepared, name, begin=opened,
+                    live=(lambda _: run.live_output(n, name, known)) if follow else None)
     if isinstance(sent, Outcome):
         return sent
     effect, reply = sent

@@ -8,7 +8,13 @@ consecutive entries of one role are merged into one message, as Converse wants t
 The user turn is the prompt plus the webhook payload block, as for ``openai``. In a tool loop the
 request carries ``toolConfig`` and the earlier turns as ``toolUse`` / ``toolResult`` blocks, and a reply
 may ask for tools (``toolUse`` blocks, ``stopReason: tool_use``) instead of answering. ``maxTokens`` is
-``min(agent.max_tokens or 1024, 8192)``. The endpoint is the AWS one of the function's region:
+``min(agent.max_tokens or 1024, 8192)``. When the worker follows the answer (``PreparedCall.on_text``,
+as it does for every model step unless the agent says ``"stream": false``) the same arguments go to
+``converse_stream`` (ConverseStream; the role's ``bedrock:InvokeModelWithResponseStream``): its events
+add up to the Converse response (``_streamed``), told to ``on_text`` as the text grows, and an error
+event is classified as the same error answered whole. A stream that ends without ``messageStop`` is
+``peer_error`` with an unknown outcome; an event that cannot be read is ``malformed_reply``. The
+endpoint is the AWS one of the function's region:
 ``base_url`` is refused (the call is signed with the role's credentials and must not go elsewhere) and
 ``api_key_secret`` is not used. Tests pass a client (e.g. one with a botocore ``Stubber``); otherwise a
 client is built once per container and per timeout, with botocore's retries off (one attempt = one
@@ -41,11 +47,13 @@ import threading
 from typing import TYPE_CHECKING, Any
 
 from kairos.executors.base import (
+    CONTENT_CHAR_LIMIT,
     ExecutionRequest,
     ExecutorError,
     ModelTurn,
     PreparedCall,
     Reply,
+    TextProgress,
     ToolCall,
     agent_text,
     bounded_content,
@@ -139,8 +147,10 @@ class BedrockExecutor:
         call = json.loads(prepared.body)
         client = self._client or default_client(timeout)
         try:
+            if prepared.on_text is not None:  # the worker follows the answer: ConverseStream, same request
+                return _reply(_streamed(client.converse_stream(**call)["stream"], prepared.on_text))
             response = client.converse(**call)
-        except ClientError as exc:
+        except ClientError as exc:  # an error event of a stream is one too (botocore's EventStreamError)
             raise _client_error(exc.response) from exc
         except ReadTimeoutError as exc:
             raise ExecutorError("timeout", "Bedrock did not answer in time", outcome_unknown=True) from exc
@@ -174,6 +184,7 @@ class BedrockExecutor:
 def _client_error(response: Any) -> ExecutorError:
     error = response.get("Error", {}) if isinstance(response, dict) else {}
     code = str(error.get("Code", ""))
+    code = code[:1].upper() + code[1:]  # a stream's error event names it in camel case (throttlingException)
     status = int(response.get("ResponseMetadata", {}).get("HTTPStatusCode", 0) or 0)
     if code in _RATE_LIMITED or status == 429:
         return ExecutorError("rate_limited", f"Bedrock is throttling ({code or status})", retry_safe=True)
@@ -214,6 +225,45 @@ def _tool_calls(blocks: Any) -> tuple[ToolCall, ...]:
             raise ExecutorError("malformed_reply", "Bedrock asked for a tool call that cannot be read")
         calls.append(ToolCall(use["toolUseId"][:128], use["name"][:64], dict(use["input"])))
     return checked_tool_calls(tuple(calls))
+
+
+def _streamed(events: Any, on_text: TextProgress) -> dict[str, Any]:
+    """A ConverseStream's events as the Converse response they add up to: text blocks joined (``on_text``
+    told the text so far as it grows, up to the content bound), ``toolUse`` blocks with their input's
+    JSON joined and parsed, the stop reason and the usage of its ``metadata`` event."""
+    blocks: dict[int, dict[str, Any]] = {}
+    text = ""
+    response: dict[str, Any] = {}
+    try:
+        for event in events:
+            if "contentBlockStart" in event:
+                start = event["contentBlockStart"]
+                use = start["start"].get("toolUse") or {}
+                blocks[int(start["contentBlockIndex"])] = {"toolUseId": use.get("toolUseId"), "name": use.get("name"),
+                                                           "input": ""}
+            elif "contentBlockDelta" in event:
+                delta = event["contentBlockDelta"]
+                block = blocks.setdefault(int(delta["contentBlockIndex"]), {"text": ""})
+                piece = delta["delta"]
+                if isinstance(piece.get("text"), str) and "text" in block:
+                    block["text"] += piece["text"]
+                    if len(text) <= CONTENT_CHAR_LIMIT:
+                        text += piece["text"]
+                        on_text(text)
+                elif isinstance(piece.get("toolUse"), dict) and "input" in block:
+                    block["input"] += str(piece["toolUse"].get("input") or "")
+            elif "messageStop" in event:
+                response["stopReason"] = event["messageStop"].get("stopReason")
+            elif "metadata" in event:
+                response["usage"] = event["metadata"].get("usage") or {}
+        content = [{"text": b["text"]} if "text" in b else {"toolUse": {
+            "toolUseId": b["toolUseId"], "name": b["name"], "input": json.loads(b["input"] or "{}")}}
+            for _, b in sorted(blocks.items())]
+    except (KeyError, TypeError, AttributeError, ValueError, RecursionError) as exc:
+        raise ExecutorError("malformed_reply", "Bedrock's streamed reply cannot be read") from exc
+    if "stopReason" not in response:
+        raise ExecutorError("peer_error", "Bedrock's stream ended before the answer finished", outcome_unknown=True)
+    return {**response, "output": {"message": {"role": "assistant", "content": content}}}
 
 
 def _reply(response: Any) -> Reply:
