@@ -9,9 +9,10 @@ Two workloads, each run with jitter 0 and with jitter (``--jitter``), on one Pos
    minute's granularity: 0-60 s), beside the tick's wall time per minute. *Start lag* comes from a
    model of the run handler fed with those handoffs: per owner 4 running slots (the default
    ``KAIROS_OWNER_CONCURRENCY``), each run holding its slot ``--run-seconds``; a run finding its
-   owner's slots full is sent again after 30-60 s (``budgets.DEFER_DELAY_SECONDS``) and a run not
-   started by ``dispatch_at + 600`` ends ``expired`` (the default ``max_delay_seconds``). The model is
-   the run handler's claim rule, not the handler: workload 2 runs the handler itself.
+   owner's slots full waits in the database and is released, oldest first, the moment a run of its
+   owner ends (``kairos.budgets``), and a run not started by ``dispatch_at + 600`` ends ``expired``
+   (the default ``max_delay_seconds``). The model is the run handler's claim rule, not the handler:
+   workload 2 runs the handler itself.
 2. **Herd of 300** (tests/db/test_jitter.py's workload): 300 schedules of one owner at 07:00, driven
    through the real tick and the real run handler (``process``) on simulated time
    (``tests/support/herd.py``), each run holding its slot ``--run-seconds``, the owner's queue cap
@@ -38,7 +39,7 @@ import random
 import sys
 import time
 import uuid
-from collections import Counter, defaultdict
+from collections import Counter, defaultdict, deque
 from datetime import UTC, datetime, timedelta
 from pathlib import Path
 from typing import Any
@@ -48,7 +49,6 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 import psycopg
 from baseline import recreate, server
 from kairos import migrations, runtime
-from kairos.budgets import DEFER_DELAY_SECONDS
 from kairos.db import Database
 from kairos.tick import Tick
 from psycopg.rows import dict_row
@@ -131,7 +131,6 @@ def burst(admin_url: str, *, schedules: int, owners: int, jitter: int, run_secon
 
 def model_starts(runs: list[dict[str, Any]], *, run_seconds: float) -> dict[tuple[str, int], float | None]:
     """The run handler's claim rule per owner (see the module docstring): start lag, None if expired."""
-    rng = random.Random(40)
     by_owner: dict[str, list[dict[str, Any]]] = defaultdict(list)
     for r in runs:
         by_owner[r["owner"]].append(r)
@@ -141,20 +140,26 @@ def model_starts(runs: list[dict[str, Any]], *, run_seconds: float) -> dict[tupl
         for n, r in enumerate(mine):
             heapq.heappush(events, (r["created_at"], 1, n))
         running = 0
+        waiting: deque[int] = deque()  # runs waiting in the database for a slot, oldest first
         while events:
             at, kind, n = heapq.heappop(events)
             if kind == 0:
                 running -= 1
-                continue
+                if not waiting:
+                    continue
+                n = waiting.popleft()  # the end releases the oldest waiting run into its slot
             dispatch = mine[n]["dispatch_at"]
             if at >= dispatch + timedelta(seconds=MAX_DELAY):
                 out[(owner, n)] = None
+                if kind == 0 and waiting:  # the slot is still free: the next waiting run takes it
+                    heapq.heappush(events, (at, 0, -1))
+                    running += 1
             elif running < SLOTS:
                 running += 1
                 out[(owner, n)] = (at - dispatch).total_seconds()
                 heapq.heappush(events, (at + timedelta(seconds=run_seconds), 0, n))
             else:
-                heapq.heappush(events, (at + timedelta(seconds=rng.randint(*DEFER_DELAY_SECONDS)), 1, n))
+                waiting.append(n)
     return out
 
 

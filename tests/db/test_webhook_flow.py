@@ -327,3 +327,43 @@ def test_the_cli_shows_a_hooks_flow_and_the_deliveries_a_run_carries(api: Api, s
     assert run_id in listed and "debounce of 3 deliveries" in listed and "held until" in listed
     assert cli.main(["schedules", "show", schedule_id, "--json"]) == 0
     assert json.loads(capsys.readouterr().out)["flow"]["concurrency"] == {"key": "/pr", "limit": 2}
+
+
+# ---- concurrency --------------------------------------------------------------------------------
+
+
+def test_concurrency_keys_run_one_per_key_value_in_arrival_order_and_show_what_waits(
+        api: Api, sqs: RecordingSqs) -> None:
+    """flow.concurrency {key: /pr/number, limit: 1}: six deliveries for two pull requests. One run per
+    key is sent; the others wait unsent (waiting_for "key"); each end releases the next of its key,
+    never two of one key running (sampled from the database), each key's runs in arrival order. A
+    payload without the key waits only for its owner's slots."""
+    token = flow_hook(api, {"concurrency": {"key": "/pr/number", "limit": 1}})
+    prs = [7, 8, 7, 7, 8, 8]
+    answers = [hook(api, token, {"pr": {"number": n}, "i": i}) for i, n in enumerate(prs)]
+    run_ids = [a.json["run_id"] for a in answers]
+    assert [run_row(api, r)["concurrency_key"] for r in run_ids] == ["7", "8", "7", "7", "8", "8"]
+    assert {body for body, _ in sqs.sent} == {run_body(uuid.UUID(r)) for r in run_ids[:2]}
+    waiting = api.alice.get(f"/v1/runs/{run_ids[2]}").json["run"]
+    assert waiting["state"] == "queued" and waiting["waiting_for"] == "key"
+    keyless = hook(api, token, {"no": "pr"}).json["run_id"]
+    assert run_row(api, keyless)["concurrency_key"] is None
+    assert sqs.delays(keyless) == [0]  # a free owner slot: sent at once
+
+    started: list[str] = []
+    while True:
+        sent = [json.loads(body)["run_id"] for body, _ in sqs.sent]
+        pending = [r for r in dict.fromkeys(sent) if r not in started and r != keyless]
+        if not pending:
+            break
+        started.append(pending[0])
+        deliver_to_worker(pending[0])
+        most = rows(api.url, "SELECT coalesce(max(n), 0) AS n FROM (SELECT count(*) AS n FROM runs "
+                             "WHERE state = 'running' GROUP BY concurrency_key) AS k", {})[0]["n"]
+        assert most <= 1
+    assert sorted(started) == sorted(run_ids)
+    for n in (7, 8):
+        mine = [r for r, pr in zip(run_ids, prs, strict=True) if pr == n]
+        assert [r for r in started if r in mine] == mine
+    assert {run_row(api, r)["state"] for r in run_ids} == {"succeeded"}
+    assert all(len(sqs.delays(r)) == 1 for r in run_ids)  # each sent once

@@ -149,6 +149,8 @@ def drive(db: Database, url: str, sqs: Any, queue_url: str, *, start: datetime, 
             raise AssertionError(f"the herd was not done after {limit}")
         if kind == _FINISH:
             payload.finish()
+            # What RunFunction does after an end: send the runs its statement released (kairos.handoff).
+            handoff.send_released(db, sqs, queue_url, [payload.run_id], now=now)
             drain(now)
         elif kind == _TICK:
             tick.run(now=now)
@@ -165,14 +167,14 @@ def drive(db: Database, url: str, sqs: Any, queue_url: str, *, start: datetime, 
                 herd.starts.append((now, payload))
                 push(now + timedelta(seconds=run_seconds), _FINISH, running)
             elif running.outcome is not None and running.outcome.result == "slot_wait":
+                # A message for a run that holds no slot (none is sent since runs wait in the database):
+                # acknowledged, nothing re-sent; the run waits for its release.
                 herd.deferrals += 1
                 with db.transaction() as conn:
-                    handoff.stamp(conn, [payload], now=now)
                     held = conn.execute(
                         "SELECT count(*) AS n FROM runs WHERE state = 'running'"
                         "   AND owner = (SELECT owner FROM runs WHERE id = %s)", (payload,)).fetchone()
                 herd.deferred.append((now, payload, 0 if held is None else int(held["n"])))
-                push(now + timedelta(seconds=running.outcome.retry_delay_seconds or 0), _DELIVER, payload)
     herd.runs, herd.decisions = _read(url)
     return herd
 
