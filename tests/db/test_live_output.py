@@ -28,7 +28,7 @@ from psycopg.rows import dict_row
 
 from tests.support.api import Api
 from tests.support.aws import LambdaContext, run_body, sqs_event
-from tests.support.executors import ScriptedExecutor
+from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, ScriptedExecutor, openai_agent, tool_call
 from tests.support.peer import Peer, respond
 from tests.support.streaming import USAGE, chunks, sse
 
@@ -219,3 +219,32 @@ def test_a_worker_that_lost_its_fence_grows_no_preview(api: Api, db: Database) -
     [step] = rows(api.url, "SELECT state, output, record FROM run_steps WHERE run_id = %s", run_id)
     assert (step["state"], step["output"], step["record"]) == ("running", {"content": "Hel", "tool_calls": []}, None)
     assert rows(api.url, "SELECT 1 FROM run_events WHERE run_id = %s AND type = 'step.progress'", run_id) == []
+
+
+def test_a_tool_loop_that_streams_records_the_same_steps_as_one_answered_whole(
+        api: Api, db: Database, fake_openai: FakeOpenAI) -> None:
+    # Given a model server that streams each turn: a tool call, then (with its result) the answer
+    fake_openai.streams = True
+    with Peer(respond(200, '{"ok": true}')) as target:
+        fake_openai.script = [tool_call("post-1", "http_post", {"url": target.url("/hook"), "body": {"order": 42}}),
+                              {"content": "Posted order 42."}]
+        created = api.alice.post("/v1/conversations", {"agent": {**openai_agent(fake_openai), "tools": ["http"],
+                                                                 "approval": "never"}})
+        turn = api.alice.post(f"/v1/conversations/{created.json['conversation']['id']}/messages",
+                              {"content": "post the order"})
+        api.messages()
+        run_id = uuid.UUID(turn.json["run_id"])
+
+        outcome = process(db, run_id, settings=OPENAI_SETTINGS)
+
+    # Then the call assembled from the stream was made, and the steps read as for whole answers
+    assert outcome.result == "succeeded"
+    assert json.loads(target.received[0].body) == {"order": 42}
+    steps = api.alice.get(f"/v1/runs/{run_id}/steps").json["steps"]
+    assert [(s["step"], s["kind"], s["state"]) for s in steps] == [
+        (1, "model", "succeeded"), (2, "tool", "succeeded"), (3, "model", "succeeded")]
+    assert steps[0]["output"]["tool_calls"] == [
+        {"id": "post-1", "name": "http_post", "arguments": {"url": target.url("/hook"), "body": {"order": 42}}}]
+    assert steps[2]["output"] == {"content": "Posted order 42.", "tool_calls": []}
+    assert [(s["usage"]["input_tokens"], s["usage"]["output_tokens"]) for s in (steps[0], steps[2])] == [(21, 7)] * 2
+    assert all(b["stream"] is True for b in fake_openai.bodies())

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import re
 import threading
 from collections.abc import Callable, Iterator
 from dataclasses import dataclass, field
@@ -12,6 +13,8 @@ from typing import Any
 import pytest
 from kairos.executors.base import ExecutionRequest, PreparedCall, Reply, canonical_json, digest
 from kairos.settings import Settings
+
+from tests.support.streaming import chunks, event
 
 
 class ScriptedExecutor:
@@ -70,6 +73,8 @@ class FakeOpenAI:
     usage: dict[str, int] = field(default_factory=lambda: {"prompt_tokens": 21, "completion_tokens": 7,
                                                            "total_tokens": 28})
     lock: threading.Lock = field(default_factory=threading.Lock)
+    # Answer a request that asks for a stream as server-sent events (tests.support.streaming), as OpenAI does.
+    streams: bool = False
 
     def bodies(self) -> list[dict[str, Any]]:
         """Every request's JSON body, in order."""
@@ -106,11 +111,28 @@ def fake_openai(monkeypatch: pytest.MonkeyPatch) -> Iterator[FakeOpenAI]:
                 }).encode()
             else:
                 body = json.dumps({"error": {"type": "server_error", "message": "try later"}}).encode()
+            if status == 200 and state.streams and json.loads(raw).get("stream") is True and (
+                    scripted is None or "raw" not in scripted):
+                self._stream(message)
+                return
             self.send_response(status)
             self.send_header("Content-Type", "application/json")
             self.send_header("Content-Length", str(len(body)))
             self.end_headers()
             self.wfile.write(body)
+
+        def _stream(self, message: dict[str, Any]) -> None:
+            calls = [{"index": i, "id": c["id"], "type": "function", "function": c["function"]}
+                     for i, c in enumerate(message.get("tool_calls") or ())]
+            pieces = re.findall(r"\S+\s*|\s+", message.get("content") or "")  # a word a chunk
+            frames = [event(c) for c in chunks(pieces, usage=state.usage, tool_calls=calls,
+                                               finish_reason="tool_calls" if calls else "stop")]
+            payload = b"".join(frames) + b"data: [DONE]\n\n"
+            self.send_response(200)
+            self.send_header("Content-Type", "text/event-stream")
+            self.send_header("Content-Length", str(len(payload)))
+            self.end_headers()
+            self.wfile.write(payload)
 
         def log_message(self, format: str, *args: Any) -> None:
             pass
