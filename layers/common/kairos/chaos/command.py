@@ -11,13 +11,12 @@ import sys
 from typing import Any
 
 from kairos.chaos.plan import FAULT_KINDS
+from kairos.extras import LOCAL_MODULES, installed
 
 
 def _run(args: argparse.Namespace) -> int:
-    from kairos.cli import LOCAL_MODULES, _installed
-
     for module in LOCAL_MODULES:
-        if not _installed(module):
+        if not installed(module):
             print(f"kairos chaos: the rehearsal needs the 'local' extra ({module} is not installed): "
                   "pip install -e '.[local]' in the checkout", file=sys.stderr)
             return 2

@@ -208,7 +208,8 @@ class Rehearsal:
                 made = schedules.create(conn, owner=OWNER, now=START, raw={
                     "conversation_id": str(conv[agent]), "name": name, "kind": "webhook",
                     "prompt": "A webhook arrived; say what it contains."})
-                assert made.token is not None
+                if made.token is None:
+                    raise RuntimeError("a webhook schedule was made without its token")
                 self.hooks.append((made.schedule.id, made.token))
             for asks in (True, False):
                 chat_agent = demo_server.agent(self.model.base_url) | {

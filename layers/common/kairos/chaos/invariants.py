@@ -29,7 +29,9 @@ from urllib.parse import urlsplit
 import psycopg
 from psycopg.rows import dict_row
 
-TERMINAL = ("succeeded", "failed", "cancelled", "expired", "abandoned", "policy_blocked")
+from kairos.states import TERMINAL_RUN_STATES
+
+TERMINAL = tuple(sorted(state.value for state in TERMINAL_RUN_STATES))
 
 
 @dataclass(frozen=True)
