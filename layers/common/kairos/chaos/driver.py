@@ -42,7 +42,7 @@ import psycopg
 from kairos import approvals, chat, conversations, db, handoff, migrations, runtime, schedules, webhooks
 from kairos.chaos.plan import START, STEP_SECONDS, Action, Fault, Plan
 from kairos.execution.execute import process
-from kairos.execution.sqs import parse_run_id
+from kairos.execution.sqs import GAVE_UP_SLOT, parse_run_id
 from kairos.local import demo_server
 from kairos.local.apigw import LocalContext
 from kairos.local.postgres import LocalPostgres
@@ -412,7 +412,12 @@ class Rehearsal:
         self.counters.events[f"worker outcome {outcome.result}"] += 1
         if outcome.result == "deferred":
             return  # redelivered after the visibility timeout
-        if outcome.result in ("retry", "slot_wait", "continued"):
+        if outcome.result in GAVE_UP_SLOT:  # as RunFunction: send what the end released into its slot
+            try:
+                handoff.send_released(self.db, self.sqs, self.queue, [run_id], now=self.sim)
+            except Exception:  # noqa: BLE001 - released and unsent: the tick's repair sends them
+                self.counters.events["released runs left to the repair"] += 1
+        if outcome.result in ("retry", "continued", "held"):
             delay = min(RETRY_DELAY_MAX, outcome.retry_delay_seconds or 0)
             try:
                 self.sqs.send_message(QueueUrl=self.queue, MessageBody=handoff.body(run_id), DelaySeconds=delay)
