@@ -147,7 +147,7 @@ async function renderOne(main, id, shown) {
       s.flow ? [h("dt", {}, "Flow"), h("dd", { id: "flow" }, flowText(s.flow))] : null,
       s.kind === "cron" || s.kind === "interval" ? [h("dt", {}, "Jitter"), h("dd", { id: "jitter" }, s.jitter_seconds
         ? `up to ${s.jitter_seconds} s after each fire (next dispatch ${s.next_dispatch_at || "—"})` : "none")] : null,
-      h("dt", {}, "Revision"), h("dd", {}, String(s.revision)),
+      h("dt", {}, "Revision"), h("dd", { id: "revision" }, String(s.revision)),
       h("dt", {}, "Limits"), h("dd", { id: "schedule-limits" }, s.limits && Object.keys(s.limits).length
         ? Object.entries(s.limits).map(([k, v]) => `${k} ${v}`).join(" · ") : "defaults"),
       h("dt", {}, "Prompt"), h("dd", { class: "pre" }, s.prompt || ""),
