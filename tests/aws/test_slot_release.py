@@ -182,8 +182,12 @@ def test_five_thousand_queued_runs_of_one_owner_each_sent_once_and_run_once_besi
         {"state": "succeeded", "n": len(a_runs)}]
     claims = _rows(db_url, "SELECT count(*) AS n FROM run_events WHERE type = 'run.claimed'")[0]["n"]
     assert claims == len(a_runs) + 1  # each run claimed once
-    # Released oldest first: A's runs were sent in the order they were queued.
-    assert [r for r in four_slots.order if r in set(a_runs)] == a_runs
+    # Released oldest first: A's runs were sent in the order they were queued, up to the runs of one batch
+    # that end at once (they execute together; whichever releases second may send first).
+    sent = [r for r in four_slots.order if r in set(a_runs)]
+    assert sorted(sent) == sorted(a_runs)
+    position = {r: i for i, r in enumerate(sent)}
+    assert max(abs(position[r] - i) for i, r in enumerate(a_runs)) < 10
 
 
 class Killed(BaseException):
