@@ -38,12 +38,13 @@ from typing import Any
 
 import psycopg
 from aws_lambda_powertools.event_handler import APIGatewayHttpResolver
-from kairos import migrations, runtime
-from kairos.local import apigw, stack
-from kairos.observability import logger
 from psycopg import sql
 from psycopg.conninfo import make_conninfo
 from psycopg.rows import dict_row
+
+from kairos import migrations, runtime
+from kairos.local import apigw, stack
+from kairos.observability import logger
 
 # ---- round-trip counting ---------------------------------------------------------------------
 

@@ -34,6 +34,7 @@ from zoneinfo import ZoneInfo
 
 from croniter import croniter
 from cronsim import CronSim
+
 from kairos import calendar
 from kairos.calendar import Rule, iter_fires, min_spacing, next_fire
 from kairos.states import ScheduleKind

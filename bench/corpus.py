@@ -158,6 +158,7 @@ def main() -> None:
         os.environ.update({"AWS_ENDPOINT_URL": endpoint, "AWS_ACCESS_KEY_ID": "bench", "AWS_SECRET_ACCESS_KEY": "bench",
                            "AWS_DEFAULT_REGION": "us-east-1", "KAIROS_CORPUS_BUCKETS": SOURCE})
         import boto3
+
         from kairos import migrations
         from kairos.db import Database
         from kairos.settings import Settings

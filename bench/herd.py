@@ -48,10 +48,11 @@ sys.path.insert(0, str(Path(__file__).resolve().parent.parent))  # tests.support
 
 import psycopg
 from baseline import recreate, server
+from psycopg.rows import dict_row
+
 from kairos import migrations, runtime
 from kairos.db import Database
 from kairos.tick import Tick
-from psycopg.rows import dict_row
 
 T = datetime(2030, 3, 4, 7, 0, tzinfo=UTC)
 AGENT = {"executor": "echo", "model": "echo", "system": "bench"}
@@ -165,7 +166,6 @@ def model_starts(runs: list[dict[str, Any]], *, run_seconds: float) -> dict[tupl
 
 def herd300(admin_url: str, *, jitter: int, run_seconds: float, queue_max: int) -> dict[str, Any]:
     from moto import mock_aws
-
     from tests.support import herd
 
     url = recreate(admin_url, f"kairos_bench_herd300_{jitter}_{queue_max}")

@@ -36,9 +36,10 @@ import time
 from typing import Any
 
 from baseline import Meter, Work, recreate, server, server_cpu
-from kairos import migrations
 from psycopg.conninfo import conninfo_to_dict
 from run import handler_rate, procrastinate_rates
+
+from kairos import migrations
 
 WORKERS = 8
 Result = tuple[float, float, float | None, Work]  # units/s, client ms, server ms, what a unit wrote

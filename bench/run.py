@@ -73,13 +73,14 @@ from typing import Any, NamedTuple
 
 import psycopg
 from baseline import Meter, Work, held_snapshot, pgbench_tps, recreate, server, server_cpu
+from statement_cost import Machinery, describe, measure
+
 from kairos import migrations, trace
 from kairos.db import Database
 from kairos.execution.heartbeat import Heartbeat
 from kairos.runs import moves
 from kairos.settings import Settings
 from kairos.states import EventType
-from statement_cost import Machinery, describe, measure
 
 WORKERS = 8
 

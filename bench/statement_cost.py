@@ -32,8 +32,9 @@ from dataclasses import dataclass
 
 import psycopg
 from baseline import recreate, server, server_cpu
-from kairos import db
 from psycopg.rows import dict_row
+
+from kairos import db
 
 _READ = db.compile_query("SELECT %(a)s::uuid AS a, %(b)s::int AS b")
 _WRITE = db.compile_query("UPDATE statement_cost SET n = n + 1 WHERE id = %(b)s RETURNING n")

@@ -71,12 +71,13 @@ os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the tick logs every 
 
 import psycopg
 from baseline import held_snapshot, pgbench_tps, recreate, server, server_cpu
+from sqs_standin import StandinProcess
+
 from kairos import calendar, handoff, migrations
 from kairos.db import Database
 from kairos.states import ScheduleKind
 from kairos.tick import FIRE_WORKERS, Tick
 from kairos.tick.fire import DEFAULT_BATCH
-from sqs_standin import StandinProcess
 
 BATCH = DEFAULT_BATCH
 AGENT = {"executor": "echo", "model": "echo", "system": "bench"}

@@ -24,6 +24,7 @@ from datetime import UTC, datetime
 
 import psycopg
 from baseline import recreate, server
+
 from kairos import db, migrations
 
 AGENT = {"executor": "echo", "model": "echo", "system": "bench"}

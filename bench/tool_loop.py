@@ -33,6 +33,7 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 from baseline import recreate, server
+
 from kairos import chat, conversations, migrations
 from kairos.db import Database
 from kairos.execution.execute import process

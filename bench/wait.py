@@ -33,8 +33,9 @@ from typing import Any
 
 import psycopg
 from baseline import recreate, server
-from kairos import migrations
 from run import _Context, _quiet
+
+from kairos import migrations
 
 BATCH = 10
 

@@ -19,10 +19,10 @@ from collections.abc import Iterator
 
 import psycopg
 import pytest
-from kairos import migrations
-from kairos.db import Database
 from psycopg import sql
 
+from kairos import migrations
+from kairos.db import Database
 from tests.support.aws import lambda_context, sqs_queue  # noqa: F401 - fixtures for every test
 from tests.support.postgres import PgServer
 

@@ -17,11 +17,11 @@ import boto3
 import pytest
 from botocore.config import Config
 from botocore.stub import Stubber
+
 from kairos.executors import registry as executors
 from kairos.executors.base import ExecutionRequest, ExecutorError, Message, Reply, canonical_json
 from kairos.executors.bedrock import BedrockExecutor
 from kairos.settings import Settings
-
 from tests.support.peer import Peer, closed_port, hang
 
 MODEL = "anthropic.claude-3-haiku-20240307-v1:0"

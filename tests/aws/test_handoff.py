@@ -10,9 +10,9 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from kairos import handoff
 from kairos.db import Database
-
 from tests import factories
 from tests.support.aws import SqsQueue
 

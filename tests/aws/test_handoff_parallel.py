@@ -12,8 +12,8 @@ import uuid
 from collections.abc import Iterator
 
 import pytest
-from kairos import handoff
 
+from kairos import handoff
 from tests.support.standin import SqsStandin
 
 

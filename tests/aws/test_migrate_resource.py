@@ -17,11 +17,11 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from moto import mock_aws
+
 from kairos import db, migrations, runtime, settings
 from kairos.local.stack import load_function
 from kairos.migrations import Migration, custom_resource
-from moto import mock_aws
-
 from tests.support.aws import LambdaContext
 
 ROOT = Path(__file__).resolve().parents[2]

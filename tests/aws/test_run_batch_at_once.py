@@ -19,13 +19,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import db as kairos_db
 from kairos import runtime
 from kairos.db import Database
 from kairos.local.stack import load_function
 from kairos.tick.repair import Repair
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.aws import LambdaContext, run_body, sqs_event
 

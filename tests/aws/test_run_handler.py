@@ -13,14 +13,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import db as kairos_db
 from kairos import runtime
 from kairos.db import Database, Row
 from kairos.execution import sqs
 from kairos.local.stack import load_function
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.aws import LambdaContext, SqsQueue, run_body, sqs_event
 

@@ -22,8 +22,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import pytest
-from kairos.local.stack import load_function
 
+from kairos.local.stack import load_function
 from tests import factories
 from tests.support.api import Api, rows
 from tests.support.aws import LambdaContext, run_body, scheduled_event, sqs_event

@@ -13,11 +13,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import db as kairos_db
 from kairos import handoff, runtime
 from kairos.local.stack import load_function
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.aws import LambdaContext, SqsQueue, run_body, scheduled_event, sqs_event
 

@@ -11,10 +11,10 @@ from types import ModuleType
 import boto3
 import psycopg
 import pytest
+
 from kairos import runtime
 from kairos.local.stack import load_function
 from kairos.observability import METRIC_NAMES, metrics
-
 from tests import factories
 from tests.support.aws import LambdaContext, SqsQueue, scheduled_event
 

@@ -29,10 +29,10 @@ from typing import Any
 from urllib.parse import parse_qs, urlsplit
 
 import pytest
-from kairos import runtime
-from kairos.local import apigw
 from playwright.sync_api import expect
 
+from kairos import runtime
+from kairos.local import apigw
 from tests.support.api import HANDLER, Api
 from tests.support.browser import TOKEN, Model, Provider, Stack, keep, sign_in
 

@@ -17,11 +17,11 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+
 from kairos import runtime, schedules, trace
 from kairos.api import app as api_app
 from kairos.api.resolver import RouteSpec
 from kairos.states import EventType
-
 from tests import factories
 from tests.support.api import Answer, Api, ApiClient, rows
 
@@ -174,7 +174,6 @@ def test_jwt_mode_takes_the_principal_from_the_authorizer_claims(api: Api, monke
     monkeypatch.setenv("KAIROS_AUTH", "jwt")
     runtime.reset()
     from kairos.local import apigw
-
     from tests.support.api import HANDLER
     from tests.support.aws import LambdaContext
 

@@ -10,8 +10,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kairos import runtime, webhooks
 
+from kairos import runtime, webhooks
 from tests import factories
 from tests.support.api import HANDLER, Api, rows
 from tests.support.aws import LambdaContext

@@ -17,13 +17,13 @@ from typing import Any
 from urllib.parse import quote
 
 import pytest
+
 from kairos import occurrences, pages
 from kairos.calendar import Fire
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.settings import Settings
 from kairos.states import Decision, Source
-
 from tests import factories
 from tests.support.api import Api, ApiClient, rows
 from tests.support.executors import ScriptedExecutor

@@ -17,9 +17,9 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from kairos.local import apigw
 from kairos.observability import logger
-
 from tests.support.api import HANDLER, Api
 
 

@@ -13,11 +13,11 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+
 from kairos import agents, calendar, schedules, webhooks
 from kairos.api import app as api_app
 from kairos.api.resolver import RouteSpec
 from kairos.errors import ValidationFailed
-
 from tests.support.api import Answer, Api, rows
 
 JSON_ROUTES = [spec for spec in api_app.ROUTES if spec.has_body or spec.path == "/v1/hooks/{token}"]

@@ -11,12 +11,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import schedules
 from kairos.db import Database
 from kairos.errors import Conflict, NotFound, ValidationFailed
 from kairos.schedules import backfill, edit
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.api import Api
 

@@ -10,6 +10,8 @@ from decimal import Decimal
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
 from kairos import budgets
 from kairos.db import Database
 from kairos.execution.claim import Outcome
@@ -17,8 +19,6 @@ from kairos.execution.execute import process
 from kairos.executors.base import ExecutorError, Reply
 from kairos.probes import Probes
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.aws import SqsQueue
 from tests.support.executors import ScriptedExecutor, raising

@@ -11,6 +11,7 @@ from datetime import UTC, date, datetime, timedelta
 
 import psycopg
 import pytest
+
 from kairos import runtime
 from kairos.db import Database
 from kairos.execution.execute import process
@@ -18,7 +19,6 @@ from kairos.executors.base import Reply
 from kairos.schedules import manual
 from kairos.settings import Settings
 from kairos.tick import Tick
-
 from tests import factories
 from tests.support.api import Api, ApiClient, hook, rows
 from tests.support.aws import SqsQueue

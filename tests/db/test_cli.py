@@ -8,8 +8,8 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from kairos import cli
 
+from kairos import cli
 from tests import factories
 from tests.support.api import Api
 

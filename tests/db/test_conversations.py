@@ -10,11 +10,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import conversations
 from kairos.db import Database
 from kairos.errors import NotFound, ValidationFailed
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.db import wait_until_blocked
 

@@ -15,14 +15,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.probes import Probes
 from kairos.runs import corpus_control
 from kairos.settings import Settings
 from kairos.tick.repair import Repair
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.aws import LambdaContext, SqsQueue, run_body, sqs_event
 from tests.support.corpus import EXPORTS, SETTINGS, SOURCE, Model, rows

@@ -8,10 +8,10 @@ import uuid
 from typing import Any
 
 import pytest
+
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.settings import Settings
-
 from tests import factories
 from tests.support.api import Api
 from tests.support.corpus import EXPORTS, SOURCE, Model, rows

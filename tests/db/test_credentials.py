@@ -20,8 +20,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kairos.local.stack import load_function
 
+from kairos.local.stack import load_function
 from tests.support.api import Api, rows
 from tests.support.aws import LambdaContext, run_body, sqs_event
 from tests.support.executors import FakeOpenAI

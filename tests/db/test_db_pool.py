@@ -8,9 +8,10 @@ import time
 from contextlib import ExitStack
 
 import psycopg
+from psycopg_pool import PoolTimeout
+
 from kairos import db
 from kairos.db import Database
-from psycopg_pool import PoolTimeout
 
 
 def test_a_connection_killed_while_idle_is_replaced(db_url: str, monkeypatch) -> None:

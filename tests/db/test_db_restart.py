@@ -30,13 +30,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+
 from kairos import db, migrations, runtime
 from kairos.execution.execute import process
 from kairos.executors.base import PreparedCall, Reply
 from kairos.local.postgres import LocalPostgres
 from kairos.local.stack import load_function
-from psycopg import sql
-
 from tests.support.api import Api, count, hook, rows
 from tests.support.aws import LambdaContext, run_body, scheduled_event, sqs_event
 from tests.support.executors import ScriptedExecutor

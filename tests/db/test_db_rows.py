@@ -10,6 +10,7 @@ import uuid
 from datetime import UTC, datetime
 
 import pytest
+
 from kairos.db import Database, MissingRow, expect_row, fetch_row, send
 
 

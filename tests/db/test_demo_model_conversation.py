@@ -6,6 +6,7 @@ from __future__ import annotations
 from pathlib import Path
 
 import pytest
+
 from kairos import conversations
 from kairos.db import Database
 from kairos.local import demo_server

@@ -13,10 +13,10 @@ from pathlib import Path
 
 import psycopg
 import pytest
-from kairos import webhooks
-from kairos.local import stack
 from psycopg.rows import dict_row
 
+from kairos import webhooks
+from kairos.local import stack
 from tests import factories
 from tests.support.api import Api
 

@@ -6,11 +6,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import effects
 from kairos.db import Database
 from kairos.runs import moves
-from psycopg.rows import dict_row
-
 from tests import factories
 
 

@@ -16,11 +16,11 @@ from functools import partial
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.tick import Tick
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.api import Answer, Api
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent, tool_call

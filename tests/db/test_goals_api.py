@@ -10,8 +10,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
-from kairos.db import Database
 
+from kairos.db import Database
 from tests import factories
 from tests.support.api import Api, count, rows
 from tests.support.executors import FakeOpenAI, openai_agent

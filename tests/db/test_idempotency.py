@@ -19,11 +19,11 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from kairos import identity, migrations, webhooks
 from kairos.db import Database
 from kairos.schedules import hash_token
 from kairos.states import Source
-
 from tests import factories
 from tests.support.api import Answer, Api, ApiClient, count, hook, rows
 

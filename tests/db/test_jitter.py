@@ -19,6 +19,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import identity, runtime, schedules
 from kairos.db import Database
 from kairos.errors import ValidationFailed
@@ -26,8 +28,6 @@ from kairos.execution.execute import process
 from kairos.schedules import edit
 from kairos.settings import Settings
 from kairos.tick import Tick
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support import herd
 from tests.support.aws import SqsQueue

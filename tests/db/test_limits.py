@@ -13,13 +13,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import cli, runs, runtime
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.executors.base import ExecutorError, PreparedCall, Reply
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests.support.api import Api, hook
 from tests.support.executors import (
     OPENAI_SETTINGS,

@@ -17,6 +17,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import runtime
 from kairos.db import Database
 from kairos.execution import live
@@ -24,8 +26,6 @@ from kairos.execution.execute import process
 from kairos.executors.base import PreparedCall, Reply
 from kairos.local.stack import load_function
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests.support.api import Api
 from tests.support.aws import LambdaContext, run_body, sqs_event
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, ScriptedExecutor, openai_agent, tool_call

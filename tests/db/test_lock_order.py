@@ -18,14 +18,14 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import approvals, schedules
 from kairos import db as kdb
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.schedules import loops
 from kairos.tick import Tick
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.api import Api
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent, tool_call

@@ -17,12 +17,12 @@ from typing import Any
 import psycopg
 import pytest
 from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
+
 from kairos.db import Database
 from kairos.execution import sqs
 from kairos.executors.base import PreparedCall, Reply
 from kairos.observability import logger
 from kairos.settings import Settings
-
 from tests import factories
 from tests.support.aws import run_body, sqs_event
 from tests.support.executors import ScriptedExecutor

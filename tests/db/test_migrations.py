@@ -6,6 +6,7 @@ import threading
 
 import psycopg
 import pytest
+
 from kairos import migrations
 from kairos.migrations import Migration, MigrationError
 
@@ -90,7 +91,6 @@ DIRTY_TARGETS = [
 
 def test_0006_scrubs_query_fragment_and_userinfo_from_recorded_effect_targets(db_url: str) -> None:
     from kairos.executors.base import recorded_target
-
     from tests import factories
 
     # Given effects recorded before the scrub, with keys in their targets

@@ -18,11 +18,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import secrets
 from kairos.db import Database
 from kairos.tick import Deliver, Settle
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.aws import SqsQueue
 from tests.support.peer import Peer, Received, closed_port, resolver_to

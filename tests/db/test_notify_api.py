@@ -11,9 +11,9 @@ import json
 from typing import Any
 
 import pytest
+
 from kairos.db import Database
 from kairos.tick import Tick
-
 from tests import factories
 from tests.support.api import Api, rows
 from tests.support.peer import Peer, respond

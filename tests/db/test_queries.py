@@ -19,10 +19,10 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import psycopg
+
 from kairos import db, trace
 from kairos.db import Database
 from kairos.runs import moves
-
 from tests import factories
 
 PACKAGE = Path(db.__file__).parent

@@ -18,15 +18,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
 from kairos import conversations, instants, runs
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.settings import Settings
 from kairos.tick import Tick
 from kairos.tick.prune import Prune
-from psycopg import sql
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.api import Api
 from tests.support.aws import SqsQueue

@@ -13,10 +13,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos.db import Database
-from kairos.execution.execute import process
 from psycopg.rows import dict_row
 
+from kairos.db import Database
+from kairos.execution.execute import process
 from tests import factories
 from tests.support.api import Api
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent, tool_call

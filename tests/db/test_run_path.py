@@ -15,13 +15,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import db as kairos_db
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.probes import Probes
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.wire import WireCounter, wire_counter
 

@@ -9,6 +9,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import runs
 from kairos.db import Database
 from kairos.diagnosis import REASON_CODES, RECOVERY_ACTIONS, RUN_REASON_CODES, diagnose
@@ -26,8 +28,6 @@ from kairos.executors.base import (
 from kairos.probes import Probes
 from kairos.runs import moves
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.executors import ScriptedExecutor, raising
 

@@ -15,13 +15,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import runs
 from kairos.db import Database
 from kairos.execution.claim import Outcome
 from kairos.execution.execute import process
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests import factories
 
 SETTINGS = Settings(egress_allow=("127.0.0.1",))

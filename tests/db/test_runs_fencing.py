@@ -8,6 +8,8 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import effects, trace
 from kairos.db import Database
 from kairos.diagnosis import diagnose
@@ -20,8 +22,6 @@ from kairos.runs import moves
 from kairos.settings import Settings
 from kairos.states import EventType
 from kairos.tick.repair import Repair
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.executors import ScriptedExecutor
 

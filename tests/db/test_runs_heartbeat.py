@@ -8,15 +8,15 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg import sql
+from psycopg.rows import dict_row
+
 from kairos import db, runs, trace
 from kairos.db import Database
 from kairos.execution.heartbeat import Heartbeat
 from kairos.probes import Probes
 from kairos.runs import moves
 from kairos.states import EventType
-from psycopg import sql
-from psycopg.rows import dict_row
-
 from tests import factories
 
 T0 = datetime(2030, 1, 1, 12, 0, tzinfo=UTC)

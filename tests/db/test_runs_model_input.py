@@ -11,13 +11,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
 from kairos import agents, conversations
 from kairos.db import QUERIES as db_queries
 from kairos.db import Database
 from kairos.execution.execute import process
-from psycopg import sql
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.executors import OPENAI_SETTINGS as SETTINGS
 from tests.support.executors import FakeOpenAI, openai_agent

@@ -9,11 +9,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.executors import OPENAI_KEY as KEY
 from tests.support.executors import OPENAI_SETTINGS as SETTINGS

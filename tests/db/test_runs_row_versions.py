@@ -14,6 +14,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
 from kairos import handoff
 from kairos.db import Database
 from kairos.db import q as db_query
@@ -22,8 +24,6 @@ from kairos.executors.base import ExecutorError
 from kairos.runs import moves
 from kairos.settings import Settings
 from kairos.tick import Repair, Tick
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.executors import ScriptedExecutor, raising
 

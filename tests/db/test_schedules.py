@@ -10,12 +10,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import calendar, conversations, schedules, webhooks
 from kairos.db import Database
 from kairos.errors import Conflict, Forbidden, KairosError, LimitExceeded, NotFound, ValidationFailed
 from kairos.states import ScheduleKind, ScheduleStatus
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.db import wait_until_blocked
 

@@ -7,12 +7,12 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.settings import Settings
 from kairos.tick import Tick
-from psycopg.rows import dict_row
-
 from tests.support.api import Api
 from tests.support.executors import ScriptedExecutor
 

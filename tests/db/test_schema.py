@@ -9,9 +9,9 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import states
 from psycopg import sql
 
+from kairos import states
 from tests import factories
 
 

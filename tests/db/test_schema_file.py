@@ -9,9 +9,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-from kairos.local import schema
 from psycopg import sql
 
+from kairos.local import schema
 from tests.support.postgres import PgServer
 
 

@@ -15,6 +15,8 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
 from kairos import budgets, handoff
 from kairos.db import Database
 from kairos.execution.claim import Outcome, claim
@@ -23,8 +25,6 @@ from kairos.execution.sqs import GAVE_UP_SLOT
 from kairos.executors.base import PreparedCall, Reply
 from kairos.probes import Probes
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.executors import ScriptedExecutor
 

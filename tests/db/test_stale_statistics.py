@@ -26,12 +26,12 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from kairos import calendar, identity, occurrences
 from kairos import db as db_module
 from kairos.db import Database
 from kairos.runs import moves
 from kairos.states import Decision, Source
-
 from tests import factories
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)

@@ -11,8 +11,8 @@ from __future__ import annotations
 from datetime import UTC, datetime, timedelta
 
 import pytest
-from kairos import runtime
 
+from kairos import runtime
 from tests import factories
 from tests.support.api import Api
 

@@ -13,10 +13,10 @@ from datetime import UTC, datetime
 from typing import Any
 
 import psycopg
-from kairos.db import Database
-from kairos.tick import Tick
 from psycopg.rows import dict_row
 
+from kairos.db import Database
+from kairos.tick import Tick
 from tests import factories
 from tests.support.api import Api
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent

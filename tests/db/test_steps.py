@@ -14,15 +14,15 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg import sql
+from psycopg.rows import dict_row
+
 from kairos import cli
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.probes import Probes
 from kairos.runs import steps as run_steps
 from kairos.tick.prune import Prune
-from psycopg import sql
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.api import Api
 from tests.support.executors import OPENAI_KEY, OPENAI_SETTINGS, FakeOpenAI, openai_agent, tool_call

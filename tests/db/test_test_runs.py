@@ -13,11 +13,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.tick import Tick
-from psycopg.rows import dict_row
-
 from tests.support.api import Api
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent, tool_call
 from tests.support.peer import Peer, respond

@@ -24,12 +24,12 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import calendar
 from kairos.db import Database
 from kairos.tick import Settle, Tick
 from kairos.tick.decision import Due
-from psycopg.rows import dict_row
-
 from tests import factories
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)

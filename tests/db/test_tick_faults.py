@@ -22,12 +22,12 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos.db import Database
-from kairos.probes import Point, Probes
-from kairos.tick import Tick
 from psycopg import sql
 from psycopg.rows import dict_row
 
+from kairos.db import Database
+from kairos.probes import Point, Probes
+from kairos.tick import Tick
 from tests import factories
 from tests.support.aws import SqsQueue
 from tests.support.postgres import PgServer

@@ -14,13 +14,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import calendar, heap
 from kairos.db import Database
 from kairos.probes import Probes
 from kairos.tick import Tick
 from kairos.tick.decision import COUNT_CAP
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.aws import SqsQueue
 

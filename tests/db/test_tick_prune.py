@@ -11,12 +11,12 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from kairos import identity
 from kairos.db import Database
 from kairos.states import Source
 from kairos.tick import Tick
 from kairos.tick.prune import Prune
-
 from tests.support.api import Api, count, hook, rows
 from tests.support.aws import SqsQueue
 

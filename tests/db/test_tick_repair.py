@@ -10,12 +10,12 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import handoff
 from kairos.db import Database
 from kairos.runs import moves
 from kairos.tick import Repair, Settle
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.aws import SqsQueue
 

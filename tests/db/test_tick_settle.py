@@ -7,10 +7,10 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import psycopg
-from kairos.db import Database
-from kairos.tick import Settle
 from psycopg.rows import dict_row
 
+from kairos.db import Database
+from kairos.tick import Settle
 from tests import factories
 from tests.support.aws import SqsQueue
 

@@ -13,11 +13,11 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.tick import Tick
-from psycopg.rows import dict_row
-
 from tests import factories
 from tests.support.api import Api
 from tests.support.executors import OPENAI_SETTINGS, FakeOpenAI, openai_agent, tool_call
@@ -336,6 +336,7 @@ def test_a_crash_after_the_approved_call_never_repeats_it(
 def test_a_bedrock_agent_runs_the_same_loop_through_converse(api: Api, db: Database) -> None:
     import boto3
     from botocore.stub import Stubber
+
     from kairos.executors.bedrock import BedrockExecutor
 
     created = api.alice.post("/v1/conversations", {"agent": {

@@ -8,13 +8,13 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos import trace
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.runs import moves
 from kairos.states import EventType
-from psycopg.rows import dict_row
-
 from tests import factories
 
 WAIT = 30

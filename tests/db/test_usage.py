@@ -15,11 +15,11 @@ from typing import Any
 
 import psycopg
 import pytest
+
 from kairos.db import Database
 from kairos.execution.execute import process
 from kairos.settings import Settings
 from kairos.tick import Tick
-
 from tests.support.api import Api
 from tests.support.corpus import EXPORTS, SOURCE, rows
 from tests.support.corpus import corpus_env as corpus_env

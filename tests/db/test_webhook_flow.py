@@ -17,11 +17,11 @@ from datetime import timedelta
 from typing import Any
 
 import pytest
+
 from kairos import cli, runtime
 from kairos.db import Database
 from kairos.local.stack import load_function
 from kairos.tick.repair import Repair
-
 from tests.support.api import Answer, Api, count, hook, rows
 from tests.support.aws import LambdaContext, run_body, sqs_event
 

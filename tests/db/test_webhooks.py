@@ -20,12 +20,12 @@ from datetime import UTC, datetime, timedelta
 
 import psycopg
 import pytest
+
 from kairos import identity, webhooks
 from kairos.db import Database
 from kairos.errors import NotFound, RateLimited
 from kairos.states import Source
 from kairos.tick.prune import Prune
-
 from tests.support.api import GITHUB_SECRET, STANDARD_SECRET, Answer, Api, count, hook, rows, standard_headers
 from tests.support.logs import powertools_output
 

@@ -13,6 +13,7 @@ from __future__ import annotations
 import argparse
 
 import pytest
+
 from kairos.chaos import rehearse
 
 pytestmark = pytest.mark.slow

@@ -23,12 +23,12 @@ from typing import Any
 import pytest
 import schemathesis
 from hypothesis import HealthCheck, settings
-from kairos import db
-from kairos.api.app import ROUTES, openapi_document
-from kairos.local import apigw
 from schemathesis.checks import not_a_server_error
 from schemathesis.specs.openapi.checks import response_schema_conformance
 
+from kairos import db
+from kairos.api.app import ROUTES, openapi_document
+from kairos.local import apigw
 from tests.support.api import HANDLER, TOKENS, Api, ApiClient
 
 MAX_EXAMPLES = 30

@@ -18,8 +18,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kairos.local.demo_model import DemoModel
 
+from kairos.local.demo_model import DemoModel
 from tests.support.output import start_dev, stop_dev, wait_for
 
 pytestmark = pytest.mark.slow

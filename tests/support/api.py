@@ -19,10 +19,10 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kairos import db, runtime, secrets
 from kairos.local import apigw
 from kairos.local.stack import load_handler
-
 from tests.support.aws import LambdaContext, SqsQueue
 
 ROOT = Path(__file__).resolve().parents[2]

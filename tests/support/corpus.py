@@ -13,11 +13,11 @@ from typing import Any
 import boto3
 import psycopg
 import pytest
+from psycopg.rows import dict_row
+
 from kairos.execution.corpus import export, manifest
 from kairos.executors.base import PreparedCall, Reply
 from kairos.settings import Settings
-from psycopg.rows import dict_row
-
 from tests.support.aws import SqsQueue
 from tests.support.executors import ScriptedExecutor
 

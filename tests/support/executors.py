@@ -11,9 +11,9 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
 import pytest
+
 from kairos.executors.base import ExecutionRequest, PreparedCall, Reply, canonical_json, digest
 from kairos.settings import Settings
-
 from tests.support.streaming import chunks, event
 
 

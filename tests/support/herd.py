@@ -27,6 +27,8 @@ from datetime import datetime, timedelta
 from typing import Any
 
 import psycopg
+from psycopg.rows import dict_row
+
 from kairos import handoff
 from kairos.db import Database
 from kairos.execution.claim import Outcome
@@ -34,7 +36,6 @@ from kairos.execution.execute import process
 from kairos.probes import Probes
 from kairos.settings import Settings
 from kairos.tick import Tick
-from psycopg.rows import dict_row
 
 TICK = timedelta(minutes=1)
 _FINISH, _TICK, _DELIVER = 0, 1, 2  # at one instant: slots free first, then the tick, then deliveries

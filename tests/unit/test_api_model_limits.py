@@ -8,11 +8,12 @@ from pathlib import Path
 
 import annotated_types
 import pytest
+from pydantic import BaseModel
+
 from kairos import conversations, input_requests
 from kairos.api import models
 from kairos.schedules import loop_policy
 from kairos.schedules.request import PAUSE_REASON_MAX
-from pydantic import BaseModel
 
 # (model, field, bound) -> the library constant it must equal
 BOUNDS: list[tuple[type[BaseModel], str, type, int]] = [

@@ -13,6 +13,7 @@ import pytest
 import tzdata
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kairos import calendar
 from kairos.calendar import (
     TZDATA_VERSION,

@@ -27,6 +27,7 @@ from zoneinfo import ZoneInfo
 import pytest
 from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
+
 from kairos import calendar
 from kairos.calendar import Fire, Rule, fires_between, min_spacing
 from kairos.states import DstFold, DstGap, ScheduleKind

@@ -21,6 +21,7 @@ from itertools import islice, product
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kairos import calendar
 from kairos.calendar import Rule, iter_fires
 from kairos.errors import ValidationFailed

@@ -9,6 +9,7 @@ one; an unknown kind is refused naming it.
 from __future__ import annotations
 
 import pytest
+
 from kairos.chaos.plan import FAULT_KINDS, make_plan, parse_kinds
 
 

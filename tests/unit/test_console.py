@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kairos import runtime
 from kairos.api.app import handle, openapi_document
 from kairos.api.routes import console

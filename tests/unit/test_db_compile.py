@@ -14,9 +14,10 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import db, trace
 from psycopg._queries import PostgresQuery
 from psycopg.adapt import Transformer
+
+from kairos import db, trace
 
 
 def _psycopg(text: str, params: dict[str, Any]) -> tuple[bytes, list[Any]]:

@@ -15,6 +15,7 @@ from typing import Any
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+
 from kairos import cli
 from kairos.execution.corpus import answers
 from kairos.executors.base import ExecutionRequest, ExecutorError, ModelTurn, ToolResult, ToolSpec

@@ -13,6 +13,7 @@ from typing import Any
 import pytest
 from hypothesis import given
 from hypothesis import strategies as st
+
 from kairos.executors import egress
 from kairos.executors.base import ExecutorError
 

@@ -12,11 +12,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from kairos.executors import registry as executors
 from kairos.executors.base import ExecutionRequest, ExecutorError, PreparedCall, Reply, canonical_json
 from kairos.executors.http import HttpExecutor
 from kairos.settings import Settings
-
 from tests.support.peer import Peer, closed_port, drop, hang, partial_then_hang, respond
 
 SETTINGS = Settings(egress_allow=("127.0.0.1",))

@@ -9,6 +9,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from kairos.executors import registry as executors
 from kairos.executors.base import (
     ExecutionRequest,
@@ -20,7 +21,6 @@ from kairos.executors.base import (
 )
 from kairos.executors.openai import OpenAIExecutor
 from kairos.settings import Settings
-
 from tests.support.peer import (
     Peer,
     closed_port,

@@ -11,11 +11,11 @@ from collections.abc import Iterator
 from typing import Any
 
 import pytest
+
 from kairos.executors import registry as executors
 from kairos.executors.base import Abort, ExecutionRequest, ExecutorError, PreparedCall, Reply, canonical_json
 from kairos.executors.openai import OpenAIExecutor
 from kairos.settings import Settings
-
 from tests.support.peer import Peer, respond
 from tests.support.streaming import USAGE, chunk, chunks, event, sse
 

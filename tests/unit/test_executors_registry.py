@@ -7,6 +7,7 @@ import json
 import typing
 
 import pytest
+
 from kairos.executors import registry
 from kairos.executors.base import (
     ExecutionRequest,

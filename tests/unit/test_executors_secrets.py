@@ -17,10 +17,11 @@ import boto3
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from moto import mock_aws
+
 from kairos import secrets
 from kairos.errors import NotFound, ValidationFailed
 from kairos.secrets import SecretUnavailable
-from moto import mock_aws
 
 REGION = "eu-central-1"
 ACCOUNT = "123456789012"

@@ -15,9 +15,9 @@ from pathlib import Path
 from typing import Any
 
 import pytest
+
 from kairos.executors import egress
 from kairos.executors.base import ExecutorError
-
 from tests.support.peer import Peer, closed_port, drop, hang, partial_then_hang, resolver_to, respond
 
 # --- tests of egress.post ------------------------------------------------------------------------

@@ -8,6 +8,7 @@ from datetime import UTC, datetime, timedelta
 from typing import Any
 
 import pytest
+
 from kairos.errors import ValidationFailed
 from kairos.execution import goal_report
 from kairos.schedules import loop_policy

@@ -7,6 +7,7 @@ import threading
 from collections.abc import Iterator
 
 import pytest
+
 from kairos import heap
 
 

@@ -13,6 +13,7 @@ import uuid
 from datetime import UTC, datetime, timedelta, timezone
 
 import pytest
+
 from kairos import identity
 from kairos.states import Source
 

@@ -12,40 +12,8 @@ registry once was; it now lives in ``kairos.executors.registry``).
 from __future__ import annotations
 
 import ast
-from pathlib import Path
 
-PACKAGE = Path(__file__).resolve().parents[2] / "layers" / "common" / "kairos"
-
-
-def module_name(path: Path) -> str:
-    parts = ["kairos", *path.relative_to(PACKAGE).with_suffix("").parts]
-    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
-
-
-def imports_of(source: str, me: str, *, is_package: bool, modules: set[str]) -> set[str]:
-    """The kairos modules ``source`` (module ``me``) imports. ``from kairos.x import y`` names
-    ``kairos.x``, and module ``kairos.x.y`` too when y is one."""
-    found: set[str] = set()
-    package = me if is_package else me.rpartition(".")[0]
-    for node in ast.walk(ast.parse(source)):
-        if isinstance(node, ast.Import):
-            found.update(alias.name for alias in node.names)
-        elif isinstance(node, ast.ImportFrom):
-            base = node.module or ""
-            if node.level:
-                parts = package.split(".")
-                anchor = parts[: len(parts) - node.level + 1]
-                base = ".".join([*anchor, base] if base else anchor)
-            found.add(base)
-            found.update(f"{base}.{alias.name}" for alias in node.names)
-    return {name for name in found if name in modules and name != me}
-
-
-def graph() -> dict[str, set[str]]:
-    paths = sorted(PACKAGE.rglob("*.py"))
-    modules = {module_name(p) for p in paths}
-    return {module_name(p): imports_of(p.read_text(encoding="utf-8"), module_name(p),
-                                       is_package=p.name == "__init__.py", modules=modules) for p in paths}
+from tests.support.imports import PACKAGE, graph, imports_of
 
 
 def cycles(edges: dict[str, set[str]]) -> list[list[str]]:
@@ -101,3 +69,60 @@ def test_the_check_sees_lazy_and_relative_imports_and_finds_cycles() -> None:
     assert cycles(registry) == [["kairos.p", "kairos.p.c"]]
     edges = {"kairos.a": {"kairos.b"}, "kairos.b": {"kairos.c"}, "kairos.c": {"kairos.a"}, "kairos.d": set()}
     assert cycles(edges) == [["kairos.a", "kairos.b", "kairos.c"]]
+
+
+# A ``kairos`` import inside a function is allowed only for these modules, each for its reason; every
+# other one sits at its module's top, so the import graph above is the real dependency graph (every
+# function runs under SnapStart, whose before-snapshot step imports and warms the function's path).
+LAZY_ALLOWED = {
+    "kairos.local": "development only (moto, embedded PostgreSQL): not in the Lambda layer",
+    "kairos.chaos.rehearse": "the rehearsal's driver needs kairos.local: not in the Lambda layer",
+    "kairos.api.openapi": "builds the OpenAPI document from every model: only GET /v1/openapi.json needs it",
+}
+
+
+def lazy_imports(source: str) -> list[tuple[int, set[str]]]:
+    """The ``kairos`` imports inside a function (not under ``TYPE_CHECKING``): line and modules named."""
+    tree = ast.parse(source)
+    parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
+    found = []
+    for node in ast.walk(tree):
+        if isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").startswith("kairos"):
+            named = {node.module or "", *(f"{node.module}.{alias.name}" for alias in node.names)}
+        elif isinstance(node, ast.Import) and any(a.name.startswith("kairos") for a in node.names):
+            named = {alias.name for alias in node.names}
+        else:
+            continue
+        up = parents.get(node)
+        while up is not None and not isinstance(up, ast.FunctionDef | ast.AsyncFunctionDef):
+            if isinstance(up, ast.If) and "TYPE_CHECKING" in ast.unparse(up.test):
+                break
+            up = parents.get(up)
+        if isinstance(up, ast.FunctionDef | ast.AsyncFunctionDef):
+            found.append((node.lineno, named))
+    return found
+
+
+def _allowed(named: set[str]) -> str | None:
+    return next((prefix for name in named for prefix in LAZY_ALLOWED
+                 if name == prefix or name.startswith(prefix + ".")), None)
+
+
+def test_kairos_imports_sit_at_module_top_but_for_the_allowlist() -> None:
+    stray, used = [], set()
+    for path in sorted(PACKAGE.rglob("*.py")):
+        for line, named in lazy_imports(path.read_text(encoding="utf-8")):
+            prefix = _allowed(named)
+            if prefix is None:
+                stray.append(f"{path.relative_to(PACKAGE)}:{line}: {sorted(named)}")
+            else:
+                used.add(prefix)
+    assert stray == [], "move these kairos imports to the module's top (or allowlist them, with the reason)"
+    assert used == set(LAZY_ALLOWED), "an allowlist entry nothing needs any more"
+
+
+def test_the_lazy_import_scan_skips_type_checking_and_sees_functions() -> None:
+    source = ("from kairos import db\nif TYPE_CHECKING:\n    from kairos import calendar\n"
+              "def f():\n    from kairos.runs import moves\n    import kairos.local.stack\n")
+    assert lazy_imports(source) == [(5, {"kairos.runs", "kairos.runs.moves"}), (6, {"kairos.local.stack"})]
+    assert _allowed({"kairos.local.stack"}) == "kairos.local" and _allowed({"kairos.runs"}) is None

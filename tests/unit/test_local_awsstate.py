@@ -20,6 +20,7 @@ from typing import Any
 
 import boto3
 import pytest
+
 from kairos.local import awsstate, devstate
 
 CREDENTIALS = {"region_name": "us-east-1", "aws_access_key_id": "local", "aws_secret_access_key": "local"}

@@ -11,6 +11,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from kairos import agents, cli
 from kairos.errors import ValidationFailed
 from kairos.local import devstate

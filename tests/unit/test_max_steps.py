@@ -7,6 +7,7 @@ import ast
 from pathlib import Path
 
 import annotated_types
+
 from kairos import agents
 from kairos.executors import base
 

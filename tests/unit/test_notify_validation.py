@@ -7,6 +7,7 @@ from __future__ import annotations
 from typing import Any
 
 import pytest
+
 from kairos.errors import ValidationFailed
 from kairos.notify import NOTIFY_ON_DEFAULT, validate_notify
 

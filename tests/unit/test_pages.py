@@ -7,6 +7,7 @@ import uuid
 from datetime import UTC, datetime, timedelta
 
 import pytest
+
 from kairos import pages
 from kairos.errors import ValidationFailed
 

@@ -5,6 +5,7 @@ listed, never nothing."""
 from __future__ import annotations
 
 import pytest
+
 from kairos.budgets import price, price_per_million
 from kairos.settings import Settings
 

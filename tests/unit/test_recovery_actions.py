@@ -8,6 +8,7 @@ from __future__ import annotations
 import uuid
 
 import pytest
+
 from kairos import diagnosis
 from kairos.agents import AgentConfig
 from kairos.api import app

@@ -6,6 +6,7 @@ import hashlib
 import json
 
 import pytest
+
 from kairos import redact
 from kairos.runs import steps
 

@@ -10,6 +10,7 @@ from pathlib import Path
 from types import SimpleNamespace
 
 import pytest
+
 from kairos import calendar
 from kairos.schedules.request import rule_of
 from kairos.states import DstFold, DstGap, ScheduleKind

@@ -10,6 +10,7 @@ from datetime import UTC, datetime, timedelta, timezone
 from typing import Any
 
 import pytest
+
 from kairos import agents, calendar, errors, schedules
 from kairos.errors import KairosError, LimitExceeded, ValidationFailed
 from kairos.states import Mode, ScheduleKind
@@ -377,8 +378,9 @@ def test_one_table_names_pydantic_errors_for_the_api_and_the_library() -> None:
     """The API's request validation and the library's models translate the same pydantic error to the
     same rule (the API said 'range' and 'timezone_required' where the library said 'min' and
     'timezone_aware')."""
-    from kairos.api import errors as api_errors
     from pydantic import AwareDatetime, BaseModel, Field, ValidationError
+
+    from kairos.api import errors as api_errors
 
     class Probe(BaseModel):
         low: int = Field(ge=1)

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kairos.settings import DEFAULT_RETENTION_DAYS, MAX_RETENTION_DAYS, SettingInvalid, Settings
 
 

@@ -14,8 +14,8 @@ from typing import Any
 
 import psycopg
 import pytest
-from kairos import db, handoff, runtime, snapstart
 
+from kairos import db, handoff, runtime, snapstart
 from tests.support.standin import SqsStandin
 
 

@@ -27,6 +27,7 @@ from collections.abc import Iterator
 from pathlib import Path
 
 import pytest
+
 from kairos import db, states
 
 PACKAGE = Path(db.__file__).parent

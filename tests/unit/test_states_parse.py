@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import pytest
+
 from kairos.states import Decision, DstGap, Overlap, ScheduleKind, parse
 
 

@@ -25,6 +25,7 @@ from typing import Any
 
 import pytest
 from cfnlint.decode import decode
+
 from kairos.observability import METRIC_NAMES
 
 ROOT = Path(__file__).resolve().parents[2]

@@ -16,8 +16,8 @@ from pathlib import Path
 from typing import Any
 
 import pytest
-from kairos.local.stack import load_function
 
+from kairos.local.stack import load_function
 from tests.support import sam
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -99,6 +99,7 @@ def registers_hooks_at_import(source: str) -> bool:
 @pytest.mark.parametrize("function", sorted(FUNCTIONS.values()))
 def test_each_handler_registers_the_hooks(function: str) -> None:
     import snapshot_restore_py as library
+
     from kairos import snapstart
 
     assert registers_hooks_at_import((ROOT / "functions" / function / "app.py").read_text(encoding="utf-8"))

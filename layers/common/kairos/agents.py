@@ -6,9 +6,8 @@ credentials. ``validate`` adds what the shape cannot say: what each executor nee
 (``EXECUTOR_NEEDS``) and whether the owner may send the referenced secret to ``base_url``
 (``kairos.secrets.check``), and reports every problem at once.
 
-Imported only where an agent is validated (the API, a schedule request, a run creating its own
-thread): importing ``kairos.conversations``, which the tick and the run function do on every cold
-start, must not import pydantic.
+Built on pydantic; every function imports it at its module's top and warms it before its SnapStart
+snapshot, so validation costs a restored function no import.
 
 Must not: log or return a secret; accept a literal key.
 """

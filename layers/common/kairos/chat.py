@@ -25,9 +25,10 @@ from typing import Any
 
 import psycopg
 
-from kairos import calendar, conversations, db, identity, occurrences
+from kairos import calendar, conversations, db, identity, occurrences, runtime
 from kairos.errors import FieldError, ValidationFailed
 from kairos.observability import logger
+from kairos.schedules import corpus_spec
 from kairos.states import Decision, Source
 
 MAX_CONTENT_BYTES = 32_768
@@ -91,7 +92,5 @@ def _corpus_of(raw: object, *, owner: str) -> dict[str, Any] | None:
     """A turn's checked ``corpus`` (``kairos.schedules.corpus_spec``), or None when it carries none."""
     if not isinstance(raw, Mapping) or raw.get("corpus") is None:
         return None
-    from kairos import runtime
-    from kairos.schedules import corpus_spec
 
     return corpus_spec.validate(raw["corpus"], buckets=runtime.settings().readable_corpus_buckets, owner=owner)

@@ -16,15 +16,20 @@ from collections.abc import Callable, Iterable, Sequence
 from pathlib import Path
 from typing import Any
 
+from kairos import handoff, migrations, operations
 from kairos.chaos import command as chaos_command
+from kairos.db import Database
+from kairos.errors import KairosError
 from kairos.extras import LOCAL_MODULES, installed
+from kairos.observability import logger
+from kairos.settings import Settings
+from kairos.states import RunState
 
 # An operator command: (its arguments, the open connection, ``kairos.operations``) -> the exit code.
 Operation = Callable[[argparse.Namespace, Any, Any], int]
 
 
 def _cmd_migrate(args: argparse.Namespace) -> int:
-    from kairos import migrations
 
     url = args.database_url or os.environ.get("DATABASE_URL")
     if not url:
@@ -71,7 +76,6 @@ def use_dev_env(start: Path | None = None) -> Path | None:
 
 
 def _database_url(args: argparse.Namespace) -> str | None:
-    from kairos.settings import Settings
 
     if getattr(args, "database_url", None):
         return str(args.database_url)
@@ -126,7 +130,6 @@ def _run_line(r: Any) -> str:
 def _cmd_ops(args: argparse.Namespace) -> int:
     import logging
 
-    from kairos.observability import logger
 
     # stdout carries the command's answer (--json must parse); the library's JSON logs go to stderr.
     handler = logger.registered_handler
@@ -139,9 +142,6 @@ def _cmd_ops(args: argparse.Namespace) -> int:
 
 
 def _run_ops(args: argparse.Namespace) -> int:
-    from kairos import operations
-    from kairos.db import Database
-    from kairos.errors import KairosError
 
     url = _database_url(args)
     if not url:
@@ -170,7 +170,6 @@ def _send(database: Any, run_ids: list[uuid.UUID]) -> None:
         return
     import boto3
 
-    from kairos import handoff
 
     handoff.send(database, boto3.client("sqs"), queue_url, run_ids)
 
@@ -531,7 +530,6 @@ def _add_operator_commands(sub: Any) -> None:
 
 def _add_run_commands(sub: Any, common: argparse.ArgumentParser) -> None:
     """``runs list|show|trace|steps|cancel|retry``."""
-    from kairos.states import RunState
 
     run = sub.add_parser("runs", help="list, show, trace, steps, retry or cancel runs (every owner)")
     run_verbs = run.add_subparsers(dest="verb", required=True)

@@ -1,7 +1,6 @@
 """Conversations: the minimal transcript store that runs read and write, and the agent config.
 
-A conversation has an owner, an agent (JSON, validated by ``kairos.agents``, imported only when an
-agent is validated, so the tick and the run function never import pydantic)
+A conversation has an owner, an agent (JSON, validated by ``kairos.agents``)
 and entries numbered ``seq`` = 1, 2, 3… A fork is its parent plus a fork point (``fork_seq``):
 nothing is copied, the fork reads its ancestors' entries up to each fork point and then its own,
 and its own entries continue the parent's numbering after the fork point, so a seq names one entry
@@ -36,7 +35,7 @@ from typing import Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import db, pages
+from kairos import agents, db, pages
 from kairos.errors import (
     MAX_LENGTH,
     REQUIRED,
@@ -191,7 +190,6 @@ def create_from_body(conn: psycopg.Connection[db.Row], *, owner: str, raw: objec
 
 def _create(conn: psycopg.Connection[db.Row], *, owner: str, agent: object, title: object,
             origin_run_id: uuid.UUID | None, now: datetime | None, problems: list[FieldError]) -> Conversation:
-    from kairos import agents  # pydantic only on the paths that validate an agent
 
     config: dict[str, Any] = {}
     if agent is not None or not problems:  # a missing agent is already named (``required``)

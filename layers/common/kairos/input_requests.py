@@ -38,6 +38,7 @@ from kairos import conversations, db
 from kairos.errors import FieldError, NotFound, NotPending, ValidationFailed
 from kairos.instants import rfc3339
 from kairos.observability import logger
+from kairos.runs import waits
 from kairos.states import InputRequestState
 
 QUESTION_MAX = 4_000
@@ -120,7 +121,6 @@ def answer(conn: psycopg.Connection[db.Row], request_id: uuid.UUID, *, owner: st
         raise ValidationFailed([FieldError("answer", "length", f"give the answer as 1 to {ANSWER_MAX} characters")])
     # Not a cycle: the API's models read this module's limits at import, and the API loads kairos.runs
     # only with its first route that needs it (tests/unit/test_api_imports.py).
-    from kairos.runs import waits
 
     with db.atomic(conn):
         current = get(conn, request_id, owner=owner)
@@ -167,7 +167,6 @@ def cancel_for_schedule(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID
     """Cancels a loop's pending requests and ends each waiting run ``cancelled`` (``reason``: the loop
     was cancelled, or its goal edited); the runs cancelled. The caller locked the waiting runs before
     the loop (``lock_waiting_runs``)."""
-    from kairos.runs import waits  # lazy, as in ``answer``
 
     cancelled: list[uuid.UUID] = []
     for pending in db.fetch_all(conn, "input_requests_pending_for_schedule", {"schedule_id": schedule_id}):

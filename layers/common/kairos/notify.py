@@ -48,6 +48,9 @@ from pydantic_core import PydanticCustomError
 
 from kairos import agents, conversations, db, secrets
 from kairos.errors import FieldError, ValidationFailed, from_validation_error
+from kairos.executors import egress
+from kairos.executors.base import ExecutorError, canonical_json
+from kairos.executors.http import sign, signing_key
 from kairos.observability import logger
 from kairos.settings import Settings
 from kairos.states import TERMINAL_RUN_STATES, RunState
@@ -158,8 +161,6 @@ def _notify_url_problems(url: str, allow: Sequence[str]) -> list[FieldError]:
     """https anywhere public; http only to a listed host; a literal address through the egress check."""
     import ipaddress
 
-    from kairos.executors import egress  # only here: the API's cold path never needs urllib3
-    from kairos.executors.base import ExecutorError
 
     parts = urlsplit(url)
     host = (parts.hostname or "").rstrip(".")
@@ -225,7 +226,6 @@ def backoff_seconds(attempts: int) -> int:
 
 def body_of(claim: Mapping[str, Any]) -> bytes:
     """The webhook's JSON (canonical: sorted keys, no spaces) for a claimed delivery row."""
-    from kairos.executors.base import canonical_json
 
     content: dict[str, Any] = {"type": f"run.{claim['state']}", "run_id": str(claim["run_id"]),
                                "schedule_id": str(claim["schedule_id"])}
@@ -261,11 +261,6 @@ class Sender:
         """One signed POST of a claimed delivery (``notify_deliveries_claim``'s row) through the egress
         check. The reference is checked again for the owner here (``secrets.resolve``): one edited in
         the database since it was written still cannot sign with someone else's key."""
-        # The executors' transport, imported on the first delivery: a tick that owes none never loads urllib3.
-        from kairos.executors import egress
-        from kairos.executors.base import ExecutorError
-        from kairos.executors.http import sign, signing_key
-
         run_id = str(claim["run_id"])
         try:
             target = egress.check(claim["url"], allow=self._allow, resolve=self._resolve)

@@ -10,7 +10,7 @@ insert time, whichever path recorded it.
 
 ``page`` reads them back: one schedule's occurrences newest first (``fire_at``, then id) in keyset
 pages (``kairos.pages``), each with its decision, source, revision, covered range and the run it
-produced, so a skipped fire is visible where its owner looks. Reading never loads the calendar.
+produced, so a skipped fire is visible where its owner looks.
 
 The owner's queue cap (``KAIROS_OWNER_QUEUE_MAX``, ``kairos.budgets``): ``record`` first takes the
 queue locks of the batch's owners, and the statement records a fire that would make more than

@@ -18,10 +18,11 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import db, runs, schedules
+from kairos import approvals, db, input_requests, runs, schedules
 from kairos.errors import NotFound
 from kairos.instants import rfc3339
 from kairos.runs import steps as run_steps
+from kairos.schedules import backfill, edit, loops, manual
 
 
 @dataclass(frozen=True)
@@ -202,38 +203,32 @@ def cancel_run(conn: psycopg.Connection[db.Row], run_id: UUID) -> runs.Run:
 
 def edit_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, patch: object,
                   if_match: int | None = None) -> schedules.Schedule:
-    from kairos.schedules import edit
 
     return edit.edit(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner, patch=patch, if_match=if_match)
 
 
 def trigger_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID) -> Any:
-    from kairos.schedules import manual
 
     return manual.trigger(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner)
 
 
 def test_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, payload: Any = None) -> Any:
-    from kairos.schedules import manual
 
     return manual.test(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner, payload=payload)
 
 
 def backfill_schedule(conn: psycopg.Connection[db.Row], schedule_id: UUID, *, raw: object) -> Any:
-    from kairos.schedules import backfill
 
     return backfill.backfill(conn, schedule_id, owner=get_schedule(conn, schedule_id).owner, raw=raw)
 
 
 def retry_run(conn: psycopg.Connection[db.Row], run_id: UUID, *, from_last_step: bool = False) -> Any:
-    from kairos.schedules import manual
 
     return manual.retry(conn, run_id, owner=get_run(conn, run_id).owner, from_last_step=from_last_step)
 
 
 def list_approvals(conn: psycopg.Connection[db.Row], *, owner: str | None = None, state: str | None = None,
                    limit: int = 50) -> list[Any]:
-    from kairos import approvals
 
     approvals.check_state(state)
     rows = db.fetch_all(conn, "approvals_ops_list", {"owner": owner, "state": state, "limit": limit})
@@ -242,7 +237,6 @@ def list_approvals(conn: psycopg.Connection[db.Row], *, owner: str | None = None
 
 def decide_approval(conn: psycopg.Connection[db.Row], approval_id: UUID, *, approve: bool) -> Any:
     """Approves or denies on the owner's behalf (the decision is recorded as the owner's)."""
-    from kairos import approvals
 
     row = db.fetch_one(conn, "approvals_ops_get", {"id": approval_id})
     if row is None:
@@ -253,7 +247,6 @@ def decide_approval(conn: psycopg.Connection[db.Row], approval_id: UUID, *, appr
 
 def create_loop(conn: psycopg.Connection[db.Row], *, owner: str, raw: object) -> schedules.Schedule:
     """A goal loop for ``owner``, through the same checks as ``POST /v1/loops``."""
-    from kairos.schedules import loops
 
     return loops.create(conn, owner=owner, raw=raw)
 
@@ -267,7 +260,6 @@ def get_loop(conn: psycopg.Connection[db.Row], loop_id: UUID) -> schedules.Sched
 
 def list_input_requests(conn: psycopg.Connection[db.Row], *, owner: str | None = None, state: str | None = None,
                         limit: int = 50) -> list[Any]:
-    from kairos import input_requests
 
     input_requests.check_state(state)
     rows = db.fetch_all(conn, "input_requests_ops_list", {"owner": owner, "state": state, "limit": limit})
@@ -276,7 +268,6 @@ def list_input_requests(conn: psycopg.Connection[db.Row], *, owner: str | None =
 
 def answer_input(conn: psycopg.Connection[db.Row], request_id: UUID, *, text: str) -> Any:
     """Answers on the owner's behalf (the answer is recorded as the owner's), once."""
-    from kairos import input_requests
 
     row = db.fetch_one(conn, "input_requests_ops_get", {"id": request_id})
     if row is None:

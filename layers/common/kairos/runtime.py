@@ -17,6 +17,7 @@ import threading
 from typing import Any
 
 from kairos import db
+from kairos.handoff import MAX_PARALLEL_CALLS
 from kairos.settings import Settings
 
 _lock = threading.Lock()
@@ -58,7 +59,6 @@ def _new_sqs_client() -> Any:
     import botocore.session
     from botocore.config import Config
 
-    from kairos.handoff import MAX_PARALLEL_CALLS
 
     # One pooled connection per call the handoff may have in flight (botocore's default is 10).
     config = Config(max_pool_connections=MAX_PARALLEL_CALLS)

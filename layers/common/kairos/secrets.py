@@ -51,6 +51,7 @@ from typing import Any, Literal
 from urllib.parse import urlsplit
 
 from kairos.errors import MAX_LENGTH, MIN_LENGTH, PATTERN, FieldError, NotFound, ServiceUnavailable, ValidationFailed
+from kairos.instants import rfc3339
 from kairos.observability import logger
 
 CACHE_SECONDS = 300.0
@@ -365,7 +366,6 @@ class StoredSecret:
     updated_at: datetime
 
     def as_json(self) -> dict[str, Any]:
-        from kairos.instants import rfc3339
 
         return {"name": self.name, "reference": self.reference, "updated_at": rfc3339(self.updated_at)}
 

@@ -40,7 +40,7 @@ from typing import Any
 
 import psycopg
 
-from kairos import db
+from kairos import conversations, db, schedules
 from kairos.errors import KairosError
 from kairos.executors import egress
 from kairos.executors.base import (
@@ -191,7 +191,6 @@ def schema_problems(schema: dict[str, Any], arguments: Any) -> list[dict[str, st
 
 def run_local(conn: psycopg.Connection[db.Row], call: ToolCall, context: Context) -> ToolResult:
     """A ``schedules_*`` call inside the caller's transaction (see the module doc)."""
-    from kairos import conversations, schedules
 
     if context.source != Source.CHAT.value or conversations.lineage_has_run(conn, context.conversation_id):
         return error(call, "scheduling_not_allowed",

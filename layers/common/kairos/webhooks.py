@@ -71,7 +71,7 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import calendar, db, idempotency, identity, limits, occurrences, runtime
+from kairos import calendar, db, idempotency, identity, limits, occurrences, runtime, secrets
 from kairos import flow as kairos_flow
 from kairos.errors import (
     Conflict,
@@ -439,7 +439,6 @@ def _standard_key(secret: str) -> bytes:
 
 
 def _resolve_secret(reference: str, owner: str) -> str:
-    from kairos import secrets
 
     try:
         return secrets.resolve(reference, owner=owner, audience=None)

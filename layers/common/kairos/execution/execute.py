@@ -53,6 +53,7 @@ from kairos.execution.heartbeat import HEARTBEAT_SECONDS, Heartbeat
 from kairos.execution.live import LiveOutput, Opening
 from kairos.execution.stops import Cancelled, Failure, LeaseLost
 from kairos.execution.tool_loop import run_loop
+from kairos.executors import registry
 from kairos.executors.base import (
     DEFAULT_MAX_TOKENS,
     TOOL_EXECUTORS,
@@ -433,7 +434,6 @@ def process(
     guard makes the redelivery safe) or when a probe raises (tests simulating a crash; ``kairos.probes``).
     """
     if executor_factory is None:
-        from kairos.executors import registry
 
         executor_factory = registry.get
     probes = probes or NO_PROBES

@@ -35,6 +35,8 @@ from dataclasses import dataclass, field
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from typing import Any
 
+from kairos import conversations, db
+from kairos.db import Database
 from kairos.local.demo_model import MODEL, DemoModel, error_answer, stream_chunks
 
 TITLE = "Kairos demo model"
@@ -248,7 +250,6 @@ class DemoModelServer:
 
     def print_banner(self, database_url: str, public_url: str, *, owner: str, token: str) -> uuid.UUID:
         """Finds or makes the owner's conversation that uses this model and prints how to talk to it."""
-        from kairos.db import Database
 
         db = Database(database_url, max_size=1)
         try:
@@ -312,7 +313,6 @@ def agent(base_url: str) -> dict[str, Any]:
 
 def ensure_conversation(conn: Any, *, owner: str, base_url: str) -> uuid.UUID:
     """The owner's demo-model conversation for ``base_url``: found again when it exists, else made."""
-    from kairos import conversations, db
 
     found = db.fetch_one(conn, "conversations_find_titled", {"owner": owner, "title": TITLE, "base_url": base_url})
     if found is not None:

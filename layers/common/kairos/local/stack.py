@@ -56,8 +56,11 @@ from pathlib import Path
 from types import ModuleType
 from typing import Any
 
+from kairos import conversations, migrations, runtime, schedules, webhooks
+from kairos.db import Database
 from kairos.local import devstate
 from kairos.local.apigw import LocalContext
+from kairos.observability import logger
 from kairos.states import ScheduleStatus
 
 Handler = Callable[[dict[str, Any], Any], Any]
@@ -279,8 +282,6 @@ def watch_step(url: str, seen: dict[str, str]) -> Callable[[], float]:
 def create_demo(url: str, public_url: str, data_dir: Path | None = None) -> dict[str, Any]:
     """The demo conversation and schedules (created once; found again on the next start, with the
     webhook token saved in ``data_dir`` so its URL stays the same)."""
-    from kairos import conversations, schedules
-    from kairos.db import Database
 
     db = Database(url, max_size=1)
     try:
@@ -331,7 +332,6 @@ def create_demo(url: str, public_url: str, data_dir: Path | None = None) -> dict
 
 def _demo_token(conn: Any, schedule_id: uuid.UUID, data_dir: Path | None) -> str:
     """The saved demo token while it still opens the demo schedule; else a new one (saved)."""
-    from kairos import webhooks
 
     saved = devstate.load_demo(data_dir) if data_dir is not None else {}
     token = saved.get("token")
@@ -347,7 +347,6 @@ def _demo_token(conn: Any, schedule_id: uuid.UUID, data_dir: Path | None) -> str
 
 
 def print_demo(demo: dict[str, Any], public_url: str) -> None:
-    from kairos import schedules
 
     print(f"\nconversation {demo['conversation_id']} (owner {DEV_PRINCIPAL})")
     for sched in demo["schedules"]:
@@ -432,7 +431,6 @@ def main(args: argparse.Namespace) -> int:
         model.stop()
         return 2
     logging.getLogger("werkzeug").setLevel(logging.ERROR)  # moto's per-request access lines
-    from kairos.observability import logger
 
     logger.setLevel(args.log_level)
     server, api = bound
@@ -486,7 +484,6 @@ def reset(data_dir: Path) -> bool:
 def _start(stack: ExitStack, args: argparse.Namespace, server: Any, api: _LazyHandler,
            model: Any = None) -> tuple[str, str, str]:
     """Database, migrations, SQS, the API serving, ``<data-dir>/env`` and the demo; (url, queue, arn)."""
-    from kairos import migrations, runtime
 
     data_dir = Path(args.data_dir).resolve()
     url = stack.enter_context(database(args))

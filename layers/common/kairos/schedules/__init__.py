@@ -20,8 +20,7 @@ logs. Every edit is one guarded UPDATE that bumps ``revision`` and ``updated_at`
 "Now" is the database clock unless a test injects ``now``.
 
 Must not: build SQL from strings, log prompts, tokens or secrets, or re-implement the calendar
-(``kairos.calendar`` is the one evaluator for preview and dispatch). The calendar is imported by the
-functions that evaluate rules, not at import: reading and listing schedules never loads it.
+(``kairos.calendar`` is the one evaluator for preview and dispatch).
 """
 
 from __future__ import annotations
@@ -36,7 +35,7 @@ from typing import TYPE_CHECKING, Any
 import psycopg
 from psycopg.types.json import Jsonb
 
-from kairos import conversations, db, identity
+from kairos import calendar, conversations, db, identity, input_requests
 from kairos.errors import (
     Conflict,
     FieldError,
@@ -49,7 +48,7 @@ from kairos.errors import (
 from kairos.instants import rfc3339
 from kairos.notify import NOTIFY_ON_DEFAULT
 from kairos.observability import logger
-from kairos.schedules import loop_policy
+from kairos.schedules import loop_policy, paused
 from kairos.schedules.request import (
     CRON_MAX,
     DAY,
@@ -209,7 +208,6 @@ def next_fire_at(target: Schedule | calendar.Rule, after: datetime) -> datetime 
         rule = rule_of(target)
     else:
         rule = target
-    from kairos import calendar
 
     fire = calendar.next_fire(rule, after)
     return None if fire is None else fire.fire_at
@@ -252,7 +250,6 @@ def _fires(schedule: Schedule, after: datetime, count: int) -> list[calendar.Fir
         count = min(count, max(schedule.max_occurrences - schedule.fire_count, 0))
         if count == 0:
             return []
-    from kairos import calendar
 
     return calendar.fires(rule_of(schedule), after, count)
 
@@ -406,7 +403,6 @@ def pause(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: st
           now: datetime | None = None) -> Schedule:
     """active -> paused, with the owner's ``reason`` (at most 500 characters) and when; anything else is
     ``Conflict``."""
-    from kairos.schedules import paused
 
     problems = paused.reason_problems(reason)
     if problems:
@@ -440,7 +436,6 @@ def resume(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
             if first is None:
                 raise Conflict("this schedule has nothing left to fire; cancel it and create a new one",
                                fields=[FieldError("status", "no_future_fire", "the rule has no fire after now")])
-            from kairos.schedules import paused
 
             paused.record_at_resume(conn, current.id, revision=current.revision, paused_at=current.paused_at,
                                     rule=rule_of(current), now=clock)
@@ -456,7 +451,6 @@ def cancel(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: s
            now: datetime | None = None) -> Schedule:
     """active, paused or draft -> cancelled (final); runs already claimed still finish. A loop's pending
     questions are cancelled with it, and the runs that wait on them (``kairos.input_requests``)."""
-    from kairos import input_requests
 
     with db.atomic(conn):
         # The runs waiting on a loop's questions first, then the loop: a run's worker takes them in that order.

@@ -99,7 +99,6 @@ def test(conn: psycopg.Connection[db.Row], schedule_id: uuid.UUID, *, owner: str
         if schedule is None:
             raise NotFound("schedule")
         if schedule["loop"]:
-            from kairos.schedules.loop_policy import loop_refusal
 
             raise loop_refusal("test-run")
         if schedule["status"] == ScheduleStatus.CANCELLED.value:

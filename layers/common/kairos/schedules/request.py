@@ -56,7 +56,7 @@ from pydantic import (
 )
 from pydantic_core import PydanticCustomError
 
-from kairos import agents, limits
+from kairos import agents, calendar, limits, runtime
 from kairos import secrets as kairos_secrets
 from kairos.errors import (
     MAX,
@@ -70,6 +70,7 @@ from kairos.errors import (
 )
 from kairos.instants import out_of_range, rfc3339
 from kairos.notify import NOTIFY_ON_DEFAULT, validate_notify
+from kairos.schedules.corpus_spec import validate as validate_corpus
 from kairos.schedules.flow_spec import validate as validate_flow
 from kairos.states import DstFold, DstGap, Mode, Overlap, ScheduleKind
 
@@ -318,8 +319,6 @@ def _corpus(raw: object, problems: list[FieldError], *, owner: str) -> dict[str,
     """The checked ``corpus`` (``kairos.schedules.corpus_spec``), its problems added to ``problems``."""
     if raw is None:
         return None
-    from kairos import runtime
-    from kairos.schedules.corpus_spec import validate as validate_corpus
 
     try:
         return validate_corpus(raw, buckets=runtime.settings().readable_corpus_buckets, owner=owner)
@@ -332,7 +331,6 @@ def _standalone_problems(body: Mapping[str, Any], reported: set[str]) -> list[Fi
     """When the body's shape is already refused, the checks that need no other field still run, so one
     answer names a bad ``mode``, a bad ``cron`` and a bad ``timezone`` together (not one per round trip).
     The checks that depend on the kind or on several fields wait for a well-shaped body."""
-    from kairos import calendar
 
     problems: list[FieldError] = []
     cron = body.get("cron")
@@ -354,7 +352,6 @@ _NOT_FOR_KIND: dict[ScheduleKind, tuple[tuple[str, ...], str]] = {
 
 def _check_semantics(request: ScheduleRequest, now: datetime) -> list[FieldError]:
     """Rules beyond the shape. Rule words match the calendar's (``not_for_kind``, ``known_zone``…)."""
-    from kairos import calendar
 
     problems = _fields_not_for_kind(request) + _times_not_future(request, now) + limits.schedule_problems(
         None if request.limits is None else request.limits.model_dump(exclude_none=True),
@@ -414,7 +411,6 @@ def _calendar_errors(check: Callable[[], object]) -> list[FieldError]:
 
 def _check_frequency(request: ScheduleRequest, now: datetime) -> None:
     """The shortest period (``calendar.min_spacing``) against ``MIN_SPACING`` and twice ``jitter_seconds``."""
-    from kairos import calendar
 
     spacing = calendar.min_spacing(rule_of(request), now)
     if spacing is not None and spacing < MIN_SPACING:
@@ -467,7 +463,6 @@ class Timed(Protocol):
 
 def rule_of(source: Timed) -> calendar.Rule:
     """The calendar rule of a timed request or schedule (``ValueError`` for a webhook)."""
-    from kairos import calendar
 
     if source.kind not in TIMED_KINDS:
         raise ValueError("a webhook schedule has no calendar rule")

@@ -8,13 +8,10 @@ principal's object answers the same ``NotFound``, byte for byte, as a missing on
 answer with ``ok`` (validated against its response model in ``kairos.api.models``). Creates go
 through ``idempotent`` (``Idempotency-Key``, ``kairos.idempotency``).
 
-Library modules only some routes need (``kairos.runs``, ``kairos.webhooks``, ``kairos.handoff``,
-``kairos.idempotency``) are imported inside those routes, so importing ``kairos.api.app`` does not load
-them. That saves only a process without SnapStart (the local stack, tests): the deployed ApiFunction
-(``functions/webhook/app.py``) imports ``kairos.snapstart``, which imports ``kairos.handoff``, and its
-before-snapshot step imports ``kairos.webhooks`` (with the calendar and ``kairos.idempotency``), so every
-restored copy holds those whatever it serves; of these only ``kairos.runs`` waits for its first route
-(``tests/unit/test_api_imports.py`` holds both).
+Every route's library imports sit at the module's top: importing ``kairos.api.app`` loads the whole
+request path, and the deployed ApiFunction's before-snapshot step loads the one lazy module
+(``kairos.api.openapi``), so a restored copy imports nothing on its first request
+(``tests/unit/test_api_imports.py``).
 
 Must not: hold a domain rule, echo an id or a token in an error, or log a path, a header or a body.
 """
@@ -30,7 +27,7 @@ from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
 from pydantic import BaseModel
 
-from kairos import db, pages, runtime
+from kairos import db, handoff, idempotency, pages, runtime
 from kairos.api.resolver import JSON, route_key
 from kairos.errors import NotFound
 from kairos.instants import rfc3339
@@ -58,7 +55,6 @@ def handoff_committed(database: db.Database, run_ids: list[UUID], *, delay_secon
     """Sends committed run ids to SQS (``delay_seconds`` later: a held webhook run's timer) and stamps
     ``handoff_at`` (``kairos.handoff``, shared with the tick); raises what SQS raises
     (``kairos.webhooks`` counts that, ``send_committed`` logs it)."""
-    from kairos import handoff
 
     settings = runtime.settings()
     if not settings.run_queue_url:
@@ -123,7 +119,6 @@ def idempotent(conn: Any, owner: str, event: Mapping[str, Any], body: Any,
     """``create(conn)`` at most once per owner and ``Idempotency-Key`` in 24 h (``kairos.idempotency``):
     a retry with the same body (the route's parsed body) answers the first response again, another
     body 422. No key: a plain create."""
-    from kairos import idempotency
 
     key = idempotency.check_key("Idempotency-Key", header(event, "Idempotency-Key"))
     if key is None:

@@ -11,6 +11,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Query
 
+from kairos import approvals
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import database, ok, parse_id, send_committed
@@ -28,7 +29,6 @@ else:  # the ``state`` query's values: kairos.states.ApprovalState's, in its ord
                  summary="The caller's approval requests, newest first (optionally in one state)")
 def list_approvals(state: Annotated[State | None, Query()] = None,
                    limit: Annotated[int, Query(ge=1, le=100)] = 50) -> Response[dict[str, Any]]:
-    from kairos import approvals
 
     owner = principal()
     with database().transaction() as conn:
@@ -39,7 +39,6 @@ def list_approvals(state: Annotated[State | None, Query()] = None,
 @router.endpoint("GET", "/v1/approvals/<id>", status=200, model=models.ApprovalEnvelope, errors=(404,),
                  summary="One approval request: the tool, a bounded preview of its arguments, its state")
 def get_approval(id: str) -> Response[dict[str, Any]]:
-    from kairos import approvals
 
     owner = principal()
     approval_id = parse_id(id, "approval")
@@ -51,7 +50,6 @@ def get_approval(id: str) -> Response[dict[str, Any]]:
 @router.endpoint("POST", "/v1/approvals/<id>/approve", status=200, model=models.ApprovalEnvelope, errors=(404, 409),
                  summary="Approve a pending request: its run resumes and applies exactly this call, once")
 def approve(id: str) -> Response[dict[str, Any]]:
-    from kairos import approvals
 
     owner = principal()
     approval_id = parse_id(id, "approval")
@@ -64,7 +62,6 @@ def approve(id: str) -> Response[dict[str, Any]]:
 @router.endpoint("POST", "/v1/approvals/<id>/deny", status=200, model=models.ApprovalEnvelope, errors=(404, 409),
                  summary="Deny a pending request: its run ends policy_blocked")
 def deny(id: str) -> Response[dict[str, Any]]:
-    from kairos import approvals
 
     owner = principal()
     approval_id = parse_id(id, "approval")

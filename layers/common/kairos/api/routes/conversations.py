@@ -14,7 +14,7 @@ from uuid import UUID
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 
-from kairos import conversations, pages
+from kairos import chat, conversations, pages
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import BEFORE, LIMIT, database, idempotent, ok, parse_id, send_committed
@@ -79,7 +79,6 @@ def get_inbox(id: str) -> Response[dict[str, Any]]:
                  summary="A chat turn: the message becomes a chat run that appends the agent's answer")
 def post_message(id: str, body: Annotated[dict[str, Any], Body(description='{"content": "..."}')],
                  ) -> Response[dict[str, Any]]:
-    from kairos import chat
 
     owner = principal()
     conversation_id = parse_id(id, "conversation")

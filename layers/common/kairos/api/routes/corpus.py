@@ -16,6 +16,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Query
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import database, jsonable, ok, parse_id, send_committed
+from kairos.runs import corpus_control, corpus_progress
 
 router = Routes()
 
@@ -23,7 +24,6 @@ router = Routes()
 @router.endpoint("GET", "/v1/runs/<id>/corpus", status=200, model=models.CorpusEnvelope, errors=(404,),
                  summary="A corpus run's phase, coverage, partitions by state and export handles")
 def get_corpus(id: str) -> Response[dict[str, Any]]:
-    from kairos.runs import corpus_progress
 
     owner = principal()
     run_id = parse_id(id, "run")
@@ -39,7 +39,6 @@ def get_corpus_records(
     after: Annotated[str | None, Query(max_length=2048, description="next_after of the previous page")] = None,
     limit: Annotated[int, Query(ge=1, le=1000, description="capped at 200")] = 50,
 ) -> Response[dict[str, Any]]:
-    from kairos.runs import corpus_progress
 
     owner = principal()
     run_id = parse_id(id, "run")
@@ -51,7 +50,6 @@ def get_corpus_records(
 @router.endpoint("POST", "/v1/runs/<id>/pause", status=202, model=models.RunEnvelope, errors=(404, 409),
                  summary="Pause a corpus run at its next partition boundary (queued: at once)")
 def pause_run(id: str) -> Response[dict[str, Any]]:
-    from kairos.runs import corpus_control
 
     owner = principal()
     run_id = parse_id(id, "run")
@@ -63,7 +61,6 @@ def pause_run(id: str) -> Response[dict[str, Any]]:
 @router.endpoint("POST", "/v1/runs/<id>/resume", status=202, model=models.RunEnvelope, errors=(404, 409),
                  summary="Resume a paused corpus run; it keeps everything it committed")
 def resume_run(id: str) -> Response[dict[str, Any]]:
-    from kairos.runs import corpus_control
 
     owner = principal()
     run_id = parse_id(id, "run")

@@ -13,6 +13,7 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 
+from kairos import webhooks
 from kairos.api import models
 from kairos.api.bodies import check_depth, raw_body
 from kairos.api.resolver import Routes
@@ -25,7 +26,6 @@ router = Routes()
                  errors=(401, 404, 413, 429, 503),
                  summary="Trigger a webhook schedule (no bearer; the token is the credential)", public=True)
 def post_hook(token: str) -> Response[dict[str, Any]]:
-    from kairos import webhooks
 
     event = router.current_event
     body = raw_body(event.raw_event)

@@ -12,6 +12,7 @@ from typing import TYPE_CHECKING, Annotated, Any, Literal
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 
+from kairos import input_requests
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import database, ok, parse_id, send_committed
@@ -29,7 +30,6 @@ else:  # the ``state`` query's values: kairos.states.InputRequestState's, in its
                  summary="The caller's input requests, newest first (optionally in one state)")
 def list_input_requests(state: Annotated[State | None, Query()] = None,
                         limit: Annotated[int, Query(ge=1, le=100)] = 50) -> Response[dict[str, Any]]:
-    from kairos import input_requests
 
     owner = principal()
     with database().transaction() as conn:
@@ -41,7 +41,6 @@ def list_input_requests(state: Annotated[State | None, Query()] = None,
                  errors=(400, 404, 409, 415), has_body=True,
                  summary="Answer a pending question, once: the answer joins the run's thread and the same run resumes")
 def answer_input_request(id: str, body: Annotated[models.InputAnswer, Body()]) -> Response[dict[str, Any]]:
-    from kairos import input_requests
 
     owner = principal()
     request_id = parse_id(id, "input_request")

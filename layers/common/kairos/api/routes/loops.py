@@ -18,7 +18,7 @@ from aws_lambda_powertools.event_handler.openapi.params import Body
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import database, etag, header, idempotent, ok, parse_id
-from kairos.schedules import last_run
+from kairos.schedules import edit, last_run, loops
 
 router = Routes()
 
@@ -27,7 +27,6 @@ router = Routes()
                  summary="Create a goal loop: a goal, a rule, an end and a count; catch-up off, overlap skip, "
                          "no backfill; active at once", has_body=True)
 def create_loop(body: Annotated[dict[str, Any], Body(description="LoopCreate")]) -> Response[dict[str, Any]]:
-    from kairos.schedules import loops
 
     owner = principal()
 
@@ -43,7 +42,6 @@ def create_loop(body: Annotated[dict[str, Any], Body(description="LoopCreate")])
 @router.endpoint("GET", "/v1/loops/<id>", status=200, model=models.ScheduleEnvelope, errors=(404,),
                  summary="One goal loop (its safe goal, status, next fire and last run)")
 def get_loop(id: str) -> Response[dict[str, Any]]:
-    from kairos.schedules import loops
 
     owner = principal()
     loop_id = parse_id(id, "loop")
@@ -60,7 +58,6 @@ def get_loop(id: str) -> Response[dict[str, Any]]:
 def edit_loop(id: str, body: Annotated[dict[str, Any], Body(description="LoopCreate fields to change "
                                                              "(not conversation_id); null resets one")],
               ) -> Response[dict[str, Any]]:
-    from kairos.schedules import edit, loops
 
     owner = principal()
     loop_id = parse_id(id, "loop")

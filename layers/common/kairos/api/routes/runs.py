@@ -15,10 +15,12 @@ from uuid import UUID
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 
-from kairos import pages, trace
+from kairos import pages, runs, trace
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import BEFORE, LIMIT, database, jsonable, ok, parse_id, send_committed
+from kairos.runs import steps
+from kairos.schedules import manual
 from kairos.states import RunState, Source
 
 router = Routes()
@@ -37,7 +39,6 @@ def list_runs(
     before: BEFORE = None,
     limit: LIMIT = pages.LIMIT_DEFAULT,
 ) -> Response[dict[str, Any]]:
-    from kairos import runs
 
     owner = principal()
     with database().transaction() as conn:
@@ -48,7 +49,6 @@ def list_runs(
 
 @router.endpoint("GET", "/v1/runs/<id>", status=200, model=models.RunEnvelope, errors=(404,), summary="One run")
 def get_run(id: str) -> Response[dict[str, Any]]:
-    from kairos import runs
 
     owner = principal()
     run_id = parse_id(id, "run")
@@ -64,7 +64,6 @@ def get_run_events(
     after: Annotated[int, Query(ge=0, le=SEQ_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=SEQ_MAX, description=f"capped at {trace.MAX_PAGE}")] = 100,
 ) -> Response[dict[str, Any]]:
-    from kairos import runs
 
     owner = principal()
     run_id = parse_id(id, "run")
@@ -82,8 +81,6 @@ def get_run_steps(
     after: Annotated[int, Query(ge=0, le=SEQ_MAX)] = 0,
     limit: Annotated[int, Query(ge=1, le=pages.LIMIT_MAX)] = pages.LIMIT_DEFAULT,
 ) -> Response[dict[str, Any]]:
-    from kairos import runs
-    from kairos.runs import steps
 
     owner = principal()
     run_id = parse_id(id, "run")
@@ -96,7 +93,6 @@ def get_run_steps(
 @router.endpoint("GET", "/v1/runs/<id>/output", status=200, model=models.OutputEnvelope, errors=(404,),
                  summary="The run's output projection: available, empty (with why) or unavailable")
 def get_run_output(id: str) -> Response[dict[str, Any]]:
-    from kairos import runs
 
     owner = principal()
     run_id = parse_id(id, "run")
@@ -108,7 +104,6 @@ def get_run_output(id: str) -> Response[dict[str, Any]]:
 @router.endpoint("POST", "/v1/runs/<id>/cancel", status=200, model=models.RunEnvelope, errors=(404, 409),
                  summary="Cancel a run (queued: at once; running: at its next heartbeat or step)")
 def cancel_run(id: str) -> Response[dict[str, Any]]:
-    from kairos import runs
 
     owner = principal()
     run_id = parse_id(id, "run")
@@ -123,7 +118,6 @@ def cancel_run(id: str) -> Response[dict[str, Any]]:
                          "cancelled run: from the start with no external change made, or {\"from\": \"last_step\"} "
                          "taking over its completed steps (409 ambiguous_effect naming a step that may have acted)")
 def retry_run(id: str, body: Annotated[models.RetryRequest | None, Body()] = None) -> Response[dict[str, Any]]:
-    from kairos.schedules import manual
 
     owner = principal()
     run_id = parse_id(id, "run")

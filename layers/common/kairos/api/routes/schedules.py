@@ -7,9 +7,7 @@ transaction.
 
 ``POST /v1/schedules`` reads its body raw so ``kairos.schedules`` can canonicalize the chat-style
 shorthand before its strict validation; the OpenAPI document describes the strict
-``schedules.ScheduleRequest``. ``kairos.webhooks`` (with the calendar, the trace and the identities
-it needs) is imported only by the routes that hand out a token, so importing the routes does not load
-it; the deployed ApiFunction imports it anyway, before its SnapStart snapshot.
+``schedules.ScheduleRequest``.
 """
 
 from __future__ import annotations
@@ -21,12 +19,12 @@ from uuid import UUID
 from aws_lambda_powertools.event_handler import Response
 from aws_lambda_powertools.event_handler.openapi.params import Body, Query
 
-from kairos import occurrences, pages, runtime, schedules
+from kairos import occurrences, pages, runs, runtime, schedules, webhooks
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import BEFORE, LIMIT, database, etag, header, idempotent, ok, parse_id, send_committed
 from kairos.instants import RFC3339Instant, offset_text, rfc3339
-from kairos.schedules import last_run
+from kairos.schedules import backfill, edit, last_run, manual
 
 router = Routes()
 
@@ -35,7 +33,6 @@ def _webhook(token: str) -> dict[str, str]:
     """The URL to paste into GitHub or Stripe: ``KAIROS_PUBLIC_URL`` when set (a custom domain), else
     the host this request came to — API Gateway's own domain, which the template cannot pass to its
     function without a dependency cycle."""
-    from kairos import webhooks
 
     base = runtime.settings().public_url
     if base is None:
@@ -89,7 +86,6 @@ def get_schedule(id: str) -> Response[dict[str, Any]]:
 def edit_schedule(id: str, body: Annotated[dict[str, Any], Body(description="ScheduleRequest fields to change; "
                                                                 "null resets one to its default")],
                   ) -> Response[dict[str, Any]]:
-    from kairos.schedules import edit
 
     owner = principal()
     schedule_id = parse_id(id, "schedule")
@@ -168,7 +164,6 @@ def rotate_token(
     id: str,
     body: Annotated[models.TokenRotate | None, Body()] = None,
 ) -> Response[dict[str, Any]]:
-    from kairos import webhooks
 
     owner = principal()
     schedule_id = parse_id(id, "schedule")
@@ -182,7 +177,6 @@ def rotate_token(
 @router.endpoint("POST", "/v1/schedules/<id>/trigger", status=202, model=models.HookAccepted, errors=(404, 409, 429),
                  summary="Run now: a manual occurrence of the current revision (overlap applies; a skip is 409)")
 def trigger_schedule(id: str) -> Response[dict[str, Any]]:
-    from kairos.schedules import manual
 
     owner = principal()
     schedule_id = parse_id(id, "schedule")
@@ -206,8 +200,6 @@ def trigger_schedule(id: str) -> Response[dict[str, Any]]:
                  summary="A test run of the current revision: real model calls, mutations recorded not_sent_test "
                          "and never sent; never counted toward failures, never notified, never last_run")
 def test_schedule(id: str, body: Annotated[models.TestRunRequest | None, Body()] = None) -> Response[dict[str, Any]]:
-    from kairos import runs
-    from kairos.schedules import manual
 
     owner = principal()
     schedule_id = parse_id(id, "schedule")
@@ -234,7 +226,6 @@ def test_schedule(id: str, body: Annotated[models.TestRunRequest | None, Body()]
 def backfill_schedule(id: str, body: Annotated[dict[str, Any], Body(
         description='{"from": RFC 3339, "until": RFC 3339 (at most now, at most 31 days after from), '
                     '"max"?: 1..100}')]) -> Response[dict[str, Any]]:
-    from kairos.schedules import backfill
 
     owner = principal()
     schedule_id = parse_id(id, "schedule")

@@ -13,7 +13,7 @@ from typing import Any
 
 from aws_lambda_powertools.event_handler import Response
 
-from kairos import runtime
+from kairos import operations, runtime
 from kairos.api import models
 from kairos.api.resolver import Routes, principal
 from kairos.api.routes import database, ok
@@ -23,7 +23,6 @@ router = Routes()
 
 
 def _dlq_depth() -> int | None:
-    from kairos import operations
 
     url = runtime.settings().run_dlq_url
     if not url:
@@ -38,7 +37,6 @@ def _dlq_depth() -> int | None:
 @router.endpoint("GET", "/v1/status", status=200, model=models.StatusEnvelope, errors=(),
                  summary="Your due backlog, fire lag and runs in flight, and the run queue's DLQ depth")
 def get_status() -> Response[dict[str, Any]]:
-    from kairos import operations
 
     owner = principal()
     depth = _dlq_depth()
