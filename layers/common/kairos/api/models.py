@@ -219,6 +219,9 @@ class RunOut(_Open):
                                   "UTF-8; secret references, never values)")
     limits: dict[str, int] | None = Field(
         default=None, description="runtime_seconds, max_attempts, max_steps: the limits the run was recorded with")
+    waiting_for: Literal["slot", "key"] | None = Field(
+        default=None, description="a queued run waiting in the database: for one of its owner's running slots, or "
+                                  "for its concurrency key's; null for any other run")
 
 
 class RunEnvelope(_Strict):
