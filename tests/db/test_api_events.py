@@ -24,7 +24,7 @@ ORDER = [
     "api_get_conversation", "api_get_inbox", "api_post_message", "api_list_schedules", "api_get_schedule",
     "api_preview_schedule", "api_list_occurrences", "api_list_runs", "api_list_conversations",
     "api_edit_schedule", "api_pause_schedule", "api_resume_schedule", "api_hook", "api_rotate_token",
-    "api_trigger_schedule", "api_backfill_schedule", "api_retry_run", "api_list_approvals", "api_get_approval",
+    "api_trigger_schedule", "api_test_schedule", "api_backfill_schedule", "api_retry_run", "api_list_approvals", "api_get_approval",
     "api_approve", "api_deny", "api_list_input_requests", "api_answer_input_request", "api_create_loop",
     "api_get_loop", "api_edit_loop", "api_get_run", "api_run_events", "api_run_steps",
     "api_run_output", "api_run_corpus", "api_run_corpus_records", "api_pause_run", "api_resume_run",

@@ -289,6 +289,7 @@ def test_occurrences_page_newest_first_with_decisions_and_ties_split_exactly_onc
     assert all(by_id[t["occurrence_id"]]["run_id"] == t["run_id"] for t in [*tied.values(), *older])
     assert by_id[skipped["occurrence_id"]] == {
         "id": skipped["occurrence_id"], "source": "scheduled", "fire_at": "2026-03-01T11:00:00Z",
+        "dispatch_at": "2026-03-01T11:00:00Z",
         "local_time": "2026-03-01T12:00:00", "utc_offset": "+01:00", "fold": 0, "schedule_revision": 1,
         "decision": "skipped_late", "covers_from": "2026-03-01T07:00:00Z", "covers_until": "2026-03-01T11:00:00Z",
         "covers_count": 5, "run_id": None}
