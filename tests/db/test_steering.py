@@ -197,6 +197,17 @@ def test_cancel_replace_cancels_a_queued_run_and_dispatches_the_new_one(api: Api
     assert replaced["state"] == "cancelled" and replaced["diagnosis"]["reason_code"] == "replaced"
 
 
+def test_a_triggered_cancel_replace_sends_the_new_run_its_cancel_let_in(api: Api) -> None:
+    # The cancel of the queued run frees its slot in the same transaction; the slot's release there
+    # admits the new run, and the route that cancelled must send it (nobody else will).
+    s = schedule(api, overlap="cancel_replace")
+    old = api.alice.post(f"/v1/schedules/{s['id']}/trigger").json["run_id"]
+    assert [m["run_id"] for m in api.messages()] == [old]
+    new = api.alice.post(f"/v1/schedules/{s['id']}/trigger").json["run_id"]
+    assert [m["run_id"] for m in api.messages()] == [new]
+    assert run_row(api.url, old)["state"] == "cancelled" and run_row(api.url, new)["state"] == "queued"
+
+
 def test_cancel_replace_asks_a_running_run_without_a_mutation_to_stop(api: Api) -> None:
     s = schedule(api, overlap="cancel_replace")
     sched = rows(api.url, "SELECT * FROM schedules WHERE id = %s", s["id"])[0]

@@ -169,27 +169,32 @@ def stamp(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID], *, now: dat
 
 
 def send(database: db.Database, sqs: Any, queue_url: str, run_ids: Sequence[UUID], *,
-         now: datetime | None = None, delay_seconds: int = 0) -> HandoffResult:
+         now: datetime | None = None, delay_seconds: int = 0, ended: Sequence[UUID] = ()) -> HandoffResult:
     """The whole handoff of committed runs. Their owners' free slots are handed out first, to the oldest
     waiting runs (``kairos.budgets.release``: these runs or older ones); the runs just released are
     sent (with ``delay_seconds``: a webhook flow's timer), and those SQS accepted stamped. A run still
-    without a slot is not sent: it waits queued for its release."""
-    return _send_stamped(database, sqs, queue_url, admit(database, run_ids, now=now), now=now,
+    without a slot is not sent: it waits queued for its release. ``ended``: runs the caller's own
+    committed transaction ended (a ``cancel_replace``), whose statements released these or others."""
+    return _send_stamped(database, sqs, queue_url, admit(database, run_ids, now=now, ended=ended), now=now,
                          delay_seconds=delay_seconds)
 
 
-def admit(database: db.Database, run_ids: Sequence[UUID], *, now: datetime | None = None) -> list[UUID]:
+def admit(database: db.Database, run_ids: Sequence[UUID], *, now: datetime | None = None,
+          ended: Sequence[UUID] = ()) -> list[UUID]:
     """``send``'s first half, in its own transaction: releases the owners of these runs' free slots to
     their oldest waiting runs, and answers exactly those: what this call released is this call's to
     send. A run someone else released (a concurrent intake, an ending run's statement) is theirs to
     send, so no run is sent twice by two releasers. A run given that holds its slot and was sent
-    before is sent again (a webhook flow's window closing: the message is its timer)."""
-    if not run_ids:
+    before is sent again (a webhook flow's window closing: the message is its timer). The runs that
+    ``ended`` (ended or cancelled in the caller's own transaction) released are the caller's too: a
+    ``cancel_replace`` whose cancel let the new run into the old one's slot sends it at once."""
+    if not run_ids and not ended:
         return []
     with database.transaction() as conn:
-        released = budgets.release(conn, budgets.owners_of(conn, run_ids), now=now)
+        freed = budgets.unsent(conn, ended)
+        released = budgets.release(conn, budgets.owners_of(conn, run_ids), now=now) if run_ids else []
         again = budgets.resent(conn, run_ids)
-    return list(dict.fromkeys([*released, *again]))
+    return list(dict.fromkeys([*freed, *released, *again]))
 
 
 def send_released(database: db.Database, sqs: Any, queue_url: str, ended: Sequence[UUID], *,

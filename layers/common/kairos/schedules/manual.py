@@ -72,6 +72,7 @@ class Manual:
     run_id: uuid.UUID
     decision: Decision
     sendable: bool  # dispatched now (not queued behind another run, not blocked, not an earlier retry)
+    replaced: uuid.UUID | None = None  # cancel_replace: the run this one's transaction cancelled for it
 
     def as_json(self) -> dict[str, Any]:
         return {"run_id": str(self.run_id), "occurrence_id": str(self.occurrence_id)}
@@ -260,4 +261,5 @@ def _record(conn: psycopg.Connection[db.Row], schedule: db.Row, *, revision: int
     sendable = verdict.blocked_by is None
     if verdict.replaces is not None:
         sendable = overlap.replace(conn, old_run_id=verdict.replaces, new_run_id=run_id, now=now)
-    return Manual(schedule_id, occurrence_id, run_id, verdict.decision, sendable=sendable)
+    return Manual(schedule_id, occurrence_id, run_id, verdict.decision, sendable=sendable,
+                  replaced=verdict.replaces if sendable else None)

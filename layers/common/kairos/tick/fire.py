@@ -108,7 +108,7 @@ class Fire:
             plans = [p for p in plans if p.schedule_id in moved]
             self.probes.fire("after_cursor")
             inserted = self._record(conn, plans, now)
-            blocked = self._replace(conn, plans, inserted, now)
+            blocked, replaced = self._replace(conn, plans, inserted, now)
             self.probes.fire("after_inserts")
             paused = self._pause_broken(conn, broken, now)
         db_seconds = time.perf_counter() - started
@@ -119,7 +119,7 @@ class Fire:
         # Only runs that hold a slot go: the owners' free slots are released to their oldest waiting
         # runs first; the rest wait queued until a run of theirs ends (kairos.budgets).
         admit_started = time.perf_counter()
-        to_send = handoff.admit(self.db, to_send, now=now)
+        to_send = handoff.admit(self.db, to_send, now=now, ended=replaced)
         db_seconds += time.perf_counter() - admit_started
         result = handoff.send_batch(self.sqs, self.queue_url, to_send)
         self.probes.fire("after_send")
@@ -174,17 +174,22 @@ class Fire:
         ], now=now)
 
     def _replace(self, conn: psycopg.Connection[db.Row], plans: list[Plan], inserted: list[db.Row],
-                 now: datetime | None) -> set[UUID]:
-        """cancel_replace: each new run replaces its schedule's active run, or is blocked (returned)."""
+                 now: datetime | None) -> tuple[set[UUID], list[UUID]]:
+        """cancel_replace: each new run replaces its schedule's active run (the replaced are returned
+        second: their cancel may have released a waiting run, this tick's to send), or is blocked (first)."""
         recorded = {row["run_id"] for row in inserted if row["run_id"] is not None}
         blocked: set[UUID] = set()
+        replaced: list[UUID] = []
         for plan in plans:
             for o in plan.occurrences:
                 new, old = o.run_id, o.replaces_run_id
-                if new in recorded and new is not None and old is not None and not overlap.replace(
-                        conn, old_run_id=old, new_run_id=new, now=now):
+                if new not in recorded or new is None or old is None:
+                    continue
+                if overlap.replace(conn, old_run_id=old, new_run_id=new, now=now):
+                    replaced.append(old)
+                else:
                     blocked.add(new)
-        return blocked
+        return blocked, replaced
 
     def _pause_broken(self, conn: psycopg.Connection[db.Row], broken: list[db.Row], now: datetime | None) -> int:
         return len(pause_with_note(conn, [r["id"] for r in broken], reason_code="rule_error", now=now,

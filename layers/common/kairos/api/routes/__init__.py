@@ -51,7 +51,8 @@ def ok(status: int, model: type[M], payload: Mapping[str, Any], headers: Mapping
     return Response(status_code=status, content_type=JSON, body=body, headers=dict(headers or {}))
 
 
-def handoff_committed(database: db.Database, run_ids: list[UUID], *, delay_seconds: int = 0) -> object:
+def handoff_committed(database: db.Database, run_ids: list[UUID], *, delay_seconds: int = 0,
+                      ended: list[UUID] | None = None) -> object:
     """Sends committed run ids to SQS (``delay_seconds`` later: a held webhook run's timer) and stamps
     ``handoff_at`` (``kairos.handoff``, shared with the tick); raises what SQS raises
     (``kairos.webhooks`` counts that, ``send_committed`` logs it)."""
@@ -60,16 +61,17 @@ def handoff_committed(database: db.Database, run_ids: list[UUID], *, delay_secon
     if not settings.run_queue_url:
         logger.warning("no run queue configured", extra={"action": "api_handoff_skipped"})
         return None
-    return handoff.send(database, runtime.sqs(), settings.run_queue_url, run_ids, delay_seconds=delay_seconds)
+    return handoff.send(database, runtime.sqs(), settings.run_queue_url, run_ids, delay_seconds=delay_seconds,
+                        ended=ended or ())
 
 
-def send_committed(run_ids: list[UUID]) -> None:
+def send_committed(run_ids: list[UUID], *, ended: list[UUID] | None = None) -> None:
     """``handoff_committed`` after a route's commit: a failure is logged, never answered — the runs
     exist and the tick's repair sends what SQS did not take."""
     if not run_ids:
         return
     try:
-        handoff_committed(database(), run_ids)
+        handoff_committed(database(), run_ids, ended=ended)
     except Exception:  # noqa: BLE001 - committed and queued: the repair resends
         logger.exception("handoff failed", extra={"action": "api_handoff_failed",
                                                   "run_ids": [str(r) for r in run_ids]})

@@ -181,17 +181,20 @@ def trigger_schedule(id: str) -> Response[dict[str, Any]]:
     owner = principal()
     schedule_id = parse_id(id, "schedule")
     sendable: list[UUID] = []
+    replaced: list[UUID] = []
 
     def create(conn: Any) -> Response[dict[str, Any]]:
         triggered = manual.trigger(conn, schedule_id, owner=owner)
         if triggered.sendable:
             sendable.append(triggered.run_id)
+        if triggered.replaced is not None:
+            replaced.append(triggered.replaced)
         return ok(202, models.HookAccepted, triggered.as_json())
 
     with database().transaction() as conn:
         # The key is per route and schedule: the same key on another schedule is another request.
         response = idempotent(conn, owner, router.current_event.raw_event, {"schedule_id": str(schedule_id)}, create)
-    send_committed(sendable)
+    send_committed(sendable, ended=replaced)
     return response
 
 
