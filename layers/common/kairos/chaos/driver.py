@@ -22,6 +22,7 @@ Must not: run against a database it did not start (it stops and restarts its ser
 
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import random
@@ -507,13 +508,23 @@ class Rehearsal:
                                                    "ApproximateNumberOfMessagesDelayed"))
 
 
-def quiet_logs(level: str = "CRITICAL") -> None:
+@contextlib.contextmanager
+def quiet_logs(level: str = "CRITICAL") -> Iterator[None]:
+    """The handlers' logs at ``level`` (the faults make them loud) while the rehearsal runs; the levels
+    before it come back after, so a caller in the same process (a test run) logs as it did."""
     import logging
 
-    logger.setLevel(level)
-    logging.getLogger("werkzeug").setLevel(logging.ERROR)
-    logging.getLogger("botocore").setLevel(logging.ERROR)
-    logging.getLogger("psycopg.pool").setLevel(level)  # "discarding closed connection": the faults, expected
+    loggers: dict[Any, int | str] = {
+        logger: level, logging.getLogger("werkzeug"): logging.ERROR, logging.getLogger("botocore"): logging.ERROR,
+        logging.getLogger("psycopg.pool"): level}  # "discarding closed connection": the faults, expected
+    before = {each: each.level for each in loggers}
+    for each, wanted in loggers.items():
+        each.setLevel(wanted)
+    try:
+        yield
+    finally:
+        for each, was in before.items():
+            each.setLevel(was)
 
 
 def iso(value: datetime) -> str:

@@ -77,8 +77,8 @@ def main(args: argparse.Namespace) -> int:
     if args.minutes <= 0:
         print("kairos chaos: --minutes must be above 0", file=sys.stderr)
         return 2
-    quiet_logs(args.log_level)
-    result = rehearse(args.seed, args.minutes, kinds, verbose=args.verbose)
+    with quiet_logs(args.log_level):
+        result = rehearse(args.seed, args.minutes, kinds, verbose=args.verbose)
     for line in report(result):
         print(line)
     return 0 if all(c.held for c in result["checks"]) else 1
