@@ -19,6 +19,7 @@ from kairos import db as kairos_db
 from kairos import handoff, runtime
 from kairos.local.stack import load_function
 from tests import factories
+from tests.support.api import TOKENS, ApiClient
 from tests.support.aws import LambdaContext, SqsQueue, run_body, scheduled_event, sqs_event
 
 run_app = load_function("run")
@@ -248,3 +249,27 @@ def test_a_stray_message_for_a_waiting_run_is_acknowledged_and_nothing_is_re_sen
     assert one_slot.sent == Counter({holder: 1, waiting: 1})
     assert _deliver(sqs_queue, lambda_context) == 1
     assert _rows(db_url, "SELECT state FROM runs ORDER BY created_at") == [{"state": "succeeded"}] * 2
+
+
+def test_cancelling_a_run_that_holds_the_slot_sends_the_run_its_cancel_let_in(
+        db_url: str, sqs_queue: SqsQueue, one_slot: CountingSqs, lambda_context: LambdaContext,
+        monkeypatch: pytest.MonkeyPatch) -> None:
+    """The cancel's statement frees the owner's one slot and admits the next waiting run; the route
+    sends it after its commit, not the tick's repair minutes later."""
+    monkeypatch.setenv("KAIROS_AUTH", "dev")
+    monkeypatch.setenv("KAIROS_DEV_TOKENS", ",".join(f"{t}={who}" for who, t in TOKENS.items()))
+    runtime.reset()
+    holder, waiting = _backlog(db_url, 2, owner="alice")
+    _tick(lambda_context)
+    assert list(one_slot.sent) == [holder]
+
+    answer = ApiClient("alice").post(f"/v1/runs/{holder}/cancel")
+
+    assert answer.status == 200 and answer.json["run"]["state"] == "cancelled", answer.text
+    assert one_slot.sent == Counter({holder: 1, waiting: 1})
+    assert _rows(db_url, "SELECT handoff_at IS NOT NULL AS stamped FROM runs WHERE id = %s", waiting) == [
+        {"stamped": True}]
+    assert _deliver(sqs_queue, lambda_context) == 2  # the holder's message finds it cancelled; the other runs
+    assert _rows(db_url, "SELECT state FROM runs WHERE id = %s", waiting) == [{"state": "succeeded"}]
+    _tick(lambda_context)
+    assert one_slot.sent == Counter({holder: 1, waiting: 1})  # and the repair sends nothing again

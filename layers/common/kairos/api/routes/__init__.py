@@ -67,8 +67,9 @@ def handoff_committed(database: db.Database, run_ids: list[UUID], *, delay_secon
 
 def send_committed(run_ids: list[UUID], *, ended: list[UUID] | None = None) -> None:
     """``handoff_committed`` after a route's commit: a failure is logged, never answered — the runs
-    exist and the tick's repair sends what SQS did not take."""
-    if not run_ids:
+    exist and the tick's repair sends what SQS did not take. ``ended``: runs the route's transaction
+    ended (a cancel), whose statements released the next waiting runs into their slots."""
+    if not run_ids and not ended:
         return
     try:
         handoff_committed(database(), run_ids, ended=ended)

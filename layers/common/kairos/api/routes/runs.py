@@ -109,6 +109,8 @@ def cancel_run(id: str) -> Response[dict[str, Any]]:
     run_id = parse_id(id, "run")
     with database().transaction() as conn:
         run = runs.cancel(conn, run_id, owner=owner)
+    # A queued run that held its slot freed it in the cancel's statement, releasing the next waiting run.
+    send_committed([], ended=[run_id] if run.state == RunState.CANCELLED else None)
     return ok(200, models.RunEnvelope, {"run": run.as_json()})
 
 
