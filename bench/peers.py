@@ -5,7 +5,9 @@ Each peer in its fastest realistic shape:
 
 * **Kairos** — ``functions/run/app.py``'s handler with its decorators, the echo agent in fork mode,
   one SQS-shaped event per run, 8 processes (8 Lambda containers); SQS itself not involved
-  (``bench/run.py``'s ``handler_rate``).
+  (``bench/run.py``'s ``handler_rate``). Twice: every run of one owner (its slots, its day's ledger
+  row), and the runs dealt over 50 owners (``--owners``); the one-owner figure over the other says
+  what one big tenant's runs lose to its shared rows.
 * **DBOS Transact** — a workflow with one step, ``DBOS.start_workflow`` + ``get_result`` from 8 threads
   of one process (DBOS's in-process executor; its system database on this server).
 * **Procrastinate 3.10** — ``defer`` → ``fetch_job`` → ``finish_job`` from 8 coroutines of one process
@@ -20,7 +22,7 @@ series alone on the server). Medians over rounds and each round's ratio of Kairo
 
 The server is ``DATABASE_URL``'s when set (databases ``kairos_bench_peers*`` recreated), else an embedded one.
 
-Run: ``.venv/bin/python bench/peers.py [--units 2000] [--rounds 3]``.
+Run: ``.venv/bin/python bench/peers.py [--units 2000] [--rounds 3] [--owners 50]``.
 """
 
 from __future__ import annotations
@@ -45,10 +47,10 @@ WORKERS = 8
 Result = tuple[float, float, float | None, Work]  # units/s, client ms, server ms, what a unit wrote
 
 
-def kairos(url: str, units: int) -> Result:
+def kairos(url: str, units: int, owners: int = 1) -> Result:
     work: list[Work] = []
     cpu: list[tuple[float, float | None]] = []
-    rate = handler_rate(url, units, WORKERS, work=work, cpu=cpu)
+    rate = handler_rate(url, units, WORKERS, owners=owners, work=work, cpu=cpu)
     return rate, cpu[0][0], cpu[0][1], work[0]
 
 
@@ -152,8 +154,10 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--units", type=int, default=2000)
     parser.add_argument("--rounds", type=int, default=3)
+    parser.add_argument("--owners", type=int, default=50, help="owners of the second Kairos series")
     args = parser.parse_args()
-    names = ["Kairos run handler", "DBOS workflow", "Procrastinate job", "pgbench simple-update"]
+    names = ["Kairos run handler", "DBOS workflow", "Procrastinate job", "pgbench simple-update",
+             f"Kairos run handler, {args.owners} owners"]
     results: dict[str, list[Result]] = {n: [] for n in names}
     with server() as (admin_url, pgbench_bin):
         assert pgbench_bin is not None, "pgbench not found"
@@ -162,6 +166,10 @@ def main() -> None:
             migrations.apply(kairos_url)
             handler_rate(kairos_url, 200, WORKERS)  # history and statistics first, untimed
             results[names[0]].append(kairos(kairos_url, args.units))
+            many_url = recreate(admin_url, "kairos_bench_peers_owners")
+            migrations.apply(many_url)
+            handler_rate(many_url, 200, WORKERS, owners=args.owners)
+            results[names[4]].append(kairos(many_url, args.units, args.owners))
             results[names[1]].append(dbos(recreate(admin_url, "kairos_bench_peers_dbos"), args.units))
             results[names[2]].append(procrastinate(recreate(admin_url, "kairos_bench_peers_procrastinate"), args.units))
             results[names[3]].append(pgbench(pgbench_bin, recreate(admin_url, "kairos_bench_peers_pgbench"),
@@ -169,7 +177,8 @@ def main() -> None:
             k = results[names[0]][-1][0]
             print(f"round {r + 1}: " + "; ".join(f"{n} {results[n][-1][0]:,.0f}/s" for n in names)
                   + f"; Kairos / DBOS {k / results[names[1]][-1][0]:.2f}x, / Procrastinate "
-                  f"{k / results[names[2]][-1][0]:.2f}x, / pgbench {k / results[names[3]][-1][0]:.3f}", flush=True)
+                  f"{k / results[names[2]][-1][0]:.2f}x, / pgbench {k / results[names[3]][-1][0]:.3f}"
+                  f", one owner / {args.owners} owners {k / results[names[4]][-1][0]:.2f}", flush=True)
 
     def med(values: list[float | None]) -> str:
         known = [v for v in values if v is not None]
@@ -184,7 +193,7 @@ def main() -> None:
               f"{med([x[2] for x in rs])} | {statistics.median(x[3].rows for x in rs):.1f} | "
               f"{statistics.median(x[3].wal_bytes for x in rs) / 1024:.1f} KiB |")
     kr = [x[0] for x in results[names[0]]]
-    for n in names[1:]:
+    for n in names[1:]:  # the last: one owner over many (target ≥ 0.9)
         ratios = [k / x[0] for k, x in zip(kr, results[n], strict=True)]
         print(f"Kairos / {n}: rounds {', '.join(f'{v:.3f}' for v in ratios)}; median {statistics.median(ratios):.3f}")
 
