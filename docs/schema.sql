@@ -577,7 +577,8 @@ CREATE TABLE public.effects (
     CONSTRAINT effects_kind_check CHECK ((kind = ANY (ARRAY['model_call'::text, 'http_call'::text, 'tool_call'::text]))),
     CONSTRAINT effects_settled_iff_final CHECK (((state = 'reserved'::text) = (settled_at IS NULL))),
     CONSTRAINT effects_state_check CHECK ((state = ANY (ARRAY['ambiguous'::text, 'failed'::text, 'not_sent_test'::text, 'reserved'::text, 'settled'::text])))
-);
+)
+WITH (fillfactor='90');
 
 CREATE TABLE public.idempotency_receipts (
     key_digest text NOT NULL,
@@ -877,7 +878,7 @@ CREATE INDEX conversations_owner_idx ON public.conversations USING btree (owner,
 
 CREATE INDEX conversations_parent_idx ON public.conversations USING btree (parent_id) WHERE (parent_id IS NOT NULL);
 
-CREATE INDEX effects_run_idx ON public.effects USING btree (run_id, state);
+CREATE INDEX effects_run_idx ON public.effects USING btree (run_id);
 
 CREATE INDEX idempotency_receipts_expires_idx ON public.idempotency_receipts USING btree (expires_at);
 
@@ -953,7 +954,7 @@ CREATE TRIGGER conversation_entries_no_delete BEFORE DELETE ON public.conversati
 
 CREATE TRIGGER conversation_entries_no_truncate BEFORE TRUNCATE ON public.conversation_entries FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
 
-CREATE TRIGGER effects_settle_usage AFTER UPDATE OF state ON public.effects FOR EACH ROW WHEN (((old.state = 'reserved'::text) AND (new.state <> 'reserved'::text))) EXECUTE FUNCTION public.kairos_settle_usage();
+CREATE CONSTRAINT TRIGGER effects_settle_usage AFTER UPDATE OF state ON public.effects DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((old.state = 'reserved'::text) AND (new.state <> 'reserved'::text))) EXECUTE FUNCTION public.kairos_settle_usage();
 
 CREATE TRIGGER occurrences_immutable BEFORE UPDATE ON public.occurrences FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
 
