@@ -102,6 +102,7 @@ BEGIN
       FROM runs w
      WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
        AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+       AND (w.held_until IS NULL OR w.held_until <= coalesce(p_now, now()))
      ORDER BY w.created_at, w.id
      LIMIT 1;
     IF v_limit IS NULL THEN
@@ -124,6 +125,7 @@ BEGIN
           FROM runs w
          WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
            AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+           AND (w.held_until IS NULL OR w.held_until <= coalesce(p_now, now()))
          ORDER BY w.created_at, w.id
          LIMIT 100
     ), ranked AS (
@@ -144,6 +146,7 @@ BEGIN
           FROM chosen
          WHERE u.id = chosen.id AND u.state = 'queued' AND u.admitted_at IS NULL
            AND u.blocked_by_run_id IS NULL AND u.paused_at IS NULL
+           AND (u.held_until IS NULL OR u.held_until <= coalesce(p_now, now()))
         RETURNING u.id
     )
     SELECT a.id FROM admitted a;
@@ -400,7 +403,7 @@ CREATE FUNCTION public.kairos_waiting_for(r public.runs) RETURNS text
     AS $$
     SELECT CASE
         WHEN r.state <> 'queued' OR r.admitted_at IS NOT NULL OR r.blocked_by_run_id IS NOT NULL
-             OR r.paused_at IS NOT NULL THEN NULL
+             OR r.paused_at IS NOT NULL OR r.held_until > now() THEN NULL
         WHEN r.concurrency_key IS NOT NULL
              AND (SELECT count(*) FROM runs k
                    WHERE k.owner = r.owner AND (k.state = 'running' OR k.admitted_at IS NOT NULL)

@@ -85,6 +85,15 @@ def deliver_to_worker(run_id: str) -> None:
     assert response == {"batchItemFailures": []}
 
 
+def release(api: Api, sqs: RecordingSqs) -> int:
+    """The tick's release step (waiting runs into free slots, then sent), as the tick runs it."""
+    database = Database(api.url)
+    try:
+        return Repair(database, sqs, api.queue_url).release_once().slots_released
+    finally:
+        database.close()
+
+
 def repair(api: Api, sqs: RecordingSqs) -> int:
     """The tick's repair step, as the tick runs it."""
     database = Database(api.url)
@@ -162,17 +171,42 @@ def test_debounce_closes_at_ten_windows_after_the_first_delivery(api: Api, sqs: 
 
 
 def test_a_lost_window_timer_is_repaired_by_the_tick(api: Api, sqs: RecordingSqs) -> None:
+    """A held run holds no slot, so once due it is a waiting run like any other: the tick's release
+    gives it a slot and sends it."""
     token = flow_hook(api, {"debounce_seconds": 30})
     run_id = hook(api, token, {"n": 1}).json["run_id"]
     sqs.sent.clear()
 
-    assert repair(api, sqs) == 0, "an open window is left alone"
+    assert release(api, sqs) == 0 and repair(api, sqs) == 0, "an open window is left alone"
     advance(api, run_id, 31)
-    assert repair(api, sqs) == 0, "due, but its timer may still be on its way"
-    advance(api, run_id, 30)
-    assert repair(api, sqs) == 1 and sqs.delays(run_id) == [0]
+    assert release(api, sqs) == 1 and sqs.delays(run_id) == [0]
+    assert repair(api, sqs) == 0, "released and sent: nothing left to repair"
     deliver_to_worker(run_id)
     assert run_row(api, run_id)["state"] == "succeeded"
+
+
+def test_an_open_window_holds_no_slot_and_its_timer_starts_the_run_once_due(
+        api: Api, sqs: RecordingSqs, monkeypatch: pytest.MonkeyPatch) -> None:
+    """One slot: a debounced run's window is open for 60 s; another hook's run of the same owner is not
+    kept waiting behind it. When the window closes, the timer's message starts the held run."""
+    monkeypatch.setenv("KAIROS_OWNER_CONCURRENCY", "1")
+    runtime.reset()
+    held = hook(api, flow_hook(api, {"debounce_seconds": 60}), {"n": 1}).json["run_id"]
+    assert run_row(api, held)["admitted_at"] is None
+    assert sqs.delays(held) == [60], "its timer is sent though it holds no slot"
+    assert api.alice.get(f"/v1/runs/{held}").json["run"]["waiting_for"] is None
+
+    plain = hook(api, flow_hook(api, {}), {"n": 2}).json["run_id"]
+
+    assert run_row(api, plain)["admitted_at"] is not None and sqs.delays(plain) == [0]
+    deliver_to_worker(plain)
+    assert run_row(api, plain)["state"] == "succeeded"
+    advance(api, held, 61)
+    deliver_to_worker(held)  # the timer arrives: the slot is free
+    assert run_row(api, held)["state"] == "succeeded"
+    claims = rows(api.url, "SELECT run_id::text, count(*) AS n FROM run_events WHERE type = 'run.claimed' "
+                           "GROUP BY run_id", {})
+    assert sorted((c["run_id"], c["n"]) for c in claims) == sorted([(held, 1), (plain, 1)])
 
 
 # ---- batch --------------------------------------------------------------------------------------

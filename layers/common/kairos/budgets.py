@@ -97,6 +97,14 @@ def resent(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID]) -> list[UU
     return [r["id"] for r in db.fetch_all(conn, "runs_admitted_sent", {"ids": list(run_ids)})]
 
 
+def held(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID], *, now: datetime | None = None) -> list[UUID]:
+    """Of these runs, those queued and held by their webhook flow (``held_until`` ahead): their
+    messages are timers, sent whether they hold a slot or not."""
+    if not run_ids:
+        return []
+    return [r["id"] for r in db.fetch_all(conn, "runs_held_of", {"ids": list(run_ids), "now": now})]
+
+
 def unsent(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID]) -> list[UUID]:
     """The runs these runs' ends (or parking) released (``released_by``) that still hold their slot,
     queued and never sent: what the releaser sends after its commit."""

@@ -174,9 +174,20 @@ def send(database: db.Database, sqs: Any, queue_url: str, run_ids: Sequence[UUID
     waiting runs (``kairos.budgets.release``: these runs or older ones); the runs just released are
     sent (with ``delay_seconds``: a webhook flow's timer), and those SQS accepted stamped. A run still
     without a slot is not sent: it waits queued for its release. ``ended``: runs the caller's own
-    committed transaction ended (a ``cancel_replace``), whose statements released these or others."""
-    return _send_stamped(database, sqs, queue_url, admit(database, run_ids, now=now, ended=ended), now=now,
-                         delay_seconds=delay_seconds)
+    committed transaction ended (a ``cancel_replace``), whose statements released these or others.
+    With ``delay_seconds`` the runs given are held ones (a window, a deferral) and their messages are
+    their timers: sent held or not holding a slot (a held run is not released before it is due); the
+    older runs this call released go at once."""
+    ready = admit(database, run_ids, now=now, ended=ended)
+    if not delay_seconds:
+        return _send_stamped(database, sqs, queue_url, ready, now=now)
+    given = set(run_ids)
+    with database.transaction() as conn:
+        timers = [*[r for r in ready if r in given], *budgets.held(conn, [r for r in run_ids if r not in ready],
+                                                                    now=now)]
+    timed = _send_stamped(database, sqs, queue_url, timers, now=now, delay_seconds=delay_seconds)
+    at_once = _send_stamped(database, sqs, queue_url, [r for r in ready if r not in given], now=now)
+    return HandoffResult(timed.sent + at_once.sent, timed.failed + at_once.failed, timed.seconds + at_once.seconds)
 
 
 def admit(database: db.Database, run_ids: Sequence[UUID], *, now: datetime | None = None,

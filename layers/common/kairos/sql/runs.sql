@@ -200,13 +200,22 @@ SELECT id
    AND blocked_by_run_id IS NULL AND paused_at IS NULL
  ORDER BY created_at, id;
 
+-- name: runs_held_of
+-- Of these runs, the queued ones their webhook flow holds (held_until ahead): a timer is sent for each.
+SELECT id
+  FROM runs
+ WHERE id = ANY(%(ids)s::uuid[])
+   AND state = 'queued' AND held_until > coalesce(%(now)s::timestamptz, now())
+ ORDER BY created_at, id;
+
 -- name: runs_admitted_unsent
--- The runs these runs' ends released (released_by) that hold their slot, are queued and were never
--- handed to SQS: what the ending worker sends after its commit (runs_released_by_idx).
+-- The runs these runs' ends released (released_by) that hold their slot, are queued and were not
+-- handed to SQS since (a held run's timer went before it was released): what the ending worker
+-- sends after its commit (runs_released_by_idx).
 SELECT id
   FROM runs
  WHERE released_by = ANY(%(ids)s::uuid[])
-   AND state = 'queued' AND admitted_at IS NOT NULL AND handoff_at IS NULL
+   AND state = 'queued' AND admitted_at IS NOT NULL AND (handoff_at IS NULL OR handoff_at < admitted_at)
    AND blocked_by_run_id IS NULL AND paused_at IS NULL
  ORDER BY created_at, id;
 
