@@ -8,6 +8,10 @@ as the client overlaps them), accepts every entry (``Successful`` with the MD5 o
 * a call with any body containing a string in ``fail_calls`` is answered ``400 QueueDoesNotExist``
   (a whole-call ``ClientError``, which botocore does not retry).
 
+Every answer is written without waiting for Nagle's algorithm (``TCP_NODELAY``): before, a call that
+"answered at once" took ~40 ms (the body's write waited for the client's delayed ACK of the headers'
+write), so a tick measured against it waited on the stand-in, not on SQS's protocol.
+
 It records what a test or bench observes: calls, entries, the bodies accepted, and the largest number
 of calls in flight at once (``max_in_flight``; also ``GET /stats`` for a bench that runs the stand-in
 in its own process, off its GIL). No other SQS action is served (answered 400).
@@ -43,7 +47,7 @@ class SqsStandin:
     """A threaded HTTP server on 127.0.0.1 (an ephemeral port unless given); a context manager."""
 
     def __init__(self, *, delay_ms: float = 0.0, port: int = 0, refuse_entries: tuple[str, ...] = (),
-                 fail_calls: tuple[str, ...] = ()) -> None:
+                 fail_calls: tuple[str, ...] = (), nagle: bool = False) -> None:
         self.delay = delay_ms / 1000
         self.refuse_entries = refuse_entries
         self.fail_calls = fail_calls
@@ -52,6 +56,10 @@ class SqsStandin:
 
         class Handler(BaseHTTPRequestHandler):
             protocol_version = "HTTP/1.1"  # keep-alive: the client's pooled connections are reused
+            # An answer goes out at once: with Nagle's algorithm on, the body (a second small write after
+            # the headers) waited for the client's delayed ACK of the headers, about 40 ms a call
+            # (``nagle=True`` keeps that, to compare with what the stand-in measured before).
+            disable_nagle_algorithm = not nagle
 
             def do_POST(self) -> None:
                 length = int(self.headers.get("Content-Length") or 0)
@@ -153,7 +161,7 @@ class StandinProcess:
     """The stand-in in a child process (``python bench/sqs_standin.py``): its threads never compete with
     the measured process for the GIL. ``client()``, ``queue_url`` and ``stats()`` as in-process."""
 
-    def __init__(self, *, delay_ms: float = 0.0) -> None:
+    def __init__(self, *, delay_ms: float = 0.0, nagle: bool = False) -> None:
         import socket
         import subprocess
         import sys
@@ -162,7 +170,8 @@ class StandinProcess:
             sock.bind(("127.0.0.1", 0))
             self.port = sock.getsockname()[1]
         self.process = subprocess.Popen([sys.executable, __file__, "--port", str(self.port), "--delay-ms",
-                                         str(delay_ms)], stdout=subprocess.PIPE, text=True)
+                                         str(delay_ms), *(["--nagle"] if nagle else [])],
+                                        stdout=subprocess.PIPE, text=True)
         assert self.process.stdout is not None
         self.process.stdout.readline()  # the ready line
 
@@ -177,7 +186,9 @@ class StandinProcess:
         return Address
 
     def client(self, pool: int = 16) -> Any:
-        return SqsStandin.client(self, pool)  # type: ignore[arg-type]
+        client = SqsStandin.client(self, pool)  # type: ignore[arg-type]
+        client.standin_pid = self.process.pid  # a bench reads the stand-in's CPU time from /proc
+        return client
 
     def stats(self) -> dict[str, int]:
         import urllib.request
@@ -197,8 +208,9 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--port", type=int, default=9324)
     parser.add_argument("--delay-ms", type=float, default=20.0)
+    parser.add_argument("--nagle", action="store_true", help="answer with Nagle's algorithm on (~40 ms a call)")
     args = parser.parse_args()
-    standin = SqsStandin(delay_ms=args.delay_ms, port=args.port).start()
+    standin = SqsStandin(delay_ms=args.delay_ms, port=args.port, nagle=args.nagle).start()
     print(f"SQS stand-in on {standin.url} ({args.delay_ms} ms a call); Ctrl-C ends it", flush=True)
     try:
         standin.thread.join()

@@ -14,6 +14,16 @@ rounds with pgbench before each round's workloads; medians of the rounds are rep
      ``bench/sqs_standin.py`` in its own process (SQS's JSON protocol over local HTTP) answering each
      SendMessageBatch at once or after 20 ms (target: the 20 ms tick's wall time within 1.5x of the
      0 ms one: the calls overlap on the handoff's bounded pool).
+   * *sends counted* (issue 41): the stand-in at 0 ms in its own process, so every SendMessageBatch
+     (botocore signing, serialising, parsing, the HTTP round trip) is inside the tick's wall time, on
+     two workloads: *one shared rule* (10,000 schedules, one daily UTC cron) and *10,000 distinct
+     rules* (minute crons ``M[,x] H[,y] * * *|0-6`` across seven zones: the calendar runs 10,000
+     times). Target: fires/s ≥ the same round's pgbench TPS. Beside them, the one-rule workload against
+     the stand-in as it answered before (Nagle's algorithm on: ~40 ms a call, see ``sqs_standin``).
+     ``--sends`` runs only these three beside pgbench; ``--profile-sends`` profiles one one-rule tick
+     in every thread (fire workers and the handoff pool), by thread CPU time, grouped by code.
+     Each owner has ten schedules, so the bench sets ``KAIROS_OWNER_CONCURRENCY=10``: every fire holds
+     a slot and is sent (with four slots an owner, six of its ten runs would wait unsent).
    * *held snapshot*: shared rules while another connection holds a REPEATABLE READ transaction that
      has read ``schedules`` (its snapshot keeps every row version the tick replaces); beside it the
      same with the keyset cursor disabled (every batch scans from the oldest due key: what the tick
@@ -33,14 +43,16 @@ Reported: fires/s (dispatched runs ÷ wall time of the tick), the ratio to pgben
 one commit per batch of 500 fires instead of one per fire), the fire lag p50/p99 — from the tick's
 start (database clock) to each run's ``handoff_at`` — and where the time went: the bench process's
 CPU seconds (the tick's Python: client CPU) and the server backends' CPU seconds (read from the
-postmaster's reaped children, so only with a local server). ``--profile`` prints cProfile's top
+postmaster's reaped children, so only with a local server; every database of that server, other
+benches' included), plus the stand-in process's CPU seconds. ``--profile`` prints cProfile's top
 entries for one distinct-rules tick.
 
 The server is ``DATABASE_URL``'s when set (databases ``kairos_bench_tick*`` are dropped and
 recreated; pgbench is ``/usr/lib/postgresql/15/bin/pgbench``), else an embedded one started here with
 default durability settings (fsync on).
 
-Run: ``.venv/bin/python bench/tick.py [--schedules N] [--seconds S] [--rounds R] [--moto] [--profile]``.
+Run: ``.venv/bin/python bench/tick.py [--schedules N] [--seconds S] [--rounds R] [--moto] [--profile]
+[--sends] [--profile-sends]``.
 """
 
 
@@ -68,6 +80,9 @@ from datetime import datetime, timedelta
 from typing import Any
 
 os.environ.setdefault("POWERTOOLS_LOG_LEVEL", "WARNING")  # the tick logs every batch: keep the table readable
+# Ten schedules an owner, all due at once: with ten slots an owner every fire is sent (with the default
+# four, six of each owner's ten runs would wait in PostgreSQL for a slot and never reach the queue).
+os.environ.setdefault("KAIROS_OWNER_CONCURRENCY", "10")
 
 import psycopg
 from baseline import held_snapshot, pgbench_tps, recreate, server, server_cpu
@@ -80,6 +95,9 @@ from kairos.tick import FIRE_WORKERS, Tick
 from kairos.tick.fire import DEFAULT_BATCH
 
 BATCH = DEFAULT_BATCH
+ONE_RULE = "sends counted (stand-in 0 ms), one shared rule"
+MINUTE_CRONS = "sends counted (stand-in 0 ms), 10,000 distinct rules (minute crons, 7 zones)"
+NAGLE = "sends counted, one shared rule, the stand-in as it was (Nagle on: ~40 ms a call)"
 AGENT = {"executor": "echo", "model": "echo", "system": "bench"}
 
 
@@ -130,6 +148,39 @@ def distinct_rules(due: datetime, count: int) -> list[dict[str, Any]]:
                     if len(rules) == count:
                         return rules
     raise RuntimeError("not enough zones for distinct rules")
+
+
+SEND_ZONES = ("UTC", "Europe/Berlin", "America/New_York", "Asia/Kolkata", "Australia/Sydney", "America/Los_Angeles",
+              "Asia/Tokyo")
+
+
+def one_rule(due: datetime) -> list[dict[str, Any]]:
+    """One rule every schedule shares: a daily cron at ``due`` in UTC."""
+    return [{"kind": "cron", "cron": _cron_at(due, "UTC"), "timezone": "UTC", "catch_up": False}]
+
+
+def minute_crons(due: datetime, count: int) -> list[dict[str, Any]]:
+    """``count`` different minute crons across ``SEND_ZONES`` that all fire at ``due``: in each zone,
+    the minute field ``M`` or ``M,x``, the hour field ``H`` or ``H,y``, the weekday ``*`` or ``0-6``
+    (2,400 rules a zone). ``x`` is never in the ten minutes after ``M``: a slow tick that ends in the
+    next minute must not find its schedules due again."""
+    fields = []
+    for zone in SEND_ZONES:
+        local = due.astimezone(zoneinfo.ZoneInfo(zone))
+        fields.append((zone, local.minute, local.hour))
+    rules: list[dict[str, Any]] = []
+    for dow in ("*", "0-6"):
+        for step in [0, *range(11, 60)]:
+            for y in range(24):
+                for zone, minute, hour in fields:  # zones interleaved: any prefix spreads over all seven
+                    x = (minute + step) % 60
+                    minutes = str(minute) if x == minute else f"{min(x, minute)},{max(x, minute)}"
+                    hours = str(hour) if y == hour else f"{min(y, hour)},{max(y, hour)}"
+                    rules.append({"kind": "cron", "cron": f"{minutes} {hours} * * {dow}", "timezone": zone,
+                                  "catch_up": False})
+                    if len(rules) == count:
+                        return rules
+    raise RuntimeError("at most 16,800 minute crons")
 
 
 def seed_history(url: str, count: int) -> None:
@@ -280,6 +331,7 @@ class Result:
     client_cpu: float = 0.0
     server_cpu: float | None = None
     delivered: int | None = None
+    standin_cpu: float | None = None  # the SQS stand-in process's CPU seconds (not the tick's)
 
     @property
     def fires_per_second(self) -> float:
@@ -311,7 +363,8 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
     populate(url, rules_for(due), count, due)
     database = Database(url, max_size=4)  # what runtime.database() gives a container
     server_before = server_cpu(url)
-    profiler = cProfile.Profile() if profile else None
+    standin_before = standin_cpu(sqs)
+    profiler = ThreadsProfile() if profile else None
     try:
         with psycopg.connect(url) as conn:
             start_row = conn.execute("SELECT clock_timestamp()").fetchone()
@@ -344,14 +397,90 @@ def measure(label: str, url: str, sqs: Any, queue_url: str, rules_for: Callable[
         raise RuntimeError(f"{label}: dispatched {report.dispatched} of {count}, {lag[2]} not handed off")
     time.sleep(0.2)  # the pool's backends exit and are reaped
     server_after = server_cpu(url)
+    standin_after = standin_cpu(sqs)
     server_seconds = server_after - server_before if server_before is not None and server_after is not None else None
     if profiler:
-        out = io.StringIO()
-        pstats.Stats(profiler, stream=out).sort_stats("tottime").print_stats(18)
-        print(f"\n### cProfile, {label} (top entries by own time)\n")
-        print("```\n" + "\n".join(out.getvalue().strip().splitlines()[:40]) + "\n```")
+        profiler.report(label)
     return Result(label, report.dispatched, seconds, report.fire_db_seconds, report.fire_sqs_seconds,
-                  float(lag[0]), float(lag[1]), client_cpu, server_seconds)
+                  float(lag[0]), float(lag[1]), client_cpu, server_seconds,
+                  standin_cpu=None if standin_before is None or standin_after is None
+                  else standin_after - standin_before)
+
+
+def standin_cpu(sqs: Any) -> float | None:
+    """CPU seconds the stand-in process behind ``sqs`` has used (None for an in-process SQS)."""
+    pid = getattr(sqs, "standin_pid", None)
+    if pid is None:
+        return None
+    with open(f"/proc/{pid}/stat") as stat:
+        fields = stat.read().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+class ThreadsProfile:
+    """cProfile in every thread the tick runs (the fire workers, the handoff pool's threads), timed by
+    each thread's own CPU clock, merged: where the tick process's CPU goes, whichever thread spends it.
+    The handoff pool is rebuilt first so that its threads start profiled."""
+
+    def __init__(self) -> None:
+        self.profiles: list[cProfile.Profile] = []
+        self._lock = threading.Lock()
+
+    def _new(self) -> cProfile.Profile:
+        profile = cProfile.Profile(time.thread_time)
+        with self._lock:
+            self.profiles.append(profile)
+        return profile
+
+    def _start_thread(self, *_: Any) -> None:
+        sys.setprofile(None)
+        self._new().enable()  # replaces this hook for the rest of the thread
+
+    def enable(self) -> None:
+        handoff.close_pool()
+        threading.setprofile(self._start_thread)
+        self._main = self._new()
+        self._main.enable()
+
+    def disable(self) -> None:
+        self._main.disable()
+        threading.setprofile(None)
+        handoff.close_pool()  # its threads end: their profiles are complete
+
+    def report(self, label: str) -> None:
+        out = io.StringIO()
+        stats = pstats.Stats(self.profiles[0], stream=out)
+        for other in self.profiles[1:]:
+            if other.getstats():
+                stats.add(other)
+        total = sum(t for (_, _, t, _, _) in stats.stats.values())  # type: ignore[attr-defined]
+        print(f"\n### cProfile, {label}: every thread, thread CPU time ({total:.2f} s in all)\n")
+        groups = {
+            "botocore: sign (SigV4)": ("botocore/auth.py", "botocore/signers.py"),
+            "botocore: serialise": ("botocore/serialize.py", "botocore/validate.py"),
+            "botocore: parse": ("botocore/parsers.py",),
+            "botocore: hooks/events, endpoint rules": ("botocore/hooks.py", "botocore/regions.py",
+                                                       "botocore/endpoint_provider.py"),
+            "botocore: other": ("botocore/",),
+            "urllib3/http.client/socket": ("urllib3/", "http/client.py", "socket.py", "ssl.py", "email/"),
+            "psycopg": ("psycopg/", "psycopg_pool/"),
+            "kairos.calendar": ("kairos/calendar",),
+            "kairos.tick": ("kairos/tick/",),
+            "kairos.handoff": ("kairos/handoff.py",),
+            "threads, queues, locks": ("threading.py", "concurrent/futures/", "queue.py"),
+            "json": ("json/",),
+        }
+        own: dict[str, float] = dict.fromkeys(groups, 0.0)
+        own["other"] = 0.0
+        for (file, _, _), (_, _, tottime, _, _) in stats.stats.items():  # type: ignore[attr-defined]
+            name = next((g for g, needles in groups.items() if any(n in file for n in needles)), "other")
+            own[name] += tottime
+        print("| code (own CPU) | s | share |\n|---|---:|---:|")
+        for name, seconds in sorted(own.items(), key=lambda kv: -kv[1]):
+            print(f"| {name} | {seconds:.3f} | {seconds / total:.0%} |")
+        stats.sort_stats("cumulative").print_stats(45)
+        stats.sort_stats("tottime").print_stats(30)
+        print("```\n" + "\n".join(line for line in out.getvalue().strip().splitlines() if line.strip()) + "\n```")
 
 
 @contextmanager
@@ -365,10 +494,12 @@ def median_result(results: list[Result]) -> Result:
         return statistics.median(values)
 
     servers = [r.server_cpu for r in results if r.server_cpu is not None]
+    standins = [r.standin_cpu for r in results if r.standin_cpu is not None]
     return Result(results[0].label, results[0].dispatched, med([r.seconds for r in results]),
                   med([r.db_seconds for r in results]), med([r.sqs_seconds for r in results]),
                   med([r.lag_p50 for r in results]), med([r.lag_p99 for r in results]),
-                  med([r.client_cpu for r in results]), med(servers) if servers else None)
+                  med([r.client_cpu for r in results]), med(servers) if servers else None,
+                  standin_cpu=med(standins) if standins else None)
 
 
 def main() -> int:
@@ -378,12 +509,16 @@ def main() -> int:
     parser.add_argument("--rounds", type=int, default=3)
     parser.add_argument("--moto", action="store_true", help="add a round-less series against moto's server")
     parser.add_argument("--profile", action="store_true", help="cProfile one distinct-rules tick")
+    parser.add_argument("--sends", action="store_true",
+                        help="only the sends-counted workloads (SQS stand-in at 0 ms) beside pgbench")
+    parser.add_argument("--profile-sends", action="store_true",
+                        help="cProfile (every thread) one tick of the one-rule workload with the stand-in")
     args = parser.parse_args()
     n = args.schedules
     load_start = os.getloadavg()
 
     with server() as (admin_url, pgbench_binary), StandinProcess() as fast, \
-            StandinProcess(delay_ms=20) as slow:
+            StandinProcess(delay_ms=20) as slow, StandinProcess(nagle=True) as nagle:
         url = recreate(admin_url, "kairos_bench_tick")
         migrations.apply(url)
         seed_history(url, 20_000)
@@ -398,14 +533,23 @@ def main() -> int:
         # seeded history's first visibility checks, which no later workload does, and it is planned from
         # statistics that saw one owner and nothing queued (the seeding's ANALYZE). Reported on its own
         # row, kept out of the medians.
-        first = measure("first burst on a fresh database (one round, not in the medians)", url, StubSqs(),
-                        "stub", shared_rules, n)
+        first = None if args.sends else measure(
+            "first burst on a fresh database (one round, not in the medians)", url, StubSqs(), "stub", shared_rules, n)
+
+        nagle_client = nagle.client(handoff.MAX_PARALLEL_CALLS)
+
+        def with_sends() -> tuple[Result, ...]:
+            return (measure(ONE_RULE, url, fast_client, fast.queue_url, one_rule, n),
+                    measure(MINUTE_CRONS, url, fast_client, fast.queue_url, lambda due: minute_crons(due, n), n),
+                    measure(NAGLE, url, nagle_client, nagle.queue_url, one_rule, n))
+
         for _ in range(args.rounds):
             tps = pgbench_tps(pgbench_binary, recreate(admin_url, "kairos_bench_tick_pgbench"), args.seconds)
             if tps:
                 tps_runs.append(tps)
             # Each comparison's two sides run back to back (the load of the shared machine drifts).
-            for result in (
+            for result in with_sends() if args.sends else (
+                *with_sends(),
                 measure("stub SQS, shared rules", url, StubSqs(), "stub", shared_rules, n),
                 measure("held snapshot, shared rules", url, StubSqs(), "stub", shared_rules, n, snapshot=True),
                 measure("held snapshot, shared rules, no keyset cursor", url, StubSqs(), "stub", shared_rules, n,
@@ -415,7 +559,9 @@ def main() -> int:
                 measure("SQS stand-in 20 ms a call, shared rules", url, slow_client, slow.queue_url, shared_rules, n),
             ):
                 series.setdefault(result.label, []).append(result)
-        results = [median_result(rounds) for rounds in series.values()] + [first]
+        results = [median_result(rounds) for rounds in series.values()] + ([first] if first else [])
+        if args.profile_sends:
+            measure(f"{ONE_RULE} (profiled)", url, fast_client, fast.queue_url, one_rule, n, profile=True)
         if args.profile:
             # One fire worker, so that the whole tick runs in the profiled thread.
             measure("stub SQS, distinct rules, 1 fire worker (profiled)", url, StubSqs(), "stub",
@@ -441,6 +587,8 @@ def main() -> int:
     for r in results:
         ratio = f"{r.fires_per_second / tps:.2f}" if tps else "n/a"
         server_text = f"{r.server_cpu:.2f}" if r.server_cpu is not None else "n/a"
+        if r.standin_cpu is not None:
+            server_text += f" (+ stand-in {r.standin_cpu:.2f})"
         print(f"| {r.label} | {r.fires_per_second:,.0f} | {ratio} | {r.seconds:.2f} | {r.db_seconds:.2f} | "
               f"{r.sqs_seconds:.2f} | {r.client_cpu:.2f} | {server_text} | {r.lag_p50:.2f} | {r.lag_p99:.2f} |")
     runs_text = " / ".join(f"{t:,.0f}" for t in tps_runs) or "n/a"
@@ -456,6 +604,12 @@ def main() -> int:
     def rate(r: Result) -> float:
         return r.fires_per_second
 
+    for label in (ONE_RULE, MINUTE_CRONS, NAGLE):
+        print(f"{label} ÷ pgbench per round: "
+              + ", ".join(f"{r.fires_per_second / t:.2f}" for r, t in zip(series[label], tps_runs, strict=False))
+              + " (target ≥ 1.0).")
+    if args.sends:
+        return 0
     stub, held_label = "stub SQS, shared rules", "held snapshot, shared rules"
     old_label, fast_label = "held snapshot, shared rules, no keyset cursor", "SQS stand-in 0 ms, shared rules"
     slow_label = "SQS stand-in 20 ms a call, shared rules"
