@@ -9,9 +9,10 @@ import sys
 import uuid
 from datetime import UTC, datetime
 
+import psycopg
 import pytest
 
-from kairos.db import Database, MissingRow, expect_row, fetch_row, send
+from kairos.db import Database, MissingRow, compile_query, expect_row, fetch_row, run, send
 
 
 def test_fetch_row_returns_the_row_a_query_answers(db: Database) -> None:
@@ -51,3 +52,21 @@ def test_the_check_holds_under_python_dash_o(db_url: str) -> None:
     assert done.returncode == 0, done.stderr
     assert done.stdout.strip() == "missing runs_get_owned"
 
+
+
+def test_a_prepared_statement_keeps_its_column_names_and_builds_the_rows_dict_row_builds(db: Database) -> None:
+    # Given a statement run prepared (its column names kept from its first result: db._NamedRows) and the
+    # same text run the ordinary way (psycopg's dict_row), with rows and without
+    query = compile_query("SELECT %(a)s::int AS a, %(b)s::text AS b, 'c' AS c WHERE %(a)s::int > 0")
+    star = compile_query("SELECT * FROM (VALUES (1, 2)) AS t(x, y) WHERE %(n)s::int > 0")
+    with db.connection() as conn:
+        for a, b in ((1, "one"), (2, "two"), (0, "none"), (3, "three")):
+            kept = run(conn, query, {"a": a, "b": b}, prepare=True).fetchall()
+            plain = run(conn, query, {"a": a, "b": b}, prepare=False).fetchall()
+            # Then each prepared answer is the ordinary one, row for row
+            assert kept == plain == ([{"a": a, "b": b, "c": "c"}] if a > 0 else [])
+        assert run(conn, star, {"n": 1}, prepare=True).fetchone() == {"x": 1, "y": 2}
+        # A command without rows answers as dict_row's: no result to read
+        done = run(conn, compile_query("SET application_name = 'kept-names'"), {}, prepare=True)
+        with pytest.raises(psycopg.ProgrammingError):
+            done.fetchone()

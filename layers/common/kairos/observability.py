@@ -12,6 +12,7 @@ name the code emits (the template's alarms and docs/operations.md's table refer 
 
 from __future__ import annotations
 
+import json
 import logging
 import os
 import sys
@@ -24,7 +25,21 @@ from aws_lambda_powertools import Logger, Metrics, Tracer
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "kairos")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Kairos")
 
-logger = Logger(service=SERVICE)
+# What a JSON text may start with, after its leading whitespace (``json.loads`` accepts NaN and Infinity).
+_JSON_STARTS = frozenset('{["-0123456789tfnNI')
+
+
+def _message_value(message: Any) -> Any:
+    """Powertools' formatter decodes every ``str`` message that is JSON (and keeps any other as it is):
+    ``json.loads`` for a message that can start a JSON value; any other is returned as it is at once,
+    which is what the formatter keeps when ``json.loads`` fails — without raising and catching its
+    error for each line (every message Kairos writes is plain text)."""
+    if isinstance(message, str) and message.lstrip(" \t\n\r")[:1] not in _JSON_STARTS:
+        return message
+    return json.loads(message)
+
+
+logger = Logger(service=SERVICE, json_deserializer=_message_value)
 
 
 def database_error(error: BaseException) -> bool:
