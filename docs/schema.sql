@@ -269,14 +269,12 @@ CREATE FUNCTION public.kairos_settle_usage() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 DECLARE
-    res usage_reservations%ROWTYPE;
     used_in bigint := 0;
     used_out bigint := 0;
     used_cost numeric := 0;
     first_of_day boolean := false;
 BEGIN
-    SELECT * INTO res FROM usage_reservations WHERE effect_id = NEW.id AND settled_at IS NULL FOR UPDATE;
-    IF NOT FOUND THEN
+    IF NEW.charge_day IS NULL THEN
         RETURN NULL;
     END IF;
     IF NEW.state = 'settled' THEN
@@ -286,25 +284,20 @@ BEGIN
             used_cost := greatest(coalesce((NEW.usage ->> 'cost_usd')::numeric, 0), 0);
         END IF;
         first_of_day := NOT EXISTS (
-            SELECT 1 FROM usage_reservations o
-             WHERE o.run_id = res.run_id AND o.day = res.day AND o.effect_id <> res.effect_id
-               AND o.settled_at IS NOT NULL AND o.input_tokens IS NOT NULL);
+            SELECT 1 FROM effects o
+             WHERE o.run_id = NEW.run_id AND o.charge_day = NEW.charge_day AND o.id <> NEW.id
+               AND o.state = 'settled' AND (o.settled_at, o.id) < (NEW.settled_at, NEW.id));
     END IF;
-    UPDATE usage_reservations
-       SET settled_at = coalesce(NEW.settled_at, now()),
-           input_tokens = CASE WHEN NEW.state = 'settled' THEN used_in END,
-           output_tokens = CASE WHEN NEW.state = 'settled' THEN used_out END,
-           used_cost_usd = CASE WHEN NEW.state = 'settled' THEN used_cost END
-     WHERE effect_id = res.effect_id;
-    UPDATE usage_ledger
-       SET reserved_tokens = greatest(reserved_tokens - res.tokens, 0),
-           reserved_cost_usd = greatest(reserved_cost_usd - res.cost_usd, 0),
-           input_tokens = input_tokens + used_in,
-           output_tokens = output_tokens + used_out,
-           cost_usd = cost_usd + used_cost,
-           calls = calls + CASE WHEN NEW.state = 'settled' THEN 1 ELSE 0 END,
-           runs = runs + CASE WHEN first_of_day THEN 1 ELSE 0 END
-     WHERE owner = res.owner AND day = res.day;
+    UPDATE usage_ledger l
+       SET reserved_tokens = greatest(l.reserved_tokens - NEW.charge_tokens, 0),
+           reserved_cost_usd = greatest(l.reserved_cost_usd - NEW.charge_cost_usd, 0),
+           input_tokens = l.input_tokens + used_in,
+           output_tokens = l.output_tokens + used_out,
+           cost_usd = l.cost_usd + used_cost,
+           calls = l.calls + CASE WHEN NEW.state = 'settled' THEN 1 ELSE 0 END,
+           runs = l.runs + CASE WHEN first_of_day THEN 1 ELSE 0 END
+      FROM runs r
+     WHERE r.id = NEW.run_id AND l.owner = r.owner AND l.day = NEW.charge_day;
     RETURN NULL;
 END;
 $$;
@@ -577,6 +570,12 @@ CREATE TABLE public.effects (
     error_code text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     settled_at timestamp with time zone,
+    charge_day date,
+    charge_tokens bigint,
+    charge_cost_usd numeric,
+    CONSTRAINT effects_charge_cost_usd_check CHECK ((charge_cost_usd >= (0)::numeric)),
+    CONSTRAINT effects_charge_tokens_check CHECK ((charge_tokens >= 0)),
+    CONSTRAINT effects_charge_whole CHECK ((((charge_day IS NULL) = (charge_tokens IS NULL)) AND ((charge_day IS NULL) = (charge_cost_usd IS NULL)))),
     CONSTRAINT effects_kind_check CHECK ((kind = ANY (ARRAY['model_call'::text, 'http_call'::text, 'tool_call'::text]))),
     CONSTRAINT effects_settled_iff_final CHECK (((state = 'reserved'::text) = (settled_at IS NULL))),
     CONSTRAINT effects_state_check CHECK ((state = ANY (ARRAY['ambiguous'::text, 'failed'::text, 'not_sent_test'::text, 'reserved'::text, 'settled'::text])))
@@ -762,20 +761,29 @@ CREATE TABLE public.usage_ledger (
     CONSTRAINT usage_ledger_runs_check CHECK ((runs >= 0))
 );
 
-CREATE TABLE public.usage_reservations (
-    effect_id uuid NOT NULL,
-    run_id uuid NOT NULL,
-    owner text NOT NULL,
-    day date NOT NULL,
-    tokens bigint NOT NULL,
-    cost_usd numeric NOT NULL,
-    input_tokens bigint,
-    output_tokens bigint,
-    used_cost_usd numeric,
-    settled_at timestamp with time zone,
-    CONSTRAINT usage_reservations_cost_usd_check CHECK ((cost_usd >= (0)::numeric)),
-    CONSTRAINT usage_reservations_tokens_check CHECK ((tokens >= 0))
-);
+CREATE VIEW public.usage_reservations AS
+ SELECT e.id AS effect_id,
+    e.run_id,
+    r.owner,
+    e.charge_day AS day,
+    e.charge_tokens AS tokens,
+    e.charge_cost_usd AS cost_usd,
+        CASE
+            WHEN (e.state = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'input_tokens'::text))::bigint, (0)::bigint), (0)::bigint)
+            ELSE NULL::bigint
+        END AS input_tokens,
+        CASE
+            WHEN (e.state = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'output_tokens'::text))::bigint, (0)::bigint), (0)::bigint)
+            ELSE NULL::bigint
+        END AS output_tokens,
+        CASE
+            WHEN (e.state = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'cost_usd'::text))::numeric, (0)::numeric), (0)::numeric)
+            ELSE NULL::numeric
+        END AS used_cost_usd,
+    e.settled_at
+   FROM (public.effects e
+     JOIN public.runs r ON ((r.id = e.run_id)))
+  WHERE (e.charge_day IS NOT NULL);
 
 CREATE TABLE public.webhook_receipts (
     schedule_id uuid NOT NULL,
@@ -867,9 +875,6 @@ ALTER TABLE ONLY public.schedules
 ALTER TABLE ONLY public.usage_ledger
     ADD CONSTRAINT usage_ledger_pkey PRIMARY KEY (owner, day);
 
-ALTER TABLE ONLY public.usage_reservations
-    ADD CONSTRAINT usage_reservations_pkey PRIMARY KEY (effect_id);
-
 ALTER TABLE ONLY public.webhook_receipts
     ADD CONSTRAINT webhook_receipts_pkey PRIMARY KEY (schedule_id, idempotency_key);
 
@@ -946,8 +951,6 @@ CREATE INDEX schedules_owner_idx ON public.schedules USING btree (owner, created
 CREATE UNIQUE INDEX schedules_previous_token_hash_key ON public.schedules USING btree (previous_token_hash) WHERE (previous_token_hash IS NOT NULL);
 
 CREATE UNIQUE INDEX schedules_token_hash_key ON public.schedules USING btree (token_hash) WHERE (token_hash IS NOT NULL);
-
-CREATE INDEX usage_reservations_run_idx ON public.usage_reservations USING btree (run_id, day);
 
 CREATE INDEX webhook_receipts_expires_idx ON public.webhook_receipts USING btree (expires_at);
 
@@ -1066,15 +1069,6 @@ ALTER TABLE ONLY public.schedules
 
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_input_run_id_fkey FOREIGN KEY (input_run_id) REFERENCES public.runs(id);
-
-ALTER TABLE ONLY public.usage_reservations
-    ADD CONSTRAINT usage_reservations_effect_id_fkey FOREIGN KEY (effect_id) REFERENCES public.effects(id);
-
-ALTER TABLE ONLY public.usage_reservations
-    ADD CONSTRAINT usage_reservations_owner_day_fkey FOREIGN KEY (owner, day) REFERENCES public.usage_ledger(owner, day);
-
-ALTER TABLE ONLY public.usage_reservations
-    ADD CONSTRAINT usage_reservations_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
 
 ALTER TABLE ONLY public.webhook_receipts
     ADD CONSTRAINT webhook_receipts_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(id);

@@ -80,8 +80,7 @@ def commits_of(url: str, run_id: uuid.UUID) -> int:
                            SELECT xmin::text AS x FROM runs WHERE id = %(r)s
                            UNION ALL SELECT xmin::text FROM conversation_entries WHERE run_id = %(r)s
                            UNION ALL SELECT xmin::text FROM conversations WHERE origin_run_id = %(r)s
-                           UNION ALL SELECT xmin::text FROM effects WHERE run_id = %(r)s
-                           UNION ALL SELECT xmin::text FROM usage_reservations WHERE run_id = %(r)s) AS w) AS rows
+                           UNION ALL SELECT xmin::text FROM effects WHERE run_id = %(r)s) AS w) AS rows
             """, {"r": run_id}).fetchone()
     assert row is not None
     assert set(row["rows"]) <= set(row["traced"]), row

@@ -52,7 +52,8 @@ SELECT * FROM reserved;
 -- fits both of the owner's daily ceilings. One row always: `authorized` (the fence held and no cancel
 -- was requested) and the reserved effect's columns (NULL when nothing was reserved: not authorized,
 -- or the budget is exhausted). The owner's day row of the ledger is locked from the upsert to the
--- commit, as with usage_ledger_reserve; the run row first, as every worker statement.
+-- commit, as with usage_ledger_reserve; the run row first, as every worker statement. The reservation
+-- is the effect's charge_* columns (what usage_reservations shows).
 WITH authority AS (
     SELECT id, owner
       FROM runs
@@ -80,16 +81,15 @@ WITH authority AS (
      WHERE r.id = a.id AND EXISTS (SELECT 1 FROM booked)
     RETURNING r.id, r.last_seq, r.attempt, r.fence
 ), reserved AS (
-    INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, created_at)
+    -- The effect carries its reservation (charge_*, migration 0033): given back or replaced by the
+    -- call's usage when it closes.
+    INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, created_at,
+                         charge_day, charge_tokens, charge_cost_usd)
     SELECT %(effect_id)s::uuid, a.id, a.fence, a.attempt, %(step)s, %(kind)s, %(mutation)s, %(target)s, %(digest)s,
-           coalesce(%(now)s::timestamptz, now())
-      FROM bumped a
+           coalesce(%(now)s::timestamptz, now()), b.day, w.tokens, w.cost_usd
+      FROM bumped a CROSS JOIN booked b CROSS JOIN want w
     RETURNING id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state, usage, error_code,
               created_at, settled_at
-), held AS (
-    INSERT INTO usage_reservations (effect_id, run_id, owner, day, tokens, cost_usd)
-    SELECT r.id, r.run_id, b.owner, b.day, w.tokens, w.cost_usd
-      FROM reserved r CROSS JOIN booked b CROSS JOIN want w
 ), traced AS (
     INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
     SELECT a.id, a.last_seq, 'effect.reserved', coalesce(%(now)s::timestamptz, now()), a.attempt, a.fence, r.step,

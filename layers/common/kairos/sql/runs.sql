@@ -457,8 +457,8 @@ RETURNING r.id, old.had_payload;
 -- and the steps stamped pruned_at (kind, name, state, times, target, usage stay); their corpus outputs
 -- and records are deleted; their approvals' argument previews and their input requests' questions
 -- become a marker.
--- Their settled budget reservations (one a model call: the daily ledger's working state, needed only
--- until the call settles) are deleted too; the ledger's totals stay. Ids, states, digests, counts and
+-- Their settled budget reservations (a model call's effect's charge_*: the daily ledger's working
+-- state, needed only until the call settles) are cleared too; the ledger's totals stay. Ids, states, digests, counts and
 -- export handles stay. Says how much of each it forgot.
 WITH steps AS (
     UPDATE run_steps
@@ -466,7 +466,10 @@ WITH steps AS (
      WHERE run_id = ANY(%(ids)s::uuid[]) AND pruned_at IS NULL
     RETURNING 1
 ), reservations AS (
-    DELETE FROM usage_reservations WHERE run_id = ANY(%(ids)s::uuid[]) AND settled_at IS NOT NULL RETURNING 1
+    UPDATE effects
+       SET charge_day = NULL, charge_tokens = NULL, charge_cost_usd = NULL
+     WHERE run_id = ANY(%(ids)s::uuid[]) AND charge_day IS NOT NULL AND state <> 'reserved'
+    RETURNING 1
 ), outputs AS (
     DELETE FROM corpus_outputs WHERE run_id = ANY(%(ids)s::uuid[]) RETURNING 1
 ), records AS (

@@ -78,7 +78,7 @@ class TickReport:
     corpus_rows_pruned: int = 0
     previews_pruned: int = 0  # approvals' argument previews and input requests' questions forgotten
     questions_pruned: int = 0
-    reservations_pruned: int = 0  # settled budget reservations deleted (the daily ledger keeps the totals)
+    reservations_pruned: int = 0  # settled budget reservations cleared (the daily ledger keeps the totals)
     fire_lag_p50_seconds: float | None = None
     fire_lag_max_seconds: float | None = None
     fire_db_seconds: float = 0.0  # fire batches: database work, and SQS calls, wall time

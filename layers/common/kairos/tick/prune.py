@@ -6,7 +6,7 @@ space. Ended runs keep their thread (the fork or fresh conversation the run crea
 payload and the rest of what they said or were told for ``KAIROS_RETENTION_DAYS`` (default 30) after
 they end; then the thread's entries are deleted, the payload is cleared, the steps' previews and step
 log (model turns, tool arguments and answers) are cleared (each step stamped ``pruned_at``), corpus
-outputs and records and settled budget reservations are deleted,
+outputs and records are deleted, settled budget reservations are cleared,
 approvals' argument previews and input requests' questions become a marker, and the run is stamped
 ``pruned_at`` (docs/architecture.md "Runs, traces and guarantees", Retention). ``Prune.run_once``
 handles up to ``batch`` rows of each kind, oldest first, skipping rows another transaction holds;
@@ -58,7 +58,7 @@ class PruneReport:
     corpus_rows: int = counted("corpus_rows_pruned")  # corpus outputs and records deleted
     previews: int = counted("previews_pruned")  # approvals' argument previews replaced by a marker
     questions: int = counted("questions_pruned")  # input requests' questions replaced by FORGOTTEN
-    reservations: int = counted("reservations_pruned")  # settled budget reservations deleted (the ledger keeps totals)
+    reservations: int = counted("reservations_pruned")  # settled budget reservations cleared (the ledger keeps totals)
     full: bool = False
 
 
