@@ -225,6 +225,40 @@ def test_a_reservation_that_waited_on_another_sees_it_once_committed(db_url: str
     assert _ledger(db_url)["reserved_tokens"] == 100
 
 
+def test_a_closed_call_settles_at_commit_so_the_owners_day_row_stays_free_until_then(db_url: str) -> None:
+    """Two model calls of one run close in one transaction: until it commits, the owner's day row is not
+    locked by it (another run of the owner may reserve meanwhile); at its commit both settle, the run
+    counted once for the day and both reservations given back."""
+    (run_id,) = _manual_runs(db_url, 1)
+    effect_ids = [uuid.uuid4(), uuid.uuid4()]
+    settings = Settings(owner_daily_tokens=10_000)
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        for n, effect_id in enumerate(effect_ids):
+            conn.execute("INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, "
+                         "request_digest) VALUES (%s, %s, 0, 0, %s, 'model_call', false, 't', 'd')",
+                         (effect_id, run_id, f"model-{n}"))
+            assert budgets.reserve(conn, effect_id=effect_id, run_id=run_id, owner="alice", model="m",
+                                   input_tokens=50, max_output_tokens=50, settings=settings)
+    assert _ledger(db_url)["reserved_tokens"] == 200
+    closing = psycopg.connect(db_url, row_factory=dict_row)
+    try:
+        closing.execute("UPDATE effects SET state = 'settled', settled_at = now(), "
+                        "usage = '{\"input_tokens\": 7, \"output_tokens\": 3}' WHERE id = ANY(%s)", (effect_ids,))
+        with psycopg.connect(db_url, autocommit=True) as other:  # NOWAIT: an error if the row were locked
+            other.execute("SELECT 1 FROM usage_ledger WHERE owner = 'alice' FOR NO KEY UPDATE NOWAIT")
+        assert _ledger(db_url)["reserved_tokens"] == 200  # nothing settled before the commit
+        closing.commit()
+    finally:
+        closing.close()
+    ledger = _ledger(db_url)
+    assert (ledger["reserved_tokens"], ledger["input_tokens"], ledger["output_tokens"]) == (0, 14, 6)
+    assert (ledger["calls"], ledger["runs"]) == (2, 1)
+    reservations = _rows(db_url, "SELECT tokens, input_tokens, settled_at FROM usage_reservations WHERE run_id = %s",
+                         run_id)
+    assert [(r["tokens"], r["input_tokens"]) for r in reservations] == [(100, 7), (100, 7)]
+    assert all(r["settled_at"] is not None for r in reservations)
+
+
 class _Crash(BaseException):
     """Lambda killing the process (not an Exception: nothing catches it)."""
 
