@@ -537,6 +537,11 @@ def main() -> int:
             "first burst on a fresh database (one round, not in the medians)", url, StubSqs(), "stub", shared_rules, n)
 
         nagle_client = nagle.client(handoff.MAX_PARALLEL_CALLS)
+        for client, standin in ((fast_client, fast), (slow_client, slow), (nagle_client, nagle)):
+            # Warm: the client's endpoint and its pooled connections, the handoff pool's threads (else
+            # the first workload of the first round pays for them).
+            warm = [uuid.uuid4() for _ in range(10 * handoff.MAX_PARALLEL_CALLS)]
+            handoff.send_batch(client, standin.queue_url, warm)
 
         def with_sends() -> tuple[Result, ...]:
             return (measure(ONE_RULE, url, fast_client, fast.queue_url, one_rule, n),
