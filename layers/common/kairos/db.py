@@ -359,14 +359,16 @@ def _roll_back_open(conn: psycopg.Connection[Any]) -> bool:
 
 
 def begin(conn: psycopg.Connection[Row]) -> None:
-    """``BEGIN`` as a statement (``Database.explicit``): queued in a pipeline, not synced alone."""
-    conn.execute("BEGIN")
+    """``BEGIN`` as a statement (``Database.explicit``): queued in a pipeline, not synced alone.
+    Sent as the compiled statements are (``RawCursor``): ``Connection.execute`` would convert its
+    text for placeholders first."""
+    psycopg.RawCursor(conn).execute(b"BEGIN", prepare=False)
 
 
 def commit(conn: psycopg.Connection[Row]) -> None:
     """``COMMIT`` as a statement (``Database.explicit``): in a pipeline it travels with the statements
     before it, and the pipeline's end waits for it (a failed commit raises there)."""
-    conn.execute("COMMIT")
+    psycopg.RawCursor(conn).execute(b"COMMIT", prepare=False)
 
 
 class _NamedRows:

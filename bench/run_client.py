@@ -1,0 +1,100 @@
+"""The run handler's client CPU per run, two checkouts side by side in interleaved blocks.
+
+Each checkout gets one process (a warm Lambda container: ``functions/run/app.py``'s ``handler`` with
+its decorators, echo agent, fork mode, one SQS-shaped event per run, logs and EMF metrics written to
+/dev/null) and its own database on ``DATABASE_URL``'s server (``kairos_bench_client_a`` / ``_b``,
+recreated). The two processes take turns: block after block of ``--runs`` handler calls each, the
+order swapped every block, so load from elsewhere on the machine falls on both alike. Reported: each
+side's median process CPU (user + system) per run, and the median of the per-block ratios.
+
+Run: ``.venv/bin/python bench/run_client.py OLD_CHECKOUT NEW_CHECKOUT [--blocks 30] [--runs 100]``
+(e.g. a ``git worktree`` of the commit before a change, and this checkout).
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import statistics
+import subprocess
+import sys
+import time
+
+WARM = 100
+
+
+def serve(root: str, database: str, total: int) -> None:
+    """One side: seed ``total`` runs, warm up, then for each line N on stdin run N handler calls and
+    print the process CPU milliseconds per run."""
+    sys.path[:0] = [f"{root}/layers/common", root, f"{root}/bench"]
+    os.chdir(root)
+    import run as bench_run
+    from baseline import recreate
+
+    from kairos import migrations
+
+    url = recreate(os.environ["DATABASE_URL"], database)
+    migrations.apply(url)
+    ids = iter(bench_run.seed_runs(url, total, "fork", 1))
+    out = os.fdopen(os.dup(1), "w")
+    bench_run._quiet()
+    bench_run._handler_env(url)
+    from kairos.local.stack import load_function
+
+    app = load_function("run")
+    for _ in range(WARM):
+        assert app.handler(bench_run._sqs_event(next(ids)), bench_run._Context()) == {"batchItemFailures": []}
+    out.write("ready\n")
+    out.flush()
+    for line in sys.stdin:
+        n = int(line)
+        events = [(bench_run._sqs_event(next(ids)), bench_run._Context()) for _ in range(n)]
+        cpu = time.process_time()
+        for event, context in events:
+            if app.handler(event, context) != {"batchItemFailures": []}:
+                raise RuntimeError("a record failed")
+        out.write(f"{1000 * (time.process_time() - cpu) / n:.4f}\n")
+        out.flush()
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("old")
+    parser.add_argument("new")
+    parser.add_argument("--blocks", type=int, default=30)
+    parser.add_argument("--runs", type=int, default=100, help="handler calls per block")
+    args = parser.parse_args()
+    if "DATABASE_URL" not in os.environ:
+        raise SystemExit("set DATABASE_URL (an admin URL of the server to create the two databases on)")
+    env = {k: v for k, v in os.environ.items() if k != "PYTHONPATH"}
+    total = WARM + args.blocks * args.runs
+    sides = {}
+    for name, root in (("old", args.old), ("new", args.new)):
+        sides[name] = subprocess.Popen(
+            [sys.executable, __file__, "--serve", os.path.abspath(root), f"kairos_bench_client_{name}", str(total)],
+            stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
+    for side in sides.values():
+        assert side.stdout is not None and side.stdout.readline().strip() == "ready"
+    cpu: dict[str, list[float]] = {"old": [], "new": []}
+    for block in range(args.blocks):
+        for name in ("old", "new") if block % 2 == 0 else ("new", "old"):
+            side = sides[name]
+            assert side.stdin is not None and side.stdout is not None
+            side.stdin.write(f"{args.runs}\n")
+            side.stdin.flush()
+            cpu[name].append(float(side.stdout.readline()))
+    for side in sides.values():
+        assert side.stdin is not None
+        side.stdin.close()
+        side.wait()
+    old, new = statistics.median(cpu["old"]), statistics.median(cpu["new"])
+    ratio = statistics.median(n / o for o, n in zip(cpu["old"], cpu["new"], strict=True))
+    print(f"client CPU per run, median of {args.blocks} blocks of {args.runs}: old {old:.3f} ms, new {new:.3f} ms "
+          f"({new / old:.3f}x; median block ratio {ratio:.3f}x); load average {os.getloadavg()[0]:.2f}")
+
+
+if __name__ == "__main__":
+    if len(sys.argv) > 1 and sys.argv[1] == "--serve":
+        serve(sys.argv[2], sys.argv[3], int(sys.argv[4]))
+    else:
+        main()
