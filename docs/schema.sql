@@ -153,6 +153,50 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.kairos_run_events_insert() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    IF NEW.data IS NULL THEN
+        RAISE EXCEPTION 'null value in column "data" of relation "run_events" violates not-null constraint'
+            USING ERRCODE = 'not_null_violation';
+    END IF;
+    IF EXISTS (SELECT 1 FROM run_event_batches b
+                WHERE b.run_id = NEW.run_id AND b.last_seq >= NEW.seq
+                  AND b.last_seq - jsonb_array_length(b.events) < NEW.seq) THEN
+        RAISE EXCEPTION 'duplicate key value violates unique constraint "run_events_pkey"'
+            USING ERRCODE = 'unique_violation',
+                  DETAIL = format('Key (run_id, seq)=(%s, %s) already exists.', NEW.run_id, NEW.seq);
+    END IF;
+    INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
+    VALUES (NEW.run_id, NEW.seq, NEW.at, NEW.attempt, NEW.fence,
+            jsonb_build_array(jsonb_build_object('type', NEW.type, 'step', NEW.step, 'data', NEW.data)));
+    RETURN NEW;
+END;
+$$;
+
+CREATE FUNCTION public.kairos_run_events_prune() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    b run_event_batches;
+BEGIN
+    DELETE FROM run_event_batches
+     WHERE run_id = OLD.run_id AND last_seq >= OLD.seq AND last_seq - jsonb_array_length(events) < OLD.seq
+    RETURNING * INTO b;
+    IF NOT FOUND THEN
+        RETURN NULL;
+    END IF;
+    INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
+    SELECT b.run_id, max(p.seq), b.at, b.attempt, b.fence, jsonb_agg(p.event ORDER BY p.seq)
+      FROM (SELECT (b.last_seq - jsonb_array_length(b.events) + x.ord)::integer AS seq, x.event
+              FROM jsonb_array_elements(b.events) WITH ORDINALITY AS x (event, ord)) AS p
+     WHERE p.seq <> OLD.seq
+     GROUP BY p.seq > OLD.seq;
+    RETURN OLD;
+END;
+$$;
+
 CREATE FUNCTION public.kairos_run_usage(run uuid) RETURNS jsonb
     LANGUAGE sql STABLE
     AS $$
@@ -693,19 +737,31 @@ CREATE TABLE public.occurrences (
     CONSTRAINT occurrences_source_check CHECK ((source = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text])))
 );
 
-CREATE TABLE public.run_events (
+CREATE TABLE public.run_event_batches (
     run_id uuid NOT NULL,
-    seq integer NOT NULL,
-    type text NOT NULL,
-    at timestamp with time zone DEFAULT now() NOT NULL,
+    last_seq integer NOT NULL,
+    at timestamp with time zone NOT NULL,
     attempt integer NOT NULL,
     fence bigint DEFAULT 0 NOT NULL,
-    step text,
-    data jsonb DEFAULT '{}'::jsonb NOT NULL,
-    CONSTRAINT run_events_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT run_events_seq_check CHECK ((seq >= 1)),
-    CONSTRAINT run_events_type_check CHECK ((type = ANY (ARRAY['run.queued'::text, 'run.claimed'::text, 'step.started'::text, 'step.progress'::text, 'step.finished'::text, 'effect.reserved'::text, 'effect.settled'::text, 'output.published'::text, 'run.rescued'::text, 'run.cancel_requested'::text, 'run.deferred'::text, 'approval.waiting'::text, 'approval.approved'::text, 'approval.denied'::text, 'input.waiting'::text, 'input.answered'::text, 'corpus.phase'::text, 'corpus.partition'::text, 'run.paused'::text, 'run.resumed'::text, 'run.succeeded'::text, 'run.failed'::text, 'run.cancelled'::text, 'run.expired'::text, 'run.abandoned'::text, 'run.policy_blocked'::text])))
+    events jsonb NOT NULL,
+    CONSTRAINT run_event_batches_attempt_check CHECK ((attempt >= 0)),
+    CONSTRAINT run_event_batches_seq_check CHECK (((jsonb_typeof(events) = 'array'::text) AND (jsonb_array_length(events) >= 1) AND (last_seq >= jsonb_array_length(events)))),
+    CONSTRAINT run_event_batches_type_check CHECK (((jsonb_array_length(jsonb_path_query_array(events, '$[*]."type"'::jsonpath)) = jsonb_array_length(events)) AND (jsonb_path_query_array(events, '$[*]."type"'::jsonpath) <@ '["run.queued", "run.claimed", "step.started", "step.progress", "step.finished", "effect.reserved", "effect.settled", "output.published", "run.rescued", "run.cancel_requested", "run.deferred", "approval.waiting", "approval.approved", "approval.denied", "input.waiting", "input.answered", "corpus.phase", "corpus.partition", "run.paused", "run.resumed", "run.succeeded", "run.failed", "run.cancelled", "run.expired", "run.abandoned", "run.policy_blocked"]'::jsonb)))
 );
+
+CREATE VIEW public.run_events AS
+ SELECT b.run_id,
+    (((b.last_seq - jsonb_array_length(b.events)) + x.ord))::integer AS seq,
+    (x.event ->> 'type'::text) AS type,
+    b.at,
+    b.attempt,
+    b.fence,
+    (x.event ->> 'step'::text) AS step,
+    COALESCE((x.event -> 'data'::text), '{}'::jsonb) AS data
+   FROM (public.run_event_batches b
+     CROSS JOIN LATERAL jsonb_array_elements(b.events) WITH ORDINALITY x(event, ord));
+
+COMMENT ON VIEW public.run_events IS 'Each run''s append-only, gap-free trace, one row per event (stored as run_event_batches).';
 
 CREATE TABLE public.run_steps (
     run_id uuid NOT NULL,
@@ -797,6 +853,12 @@ CREATE TABLE public.webhook_receipts (
     CONSTRAINT webhook_receipts_generation_check CHECK ((generation >= 0))
 );
 
+ALTER TABLE ONLY public.run_events ALTER COLUMN at SET DEFAULT now();
+
+ALTER TABLE ONLY public.run_events ALTER COLUMN fence SET DEFAULT 0;
+
+ALTER TABLE ONLY public.run_events ALTER COLUMN data SET DEFAULT '{}'::jsonb;
+
 ALTER TABLE ONLY public.approvals
     ADD CONSTRAINT approvals_pkey PRIMARY KEY (id);
 
@@ -854,8 +916,8 @@ ALTER TABLE ONLY public.notify_deliveries
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_pkey PRIMARY KEY (id);
 
-ALTER TABLE ONLY public.run_events
-    ADD CONSTRAINT run_events_pkey PRIMARY KEY (run_id, seq);
+ALTER TABLE ONLY public.run_event_batches
+    ADD CONSTRAINT run_event_batches_pkey PRIMARY KEY (run_id, last_seq);
 
 ALTER TABLE ONLY public.run_steps
     ADD CONSTRAINT run_steps_pkey PRIMARY KEY (run_id, n);
@@ -968,11 +1030,19 @@ CREATE TRIGGER occurrences_no_delete BEFORE DELETE ON public.occurrences FOR EAC
 
 CREATE TRIGGER occurrences_no_truncate BEFORE TRUNCATE ON public.occurrences FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
 
-CREATE TRIGGER run_events_immutable BEFORE UPDATE ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
+CREATE TRIGGER run_event_batches_immutable BEFORE UPDATE ON public.run_event_batches FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
+
+CREATE TRIGGER run_event_batches_no_delete BEFORE DELETE ON public.run_event_batches FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER run_event_batches_no_truncate BEFORE TRUNCATE ON public.run_event_batches FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+
+CREATE TRIGGER run_events_immutable INSTEAD OF UPDATE ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
+
+CREATE TRIGGER run_events_insert INSTEAD OF INSERT ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.kairos_run_events_insert();
 
 CREATE TRIGGER run_events_no_delete BEFORE DELETE ON public.run_events FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
 
-CREATE TRIGGER run_events_no_truncate BEFORE TRUNCATE ON public.run_events FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
+CREATE TRIGGER run_events_prune INSTEAD OF DELETE ON public.run_events FOR EACH ROW EXECUTE FUNCTION public.kairos_run_events_prune();
 
 CREATE TRIGGER run_steps_no_delete BEFORE DELETE ON public.run_steps FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
 
@@ -1037,8 +1107,8 @@ ALTER TABLE ONLY public.notify_deliveries
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id);
 
-ALTER TABLE ONLY public.run_events
-    ADD CONSTRAINT run_events_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
+ALTER TABLE ONLY public.run_event_batches
+    ADD CONSTRAINT run_event_batches_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
 
 ALTER TABLE ONLY public.run_steps
     ADD CONSTRAINT run_steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);

@@ -111,7 +111,8 @@ def test_queries_follow_the_house_rules() -> None:
 def test_query_names_start_with_a_table(db_url: str) -> None:
     with psycopg.connect(db_url) as conn:
         tables = {r[0] for r in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            " UNION SELECT viewname FROM pg_views WHERE schemaname = current_schema()").fetchall()}  # run_events
     wrong = sorted(n for n in db.QUERIES if not any(n.startswith(t + "_") for t in tables))
     assert wrong == [], f"query names must start with the main table they touch: {wrong}"
 
@@ -121,7 +122,8 @@ def test_each_query_lives_in_the_file_of_its_table(db_url: str) -> None:
     so a table's statements are read in one place and a new query has one obvious home."""
     with psycopg.connect(db_url) as conn:
         tables = {r[0] for r in conn.execute(
-            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()").fetchall()}
+            "SELECT tablename FROM pg_tables WHERE schemaname = current_schema()"
+            " UNION SELECT viewname FROM pg_views WHERE schemaname = current_schema()").fetchall()}  # run_events
     files = sorted((PACKAGE / "sql").glob("*.sql"))
     assert files, "no sql/*.sql file found"
     misplaced: list[str] = []

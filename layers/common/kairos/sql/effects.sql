@@ -37,10 +37,12 @@ WITH authority AS (
     RETURNING id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state, usage, error_code,
               created_at, settled_at
 ), traced AS (
-    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
-    SELECT a.id, a.last_seq, 'effect.reserved', coalesce(%(now)s::timestamptz, now()), a.attempt, a.fence, r.step,
-           jsonb_build_object('effect_id', r.id, 'kind', r.kind, 'mutation', r.mutation)
-               || coalesce(%(data)s::jsonb, '{}'::jsonb)
+    INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
+    SELECT a.id, a.last_seq, coalesce(%(now)s::timestamptz, now()), a.attempt, a.fence,
+           jsonb_build_array(jsonb_build_object(
+               'type', 'effect.reserved', 'step', r.step,
+               'data', jsonb_build_object('effect_id', r.id, 'kind', r.kind, 'mutation', r.mutation)
+                           || coalesce(%(data)s::jsonb, '{}'::jsonb)))
       FROM authority a CROSS JOIN reserved r
 )
 SELECT * FROM reserved;
@@ -91,10 +93,12 @@ WITH authority AS (
     RETURNING id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state, usage, error_code,
               created_at, settled_at
 ), traced AS (
-    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
-    SELECT a.id, a.last_seq, 'effect.reserved', coalesce(%(now)s::timestamptz, now()), a.attempt, a.fence, r.step,
-           jsonb_build_object('effect_id', r.id, 'kind', r.kind, 'mutation', r.mutation)
-               || coalesce(%(data)s::jsonb, '{}'::jsonb)
+    INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
+    SELECT a.id, a.last_seq, coalesce(%(now)s::timestamptz, now()), a.attempt, a.fence,
+           jsonb_build_array(jsonb_build_object(
+               'type', 'effect.reserved', 'step', r.step,
+               'data', jsonb_build_object('effect_id', r.id, 'kind', r.kind, 'mutation', r.mutation)
+                           || coalesce(%(data)s::jsonb, '{}'::jsonb)))
       FROM bumped a CROSS JOIN reserved r
 )
 SELECT EXISTS (SELECT 1 FROM authority) AS authorized, r.id, r.run_id, r.fence, r.attempt, r.step, r.kind, r.mutation,

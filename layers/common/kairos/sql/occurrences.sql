@@ -98,10 +98,13 @@ WITH given AS (
         ON CONFLICT DO NOTHING
     RETURNING id, occurrence_id, source, blocked_by_run_id, attempt, fence, retry_of
 ), queued_events AS (
-    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, data)
-    SELECT id, 1, 'run.queued', coalesce(%(now)s::timestamptz, now()), attempt, fence,
-           jsonb_strip_nulls(jsonb_build_object('source', source, 'occurrence_id', occurrence_id,
-                                                'blocked_by_run_id', blocked_by_run_id, 'retry_of', retry_of))
+    INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
+    SELECT id, 1, coalesce(%(now)s::timestamptz, now()), attempt, fence,
+           jsonb_build_array(jsonb_build_object(
+               'type', 'run.queued',
+               'data', jsonb_strip_nulls(jsonb_build_object('source', source, 'occurrence_id', occurrence_id,
+                                                            'blocked_by_run_id', blocked_by_run_id,
+                                                            'retry_of', retry_of))))
       FROM new_runs
 )
 SELECT occ.id AS occurrence_id, occ.schedule_id, occ.decision, r.id AS run_id, r.blocked_by_run_id

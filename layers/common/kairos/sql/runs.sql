@@ -147,16 +147,19 @@ WITH changed AS (
      CROSS JOIN thread f
 ), changed_events AS (
     -- A claim: run.claimed and step.started. A refusal: its one terminal event.
-    INSERT INTO run_events (run_id, seq, type, at, attempt, fence, step, data)
-    SELECT c.id, c.last_seq - e.back, e.type, coalesce(%(now)s::timestamptz, now()), c.attempt, c.fence,
-           e.step, e.data
+    -- One batch ending at the bumped last_seq (run_events, migration 0033).
+    INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
+    SELECT c.id, c.last_seq, coalesce(%(now)s::timestamptz, now()), c.attempt, c.fence,
+           CASE WHEN c.refusal IS NULL
+                THEN jsonb_build_array(
+                         jsonb_build_object('type', 'run.claimed',
+                                            'data', jsonb_build_object('attempt', c.attempt, 'mode', c.mode)),
+                         jsonb_build_object('type', 'step.started', 'step', c.first_step,
+                                            'data', jsonb_build_object('attempt', c.attempt)))
+                ELSE jsonb_build_array(jsonb_build_object(
+                         'type', 'run.' || c.state,
+                         'data', jsonb_build_object('reason_code', c.refusal, 'by', 'claim'))) END
       FROM changed c
-     CROSS JOIN LATERAL (VALUES
-           (true, 1, 'run.claimed', NULL, jsonb_build_object('attempt', c.attempt, 'mode', c.mode)),
-           (true, 0, 'step.started', c.first_step, jsonb_build_object('attempt', c.attempt)),
-           (false, 0, 'run.' || c.state, NULL, jsonb_build_object('reason_code', c.refusal, 'by', 'claim'))
-     ) AS e (claim, back, type, step, data)
-     WHERE e.claim = (c.refusal IS NULL)
 )
 SELECT * FROM changed;
 
