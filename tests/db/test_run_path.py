@@ -71,11 +71,11 @@ def fork_run(url: str) -> dict[str, Any]:
 
 def commits_of(url: str, run_id: uuid.UUID) -> int:
     """The transactions that wrote the run: every one of them traces (a state change and its events
-    are one statement, kairos.trace), so they are the distinct ``xmin`` of the run's events; the run's
+    are one statement, kairos.trace), so they are the distinct ``xmin`` of the run's event batches; the run's
     other rows must have been written by those same transactions."""
     with psycopg.connect(url, row_factory=dict_row, autocommit=True) as conn:
         row = conn.execute(
-            """SELECT (SELECT array_agg(DISTINCT xmin::text) FROM run_events WHERE run_id = %(r)s) AS traced,
+            """SELECT (SELECT array_agg(DISTINCT xmin::text) FROM run_event_batches WHERE run_id = %(r)s) AS traced,
                       (SELECT array_agg(DISTINCT x) FROM (
                            SELECT xmin::text AS x FROM runs WHERE id = %(r)s
                            UNION ALL SELECT xmin::text FROM conversation_entries WHERE run_id = %(r)s

@@ -452,7 +452,7 @@ def test_the_raw_token_is_in_no_log_line_and_no_table(api: Api, capfd: pytest.Ca
     with psycopg.connect(api.url, autocommit=True) as conn:
         tables = [r[0] for r in conn.execute(
             "SELECT tablename FROM pg_tables WHERE schemaname = 'public'").fetchall()]
-        assert {"schedules", "runs", "occurrences", "webhook_receipts", "run_events"} <= set(tables)
+        assert {"schedules", "runs", "occurrences", "webhook_receipts", "run_event_batches"} <= set(tables)
         for table in tables:
             dump = "\n".join(r[0] for r in conn.execute(f"SELECT t::text FROM {table} t").fetchall())
             for secret in secrets:
