@@ -288,7 +288,7 @@ def test_records_refuse_a_plain_delete_or_update(db_url: str, recorded: dict[str
     before = _history(db_url)
     entries = _rows(db_url, "SELECT * FROM conversation_entries ORDER BY conversation_id, seq")
     if table == "run_events" and statement.startswith("TRUNCATE"):
-        table = "run_event_batches"  # run_events is a view of its batches (migration 0033): a view has no TRUNCATE
+        table = "run_event_batches"  # run_events is a view of its batches (migration 0034): a view has no TRUNCATE
     with psycopg.connect(db_url, autocommit=True) as conn:
         with pytest.raises(psycopg.errors.RestrictViolation, match=rf"{table} rows are (append-only|immutable)"):
             conn.execute(sql.SQL(statement).format(table=sql.Identifier(table), column=sql.Identifier(column)))

@@ -38,7 +38,7 @@ def _check_values(url: str, table: str, column: str) -> set[str]:
             found = set(re.findall(r'"([a-z_.]+)"', d.split("<@", 1)[1]))
             if found:
                 return found
-    if table == "run_events":  # a view since 0033: its batches' check holds the list as a JSON array
+    if table == "run_events":  # a view since 0034: its batches' check holds the list as a JSON array
         return _check_values(url, "run_event_batches", "events")
     raise AssertionError(f"no IN-list check on {table}.{column}: {defs}")
 
@@ -156,7 +156,7 @@ def test_occurrences_and_run_events_refuse_delete_and_truncate(db_url: str, tabl
                      (run["id"],))
         _skipped_occurrence(conn, run["schedule_id"])
         # When anyone but the pruner deletes or truncates, Then it is refused and nothing is gone
-        # (run_events is a view of run_event_batches since 0033: TRUNCATE names the table it stores in)
+        # (run_events is a view of run_event_batches since 0034: TRUNCATE names the table it stores in)
         target = "run_event_batches" if table == "run_events" and statement.startswith("TRUNCATE") else table
         with pytest.raises(psycopg.errors.RestrictViolation, match="append-only"):
             conn.execute(sql.SQL(statement).format(table=sql.Identifier(target)))

@@ -1,4 +1,4 @@
-"""The trace stored densely (migration 0033): a writing statement's events are one run_event_batches row,
+"""The trace stored densely (migration 0034): a writing statement's events are one run_event_batches row,
 and the run_events view answers them one row per event, gap-free, with the table's columns; the view
 refuses UPDATE and DELETE (the pruner's delete takes one event out of its batch)."""
 

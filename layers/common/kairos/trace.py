@@ -1,7 +1,7 @@
 """The run trace: append-only, gap-free ``run_events``, written under the run's fence.
 
 Two writers: ``append`` (one event) and ``change`` (a run's state change and its events, one
-statement). Each statement stores its events as one ``run_event_batches`` row (migration 0033);
+statement). Each statement stores its events as one ``run_event_batches`` row (migration 0034);
 ``run_events`` is the view that answers them one row per event. The sequence number comes from
 ``runs.last_seq``, bumped in the same statement, so appends to one run serialize on its row and
 ``seq`` has no gaps. A worker passes its fence: when it has lost the lease (another claim bumped the

@@ -1,5 +1,5 @@
 -- run_events: each run's gap-free trace (seq from runs.last_seq, bumped in the same statement), a view
--- of run_event_batches: a writing statement stores its events as one batch row (migration 0033).
+-- of run_event_batches: a writing statement stores its events as one batch row (migration 0034).
 
 -- name: run_events_append (prepared)
 -- Appends one trace event with the next gap-free seq. With a fence, only the current holder of a

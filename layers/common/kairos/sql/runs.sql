@@ -147,7 +147,7 @@ WITH changed AS (
      CROSS JOIN thread f
 ), changed_events AS (
     -- A claim: run.claimed and step.started. A refusal: its one terminal event.
-    -- One batch ending at the bumped last_seq (run_events, migration 0033).
+    -- One batch ending at the bumped last_seq (run_events, migration 0034).
     INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
     SELECT c.id, c.last_seq, coalesce(%(now)s::timestamptz, now()), c.attempt, c.fence,
            CASE WHEN c.refusal IS NULL
