@@ -10,7 +10,7 @@ What is measured (all on one PostgreSQL server, one database each, same run, rou
    answer entry, terminal state), EMF metrics and logs written (to /dev/null) — in 8 worker
    processes (8 Lambda containers, one run at a time each), fed one SQS-shaped event per run (the
    template's batch size), as Lambda would; SQS itself is not involved. ``--owners`` deals the runs
-   over that many owners (one owner's claims serialize on its slot lock by design).
+   over that many owners. The runs hold their slots, as the tick hands them over (a claim takes no lock).
 3. **Procrastinate** (``App`` + ``PsycopgConnector``, its schema in a third database) with 8
    concurrent coroutines: the equivalent job cycle ``defer`` → ``fetch_job`` → ``finish_job``
    (its ``JobManager`` directly, without its worker's polling, sleeps and middleware), reported
@@ -102,7 +102,7 @@ class Round(NamedTuple):
     procrastinate_cpu: tuple[float, float | None]  # CPU ms a job cost (its one process, the server backends)
 
 # One owner ('bench') runs every worker's runs: its budgets must not be what is measured.
-SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily_tokens=10**12,
+SETTINGS = Settings(owner_concurrency=100_000, owner_queue_max=100_000, owner_daily_tokens=10**12,
                     owner_daily_cost_usd=10**9)
 
 
@@ -112,10 +112,13 @@ SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily
 # --- Kairos --------------------------------------------------------------------------------------------
 
 
-def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1, analyze: bool = True) -> list[uuid.UUID]:
+def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1, analyze: bool = True,
+              admitted: bool = True) -> list[uuid.UUID]:
     """Per owner one conversation (with two entries, the transcript a fork reads) and schedule; ``count``
     occurrences and queued runs in all, dealt round-robin over the owners and interleaved in the
-    order the workers take them (not timed). ``analyze=False`` leaves the statistics as they were."""
+    order the workers take them (not timed). ``analyze=False`` leaves the statistics as they were.
+    ``admitted``: each run holds its slot, as the tick or the intake hands a run to SQS (a claim then
+    takes no lock); without it every claim is a stray message's, under its owner's slot lock."""
     per_owner: list[list[uuid.UUID]] = []
     with psycopg.connect(url, autocommit=True) as conn:
         for k in range(owners):
@@ -137,11 +140,13 @@ def seed_runs(url: str, count: int, mode: str = "append", owners: int = 1, analy
                          FROM generate_series(1, %(n)s) g
                        RETURNING id)
                    INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
-                                     conversation_id, mode, prompt, agent)
+                                     conversation_id, mode, prompt, agent, admitted_at, slot_limit)
                    SELECT gen_random_uuid(), o.id, %(s)s, %(w)s, 'webhook', %(c)s,
-                          CASE WHEN %(m)s = 'append' THEN %(c)s END, %(m)s, 'p', '{"executor": "echo"}'
+                          CASE WHEN %(m)s = 'append' THEN %(c)s END, %(m)s, 'p', '{"executor": "echo"}',
+                          CASE WHEN %(a)s THEN now() END, %(slots)s
                      FROM o
-                   RETURNING id""", {"s": sched, "c": conv, "n": n, "m": mode, "w": owner}).fetchall()
+                   RETURNING id""", {"s": sched, "c": conv, "n": n, "m": mode, "w": owner, "a": admitted,
+                                     "slots": SETTINGS.owner_concurrency}).fetchall()
             per_owner.append([r[0] for r in rows])
         # Statistics as a live database has them (autovacuum's ANALYZE): a plan made from an empty
         # table's statistics scans small tables sequentially, which is not what a deployment runs.
@@ -343,14 +348,15 @@ def _handler_workers(url: str, ids: list[uuid.UUID], workers: int, profile: str 
 
 def handler_rate(url: str, count: int, workers: int, profile: str | None = None, owners: int = 1,
                  work: list[Work] | None = None, statements: dict[str, tuple[int, float]] | None = None,
-                 cpu: list[tuple[float, float | None]] | None = None, analyze: bool = True) -> float:
+                 cpu: list[tuple[float, float | None]] | None = None, analyze: bool = True,
+                 admitted: bool = True) -> float:
     """Whole run-function invocations per second: ``functions/run/app.py``'s handler (its Powertools
     decorators, the SQS batch adapter, ``runs.worker.process`` with the echo executor, fork mode), one
     SQS-shaped event per run, ``workers`` processes (Lambda containers); SQS itself is not involved.
     ``statements``, when given, receives each statement's calls and mean execution time (ms) over the
     series, from ``pg_stat_statements``; ``cpu`` the CPU milliseconds a run cost the handler processes and
     the server's backends (None: not a local server)."""
-    ids = seed_runs(url, count, "fork", owners, analyze=analyze)
+    ids = seed_runs(url, count, "fork", owners, analyze=analyze, admitted=admitted)
     meter = Meter(url)
     meter.start()
     read_statements = _statement_times(url) if statements is not None else None
