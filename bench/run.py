@@ -102,7 +102,7 @@ class Round(NamedTuple):
     procrastinate_cpu: tuple[float, float | None]  # CPU ms a job cost (its one process, the server backends)
 
 # One owner ('bench') runs every worker's runs: its budgets must not be what is measured.
-SETTINGS = Settings(owner_concurrency=100_000, owner_queue_max=100_000, owner_daily_tokens=10**12,
+SETTINGS = Settings(owner_concurrency=1000, owner_queue_max=100_000, owner_daily_tokens=10**12,
                     owner_daily_cost_usd=10**9)
 
 
