@@ -178,11 +178,11 @@ def send(database: db.Database, sqs: Any, queue_url: str, run_ids: Sequence[UUID
     With ``delay_seconds`` the runs given are held ones (a window, a deferral) and their messages are
     their timers: sent held or not holding a slot (a held run is not released before it is due); the
     older runs this call released go at once."""
-    ready = admit(database, run_ids, now=now, ended=ended)
     if not delay_seconds:
-        return _send_stamped(database, sqs, queue_url, ready, now=now)
+        return _send_stamped(database, sqs, queue_url, admit(database, run_ids, now=now, ended=ended), now=now)
     given = set(run_ids)
-    with database.transaction() as conn:
+    with database.transaction() as conn:  # one transaction: the held runs are read beside the release
+        ready = _admit(conn, run_ids, now=now, ended=ended)
         timers = [*[r for r in ready if r in given], *budgets.held(conn, [r for r in run_ids if r not in ready],
                                                                     now=now)]
     timed = _send_stamped(database, sqs, queue_url, timers, now=now, delay_seconds=delay_seconds)
@@ -202,9 +202,15 @@ def admit(database: db.Database, run_ids: Sequence[UUID], *, now: datetime | Non
     if not run_ids and not ended:
         return []
     with database.transaction() as conn:
-        freed = budgets.unsent(conn, ended)
-        released = budgets.release(conn, budgets.owners_of(conn, run_ids), now=now) if run_ids else []
-        again = budgets.resent(conn, run_ids)
+        return _admit(conn, run_ids, now=now, ended=ended)
+
+
+def _admit(conn: psycopg.Connection[db.Row], run_ids: Sequence[UUID], *, now: datetime | None,
+           ended: Sequence[UUID]) -> list[UUID]:
+    """``admit`` inside the caller's transaction."""
+    freed = budgets.unsent(conn, ended)
+    released = budgets.release(conn, budgets.owners_of(conn, run_ids), now=now) if run_ids else []
+    again = budgets.resent(conn, run_ids)
     return list(dict.fromkeys([*freed, *released, *again]))
 
 
