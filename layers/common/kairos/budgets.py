@@ -13,6 +13,9 @@ Role: the server caps of docs/api.md "Budgets", all configured in
   releases whatever a crash or a lost race left waiting beside a free slot. ``hold_slots`` takes the
   slot lock only before the claim of a run nobody released (a stray message): a released run's claim
   takes no lock, and a claim that finds no slot leaves the run waiting, never re-sending it.
+  The tick's fire admits at insert instead (``hold_owner_slots``, then ``occurrences_insert`` with
+  ``admit``): under its owners' slot locks, a new run takes a free slot at once when nothing of its
+  owner waits for one, by the release's own rules, so its fire sends it with no release after commit.
 * **Queue.** ``hold_queues`` takes the owners' queue locks before a fire is recorded
   (``kairos.occurrences.record``); ``occurrences_insert`` records a fire that would queue more than
   the cap ``skipped_budget``, without a run.
@@ -72,6 +75,13 @@ def hold_slots(conn: psycopg.Connection[db.Row], run_id: UUID) -> None:
     """Takes the slot lock of the run's owner until the caller's transaction ends (before the claim),
     unless the run holds a slot already (then the claim needs no lock)."""
     db.send(conn, "runs_hold_owner_slots", {"run_id": run_id})  # unread: in a pipeline it rides with the claim
+
+
+def hold_owner_slots(conn: psycopg.Connection[db.Row], schedule_ids: Sequence[str]) -> None:
+    """Takes the slot locks of these schedules' owners, in owner order, until the caller's transaction
+    ends (the tick's fire, after the queue locks: ``kairos.occurrences.record`` with ``admit``)."""
+    if schedule_ids:
+        db.fetch_all(conn, "schedules_hold_owner_slots", {"schedule_ids": sorted(set(schedule_ids))})
 
 
 def release(conn: psycopg.Connection[db.Row], owners: Sequence[str], *, now: datetime | None = None) -> list[UUID]:

@@ -104,21 +104,28 @@ def planned(
 
 def record(conn: psycopg.Connection[db.Row], rows: list[dict[str, Any]], *,
            now: datetime | None = None, queue_max: int | None = None,
-           owner_slots: int | None = None) -> list[db.Row]:
-    """Inserts the batch; returns one row per occurrence this call recorded (with its run, if any).
-    ``queue_max`` and ``owner_slots`` (the runs' slot limit) default to the deployment's
-    ``KAIROS_OWNER_QUEUE_MAX`` and ``KAIROS_OWNER_CONCURRENCY``."""
+           owner_slots: int | None = None, admit: bool = False) -> list[db.Row]:
+    """Inserts the batch; returns one row per occurrence this call recorded (with its run, if any, and
+    ``admitted``: whether the run holds a slot). ``queue_max`` and ``owner_slots`` (the runs' slot
+    limit) default to the deployment's ``KAIROS_OWNER_QUEUE_MAX`` and ``KAIROS_OWNER_CONCURRENCY``.
+    With ``admit`` (the tick's fire: scheduled rows only) it takes the owners' slot locks after their
+    queue locks and inserts each run that may take a free slot at once already holding it
+    (``occurrences_insert``); the caller sends those after commit. Without it, no run holds a slot."""
     if not rows:
         return []
     if queue_max is None:
         queue_max = runtime.settings().owner_queue_max
     if owner_slots is None:
         owner_slots = runtime.settings().owner_concurrency
-    budgets.hold_queues(conn, [r["schedule_id"] for r in rows if "schedule_id" in r],
+    schedule_ids = [r["schedule_id"] for r in rows if "schedule_id" in r]
+    budgets.hold_queues(conn, schedule_ids,
                         [r["conversation_id"] for r in rows if "schedule_id" not in r and "conversation_id" in r])
+    if admit:
+        budgets.hold_owner_slots(conn, schedule_ids)
     # json.dumps is C, psycopg's array adaptation is not, and this is the hot path of a large tick.
     return db.fetch_all(conn, "occurrences_insert", {"occurrences": json.dumps(rows), "now": now,
                                                      "queue_max": queue_max, "owner_slots": owner_slots,
+                                                     "admit": admit,
                                                      **limits.sql_parameters(runtime.settings())})
 
 

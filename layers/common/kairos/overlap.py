@@ -50,6 +50,14 @@ def decide(policy: Overlap, active_run_id: UUID | None, waiting_run_id: UUID | N
     return Verdict(Decision.SKIPPED_OVERLAP)
 
 
+def lock_holding(conn: psycopg.Connection[db.Row], run_ids: list[UUID]) -> None:
+    """Locks those of these runs (the runs a batch may replace) that hold a slot, in id order: before
+    the caller takes its owners' slot locks (``kairos.tick.fire``), as a statement ending such a run
+    does (its row, then its trigger's slot lock)."""
+    if run_ids:
+        db.fetch_all(conn, "runs_lock_holding", {"ids": run_ids})
+
+
 def replace(conn: psycopg.Connection[db.Row], *, old_run_id: UUID, new_run_id: UUID,
             now: datetime | None = None) -> bool:
     """Cancels ``old_run_id`` for ``new_run_id`` when replace-safe and answers True; else ends the new

@@ -17,6 +17,12 @@
 -- revision it executes and its agent's digest.
 -- A run is inserted holding no slot (owner_slots, KAIROS_OWNER_CONCURRENCY, is its owner's limit; a
 -- webhook run may bring its concurrency key and limit): the caller's handoff releases free slots.
+-- With admit (the tick's fire, holding its owners' slot locks: schedules_hold_owner_slots), a run is
+-- inserted already holding a slot (admitted_at, released_by NULL: the fire sends it) when
+-- kairos_release_slots would admit it at once: nothing of its owner waits for a slot (queued, not
+-- admitted, not blocked, not paused, its hold due), it is not queued behind another run, it has no
+-- concurrency key, and it is among the first (limit - held) of its owner's new runs in run id order.
+-- The others wait, as any queued run, for a release.
 WITH given AS (
     SELECT p.*, e.ordinal, coalesce(s.owner, cv.owner) AS owner
       FROM jsonb_array_elements(%(occurrences)s::jsonb) WITH ORDINALITY AS e(doc, ordinal)
@@ -34,6 +40,19 @@ WITH given AS (
     SELECT o.owner, (SELECT count(*) FROM (SELECT 1 FROM runs q WHERE q.owner = o.owner AND q.state = 'queued'
                                              LIMIT %(queue_max)s) AS n) AS n
       FROM (SELECT DISTINCT owner FROM given WHERE owner IS NOT NULL) AS o
+), slots AS (
+    -- admit only: each owner's slots held now and whether a run of it waits for one (the caller holds
+    -- the owners' slot locks, so no release or end of theirs commits until this transaction does).
+    SELECT o.owner,
+           (SELECT count(*) FROM (SELECT 1 FROM runs h
+                                   WHERE h.owner = o.owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL)
+                                   LIMIT %(owner_slots)s) AS n) AS held,
+           EXISTS (SELECT 1 FROM runs w
+                    WHERE w.owner = o.owner AND w.state = 'queued' AND w.admitted_at IS NULL
+                      AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+                      AND (w.held_until IS NULL OR w.held_until <= coalesce(%(now)s::timestamptz, now()))) AS waiting
+      FROM (SELECT DISTINCT owner FROM given
+             WHERE %(admit)s::boolean AND owner IS NOT NULL AND schedule_id IS NOT NULL) AS o
 ), planned AS (
     -- A row that would make more than queue_max runs of its owner queued (in batch order) is recorded
     -- skipped_budget, without a run (and a row queued behind it would have nothing to wait for: it
@@ -44,12 +63,21 @@ WITH given AS (
            g.covers_from, g.covers_until, g.covers_count, g.idempotency_key, g.key_generation,
            CASE WHEN g.over THEN NULL ELSE g.run_id END AS run_id, g.blocked_by, g.payload, g.retry_of,
            g.conversation_id, g.prompt, g.mode, g.corpus, g.coalesced_into,
-           coalesce(g.dispatch_at, g.fire_at) AS dispatch_at, g.concurrency_key, g.concurrency_limit
+           coalesce(g.dispatch_at, g.fire_at) AS dispatch_at, g.concurrency_key, g.concurrency_limit, g.owner
       FROM (SELECT given.*,
                    coalesce(given.run_id IS NOT NULL
                             AND q.n + count(given.run_id) OVER (PARTITION BY given.owner ORDER BY given.ordinal)
                                 > %(queue_max)s, false) AS over
               FROM given LEFT JOIN queued q ON q.owner = given.owner) AS g
+), admits AS (
+    -- admit only: the new runs that take a free slot of their owner at once (see above).
+    SELECT e.run_id, e.owner
+      FROM (SELECT p.run_id, p.owner, row_number() OVER (PARTITION BY p.owner ORDER BY p.run_id) AS n
+              FROM planned p
+             WHERE p.run_id IS NOT NULL AND p.schedule_id IS NOT NULL AND p.blocked_by IS NULL
+               AND p.concurrency_key IS NULL) AS e
+      JOIN slots sl ON sl.owner = e.owner
+     WHERE NOT sl.waiting AND e.n <= %(owner_slots)s - sl.held
 ), occ AS (
     INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset, fold, timezone,
                              tzdata_version, schedule_revision, decision, covers_from, covers_until,
@@ -65,7 +93,7 @@ WITH given AS (
     INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id, mode, prompt,
                       payload, agent, catch_up, state, blocked_by_run_id, expires_at, last_seq, created_at,
                       updated_at, retry_of, corpus, test, runtime_limit_seconds, max_attempts, max_steps,
-                      schedule_revision, agent_digest, slot_limit, concurrency_key, concurrency_limit)
+                      schedule_revision, agent_digest, slot_limit, concurrency_key, concurrency_limit, admitted_at)
     SELECT p.run_id, occ.id, s.id, c.owner, p.source, c.id,
            -- A test run never writes into the schedule's conversation: an append schedule's test forks it.
            CASE WHEN p.source = 'test' AND coalesce(d.mode, p.mode) = 'append' THEN 'fork'
@@ -85,9 +113,11 @@ WITH given AS (
            least(coalesce((s.limits ->> 'max_steps')::integer, (a.agent #>> '{limits,max_steps}')::integer,
                           (a.agent ->> 'max_steps')::integer, %(default_max_steps)s), %(cap_max_steps)s),
            CASE WHEN s.id IS NOT NULL THEN p.revision END, kairos_agent_digest(a.agent),
-           %(owner_slots)s, p.concurrency_key, p.concurrency_limit
+           %(owner_slots)s, p.concurrency_key, p.concurrency_limit,
+           CASE WHEN ad.owner = c.owner THEN coalesce(%(now)s::timestamptz, now()) END
       FROM occ
       JOIN planned p ON p.occurrence_id = occ.id
+      LEFT JOIN admits ad ON ad.run_id = p.run_id
       LEFT JOIN schedules s ON s.id = occ.schedule_id
       LEFT JOIN schedule_revisions rv ON rv.schedule_id = occ.schedule_id AND rv.revision = p.revision
       LEFT JOIN LATERAL jsonb_to_record(rv.definition)
@@ -96,7 +126,7 @@ WITH given AS (
      CROSS JOIN LATERAL (SELECT coalesce(d.agent, c.agent) AS agent) AS a
      WHERE p.run_id IS NOT NULL
         ON CONFLICT DO NOTHING
-    RETURNING id, occurrence_id, source, blocked_by_run_id, attempt, fence, retry_of
+    RETURNING id, occurrence_id, source, blocked_by_run_id, attempt, fence, retry_of, admitted_at IS NOT NULL AS admitted
 ), queued_events AS (
     INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
     SELECT id, 1, coalesce(%(now)s::timestamptz, now()), attempt, fence,
@@ -107,7 +137,8 @@ WITH given AS (
                                                             'retry_of', retry_of))))
       FROM new_runs
 )
-SELECT occ.id AS occurrence_id, occ.schedule_id, occ.decision, r.id AS run_id, r.blocked_by_run_id
+SELECT occ.id AS occurrence_id, occ.schedule_id, occ.decision, r.id AS run_id, r.blocked_by_run_id,
+       coalesce(r.admitted, false) AS admitted
   FROM occ
   LEFT JOIN new_runs r ON r.occurrence_id = occ.id;
 

@@ -645,6 +645,16 @@ SELECT (SELECT r.id FROM runs r
          WHERE r.schedule_id = %(schedule_id)s AND r.state = 'queued' AND r.blocked_by_run_id IS NOT NULL
          LIMIT 1) AS waiting_run_id;
 
+-- name: runs_lock_holding
+-- Of these runs, those that hold a slot (running, or queued with admitted_at), locked in id order: the
+-- runs a tick's cancel_replace may cancel, locked before the fire takes its owners' slot locks (a
+-- statement ending such a run holds its row, then its trigger takes the owner's slot lock).
+SELECT id
+  FROM runs
+ WHERE id = ANY(%(ids)s::uuid[]) AND (state = 'running' OR admitted_at IS NOT NULL)
+ ORDER BY id
+   FOR NO KEY UPDATE;
+
 -- name: runs_lock_any
 -- One run whoever owns it, locked: cancel_replace holds the run it replaces while it decides, so the
 -- run's worker cannot reserve an effect in between (effects_reserve updates this row).

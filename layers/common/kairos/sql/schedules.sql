@@ -250,6 +250,14 @@ SELECT o.owner, pg_advisory_xact_lock(hashtextextended('kairos.owner_queue:' || 
         SELECT owner FROM conversations WHERE id = ANY(%(conversation_ids)s::uuid[])
         ORDER BY owner) AS o;
 
+-- name: schedules_hold_owner_slots
+-- Takes the slot lock of each owner of these schedules ('kairos.owner_slots:', as kairos_release_slots
+-- does), in owner order, until the transaction ends: the tick's fire, after the owners' queue locks and
+-- before occurrences_insert, so that statement's snapshot sees every release and end committed before
+-- and may insert runs already holding a slot (admit; kairos.tick.fire).
+SELECT o.owner, pg_advisory_xact_lock(hashtextextended('kairos.owner_slots:' || o.owner, 0)) IS NOT NULL AS held
+  FROM (SELECT DISTINCT owner FROM schedules WHERE id = ANY(%(schedule_ids)s::uuid[]) ORDER BY owner) AS o;
+
 -- name: schedules_insert_loop
 -- Creates one goal loop (POST /v1/loops): its fixed policies, its goal at revision 1, active.
 INSERT INTO schedules (

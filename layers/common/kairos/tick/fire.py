@@ -7,9 +7,15 @@ previous ones claimed, so no batch rescans the index entries — and the dead ro
 them — of schedules already fired; the report's ``last_key`` is the key to resume after), decides each
 (``kairos.tick.decision``), moves the cursors first (guarded by the value read: a schedule whose
 cursor someone else moved is dropped from the batch), then records the occurrences, runs and
-``run.queued`` events in one statement. After the commit it releases the owners' free slots to their
-oldest waiting runs and sends those that hold one to SQS, stamping their handoff (``kairos.handoff``);
-a run without a slot waits queued in the database until a run of its owner ends. The
+``run.queued`` events in one statement, under the owners' queue and slot locks: a run takes a free
+slot of its owner in that insert (``admitted_at``) when ``kairos_release_slots`` would admit it at
+once — nothing of its owner waits for a slot, it is not queued behind another run, it has no
+concurrency key, and its owner holds fewer slots than its limit (the first of the batch's new runs of
+that owner, in run id order, up to the free slots). After the commit it sends exactly those to SQS
+(and what a cancel in the batch released into the slot it gave up), stamping their handoff
+(``kairos.handoff``); there is no release round after the commit. A run inserted without a slot
+waits queued until a run of its owner ends (whose statement releases it) or the tick's repair
+releases it. The
 ``run.queued`` events are written in that statement (seq 1 of a run just inserted) rather than
 through ``trace.append`` one run at a time: a batch is one round trip.
 
@@ -18,11 +24,40 @@ Guarantees:
   repeat a minute, or die between two statements: the batch is one transaction, rows are locked,
   the cursor update is guarded, and occurrence/run ids are deterministic with unique constraints
   (a replay converges on the existing rows).
+* An owner's slots hold exactly: the insert counts the owner's holders under the owner's slot lock,
+  which every release, end and unreleased claim of that owner waits for, and its snapshot begins
+  after the lock is taken (so it sees every end and release committed before); a run ending while
+  the batch is recorded releases, after the batch commits, the runs the batch left waiting.
 * Runs reach SQS only after they are committed, and only once they hold a slot; a send that fails
   (or a tick that dies before it) leaves ``handoff_at`` NULL, which the repair step notices and
   sends again (and a release a tick died before, the repair makes).
 * A schedule whose rule can no longer be evaluated (e.g. a zone that vanished from tzdata) is paused
   with an inbox note rather than blocking the batch or being retried forever.
+
+Lock order (no deadlock with anything that takes an owner's slot lock, ``'kairos.owner_slots:'``):
+the fire's transaction takes (1) the due schedules' rows (``FOR NO KEY UPDATE SKIP LOCKED``), (2)
+the rows of the runs its cancel_replace fires may cancel that hold a slot (``overlap.lock_holding``,
+id order), (3) its owners' queue locks (owner order), (4) its owners' slot locks (owner order,
+``schedules_hold_owner_slots``), then inserts, and only then locks other runs (``overlap.replace``:
+a replaced run that holds no slot). The other takers of slot locks:
+* a statement ending or parking a run that holds a slot (the trigger of migration 0030): the run's
+  row, then its owner's slot lock, then the rows of that owner's waiting runs it releases. The fire
+  holds such a row only from (2), before any slot lock; the waiting runs it would release are not
+  the fire's (the fire's own inserts are invisible to it, and a replaced waiting run is locked by the
+  fire only after (4), so the ending statement already waits for the slot lock, holding none of the
+  fire's rows). A run whose statement takes its row and then the loop's schedule row
+  (``goal_report``) takes the slot lock after both: it never holds the slot lock while waiting.
+* ``runs_release_slots`` (the handoff of other intakes, the repair's release pass): several owners'
+  slot locks in owner order, then waiting runs' rows — the same order as (4), and never a row the
+  fire locked before (4) (those hold a slot, so they are not waiting).
+* a claim of a run nobody released (``runs_hold_owner_slots``): its owner's slot lock, then that
+  run's row (a waiting one: again not a row the fire holds before (4)).
+* other intakes (webhook, API, chat) take queue locks, then at most their own owner's slot lock (a
+  cancel's trigger) — after the queue lock, as here; no statement takes a slot lock and then a queue
+  lock. A cancel in this batch (``overlap.replace``, or a new run blocked as not replace-safe) takes
+  its owner's slot lock again: already held since (4).
+So every transaction acquires slot locks in owner order after the queue locks, and no one waits for
+a row the fire locked before its slot locks while holding a slot lock.
 
 Must not: use any clock but the database's (``now`` comes back from the lock query), send before
 commit, or hold row locks while talking to SQS.
@@ -107,6 +142,9 @@ class Fire:
             conflicts = len(plans) - len(moved)
             plans = [p for p in plans if p.schedule_id in moved]
             self.probes.fire("after_cursor")
+            # The runs a cancel_replace may end, locked before the owners' slot locks (see above).
+            overlap.lock_holding(conn, sorted({o.replaces_run_id for p in plans for o in p.occurrences
+                                               if o.replaces_run_id is not None}))
             inserted = self._record(conn, plans, now)
             blocked, replaced = self._replace(conn, plans, inserted, now)
             self.probes.fire("after_inserts")
@@ -114,13 +152,15 @@ class Fire:
         db_seconds = time.perf_counter() - started
         # Committed: the runs exist. Only now may their ids reach SQS.
         self.probes.fire("after_commit")
-        to_send = [row["run_id"] for row in inserted
-                   if row["run_id"] is not None and row["blocked_by_run_id"] is None and row["run_id"] not in blocked]
-        # Only runs that hold a slot go: the owners' free slots are released to their oldest waiting
-        # runs first; the rest wait queued until a run of theirs ends (kairos.budgets).
-        admit_started = time.perf_counter()
-        to_send = handoff.admit(self.db, to_send, now=now, ended=replaced)
-        db_seconds += time.perf_counter() - admit_started
+        # Only runs that hold a slot go: those inserted holding one, and those a cancel (of a replaced
+        # run, or of a new run blocked as not replace-safe) released into the slot it gave up. The
+        # rest wait queued until a run of their owner ends, or the repair releases them (kairos.budgets).
+        to_send = [row["run_id"] for row in inserted if row["admitted"] and row["run_id"] not in blocked]
+        ended = [*replaced, *blocked]
+        if ended:
+            admit_started = time.perf_counter()
+            to_send = [*to_send, *handoff.admit(self.db, [], now=now, ended=ended)]
+            db_seconds += time.perf_counter() - admit_started
         result = handoff.send_batch(self.sqs, self.queue_url, to_send)
         self.probes.fire("after_send")
         if result.sent:
@@ -171,7 +211,7 @@ class Fire:
                 covers_from=o.covers_from, covers_until=o.covers_until, covers_count=o.covers_count)
             for plan in plans
             for o in plan.occurrences
-        ], now=now)
+        ], now=now, admit=True)
 
     def _replace(self, conn: psycopg.Connection[db.Row], plans: list[Plan], inserted: list[db.Row],
                  now: datetime | None) -> tuple[set[UUID], list[UUID]]:
