@@ -2,8 +2,9 @@
 
 Each checkout gets one process (a warm Lambda container: ``functions/run/app.py``'s ``handler`` with
 its decorators, echo agent, fork mode, one SQS-shaped event per run, logs and EMF metrics written to
-/dev/null) and its own database on ``DATABASE_URL``'s server (``kairos_bench_client_a`` / ``_b``,
-recreated). The two processes take turns: block after block of ``--runs`` handler calls each, the
+/dev/null) and its own database on ``DATABASE_URL``'s server (``kairos_bench_client_old`` / ``_new``,
+recreated; ``--databases`` names another prefix). The two processes take turns: block after block of
+``--runs`` handler calls each, the
 order swapped every block, so load from elsewhere on the machine falls on both alike. Reported: each
 side's median process CPU (user + system) per run, and the median of the per-block ratios.
 
@@ -63,6 +64,8 @@ def main() -> None:
     parser.add_argument("new")
     parser.add_argument("--blocks", type=int, default=30)
     parser.add_argument("--runs", type=int, default=100, help="handler calls per block")
+    parser.add_argument("--databases", default="kairos_bench_client",
+                        help="the two databases' name prefix (another bench running beside this one needs its own)")
     args = parser.parse_args()
     if "DATABASE_URL" not in os.environ:
         raise SystemExit("set DATABASE_URL (an admin URL of the server to create the two databases on)")
@@ -71,7 +74,7 @@ def main() -> None:
     sides = {}
     for name, root in (("old", args.old), ("new", args.new)):
         sides[name] = subprocess.Popen(
-            [sys.executable, __file__, "--serve", os.path.abspath(root), f"kairos_bench_client_{name}", str(total)],
+            [sys.executable, __file__, "--serve", os.path.abspath(root), f"{args.databases}_{name}", str(total)],
             stdin=subprocess.PIPE, stdout=subprocess.PIPE, text=True, env=env)
     for side in sides.values():
         assert side.stdout is not None and side.stdout.readline().strip() == "ready"
