@@ -421,6 +421,21 @@ class Statement(psycopg.RawCursor[Row]):
     psycopg's work around its ten statements. Anything else (a statement not prepared yet, one that
     would open a transaction on a connection outside autocommit, a closed cursor) is ``execute``'s."""
 
+    __slots__ = ()
+
+    def __init__(self, connection: psycopg.Connection[Any], *, row_factory: Any = None) -> None:
+        """psycopg's ``Cursor.__init__``, except that the cursor reads the connection's adapters instead of
+        a copy of its own (a copy lets a cursor register adapters of its own; nothing here does)."""
+        self._conn = connection
+        self.format = _TEXT
+        self._pgconn = connection.pgconn
+        self._adapters = connection.adapters
+        self.arraysize = 1
+        self._closed = False
+        self._last_query = None
+        self._reset()
+        self._row_factory = row_factory or connection.row_factory
+
     def prepared(self, text: bytes, values: list[Any]) -> Statement:
         """``execute(text, values, prepare=True)``."""
         conn = self._conn
@@ -487,7 +502,7 @@ def run(conn: psycopg.Connection[Row], query: Compiled, params: Params, *, prepa
     A statement marked prepared builds its rows with its kept column names (``_NamedRows``) and goes
     the short way once prepared (``Statement``)."""
     if not prepare:
-        return psycopg.RawCursor(conn).execute(query.text, query.values(params), prepare=False)
+        return Statement(conn).execute(query.text, query.values(params), prepare=False)
     rows = _named_rows.get(query.text)
     if rows is None:
         rows = _named_rows.setdefault(query.text, _NamedRows())
