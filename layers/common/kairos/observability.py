@@ -16,11 +16,13 @@ import json
 import logging
 import os
 import sys
+import time
 import traceback
 from collections.abc import Callable
 from typing import Any, TypeVar
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.logging.formatter import RESERVED_LOG_ATTRS, LambdaPowertoolsFormatter, _get_context
 
 SERVICE = os.environ.get("POWERTOOLS_SERVICE_NAME", "kairos")
 NAMESPACE = os.environ.get("POWERTOOLS_METRICS_NAMESPACE", "Kairos")
@@ -39,7 +41,64 @@ def _message_value(message: Any) -> Any:
     return json.loads(message)
 
 
-logger = Logger(service=SERVICE, json_deserializer=_message_value)
+_RESERVED = frozenset(RESERVED_LOG_ATTRS)
+_DECODE_FAILED = (json.decoder.JSONDecodeError, TypeError, ValueError)
+_DEFAULT_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%F%z"
+
+
+class Formatter(LambdaPowertoolsFormatter):
+    """Powertools' formatter, writing the same lines in less time (``tests/unit/test_log_formatter.py``
+    holds the two side by side). A record with exception information, ``%`` arguments or a message
+    that is not a string is Powertools' own; any other — every line of the run path — goes through
+    the same steps in one pass: the reserved keys looked up in a set rather than a tuple, the
+    timestamp's date and time formatted once per second (the milliseconds put between them), and
+    none of the exception and stack-trace steps, which for such a record only add keys the last
+    step strips."""
+
+    _second: tuple[int, str, str] | None = None
+
+    def format(self, record: logging.LogRecord) -> str:
+        message = record.msg
+        if record.exc_info or record.args or not isinstance(message, str):
+            return super().format(record)
+        fields = record.__dict__.copy()
+        fields["asctime"] = self.formatTime(record)
+        log: dict[str, Any] = {}
+        for keys in (self.log_format, _get_context().get()):
+            for key, value in keys.items():
+                if value and key in _RESERVED:
+                    if not isinstance(value, str):
+                        return super().format(record)  # Powertools raises its error
+                    log[key] = value % fields
+                else:
+                    log[key] = value
+        for key, value in fields.items():
+            if key not in _RESERVED:
+                log[key] = value
+        try:
+            log["message"] = self.json_deserializer(message)
+        except _DECODE_FAILED:
+            log["message"] = message
+        if self.serialize_stacktrace:
+            log["stack_trace"] = None  # what Powertools' step answers for a record without exception information
+        log["xray_trace_id"] = self._get_latest_trace_id()
+        return self.serialize(log={k: v for k, v in log.items() if v is not None})
+
+    def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
+        """Powertools' default timestamp (``2021-05-03 10:20:19,650+0200``), its date, time and zone
+        formatted once per second; any other format is Powertools' own."""
+        if self.use_rfc3339_iso8601 or datefmt is not None or self.datefmt is not None \
+                or self.default_time_format != _DEFAULT_TIME_FORMAT:
+            return super().formatTime(record, datefmt)
+        second = int(record.created)
+        kept = self._second
+        if kept is None or kept[0] != second:
+            when = self.converter(record.created)
+            kept = self._second = (second, time.strftime("%Y-%m-%d %H:%M:%S,", when), time.strftime("%z", when))
+        return f"{kept[1]}{'%03d' % record.msecs}{kept[2]}"  # noqa: UP031 - Powertools' own formatting
+
+
+logger = Logger(service=SERVICE, logger_formatter=Formatter(json_deserializer=_message_value))
 
 
 def database_error(error: BaseException) -> bool:
