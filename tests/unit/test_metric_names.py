@@ -25,6 +25,7 @@ _FORWARDED = {
     ("kairos/runs/moves.py", "name"),  # count(name): its callers pass literals
     ("kairos/runs/moves.py", "metric"),  # _end(..., metric, ...): its callers pass literals
     ("kairos/execution/claim.py", "_REFUSAL_METRICS[state]"),  # the dict's values are scanned
+    ("kairos/observability.py", "name"),  # EmfProvider.add_metric passes its callers' names on to Powertools'
 }
 
 
