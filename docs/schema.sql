@@ -3,6 +3,68 @@
 -- regenerate with ./scripts/schema. tests/db/test_schema_file.py holds it equal to the migrations.
 -- pg_dump major version: 18
 
+CREATE FUNCTION public.kairos_admit_waiting(p_owner text, p_released_by uuid, p_now timestamp with time zone) RETURNS SETOF uuid
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_held integer;
+    v_limit integer;
+BEGIN
+    SELECT w.slot_limit INTO v_limit
+      FROM runs w
+     WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
+       AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+       AND (w.held_until IS NULL OR w.held_until <= coalesce(p_now, now()))
+     ORDER BY w.created_at, w.id
+     LIMIT 1;
+    IF v_limit IS NULL THEN
+        RETURN;  -- nothing waits
+    END IF;
+    SELECT count(*) INTO v_held
+      FROM runs h
+     WHERE h.owner = p_owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL);
+    IF v_held >= v_limit THEN
+        RETURN;
+    END IF;
+    RETURN QUERY
+    WITH holders AS (
+        SELECT h.schedule_id, h.concurrency_key
+          FROM runs h
+         WHERE h.owner = p_owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL)
+           AND h.concurrency_key IS NOT NULL
+    ), candidates AS (
+        SELECT w.id, w.schedule_id, w.concurrency_key, w.concurrency_limit, w.created_at
+          FROM runs w
+         WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
+           AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+           AND (w.held_until IS NULL OR w.held_until <= coalesce(p_now, now()))
+         ORDER BY w.created_at, w.id
+         LIMIT 100
+    ), ranked AS (
+        SELECT c.id, c.created_at,
+               c.concurrency_key IS NULL
+               OR row_number() OVER (PARTITION BY c.schedule_id, c.concurrency_key ORDER BY c.created_at, c.id)
+                  + (SELECT count(*) FROM holders h
+                      WHERE h.schedule_id = c.schedule_id AND h.concurrency_key = c.concurrency_key)
+                  <= c.concurrency_limit AS fits
+          FROM candidates c
+    ), chosen AS (
+        SELECT r.id FROM ranked r WHERE r.fits ORDER BY r.created_at, r.id LIMIT v_limit - v_held
+    ), admitted AS (
+        UPDATE runs u
+           SET admitted_at = coalesce(p_now, now()),
+               released_by = p_released_by,
+               updated_at = coalesce(p_now, now())
+          FROM chosen
+         WHERE u.id = chosen.id AND u.state = 'queued' AND u.admitted_at IS NULL
+           AND u.blocked_by_run_id IS NULL AND u.paused_at IS NULL
+           AND (u.held_until IS NULL OR u.held_until <= coalesce(p_now, now()))
+        RETURNING u.id
+    )
+    SELECT a.id FROM admitted a;
+END;
+$$;
+
 CREATE FUNCTION public.kairos_agent_digest(agent jsonb) RETURNS text
     LANGUAGE sql IMMUTABLE STRICT
     AS $$
@@ -93,63 +155,9 @@ $$;
 CREATE FUNCTION public.kairos_release_slots(p_owner text, p_released_by uuid, p_now timestamp with time zone) RETURNS SETOF uuid
     LANGUAGE plpgsql
     AS $$
-DECLARE
-    v_held integer;
-    v_limit integer;
 BEGIN
     PERFORM pg_advisory_xact_lock(hashtextextended('kairos.owner_slots:' || p_owner, 0));
-    SELECT w.slot_limit INTO v_limit
-      FROM runs w
-     WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
-       AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
-       AND (w.held_until IS NULL OR w.held_until <= coalesce(p_now, now()))
-     ORDER BY w.created_at, w.id
-     LIMIT 1;
-    IF v_limit IS NULL THEN
-        RETURN;  -- nothing waits
-    END IF;
-    SELECT count(*) INTO v_held
-      FROM runs h
-     WHERE h.owner = p_owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL);
-    IF v_held >= v_limit THEN
-        RETURN;
-    END IF;
-    RETURN QUERY
-    WITH holders AS (
-        SELECT h.schedule_id, h.concurrency_key
-          FROM runs h
-         WHERE h.owner = p_owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL)
-           AND h.concurrency_key IS NOT NULL
-    ), candidates AS (
-        SELECT w.id, w.schedule_id, w.concurrency_key, w.concurrency_limit, w.created_at
-          FROM runs w
-         WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
-           AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
-           AND (w.held_until IS NULL OR w.held_until <= coalesce(p_now, now()))
-         ORDER BY w.created_at, w.id
-         LIMIT 100
-    ), ranked AS (
-        SELECT c.id, c.created_at,
-               c.concurrency_key IS NULL
-               OR row_number() OVER (PARTITION BY c.schedule_id, c.concurrency_key ORDER BY c.created_at, c.id)
-                  + (SELECT count(*) FROM holders h
-                      WHERE h.schedule_id = c.schedule_id AND h.concurrency_key = c.concurrency_key)
-                  <= c.concurrency_limit AS fits
-          FROM candidates c
-    ), chosen AS (
-        SELECT r.id FROM ranked r WHERE r.fits ORDER BY r.created_at, r.id LIMIT v_limit - v_held
-    ), admitted AS (
-        UPDATE runs u
-           SET admitted_at = coalesce(p_now, now()),
-               released_by = p_released_by,
-               updated_at = coalesce(p_now, now())
-          FROM chosen
-         WHERE u.id = chosen.id AND u.state = 'queued' AND u.admitted_at IS NULL
-           AND u.blocked_by_run_id IS NULL AND u.paused_at IS NULL
-           AND (u.held_until IS NULL OR u.held_until <= coalesce(p_now, now()))
-        RETURNING u.id
-    )
-    SELECT a.id FROM admitted a;
+    RETURN QUERY SELECT * FROM kairos_admit_waiting(p_owner, p_released_by, p_now);
 END;
 $$;
 
@@ -221,7 +229,13 @@ CREATE FUNCTION public.kairos_runs_release_slot() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
 BEGIN
-    PERFORM kairos_release_slots(NEW.owner, NEW.id, NULL);
+    PERFORM pg_advisory_xact_lock_shared(hashtextextended('kairos.owner_slots:' || NEW.owner, 0));
+    IF EXISTS (SELECT 1 FROM runs w
+                WHERE w.owner = NEW.owner AND w.state = 'queued' AND w.admitted_at IS NULL
+                  AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL) THEN
+        PERFORM pg_advisory_xact_lock(hashtextextended('kairos.owner_slot_ends:' || NEW.owner, 0));
+        PERFORM kairos_admit_waiting(NEW.owner, NEW.id, NULL);
+    END IF;
     RETURN NULL;
 END;
 $$;

@@ -16,6 +16,8 @@ Role: the server caps of docs/api.md "Budgets", all configured in
   The tick's fire admits at insert instead (``hold_owner_slots``, then ``occurrences_insert`` with
   ``admit``): under its owners' slot locks, a new run takes a free slot at once when nothing of its
   owner waits for one, by the release's own rules, so its fire sends it with no release after commit.
+  An end takes the slot lock shared (migration 0036): ends of one owner do not wait for each other;
+  only one that finds runs waiting hands its slot out, one such end at a time (a second lock).
 * **Queue.** ``hold_queues`` takes the owners' queue locks before a fire is recorded
   (``kairos.occurrences.record``); ``occurrences_insert`` records a fire that would queue more than
   the cap ``skipped_budget``, without a run.
@@ -37,8 +39,8 @@ Role: the server caps of docs/api.md "Budgets", all configured in
 
 Guarantees: an owner never has more runs holding a slot (running, or released and on their way to a
 claim) than its slots, nor a key more than its limit: every release and every claim of an unreleased
-run counts under the owner's slot lock, after whoever held it before committed; two claims racing
-for an owner's last slot — exactly one wins. A run that ends never leaves a waiting run beside its
+run counts under the owner's slot lock (exclusively), after whoever held it before committed; two
+claims racing for an owner's last slot — exactly one wins. A run that ends never leaves a waiting run beside its
 free slot (the release is in its ending statement, and a run recorded meanwhile is released by its
 intake, which takes the same lock). Reservations are atomic against the day's ceiling (one
 guarded upsert on the owner's ledger row), so concurrent runs never reserve past it; actual usage
