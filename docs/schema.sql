@@ -216,6 +216,20 @@ CREATE FUNCTION public.kairos_run_usage(run uuid) RETURNS jsonb
              GROUP BY u.key) AS s
 $$;
 
+CREATE FUNCTION public.kairos_run_usage_with(run uuid, settling uuid, settling_usage jsonb) RETURNS jsonb
+    LANGUAGE sql STABLE
+    AS $$
+    SELECT jsonb_object_agg(s.key, s.total)
+      FROM (SELECT u.key, sum((u.value #>> '{}')::numeric) AS total
+              FROM (SELECT e.usage FROM effects e
+                     WHERE e.run_id = run AND e.state = 'settled' AND e.id <> settling
+                    UNION ALL
+                    SELECT settling_usage) AS x (usage)
+             CROSS JOIN LATERAL jsonb_each(x.usage) AS u(key, value)
+             WHERE jsonb_typeof(x.usage) = 'object' AND jsonb_typeof(u.value) = 'number'
+             GROUP BY u.key) AS s
+$$;
+
 CREATE FUNCTION public.kairos_runs_give_up_slot() RETURNS trigger
     LANGUAGE plpgsql
     AS $$

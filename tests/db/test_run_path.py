@@ -33,14 +33,17 @@ SETTINGS = Settings()
 # conversation update, the conversation lock and the prompt entry, the window), each its own trip.
 # Now: the claim writes the thread and the prompt entry itself and is one trip in pipeline mode —
 # [slot lock, claim, window], one implicit transaction committed by the pipeline's Sync (no BEGIN or
-# COMMIT statements; kairos.db.Database.trip); the answer is two — [BEGIN, run and conversation lock,
-# answer] [settle, terminal update, COMMIT] — and the effect with its budget charge is one statement
-# in autocommit (effects_reserve_charged): one trip, its own commit.
-ROUND_TRIPS = 4
-STATEMENTS = 10
+# COMMIT statements; kairos.db.Database.trip); the effect with its budget charge is one statement
+# in autocommit (effects_reserve_charged): one trip, its own commit; the answer was two trips of five
+# statements — [BEGIN, run and conversation lock, answer] [settle, terminal update, COMMIT] — and is
+# one of two, an implicit transaction too: [run and conversation lock, runs_publish (the answer entry,
+# the settlement, the terminal update and its events in one statement)].
+ROUND_TRIPS = 3
+STATEMENTS = 6
 COMMITS = 3  # the claim; the effect reserved before the call; the answer with the terminal state
-# Without pipeline mode every statement is its own trip, and the fork claim spells out BEGIN and COMMIT.
-STATEMENTS_WITHOUT_PIPELINE = STATEMENTS + 2
+# Without pipeline mode every statement is its own trip, and the fork claim and the answer spell out
+# BEGIN and COMMIT.
+STATEMENTS_WITHOUT_PIPELINE = STATEMENTS + 4
 
 
 @pytest.fixture
@@ -187,9 +190,9 @@ def test_a_crash_after_the_reservation_leaves_the_effect_and_its_charge_committe
 
 def test_a_crash_between_the_answer_batch_and_the_terminal_update_writes_none_of_them(
         db: Database, db_url: str) -> None:
-    """The first trip of the publish transaction (run lock, answer entry) ran and the settlement was
-    queued; the crash before the terminal statement rolls all of it back: no answer, the effect still
-    reserved."""
+    """A crash as the answer is about to be published (before its trip, which writes the answer entry,
+    the settlement and the terminal update in one statement) writes none of them: no answer, the effect
+    still reserved."""
     run = fork_run(db_url)
     with pytest.raises(Crash):
         process(db, run["id"], settings=SETTINGS, probes=Probes().on("before_finish", _crash))

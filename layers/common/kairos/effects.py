@@ -235,27 +235,6 @@ def _close(
     return closed
 
 
-def send_settle(conn: psycopg.Connection[db.Row], effect: Effect, *, fence: int, usage: Mapping[str, int] | None,
-                trace_into: list[trace.Event] | None, now: datetime | None = None) -> Callable[[], Effect | None]:
-    """``settle`` sent now (queued, in a pipeline); the function returned reads its answer and adds
-    ``effect.settled`` to ``trace_into`` (for the caller's state change to write). With ``trace_into``
-    None the caller writes ``settled_event(effect)`` itself, in a statement sent behind this one."""
-    read = _send_close(conn, effect, fence=fence, state=EffectState.SETTLED, usage=usage, error_code=None, now=now)
-
-    def settled() -> Effect | None:
-        closed = read()
-        if closed is not None and trace_into is not None:
-            trace_into.append(settled_event(effect))
-        return closed
-
-    return settled
-
-
-def settled_event(effect: Effect) -> trace.Event:
-    """The ``effect.settled`` a settle of ``effect`` traces (known before the settle answers)."""
-    return trace.Event(EventType.EFFECT_SETTLED, effect.step, _settled_data(effect.id, EffectState.SETTLED, None))
-
-
 def _send_close(conn: psycopg.Connection[db.Row], effect: Effect, *, fence: int, state: EffectState,
                 usage: Mapping[str, int] | None, error_code: str | None,
                 now: datetime | None) -> Callable[[], Effect | None]:

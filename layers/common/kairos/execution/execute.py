@@ -234,57 +234,64 @@ class Execution:
 
     def publish(self, step: str, effect: effects.Effect, reply: Reply, *,
                 finish_step: FinishStep | None = None) -> Outcome:
-        """Publishes ``reply`` and ends the run succeeded; ``finish_step`` (a tool loop's last model
-        turn: ``kairos.runs.steps.send_finish`` given the call's usage) is sent in the same transaction."""
+        """Publishes ``reply`` and ends the run succeeded; ``finish_step`` (the answering model step's
+        record: ``kairos.runs.steps.send_finish`` with ``answered``, given the call's usage) is sent in the
+        same transaction."""
         claimed = self.claimed
         fence = claimed.fence
-        # One transaction in two trips: BEGIN, the run's and then the conversation's lock (one
-        # statement, which reads the cancel request) and the answer entry (written only while no cancel
-        # is requested) travel together; then the effect's settlement, the terminal update and
-        # COMMIT. The settlement goes last because it updates the owner's day row of the budget
-        # ledger (kairos.budgets), which every model call of the owner waits for: held from the second
-        # trip to its commit, not across a round trip and this process's work between them. The
-        # terminal statement traces the settlement, the answer and the end (kairos.trace.change), and
-        # requires the effect settled (runs_succeed's guard).
+        usage = self.usage_of(effect)
+        self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
+        # One round trip: the run's and then the conversation's lock (which reads the cancel request),
+        # then one statement that writes the answer entry, settles the effect, ends the run and traces
+        # all four events — each part only behind the one before it and only while no cancel is
+        # requested (runs_publish); a step record goes between them (written only while no cancel is
+        # requested either). Without one, the two statements are the pipeline's implicit transaction
+        # (Database.trip: its one prefix, the locks alone, is whole); with one, BEGIN and COMMIT travel
+        # in the same trip. The settlement updates the owner's day row of the budget ledger (its
+        # trigger, at commit), which every model call of the owner waits for: held within the trip.
         with self.database.explicit() as conn:
-            with self.database.batch(conn):
-                db.begin(conn)
-                answer = moves.send_answer(conn, self.run_id, fence, claimed.conversation_id,
-                                           content=reply.content, now=self.now)()
-                if not answer.held:
-                    raise LeaseLost()
-                seq = answer.seq
-                if answer.cancel_requested:  # the answer was not written
-                    events: list[trace.Event] = []
-                    if effects.send_settle(conn, effect, fence=fence, usage=self.usage_of(effect), trace_into=events,
-                                           now=self.now)() is None:
-                        raise LeaseLost()
-                    self.open_effect = None
-                    outcome = self._end_cancelled(conn, events)
+            if finish_step is None:
+                with self.database.trip(conn):
+                    read_lock = moves.send_lock_conversation(conn, self.run_id, fence, claimed.conversation_id)
+                    read_seq = moves.send_publish(conn, self.run_id, fence, claimed.conversation_id,
+                                                  content=reply.content, effect_id=effect.id, usage=usage, step=step,
+                                                  truncated=reply.truncated, now=self.now)
+                finished: Callable[[], bool] | None = None
+            else:
+                with self.database.batch(conn):
+                    db.begin(conn)
+                    read_lock = moves.send_lock_conversation(conn, self.run_id, fence, claimed.conversation_id)
+                    finished = finish_step(conn, usage)
+                    read_seq = moves.send_publish(conn, self.run_id, fence, claimed.conversation_id,
+                                                  content=reply.content, effect_id=effect.id, usage=usage, step=step,
+                                                  truncated=reply.truncated, now=self.now)
                     db.commit(conn)
-                    return outcome
-                if seq is None:
-                    raise LeaseLost()
-                usage = self.usage_of(effect)
-                settled = effects.send_settle(conn, effect, fence=fence, usage=usage, trace_into=None, now=self.now)
-                finished = finish_step(conn, usage) if finish_step is not None else (lambda: True)
-                events = [effects.settled_event(effect),
-                          trace.Event(EventType.OUTPUT_PUBLISHED, step, {
-                              "conversation_id": str(claimed.conversation_id), "entry_seq": seq,
-                              "truncated": reply.truncated}),
-                          trace.Event(EventType.STEP_FINISHED, step, {"outcome": "succeeded"})]
-                self.probes.fire("before_finish", run_id=self.run_id, fence=fence)
-                done = moves.send_succeed(conn, self.run_id, fence, now=self.now, events=events,
-                                          output={"conversation_id": str(claimed.conversation_id), "entry_seq": seq,
-                                                  "attempt": claimed.attempt}, settled=effect.id)
-                db.commit(conn)
-            # Cannot fail while the row is locked under the fence with no cancel request.
-            if settled() is None or not finished() or not done():
+            locked = read_lock()
+            if locked is None:
                 raise LeaseLost()
-            self.open_effect = None
+            seq = read_seq()
+            step_finished = finished is None or finished()
+        if locked["cancel_requested_at"] is not None:  # nothing was written: end it cancelled instead
+            return self._cancelled_with_answer(effect, usage)
+        # Cannot fail while the row is locked under the fence with no cancel request.
+        if seq is None or not step_finished:
+            raise LeaseLost()
+        self.open_effect = None
         logger.info("run succeeded", extra={"action": "run_succeeded", "run_id": str(self.run_id),
                                             "attempt": claimed.attempt, "entry_seq": seq})
         return Outcome(self.run_id, "succeeded", RunState.SUCCEEDED)
+
+    def _cancelled_with_answer(self, effect: effects.Effect, usage: Mapping[str, Any]) -> Outcome:
+        """A cancel requested while the call answered: the answer is not published; its effect settles
+        with the call's usage (it was spent) and the run ends cancelled, in one transaction."""
+        events: list[trace.Event] = []
+        with self.database.transaction() as conn:
+            self.lock(conn)
+            if effects.settle(conn, effect, fence=self.claimed.fence, usage=usage, trace_into=events,
+                              now=self.now) is None:
+                raise LeaseLost()
+            self.open_effect = None
+            return self._end_cancelled(conn, events)
 
     def _call_failed(self, step: str, effect: effects.Effect, mutation: bool, error: ExecutorError) -> Outcome:
         claimed = self.claimed
@@ -522,7 +529,7 @@ def _model_step(run: Execution, prepared: PreparedCall, model: str, effect: effe
     record = {"content": redact.redact(reply.content, secrets), "tool_calls": []}
     return lambda conn, usage: run_steps.send_finish(
         conn, run.run_id, run.claimed.fence, n=1, kind="model", name=model, record=record, input=input_preview,
-        output=output, target=target, usage=dict(usage), effect_id=effect.id, now=run.now)
+        output=output, target=target, usage=dict(usage), effect_id=effect.id, now=run.now, answered=True)
 
 
 def _output_tokens(agent: dict[str, Any]) -> int:

@@ -198,7 +198,7 @@ def _finish(run: Execution, n: int, model: str, record: dict[str, Any], output: 
     """Ends the answering model step in the pipeline that publishes the answer (``Execution.publish``)."""
     return lambda conn, usage: run_steps.send_finish(
         conn, run.run_id, run.claimed.fence, n=n, kind="model", name=model, record=record, output=output,
-        usage=dict(usage), effect_id=effect.id, now=run.now)
+        usage=dict(usage), effect_id=effect.id, now=run.now, answered=True)
 
 
 def _secrets(executor: Executor, request: ExecutionRequest) -> set[str]:

@@ -25,7 +25,7 @@ from __future__ import annotations
 import json
 from collections.abc import Callable, Mapping, Sequence
 from datetime import datetime
-from typing import Any, NamedTuple
+from typing import Any
 from uuid import UUID
 
 import psycopg
@@ -96,31 +96,31 @@ def lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> db.Row |
     return db.fetch_one(conn, "runs_lock_fenced", {"run_id": run_id, "fence": fence})
 
 
-class Answer(NamedTuple):
-    """What the answer's statements found: whether the fence held (the run and its conversation were
-    locked), whether a cancel was requested, and the answer entry's seq (None: not written)."""
+def send_lock_conversation(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int,
+                           conversation_id: UUID) -> Callable[[], db.Row | None]:
+    """The lock of the run (fence held) and then of its conversation, sent now (queued, in a pipeline);
+    the function returned reads its row (with the run's ``cancel_requested_at``), None when fenced out."""
+    return db.send(conn, "conversations_lock_fenced",
+                   {"run_id": run_id, "fence": fence, "conversation_id": conversation_id}).fetchone
 
-    held: bool
-    cancel_requested: bool
-    seq: int | None
 
+def send_publish(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, conversation_id: UUID, *,
+                 content: str, effect_id: UUID, usage: Mapping[str, Any], step: str, truncated: bool,
+                 now: datetime | None = None) -> Callable[[], int | None]:
+    """``runs_publish`` sent now (queued, in a pipeline, behind ``send_lock_conversation``): the answer
+    entry, its effect settled with ``usage``, ``running -> succeeded`` and their four events in one
+    statement; the function returned reads the answer's seq, None when nothing was written (fenced out,
+    or a cancel was requested)."""
+    cursor = db.send(conn, "runs_publish", {
+        "run_id": run_id, "fence": fence, "conversation_id": conversation_id, "content": content,
+        "effect_id": effect_id, "usage": Jsonb(dict(usage)), "step": step, "truncated": truncated, "now": now})
 
-def send_answer(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, conversation_id: UUID, *, content: str,
-                now: datetime | None = None) -> Callable[[], Answer]:
-    """The run's answer entry (``append_entry``'s two statements, sent now, queued in a pipeline): the
-    lock of the run (fence held) and then of its conversation, which also reads the run's cancel
-    request, and the entry, written only while no cancel is requested; the function returned reads
-    both answers."""
-    lock = db.send(conn, "conversations_lock_fenced",
-                   {"run_id": run_id, "fence": fence, "conversation_id": conversation_id})
-    cursor = db.send(conn, "conversation_entries_append_answer",
-                     {"run_id": run_id, "fence": fence, "conversation_id": conversation_id, "content": content,
-                      "now": now})
-
-    def read() -> Answer:
-        locked, row = lock.fetchone(), cursor.fetchone()
-        return Answer(locked is not None, locked is not None and locked["cancel_requested_at"] is not None,
-                      None if row is None else int(row["seq"]))
+    def read() -> int | None:
+        row = cursor.fetchone()
+        if row is None:
+            return None
+        count("RunSucceeded")
+        return int(row["seq"])
 
     return read
 

@@ -169,9 +169,11 @@ def send_finish(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, *, n
                 call_id: str | None = None, record: dict[str, Any] | None = None,
                 state: StepState = StepState.SUCCEEDED, input: Any = None, output: Any = None,
                 target: Any = None, usage: Any = None, effect_id: UUID | None = None,
-                now: datetime | None = None) -> Callable[[], bool]:
-    """``finish`` sent now (queued, in a pipeline); the function returned reads whether it wrote."""
-    cursor = db.send(conn, "run_steps_finish", _finish_params(
+                now: datetime | None = None, answered: bool = False) -> Callable[[], bool]:
+    """``finish`` sent now (queued, in a pipeline); the function returned reads whether it wrote.
+    ``answered``: the step whose answer is being published, written only while no cancel is requested
+    (``run_steps_finish_answered``)."""
+    cursor = db.send(conn, "run_steps_finish_answered" if answered else "run_steps_finish", _finish_params(
         run_id, fence, n, kind, name, call_id, record, state, input, output, target, usage, effect_id, now))
     return lambda: cursor.fetchone() is not None
 

@@ -14,21 +14,6 @@ SELECT c.id,
                   AND r.conversation_id = c.id)
 RETURNING conversation_id, seq;
 
--- name: conversation_entries_append_answer (prepared)
--- The run's answer: as conversation_entries_append_fenced, and only while no cancel is requested. The
--- worker sends it in one trip behind the run's lock (runs_lock_fenced) and the conversation's, so the
--- cancel flag it reads is the one that lock holds: a cancelled run's answer is never written.
-INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
-SELECT c.id,
-       coalesce((SELECT max(e.seq) FROM conversation_entries e WHERE e.conversation_id = c.id), c.fork_seq, 0) + 1,
-       'assistant', %(content)s, %(run_id)s, coalesce(%(now)s::timestamptz, now())
-  FROM conversations c
- WHERE c.id = %(conversation_id)s
-   AND EXISTS (SELECT 1 FROM runs r
-                WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
-                  AND r.conversation_id = c.id AND r.cancel_requested_at IS NULL)
-RETURNING conversation_id, seq;
-
 -- name: conversation_entries_find_for_run
 -- The first entry of one role a run wrote into a conversation (the prompt on a later attempt).
 SELECT seq FROM conversation_entries

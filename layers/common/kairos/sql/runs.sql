@@ -318,6 +318,67 @@ UPDATE runs
         OR NOT EXISTS (SELECT 1 FROM effects e WHERE e.id = %(effect_id)s::uuid AND e.state = 'reserved'))
 RETURNING id, last_seq, attempt, fence;
 
+-- name: runs_publish (prepared)
+-- The run's answer published and the run ended succeeded, in one statement: the answer entry (as
+-- conversation_entries_append_fenced, only while no cancel is requested), the answer's effect settled
+-- with its usage (as effects_close; its budget settlement is the deferred trigger on effects), the
+-- terminal update (as runs_succeed, its usage counting that effect: kairos_run_usage_with) and its four
+-- events (effect.settled, output.published, step.finished, run.succeeded) as one batch. Each part writes
+-- only behind the one before it, so it is all or nothing; zero rows: the fence moved on, or a cancel was
+-- requested (nothing written). The worker sends it behind the run's and the conversation's lock
+-- (conversations_lock_fenced), a statement of its own, so that this one's snapshot — the answer's seq —
+-- is taken after that lock.
+WITH answer AS (
+    INSERT INTO conversation_entries (conversation_id, seq, role, content, run_id, created_at)
+    SELECT c.id,
+           coalesce((SELECT max(e.seq) FROM conversation_entries e WHERE e.conversation_id = c.id), c.fork_seq, 0) + 1,
+           'assistant', %(content)s, %(run_id)s, coalesce(%(now)s::timestamptz, now())
+      FROM conversations c
+     WHERE c.id = %(conversation_id)s
+       AND EXISTS (SELECT 1 FROM runs r
+                    WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
+                      AND r.conversation_id = c.id AND r.cancel_requested_at IS NULL)
+    RETURNING seq
+), closed AS (
+    UPDATE effects e
+       SET state = 'settled',
+           usage = %(usage)s,
+           error_code = NULL,
+           settled_at = coalesce(%(now)s::timestamptz, now())
+      FROM answer
+     WHERE e.id = %(effect_id)s AND e.run_id = %(run_id)s AND e.fence = %(fence)s AND e.state = 'reserved'
+    RETURNING e.id, e.step
+), changed AS (
+    UPDATE runs r
+       SET last_seq = r.last_seq + 4,
+           state = 'succeeded',
+           output = jsonb_build_object('conversation_id', %(conversation_id)s::text, 'entry_seq', a.seq,
+                                       'attempt', r.attempt),
+           usage = coalesce(kairos_run_usage_with(r.id, c.id, %(usage)s::jsonb), r.usage),
+           lease_token = NULL,
+           lease_expires_at = NULL,
+           finished_at = coalesce(%(now)s::timestamptz, now()),
+           updated_at = coalesce(%(now)s::timestamptz, now())
+      FROM answer a CROSS JOIN closed c
+     WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running' AND r.cancel_requested_at IS NULL
+    RETURNING r.id, r.last_seq, r.attempt, r.fence, a.seq, c.step AS effect_step
+), appended AS (
+    INSERT INTO run_event_batches (run_id, last_seq, at, attempt, fence, events)
+    SELECT ch.id, ch.last_seq, coalesce(%(now)s::timestamptz, now()), ch.attempt, ch.fence,
+           jsonb_build_array(
+               jsonb_build_object('type', 'effect.settled', 'step', ch.effect_step,
+                                  'data', jsonb_build_object('effect_id', %(effect_id)s::text, 'state', 'settled')),
+               jsonb_build_object('type', 'output.published', 'step', %(step)s::text,
+                                  'data', jsonb_build_object('conversation_id', %(conversation_id)s::text,
+                                                             'entry_seq', ch.seq, 'truncated', %(truncated)s::boolean)),
+               jsonb_build_object('type', 'step.finished', 'step', %(step)s::text,
+                                  'data', jsonb_build_object('outcome', 'succeeded')),
+               jsonb_build_object('type', 'run.succeeded', 'step', NULL::text,
+                                  'data', jsonb_build_object('entry_seq', ch.seq)))
+      FROM changed ch
+)
+SELECT seq FROM changed;
+
 -- name: runs_fail (prepared)
 -- running -> failed with a closed diagnosis, by the fence holder.
 UPDATE runs
