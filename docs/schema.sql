@@ -97,6 +97,31 @@ BEGIN
 END
 $$;
 
+CREATE FUNCTION public.kairos_claim_slot_free(p_run uuid, p_owner text, p_schedule_id uuid, p_key text, p_key_limit integer, p_owner_slots integer) RETURNS boolean
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    v_state text;
+    v_admitted timestamptz;
+BEGIN
+    PERFORM pg_advisory_xact_lock(hashtextextended('kairos.owner_slots:' || p_owner, 0));
+    SELECT r.state, r.admitted_at INTO v_state, v_admitted FROM runs r WHERE r.id = p_run;
+    IF v_state IS DISTINCT FROM 'queued' THEN
+        RETURN false;
+    END IF;
+    IF v_admitted IS NOT NULL THEN
+        RETURN true;
+    END IF;
+    RETURN (SELECT count(*) FROM (SELECT 1 FROM runs o
+                                   WHERE o.owner = p_owner AND (o.state = 'running' OR o.admitted_at IS NOT NULL)
+                                   LIMIT p_owner_slots) AS held) < p_owner_slots
+           AND (p_key IS NULL
+                OR (SELECT count(*) FROM runs k
+                     WHERE k.owner = p_owner AND (k.state = 'running' OR k.admitted_at IS NOT NULL)
+                       AND k.schedule_id = p_schedule_id AND k.concurrency_key = p_key) < p_key_limit);
+END;
+$$;
+
 CREATE FUNCTION public.kairos_dispatch_at(schedule_id uuid, fire_at timestamp with time zone, jitter integer) RETURNS timestamp with time zone
     LANGUAGE plpgsql IMMUTABLE STRICT PARALLEL SAFE
     AS $$

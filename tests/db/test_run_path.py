@@ -32,14 +32,15 @@ SETTINGS = Settings()
 # transaction alone was 11 statements (slot lock, claim, a savepoint around the fork and the run's
 # conversation update, the conversation lock and the prompt entry, the window), each its own trip.
 # Now: the claim writes the thread and the prompt entry itself and is one trip in pipeline mode —
-# [slot lock, claim, window], one implicit transaction committed by the pipeline's Sync (no BEGIN or
+# [claim, window] (the claim takes the slot lock itself, only for a run nobody released: it was a
+# statement of its own before), one implicit transaction committed by the pipeline's Sync (no BEGIN or
 # COMMIT statements; kairos.db.Database.trip); the effect with its budget charge is one statement
 # in autocommit (effects_reserve_charged): one trip, its own commit; the answer was two trips of five
 # statements — [BEGIN, run and conversation lock, answer] [settle, terminal update, COMMIT] — and is
 # one of two, an implicit transaction too: [run and conversation lock, runs_publish (the answer entry,
 # the settlement, the terminal update and its events in one statement)].
 ROUND_TRIPS = 3
-STATEMENTS = 6
+STATEMENTS = 5
 COMMITS = 3  # the claim; the effect reserved before the call; the answer with the terminal state
 # Without pipeline mode every statement is its own trip, and the fork claim and the answer spell out
 # BEGIN and COMMIT.

@@ -10,9 +10,10 @@ Role: the server caps of docs/api.md "Budgets", all configured in
   admits an owner's oldest waiting runs into its free slots under the owner's slot lock; the statement
   that ends or parks a run holding a slot does the same in that statement (a trigger), marking what it
   released with its own id (``released``: what its worker sends after commit). The tick's repair
-  releases whatever a crash or a lost race left waiting beside a free slot. ``hold_slots`` takes the
-  slot lock only before the claim of a run nobody released (a stray message): a released run's claim
-  takes no lock, and a claim that finds no slot leaves the run waiting, never re-sending it.
+  releases whatever a crash or a lost race left waiting beside a free slot. The claim takes the slot
+  lock only for a run nobody released (a stray message; ``kairos_claim_slot_free``, migration 0038): a
+  released run's claim takes no lock, and a claim that finds no slot leaves the run waiting, never
+  re-sending it.
   The tick's fire admits at insert instead (``hold_owner_slots``, then ``occurrences_insert`` with
   ``admit``): under its owners' slot locks, a new run takes a free slot at once when nothing of its
   owner waits for one, by the release's own rules, so its fire sends it with no release after commit.
@@ -71,12 +72,6 @@ DEFAULT_USAGE_DAYS = 30
 
 
 # -- slots -------------------------------------------------------------------------------------------
-
-
-def hold_slots(conn: psycopg.Connection[db.Row], run_id: UUID) -> None:
-    """Takes the slot lock of the run's owner until the caller's transaction ends (before the claim),
-    unless the run holds a slot already (then the claim needs no lock)."""
-    db.send(conn, "runs_hold_owner_slots", {"run_id": run_id})  # unread: in a pipeline it rides with the claim
 
 
 def hold_owner_slots(conn: psycopg.Connection[db.Row], schedule_ids: Sequence[str]) -> None:

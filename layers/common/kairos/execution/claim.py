@@ -34,7 +34,7 @@ from uuid import UUID
 
 import psycopg
 
-from kairos import budgets, conversations, db, effects, trace
+from kairos import conversations, db, effects, trace
 from kairos.diagnosis import diagnose
 from kairos.errors import KairosError
 from kairos.executors.base import (
@@ -128,11 +128,11 @@ def claim(database: db.Database, run_id: UUID, *, now: datetime | None, probes: 
     """Claims the run and prepares its attempt, in one transaction (see the module doc).
 
     A fork run's first attempt — the default, and the claim statement completes it alone (its thread
-    and prompt entry) — is claimed in one round trip: the owner's slot lock (taken only for a run
-    nobody released, ``kairos.budgets``), the claim and the model input's window travel together in
-    pipeline mode, one implicit transaction (``Database.trip``), so that lock is held from the
-    server's execution to its commit, never across a round trip to this process. Any other run is left queued
-    by that statement and claimed the general way (``_claim``): one trip more for it."""
+    and prompt entry) — is claimed in one round trip: the claim (which takes the owner's slot lock
+    itself, only for a run nobody released: ``kairos.budgets``) and the model input's window travel
+    together in pipeline mode, one implicit transaction (``Database.trip``), so that lock is held from
+    the server's execution to its commit, never across a round trip to this process. Any other run is
+    left queued by that statement and claimed the general way (``_claim``): one trip more for it."""
     thread_id = uuid.uuid4()
     claimed = _claim_fork(database, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
     if claimed is None:
@@ -153,10 +153,9 @@ def _claim_fork(database: db.Database, run_id: UUID, *, now: datetime | None, ow
     """The one-trip claim of a fork run's first attempt; None when the run is not one (or is not
     claimable: ``_claim`` then tells why, as it would have)."""
     with database.explicit() as conn:
-        # One implicit transaction (Database.trip): the slot lock, the claim — the one statement that
-        # writes — and the window; a prefix of it is whole, so no BEGIN and COMMIT need to be sent.
+        # One implicit transaction (Database.trip): the claim — the one statement that writes — and
+        # the window; a prefix of it is whole, so no BEGIN and COMMIT need to be sent.
         with database.trip(conn):
-            budgets.hold_slots(conn, run_id)
             read_row = moves.send_claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id,
                                         fork_only=True)
             read_window = conversations.send_window(conn, thread_id, budget_chars=_FORK_WINDOW_CHARS,
@@ -186,7 +185,6 @@ def _claim(database: db.Database, run_id: UUID, *, now: datetime | None, owner_s
     with database.explicit() as conn:
         with database.batch(conn):
             db.begin(conn)
-            budgets.hold_slots(conn, run_id)  # a run nobody released: its owner's slot lock, to commit
             row = moves.claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id)
             if row is None:
                 claimed: Claimed | Outcome = _not_claimed(conn, run_id, now, owner_slots)

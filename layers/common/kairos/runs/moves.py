@@ -72,8 +72,8 @@ def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | Non
     ``refusal`` set to the reason code (``refusal`` is None on a claim).
 
     Only a run that holds a slot (released to it, ``kairos.budgets``), or one its owner has a slot to
-    spare for (``owner_slots``); for such an unreleased run the caller holds the owner's slot lock
-    (``kairos.budgets.hold_slots``) so that count is exact.
+    spare for (``owner_slots``); for such an unreleased run the statement takes the owner's slot lock
+    before it counts (``kairos_claim_slot_free``, to the transaction's end) so that count is exact.
 
     With ``thread_id``, a fork run's first attempt gets that thread (a fork of its source) and its
     prompt entry from the same statement; the row then says ``forked``."""

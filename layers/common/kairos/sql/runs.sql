@@ -107,17 +107,13 @@ WITH changed AS (
                 AND EXISTS (SELECT 1 FROM conversations src WHERE src.id = r.source_conversation_id)))
        -- The run holds a slot (admitted_at: released to it, kairos.budgets), or — a run nobody released,
        -- whose id reached a worker anyway — its owner has a slot to spare (KAIROS_OWNER_CONCURRENCY) and
-       -- its concurrency key one too: race-free because such a claim holds the owner's slot lock
-       -- (runs_hold_owner_slots) from before this statement's snapshot to its commit, as every release does.
-       AND (r.admitted_at IS NOT NULL
-            OR ((SELECT count(*) FROM (SELECT 1 FROM runs o
-                                        WHERE o.owner = r.owner AND (o.state = 'running' OR o.admitted_at IS NOT NULL)
-                                        LIMIT %(owner_slots)s) AS held) < %(owner_slots)s
-                AND (r.concurrency_key IS NULL
-                     OR (SELECT count(*) FROM runs k
-                          WHERE k.owner = r.owner AND (k.state = 'running' OR k.admitted_at IS NOT NULL)
-                            AND k.schedule_id = r.schedule_id AND k.concurrency_key = r.concurrency_key)
-                        < r.concurrency_limit)))
+       -- its concurrency key one too: race-free because kairos_claim_slot_free takes the owner's slot lock
+       -- (to this transaction's end, as every release does) before it counts, in a snapshot of its own.
+       -- A CASE, so that only a queued run holding no slot calls it (and waits for the lock).
+       AND CASE WHEN r.admitted_at IS NOT NULL THEN true
+                WHEN r.state <> 'queued' THEN false
+                ELSE kairos_claim_slot_free(r.id, r.owner, r.schedule_id, r.concurrency_key, r.concurrency_limit,
+                                            %(owner_slots)s::integer) END
     RETURNING r.id, r.occurrence_id, r.schedule_id, r.owner, r.source, r.mode, r.state, r.attempt, r.max_attempts,
               r.fence, r.lease_expires_at, r.heartbeat_at, r.conversation_id, r.source_conversation_id, r.prompt,
               r.payload, r.agent, r.runtime_limit_seconds, r.max_steps, r.last_seq, r.corpus, r.retry_of,
@@ -162,16 +158,6 @@ WITH changed AS (
       FROM changed c
 )
 SELECT * FROM changed;
-
--- name: runs_hold_owner_slots (prepared)
--- Before the claim of a run that holds no slot (nobody released it), takes its owner's slot lock (a
--- transaction-level advisory lock, as kairos_release_slots does) to its commit, so the claim's slot
--- count sees every release and claim before it. A released run's claim takes no lock: claims of one
--- owner do not wait for each other. Zero rows: no such run (the claim then finds nothing either).
-SELECT owner,
-       CASE WHEN admitted_at IS NULL AND state = 'queued'
-            THEN pg_advisory_xact_lock(hashtextextended('kairos.owner_slots:' || owner, 0)) IS NOT NULL END AS held
-  FROM runs WHERE id = %(run_id)s;
 
 -- name: runs_release_slots
 -- Releases the waiting runs these owners' free slots let in, oldest first (kairos_release_slots, in

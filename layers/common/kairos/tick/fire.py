@@ -50,8 +50,8 @@ a replaced run that holds no slot). The other takers of slot locks:
 * ``runs_release_slots`` (the handoff of other intakes, the repair's release pass): several owners'
   slot locks in owner order, then waiting runs' rows — the same order as (4), and never a row the
   fire locked before (4) (those hold a slot, so they are not waiting).
-* a claim of a run nobody released (``runs_hold_owner_slots``): its owner's slot lock, then that
-  run's row (a waiting one: again not a row the fire holds before (4)).
+* a claim of a run nobody released (``kairos_claim_slot_free`` in ``runs_claim``): its owner's slot
+  lock, then that run's row (a waiting one: again not a row the fire holds before (4)).
 * other intakes (webhook, API, chat) take queue locks, then at most their own owner's slot lock (a
   cancel's trigger) — after the queue lock, as here; no statement takes a slot lock and then a queue
   lock. A cancel in this batch (``overlap.replace``, or a new run blocked as not replace-safe) takes
