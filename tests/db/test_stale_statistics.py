@@ -371,5 +371,5 @@ def test_the_due_scan_can_still_use_the_due_key_index(db_url: str, active: dict[
     """The conjunct 0020 added to schedules_due_key_idx is one the fire step's due scan implies."""
     plan = _plan_served_by(db_url, "schedules", "schedules_due_key_idx", "schedules_lock_due", {
         "now": datetime.now(UTC) + timedelta(hours=3), "limit": 500, "after_at": datetime(1, 1, 1, tzinfo=UTC),
-        "after_id": "00000000-0000-0000-0000-000000000000"})
+        "after_id": "00000000-0000-0000-0000-000000000000", "part": 0, "parts": 1})
     assert "schedules_due_key_idx" in plan, plan

@@ -19,6 +19,12 @@ SELECT coalesce(%(now)s::timestamptz, now()) AS now,
 -- (a test run is not one),
 -- in (next_dispatch_at, id) order after the keyset cursor (after_at, after_id): '-infinity' for a full
 -- scan. Due means the cursor's dispatch instant (next_fire_at plus its jitter offset) has come.
+-- With parts > 1, only the schedules of owners in part ``part`` (the owner's hash modulo parts): the
+-- tick's fire workers each take their own owners, so their batches never wait on each other's owner
+-- locks. A filter on the heap row, written as a call of int8eq rather than with '=': the planner
+-- takes a third of the rows to pass a boolean function it knows nothing of, where it would take one
+-- in two hundred to pass an equality on an expression without statistics — and would then read every
+-- due row and sort them instead of walking the due index in order up to the limit.
 SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timezone, s.dst_gap, s.dst_fold,
        s.catch_up, s.overlap, s.revision, s.next_fire_at, s.next_dispatch_at, s.jitter_seconds, s.fire_count,
        s.max_occurrences, s.conversation_id,
@@ -37,6 +43,8 @@ SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timez
  WHERE s.status = 'active'
    AND s.next_dispatch_at <= coalesce(%(now)s::timestamptz, now())
    AND (s.next_dispatch_at, s.id) > (%(after_at)s::timestamptz, %(after_id)s::uuid)
+   AND (%(parts)s::bigint <= 1
+        OR int8eq(mod(hashtextextended(s.owner, 0) & 2147483647, %(parts)s::bigint), %(part)s::bigint))
  ORDER BY s.next_dispatch_at, s.id
  LIMIT %(limit)s
    FOR NO KEY UPDATE OF s SKIP LOCKED;

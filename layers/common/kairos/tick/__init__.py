@@ -11,7 +11,8 @@ Role: what TickFunction runs every minute (docs/architecture.md "How it works").
    took five times without a claim fails ``undeliverable``;
 3. fire (``kairos.tick.fire``): due schedules in bounded batches become occurrences and runs,
    committed before their ids are sent to SQS and the handoff stamped;
-4. repeats fire batches (two in flight at once by default) until nothing is due or the invocation's
+4. repeats fire batches (two in flight at once by default, each worker on its own part of the owners
+   first, so their batches never share an owner's locks) until nothing is due or the invocation's
    remaining time runs short;
 5. deliver (``kairos.tick.deliver``): owed notify webhooks are sent, a bounded number while time is
    left, each retried with backoff for up to 24 h (it never runs before the fires are done);

@@ -4,7 +4,9 @@ Role: one ``run_once`` handles one bounded batch. In one transaction it locks up
 due schedules (``FOR NO KEY UPDATE SKIP LOCKED``, by database time, in ``(next_dispatch_at, id)`` order
 after an optional keyset cursor ``after``: the tick resumes each batch after the last key the
 previous ones claimed, so no batch rescans the index entries — and the dead row versions behind
-them — of schedules already fired; the report's ``last_key`` is the key to resume after), decides each
+them — of schedules already fired; the report's ``last_key`` is the key to resume after; with
+``part=(k, n)`` only the schedules of owners whose hash is k modulo n, so the tick's fire workers,
+each on its own part, never hold locks of the same owner at once — ``kairos.tick.loop``), decides each
 (``kairos.tick.decision``), moves the cursors first (guarded by the value read: a schedule whose
 cursor someone else moved is dropped from the batch), then records the occurrences, runs and
 ``run.queued`` events in one statement, under the owners' queue and slot locks: a run takes a free
@@ -31,6 +33,9 @@ Guarantees:
 * Runs reach SQS only after they are committed, and only once they hold a slot; a send that fails
   (or a tick that dies before it) leaves ``handoff_at`` NULL, which the repair step notices and
   sends again (and a release a tick died before, the repair makes).
+* The parts only spread the work between workers: a schedule of any part may be fired by any batch
+  (a worker done with its part helps with all of them), and exactly-once rests on the row locks and
+  the guarded cursor alone, never on which worker holds which part.
 * A schedule whose rule can no longer be evaluated (e.g. a zone that vanished from tzdata) is paused
   with an inbox note rather than blocking the batch or being retried forever.
 
@@ -57,7 +62,10 @@ a replaced run that holds no slot). The other takers of slot locks:
   lock. A cancel in this batch (``overlap.replace``, or a new run blocked as not replace-safe) takes
   its owner's slot lock again: already held since (4).
 So every transaction acquires slot locks in owner order after the queue locks, and no one waits for
-a row the fire locked before its slot locks while holding a slot lock.
+a row the fire locked before its slot locks while holding a slot lock. Two batches of one tick wait
+on each other's owner locks only when they share an owner: each fire worker first fires its own part
+of the owners, so that happens only once a worker done with its part helps with the others' (or on
+a concurrent tick's batches) — a wait, in the same order, never a deadlock.
 
 Must not: use any clock but the database's (``now`` comes back from the lock query), send before
 commit, or hold row locks while talking to SQS.
@@ -93,6 +101,9 @@ DEFAULT_BATCH = 500
 # instant plus its jitter offset (a generated column; equal to next_fire_at without jitter).
 Key = tuple[datetime, UUID]
 START: Key = (datetime(1, 1, 1, tzinfo=UTC), UUID(int=0))  # before every key: a full scan
+# (k, n): the due schedules whose owner hashes to k of n parts (``schedules_lock_due``); (0, 1) is all.
+Part = tuple[int, int]
+ALL: Part = (0, 1)
 
 
 @dataclass(frozen=True)
@@ -126,13 +137,16 @@ class Fire:
         self.grace = grace
         self.probes = probes
 
-    def run_once(self, now: datetime | None = None, after: Key | None = None) -> FireReport:
-        """One batch: the due schedules after the key ``after`` (all due ones when None)."""
+    def run_once(self, now: datetime | None = None, after: Key | None = None, part: Part = ALL) -> FireReport:
+        """One batch: the due schedules after the key ``after`` (all due ones when None), of the
+        owners in ``part`` (every owner by default)."""
         started = time.perf_counter()
         after_at, after_id = after or START
+        k, n = part
         with self.db.transaction() as conn:
             rows = db.fetch_all(conn, "schedules_lock_due", {"now": now, "limit": self.batch_size,
-                                                             "after_at": after_at, "after_id": after_id})
+                                                             "after_at": after_at, "after_id": after_id,
+                                                             "part": k, "parts": n})
             if not rows:
                 return FireReport()
             db_now: datetime = rows[0]["db_now"]

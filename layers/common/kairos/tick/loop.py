@@ -186,56 +186,21 @@ class Tick:
         return report
 
     def _fire_all(self, now: datetime | None, time_left: Callable[[], bool], reports: list[FireReport]) -> bool:
-        """Fire batches until none is due; with several workers, batches overlap (SKIP LOCKED splits them),
-        so one batch's SQS calls and Python work run while another waits on the database.
-
-        The workers share a keyset cursor: each batch resumes after the largest ``(next_fire_at, id)``
-        claimed so far, so it never walks back over the index entries (and, under a long-running
-        snapshot, the unprunable dead row versions) of schedules fired earlier in this tick. When a
-        resumed batch finds nothing, one batch from the start picks up what the cursor passed (rows
-        another tick held, schedules due earlier than the cursor since); the tick ends when a batch
-        from the start finds nothing.
-        """
-        stopped: list[bool] = []
-        failures: list[BaseException] = []
-        halt = threading.Event()
-        lock = threading.Lock()
-        cursor: list[Key | None] = [None]
-
-        def loop() -> None:
-            try:
-                while not halt.is_set():
-                    if not time_left():
-                        stopped.append(True)
-                        return
-                    with lock:
-                        after = cursor[0]
-                    fired = self.fire.run_once(now, after=after)
-                    reports.append(fired)
-                    with lock:
-                        if fired.last_key is not None:
-                            if cursor[0] is None or fired.last_key > cursor[0]:
-                                cursor[0] = fired.last_key
-                            continue
-                        if after is None:
-                            return  # a batch from the start found nothing due
-                        if cursor[0] == after:
-                            cursor[0] = None  # this pass is done: next, one batch from the start
-            except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread below
-                failures.append(exc)
-                halt.set()
-
+        """Fire batches until none is due; with several workers, batches overlap, so one batch's SQS
+        calls and Python work run while another waits on the database (``_FireWorkers``)."""
+        workers = _FireWorkers(self.fire, self.fire_workers, now, time_left, reports)
         if self.fire_workers == 1:
-            loop()
+            workers.loop(0)
         else:
-            workers = [threading.Thread(target=loop, name=f"tick-fire-{i}") for i in range(self.fire_workers)]
-            for worker in workers:
-                worker.start()
-            for worker in workers:
-                worker.join()
-        if failures:
-            raise failures[0]
-        return bool(stopped)
+            threads = [threading.Thread(target=workers.loop, args=(i,), name=f"tick-fire-{i}")
+                       for i in range(self.fire_workers)]
+            for thread in threads:
+                thread.start()
+            for thread in threads:
+                thread.join()
+        if workers.failures:
+            raise workers.failures[0]
+        return workers.stopped
 
     def _log_start(self, now: datetime | None) -> None:
         lambda_now = self.clock()
@@ -263,3 +228,81 @@ class Tick:
         m.add_metric(name="EntriesPruned", unit=MetricUnit.Count, value=report.entries_pruned)
         if report.fire_lag_max_seconds is not None:
             m.add_metric(name="FireLagSeconds", unit=MetricUnit.Seconds, value=report.fire_lag_max_seconds)
+
+
+class _FireWorkers:
+    """The fire batches of one tick, on ``parts`` workers.
+
+    Each of n workers first fires its own part of the owners (worker k: owners hashing to k of n,
+    ``Fire.run_once(part=...)``), so two workers' batches never share an owner and never wait on each
+    other's owner queue and slot locks (held to a batch's commit). A worker resumes each batch after
+    the last ``(next_dispatch_at, id)`` it claimed (a keyset cursor of its own), so it never walks back
+    over the index entries (and, under a long-running snapshot, the unprunable dead row versions) of
+    schedules fired earlier in this tick; when a resumed batch finds nothing, one batch from the start
+    of its part picks up what the cursor passed (rows another tick held, schedules due earlier than the
+    cursor since). When that finds nothing, the worker helps with every owner: batches of all parts
+    after a cursor shared by the helpers, the same way — what is left of a slower worker's part (or
+    everything, when one owner holds all the due schedules). The tick ends when every worker's batch
+    from the start of all parts finds nothing. The parts only spread the work: exactly-once rests on
+    the row locks and the guarded cursor, whoever fires a schedule. A worker that raises halts the
+    others after their batch; the caller re-raises.
+    """
+
+    def __init__(self, fire: Fire, parts: int, now: datetime | None, time_left: Callable[[], bool],
+                 reports: list[FireReport]) -> None:
+        self.fire = fire
+        self.parts = parts
+        self.now = now
+        self.time_left = time_left
+        self.reports = reports
+        self.failures: list[BaseException] = []
+        self.stopped = False  # time ran short
+        self._halt = threading.Event()
+        self._lock = threading.Lock()
+        self._shared: Key | None = None
+
+    def loop(self, k: int) -> None:
+        try:
+            if self.parts == 1 or self._own_part(k):
+                self._every_owner()
+        except BaseException as exc:  # noqa: BLE001 - re-raised in the calling thread (Tick._fire_all)
+            self.failures.append(exc)
+            self._halt.set()
+
+    def _go_on(self) -> bool:
+        if self._halt.is_set():
+            return False
+        if not self.time_left():
+            self.stopped = True
+            return False
+        return True
+
+    def _own_part(self, k: int) -> bool:
+        """Worker k's part; True when it is done (a batch from the start of it found nothing)."""
+        after: Key | None = None
+        while self._go_on():
+            fired = self.fire.run_once(self.now, after=after, part=(k, self.parts))
+            self.reports.append(fired)
+            if fired.last_key is not None:
+                after = fired.last_key
+            elif after is None:
+                return True
+            else:
+                after = None  # this pass is done: next, one batch from the start of the part
+        return False
+
+    def _every_owner(self) -> None:
+        while self._go_on():
+            with self._lock:
+                after = self._shared
+            fired = self.fire.run_once(self.now, after=after)
+            self.reports.append(fired)
+            with self._lock:
+                if fired.last_key is not None:
+                    if self._shared is None or fired.last_key > self._shared:
+                        self._shared = fired.last_key
+                    continue
+                if after is None:
+                    return  # a batch from the start found nothing due
+                if self._shared == after:
+                    self._shared = None  # this pass is done: next, one batch from the start
