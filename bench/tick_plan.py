@@ -32,7 +32,9 @@ START = (datetime(1, 1, 1, tzinfo=UTC), uuid.UUID(int=0))
 
 
 def explain(conn: psycopg.Connection[tuple[object, ...]], after: tuple[datetime, uuid.UUID]) -> list[str]:
-    params = {"now": None, "limit": 500, "after_at": after[0], "after_id": after[1]}
+    # Every owner (one part): the schedules here are one owner's (tests/db/test_tick_parts.py holds a
+    # part's plan to the same ordered walk).
+    params = {"now": None, "limit": 500, "after_at": after[0], "after_id": after[1], "part": 0, "parts": 1}
     with conn.transaction(force_rollback=True):
         rows = conn.execute(b"EXPLAIN (ANALYZE, BUFFERS, COSTS OFF) " + db.q("schedules_lock_due").encode(),
                             params).fetchall()
