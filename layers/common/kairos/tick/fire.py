@@ -64,8 +64,8 @@ a replaced run that holds no slot). The other takers of slot locks:
 So every transaction acquires slot locks in owner order after the queue locks, and no one waits for
 a row the fire locked before its slot locks while holding a slot lock. Two batches of one tick wait
 on each other's owner locks only when they share an owner: each fire worker first fires its own part
-of the owners, so that happens only once a worker done with its part helps with the others' (or on
-a concurrent tick's batches) — a wait, in the same order, never a deadlock.
+of the owners, so that happens only once a worker done with its part helps with the others' (and
+between the batches of two ticks running at once) — a wait in the same order, never a deadlock.
 
 Must not: use any clock but the database's (``now`` comes back from the lock query), send before
 commit, or hold row locks while talking to SQS.
