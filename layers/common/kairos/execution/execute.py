@@ -249,22 +249,23 @@ class Execution:
         # (Database.trip: its one prefix, the locks alone, is whole); with one, BEGIN and COMMIT travel
         # in the same trip. The settlement updates the owner's day row of the budget ledger (its
         # trigger, at commit), which every model call of the owner waits for: held within the trip.
+        def send_publish(conn: psycopg.Connection[db.Row]) -> Callable[[], int | None]:
+            return moves.send_publish(conn, self.run_id, fence, claimed.conversation_id, content=reply.content,
+                                      effect_id=effect.id, usage=usage, step=step, truncated=reply.truncated,
+                                      now=self.now)
+
         with self.database.explicit() as conn:
             if finish_step is None:
                 with self.database.trip(conn):
                     read_lock = moves.send_lock_conversation(conn, self.run_id, fence, claimed.conversation_id)
-                    read_seq = moves.send_publish(conn, self.run_id, fence, claimed.conversation_id,
-                                                  content=reply.content, effect_id=effect.id, usage=usage, step=step,
-                                                  truncated=reply.truncated, now=self.now)
+                    read_seq = send_publish(conn)
                 finished: Callable[[], bool] | None = None
             else:
                 with self.database.batch(conn):
                     db.begin(conn)
                     read_lock = moves.send_lock_conversation(conn, self.run_id, fence, claimed.conversation_id)
                     finished = finish_step(conn, usage)
-                    read_seq = moves.send_publish(conn, self.run_id, fence, claimed.conversation_id,
-                                                  content=reply.content, effect_id=effect.id, usage=usage, step=step,
-                                                  truncated=reply.truncated, now=self.now)
+                    read_seq = send_publish(conn)
                     db.commit(conn)
             locked = read_lock()
             if locked is None:

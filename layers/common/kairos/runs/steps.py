@@ -148,10 +148,12 @@ def progress(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, n: int,
 
 def _finish_params(run_id: UUID, fence: int, n: int, kind: str, name: str, call_id: str | None,
                    record: dict[str, Any] | None, state: StepState, input: Any, output: Any, target: Any,
-                   usage: Any, effect_id: UUID | None, now: datetime | None) -> dict[str, Any]:
+                   usage: Any, effect_id: UUID | None, now: datetime | None,
+                   answered: bool = False) -> dict[str, Any]:
     return {"run_id": run_id, "fence": fence, "n": n, "kind": kind, "name": name, "call_id": call_id,
             "record": _json(record), "state": state.value, "input": _json(input), "output": _json(output),
-            "target": _json(target), "usage": _json(usage), "effect_id": effect_id, "now": now}
+            "target": _json(target), "usage": _json(usage), "effect_id": effect_id, "now": now,
+            "answered": answered}
 
 
 def finish(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, *, n: int, kind: str, name: str,
@@ -172,9 +174,10 @@ def send_finish(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int, *, n
                 now: datetime | None = None, answered: bool = False) -> Callable[[], bool]:
     """``finish`` sent now (queued, in a pipeline); the function returned reads whether it wrote.
     ``answered``: the step whose answer is being published, written only while no cancel is requested
-    (``run_steps_finish_answered``)."""
-    cursor = db.send(conn, "run_steps_finish_answered" if answered else "run_steps_finish", _finish_params(
-        run_id, fence, n, kind, name, call_id, record, state, input, output, target, usage, effect_id, now))
+    (``run_steps_finish``)."""
+    cursor = db.send(conn, "run_steps_finish", _finish_params(
+        run_id, fence, n, kind, name, call_id, record, state, input, output, target, usage, effect_id, now,
+        answered))
     return lambda: cursor.fetchone() is not None
 
 

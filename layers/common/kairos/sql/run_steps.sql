@@ -42,11 +42,14 @@ UPDATE run_steps s
    AND r.id = s.run_id AND r.fence = %(fence)s AND r.state = 'running'
 RETURNING s.n;
 
--- name: run_steps_finish
+-- name: run_steps_finish (prepared)
 -- Ends step n for the current fence holder: a step opened by run_steps_begin (running or parked) moves
 -- to its end state; a step not opened before (a refused or local tool call, a run's single model call)
 -- is written ended at once, started when its effect was reserved (or now, with no effect).
--- Zero rows: the fence moved on, or the step had already ended.
+-- With answered, the step whose answer is being published (kairos.execution.execute, publish): only
+-- while no cancel is requested — sent behind the run's lock in the publishing trip, it writes exactly
+-- when the answer does (a cancelled run's step is closed by its cancel instead).
+-- Zero rows: the fence moved on, the step had already ended, or (answered) a cancel was requested.
 INSERT INTO run_steps (run_id, n, kind, name, call_id, record, attempt, fence, state, started_at, finished_at,
                        input, output, target, usage, effect_id, created_at)
 SELECT r.id, %(n)s, %(kind)s, %(name)s, %(call_id)s, %(record)s, r.attempt, r.fence, %(state)s,
@@ -56,27 +59,7 @@ SELECT r.id, %(n)s, %(kind)s, %(name)s, %(call_id)s, %(record)s, r.attempt, r.fe
        %(target)s, %(usage)s, %(effect_id)s, coalesce(%(now)s::timestamptz, now())
   FROM runs r
  WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running'
-ON CONFLICT (run_id, n) DO UPDATE
-   SET state = excluded.state, record = excluded.record, attempt = excluded.attempt, fence = excluded.fence,
-       finished_at = excluded.finished_at, input = coalesce(excluded.input, run_steps.input),
-       output = excluded.output, target = coalesce(excluded.target, run_steps.target), usage = excluded.usage,
-       effect_id = coalesce(excluded.effect_id, run_steps.effect_id)
- WHERE run_steps.state IN ('running', 'waiting_approval')
-RETURNING n;
-
--- name: run_steps_finish_answered (prepared)
--- run_steps_finish for the step whose answer is being published (kairos.execution.execute, publish): as
--- that, and only while no cancel is requested — sent behind the run's lock in the publishing trip, it
--- writes exactly when the answer does (a cancelled run's step is closed by its cancel instead).
-INSERT INTO run_steps (run_id, n, kind, name, call_id, record, attempt, fence, state, started_at, finished_at,
-                       input, output, target, usage, effect_id, created_at)
-SELECT r.id, %(n)s, %(kind)s, %(name)s, %(call_id)s, %(record)s, r.attempt, r.fence, %(state)s,
-       coalesce((SELECT e.created_at FROM effects e WHERE e.id = %(effect_id)s AND e.run_id = r.id),
-                coalesce(%(now)s::timestamptz, now())),
-       coalesce(%(now)s::timestamptz, now()), %(input)s, %(output)s,
-       %(target)s, %(usage)s, %(effect_id)s, coalesce(%(now)s::timestamptz, now())
-  FROM runs r
- WHERE r.id = %(run_id)s AND r.fence = %(fence)s AND r.state = 'running' AND r.cancel_requested_at IS NULL
+   AND (NOT %(answered)s::boolean OR r.cancel_requested_at IS NULL)
 ON CONFLICT (run_id, n) DO UPDATE
    SET state = excluded.state, record = excluded.record, attempt = excluded.attempt, fence = excluded.fence,
        finished_at = excluded.finished_at, input = coalesce(excluded.input, run_steps.input),
