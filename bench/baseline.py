@@ -54,7 +54,12 @@ def url_for(admin_url: str, database: str) -> str:
 
 
 def recreate(admin_url: str, database: str) -> str:
-    """An empty database named ``database`` (dropped first if it exists); returns its URL."""
+    """An empty database named ``database`` (dropped first if it exists); returns its URL. With
+    ``KAIROS_BENCH_DATABASE_SUFFIX`` set, the name gets ``_<suffix>``: two people benchmarking on one
+    server at once then each drop and recreate only their own databases."""
+    suffix = os.environ.get("KAIROS_BENCH_DATABASE_SUFFIX", "")
+    if suffix:
+        database = f"{database}_{suffix}"
     with psycopg.connect(admin_url, autocommit=True) as conn:
         conn.execute(sql.SQL("DROP DATABASE IF EXISTS {} WITH (FORCE)").format(sql.Identifier(database)))
         conn.execute(sql.SQL("CREATE DATABASE {}").format(sql.Identifier(database)))
