@@ -15,8 +15,10 @@ rounds with pgbench before each round's workloads; medians of the rounds are rep
      SendMessageBatch at once or after 20 ms (target: the 20 ms tick's wall time within 1.5x of the
      0 ms one: the calls overlap on the handoff's bounded pool).
    * *sends counted* (issue 41): the stand-in at 0 ms in its own process, so every SendMessageBatch
-     (botocore signing, serialising, parsing, the HTTP round trip) is inside the tick's wall time, on
-     two workloads: *one shared rule* (10,000 schedules, one daily UTC cron) and *10,000 distinct
+     (signing, serialising, parsing, the HTTP round trip) is inside the tick's wall time, each workload
+     twice in every round: the handoff's lean path (``kairos.sqs_batch``) and, right after, the same
+     through botocore's own request pipeline (a client the lean path declines: what the handoff sent
+     before), on two workloads: *one shared rule* (10,000 schedules, one daily UTC cron) and *10,000 distinct
      rules* (minute crons ``M[,x] H[,y] * * *|0-6`` across seven zones: the calendar runs 10,000
      times). Target: fires/s ≥ the same round's pgbench TPS. Beside them, the one-rule workload against
      the stand-in as it answered before (Nagle's algorithm on: ~40 ms a call, see ``sqs_standin``).
@@ -88,7 +90,7 @@ import psycopg
 from baseline import held_snapshot, pgbench_tps, recreate, server, server_cpu
 from sqs_standin import StandinProcess
 
-from kairos import calendar, handoff, migrations
+from kairos import calendar, handoff, migrations, sqs_batch
 from kairos.db import Database
 from kairos.states import ScheduleKind
 from kairos.tick import FIRE_WORKERS, Tick
@@ -98,6 +100,8 @@ BATCH = DEFAULT_BATCH
 ONE_RULE = "sends counted (stand-in 0 ms), one shared rule"
 MINUTE_CRONS = "sends counted (stand-in 0 ms), 10,000 distinct rules (minute crons, 7 zones)"
 NAGLE = "sends counted, one shared rule, the stand-in as it was (Nagle on: ~40 ms a call)"
+ONE_RULE_BOTOCORE = "sends counted, one shared rule, botocore's request pipeline (before kairos.sqs_batch)"
+MINUTE_CRONS_BOTOCORE = "sends counted, 10,000 distinct rules, botocore's request pipeline (before kairos.sqs_batch)"
 AGENT = {"executor": "echo", "model": "echo", "system": "bench"}
 
 
@@ -537,15 +541,25 @@ def main() -> int:
             "first burst on a fresh database (one round, not in the medians)", url, StubSqs(), "stub", shared_rules, n)
 
         nagle_client = nagle.client(handoff.MAX_PARALLEL_CALLS)
-        for client, standin in ((fast_client, fast), (slow_client, slow), (nagle_client, nagle)):
+        # The same stand-in through botocore's own request pipeline, as the handoff sent before
+        # kairos.sqs_batch: a hook of its own on the operation (a no-op) makes the lean path decline it.
+        pipeline_client = fast.client(handoff.MAX_PARALLEL_CALLS)
+        pipeline_client.meta.events.register("before-send.sqs.SendMessageBatch", lambda **_: None)
+        assert sqs_batch.sender(pipeline_client) is None and sqs_batch.sender(fast_client) is not None
+        for client, standin in ((fast_client, fast), (slow_client, slow), (nagle_client, nagle),
+                                (pipeline_client, fast)):
             # Warm: the client's endpoint and its pooled connections, the handoff pool's threads (else
             # the first workload of the first round pays for them).
             warm = [uuid.uuid4() for _ in range(10 * handoff.MAX_PARALLEL_CALLS)]
             handoff.send_batch(client, standin.queue_url, warm)
 
         def with_sends() -> tuple[Result, ...]:
+            # Each lean workload beside the same one through botocore's pipeline (interleaved).
             return (measure(ONE_RULE, url, fast_client, fast.queue_url, one_rule, n),
+                    measure(ONE_RULE_BOTOCORE, url, pipeline_client, fast.queue_url, one_rule, n),
                     measure(MINUTE_CRONS, url, fast_client, fast.queue_url, lambda due: minute_crons(due, n), n),
+                    measure(MINUTE_CRONS_BOTOCORE, url, pipeline_client, fast.queue_url,
+                            lambda due: minute_crons(due, n), n),
                     measure(NAGLE, url, nagle_client, nagle.queue_url, one_rule, n))
 
         for _ in range(args.rounds):
@@ -609,10 +623,17 @@ def main() -> int:
     def rate(r: Result) -> float:
         return r.fires_per_second
 
-    for label in (ONE_RULE, MINUTE_CRONS, NAGLE):
+    for label in (ONE_RULE, MINUTE_CRONS, NAGLE, ONE_RULE_BOTOCORE, MINUTE_CRONS_BOTOCORE):
         print(f"{label} ÷ pgbench per round: "
               + ", ".join(f"{r.fires_per_second / t:.2f}" for r, t in zip(series[label], tps_runs, strict=False))
               + " (target ≥ 1.0).")
+
+    def client_cpu(r: Result) -> float:
+        return r.client_cpu
+
+    for lean, before in ((ONE_RULE, ONE_RULE_BOTOCORE), (MINUTE_CRONS, MINUTE_CRONS_BOTOCORE)):
+        print(f"{lean}: lean sends ÷ botocore's pipeline per round (same round): fires/s "
+              f"{per_round(lean, before, rate)}; tick process CPU {per_round(lean, before, client_cpu)}.")
     if args.sends:
         return 0
     stub, held_label = "stub SQS, shared rules", "held snapshot, shared rules"

@@ -45,7 +45,7 @@ from uuid import UUID
 import psycopg
 from aws_lambda_powertools.metrics import MetricUnit
 
-from kairos import budgets, db
+from kairos import budgets, db, sqs_batch
 from kairos.observability import logger, metrics
 
 BATCH = 10  # SendMessageBatch's own limit
@@ -99,7 +99,7 @@ def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID],
         for entry in entries:
             entry["DelaySeconds"] = min(delay_seconds, MAX_DELAY_SECONDS)
     try:
-        response = sqs.send_message_batch(QueueUrl=queue_url, Entries=entries)
+        response = sqs_batch.send_message_batch(sqs, queue_url, entries)
     except ClientError as exc:
         return [], list(chunk), str(exc.response.get("Error", {}).get("Code", "ClientError"))
     except Exception as exc:  # noqa: BLE001 - BotoCoreError or anything else: this chunk fails, repair resends it

@@ -1,0 +1,272 @@
+"""SendMessageBatch through a botocore client's own parts, without its generic request pipeline.
+
+Role: the handoff's send (``kairos.handoff``) costs the tick's process CPU on every chunk of 10 run ids,
+and most of it was botocore's generic machinery, not the call: parameter validation, the shape-driven
+serialiser and parser, endpoint-ruleset resolution and about twenty event emits per call
+(``bench/sqs_send.py`` measures the two paths side by side). ``send_message_batch(client, queue_url,
+entries)`` answers exactly what ``client.send_message_batch(QueueUrl=..., Entries=...)`` answers (the
+parsed ``Successful`` / ``Failed``, or the same ``ClientError`` class and ``Error.Code``, or the same
+transport exception), building the request itself from the client's pieces:
+
+* the endpoint and signing scope the client's own endpoint ruleset resolves (once per client), so
+  ``AWS_ENDPOINT_URL`` / ``endpoint_url`` overrides, FIPS and dual-stack settings hold;
+* the client's credentials, frozen per call (a refreshable provider is re-read as botocore would);
+* botocore's SigV4 signer (``botocore.auth.SigV4Auth``) over SQS's JSON protocol as the pinned botocore
+  sends it (AWS JSON 1.0, ``X-Amz-Target: AmazonSQS.SendMessageBatch``, ``x-amzn-query-mode``);
+* the client's HTTP session (its urllib3 pool, timeouts, proxies, TLS settings, and its mapping of
+  transport errors to botocore's exceptions);
+* the client's retry policy, asked through its own ``needs-retry`` event on every answer that is not a
+  200 (standard or legacy mode, max attempts, backoff, retry quota, exactly as configured), and its
+  ``after-call`` event on the final answer (the retry quota's release, SQS's query-compatible error
+  code); an error answer is parsed by botocore's JSON parser.
+
+Guarantees:
+* The lean path is used only for a client it recognises: a botocore ``BaseClient`` for ``sqs`` over the
+  JSON protocol, signing SigV4 with credentials, not in adaptive retry mode, whose event handlers for
+  this operation are exactly the stock ones (a ``botocore.stub.Stubber``, moto's in-process mock while it
+  is on, or any other hook makes ``sender`` answer None, and the caller uses the client). Handlers registered later
+  are noticed on the next call (the emitter's lookup cache is replaced on every registration).
+* A forwarding proxy whose ``send_message_batch`` is the real client's bound method (``runtime.LazySqs``)
+  is seen through.
+
+Must not: change what goes on the queue (bodies and ids are the caller's); retry anything the client's
+own retry policy would not; log anything.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+import threading
+import time
+import types
+import weakref
+from typing import Any
+from urllib.parse import quote
+
+OPERATION = "SendMessageBatch"
+TARGET = "AmazonSQS.SendMessageBatch"
+CONTENT_TYPE = "application/x-amz-json-1.0"
+
+# The handlers a stock botocore SQS client has on this operation's events (standard and legacy retry
+# modes). Each is either replayed here (signing, recursion header, user agent, the retry handler and
+# the after-call handlers, through the client's own events) or a no-op for SendMessageBatch (idempotency
+# tokens, request-validation members, API-version headers, retry-info headers, signer choice).
+STOCK_HANDLERS = frozenset({
+    "botocore.handlers.generate_idempotent_uuid",
+    "botocore.handlers._handle_request_validation_mode_member",
+    "botocore.handlers.add_recursion_detection_header",
+    "botocore.handlers.inject_api_version_header_if_needed",
+    "botocore.signers.RequestSigner.handler",
+    "botocore.retries.standard.MaxAttemptsSeeder.seed_max_attempts",
+    "botocore.useragent.UserAgentString.rebuild_and_replace_user_agent_handler",
+    "botocore.handlers.add_retry_headers",
+    "botocore.handlers.set_operation_specific_signer",
+    "botocore.handlers._set_auth_scheme_preference_signer",
+    "botocore.retries.standard.RetryHandler.needs_retry",
+    "botocore.retryhandler.RetryHandler",
+    "botocore.handlers._handle_sqs_compatible_error",
+    "botocore.retries.standard.RetryQuotaChecker.release_retry_quota",
+})
+# Handlers that only append to the User-Agent header (Powertools registers one on every botocore session
+# it sees): applied once, to the user agent this module sends.
+USER_AGENT_HANDLERS = frozenset({
+    "aws_lambda_powertools.shared.user_agent._create_feature_function.<locals>.add_powertools_feature",
+})
+# Pass-through hooks that intercept only while switched on (moto's in-process mock registers one on every
+# botocore client once moto is imported): checked on every call, the client makes the call while one is on.
+SWITCHED_HANDLERS = frozenset({"moto.core.botocore_stubber.BotocoreStubber"})
+EVENTS = ("provide-client-params", "before-parameter-build", "before-endpoint-resolution", "before-call",
+          "request-created", "choose-signer", "before-sign", "before-send", "response-received",
+          "before-parse", "needs-retry", "after-call", "after-call-error")
+
+_lock = threading.Lock()
+# client -> (the emitter's lookup cache when checked, the sender or None)
+_senders: weakref.WeakKeyDictionary[Any, tuple[object, Sender | None]] = weakref.WeakKeyDictionary()
+
+
+def send_message_batch(client: Any, queue_url: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+    """``client.send_message_batch(QueueUrl=queue_url, Entries=entries)``, on the lean path when the
+    client allows it."""
+    lean = sender(client)
+    if lean is None:
+        return dict(client.send_message_batch(QueueUrl=queue_url, Entries=entries))
+    return lean.send(queue_url, entries)
+
+
+def sender(client: Any) -> Sender | None:
+    """The lean sender for this client, or None when the client must make the call itself."""
+    real = getattr(getattr(client, "send_message_batch", None), "__self__", None)
+    if real is None:
+        return None
+    try:
+        token = real.meta.events._emitter._lookup_cache
+    except AttributeError:
+        return None
+    entry = _senders.get(real)
+    if entry is None or entry[0] is not token:
+        with _lock:
+            try:
+                _senders[real] = entry = (token, _build(real))
+            except TypeError:  # not weak-referenceable: not a botocore client
+                return None
+    built = entry[1]
+    if built is not None and any(switch.enabled for switch in built.switches):
+        return None
+    return built
+
+
+def _handler_name(handler: Any) -> str:
+    function = getattr(handler, "__func__", handler)
+    if isinstance(function, types.FunctionType):
+        return f"{function.__module__}.{function.__qualname__}"
+    return f"{type(handler).__module__}.{type(handler).__qualname__}"
+
+
+def _is_a(value: Any, cls: type) -> bool:
+    """``isinstance`` without narrowing: the client's parts used below are botocore's private ones."""
+    return isinstance(value, cls)
+
+
+def _build(client: Any) -> Sender | None:
+    """A sender for a client this module recognises, else None."""
+    from botocore.client import BaseClient
+
+    if not _is_a(client, BaseClient):
+        return None
+    meta = client.meta
+    model = meta.service_model
+    if (model.service_name != "sqs" or model.protocol != "json" or model.metadata.get("targetPrefix") != "AmazonSQS"
+            or model.metadata.get("jsonVersion") != "1.0"):
+        return None
+    # An instrumented client (X-Ray, OpenTelemetry) wraps ``_make_api_call``: it must see the call.
+    if type(BaseClient.__dict__.get("_make_api_call")) is not types.FunctionType or \
+            "_make_api_call" in type(client).__dict__:
+        return None
+    config = meta.config
+    if (config.retries or {}).get("mode") == "adaptive" or config.auth_scheme_preference:
+        return None
+    signer = client._request_signer
+    credentials = signer._credentials
+    if credentials is None or signer._signature_version not in ("v4", "s3v4"):
+        return None
+    emitter = meta.events._emitter
+    service_id = model.service_id.hyphenize()
+    user_agent = types.SimpleNamespace(headers={"User-Agent": client._user_agent_creator.to_string()})
+    switches = []
+    for event in EVENTS:
+        for handler in emitter._handlers.prefix_search(f"{event}.{service_id}.{OPERATION}"):
+            name = _handler_name(handler)
+            if name in USER_AGENT_HANDLERS and event == "request-created":
+                handler(request=user_agent)
+            elif name in SWITCHED_HANDLERS:
+                switches.append(handler)
+            elif name not in STOCK_HANDLERS:
+                return None
+    operation = model.operation_model(OPERATION)
+    endpoint_url, headers, properties = client._resolve_endpoint_ruleset(operation, {"QueueUrl": "", "Entries": []},
+                                                                         {})
+    region, signing_name = signer._region_name, signer._signing_name
+    for scheme in (properties or {}).get("authSchemes", [])[:1]:
+        if scheme.get("name") != "sigv4":
+            return None
+        region = scheme.get("signingRegion", region)
+        signing_name = scheme.get("signingName", signing_name)
+    if headers or not endpoint_url or not region:
+        return None
+    return Sender(client, endpoint_url, region, signing_name, credentials, operation, service_id,
+                  user_agent.headers["User-Agent"], tuple(switches))
+
+
+class Sender:
+    """SendMessageBatch for one recognised client (thread-safe: no state per call)."""
+
+    def __init__(self, client: Any, endpoint_url: str, region: str, signing_name: str, credentials: Any,
+                 operation: Any, service_id: str, user_agent: str, switches: tuple[Any, ...] = ()) -> None:
+        from botocore.auth import SigV4Auth
+        from botocore.awsrequest import AWSRequest
+        from botocore.endpoint import convert_to_response_dict
+        from botocore.parsers import create_parser
+
+        self._client = weakref.proxy(client)  # the cache must not keep the client alive
+        self._url = endpoint_url if endpoint_url.endswith("/") else endpoint_url + "/"
+        self._region = region
+        self._signing_name = signing_name
+        self._credentials = credentials
+        self._operation = operation
+        self._session = client._endpoint.http_session
+        self._events = client.meta.events
+        self._config = client.meta.config
+        self._needs_retry_event = f"needs-retry.{service_id}.{OPERATION}"
+        self._after_call_event = f"after-call.{service_id}.{OPERATION}"
+        self._user_agent = user_agent
+        self.switches = switches
+        self._errors = client.exceptions
+        self._sigv4 = SigV4Auth
+        self._request = AWSRequest
+        self._response_dict = convert_to_response_dict
+        self._parser = create_parser("json")
+
+    def send(self, queue_url: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
+        body = json.dumps({"QueueUrl": queue_url, "Entries": entries}).encode()
+        context: dict[str, Any] = {"client_region": self._region, "client_config": self._config}
+        request_dict = {"url_path": "/", "method": "POST", "body": body, "context": context}
+        attempts = 1
+        while True:
+            http: Any = None
+            error: Exception | None = None
+            parsed: dict[str, Any] | None = None
+            try:
+                http = self._session.send(self._signed(body))
+            except Exception as exc:  # noqa: BLE001 - botocore's own transport errors: its retry policy decides
+                error = exc
+            if http is not None and http.status_code == 200:
+                try:
+                    loaded = json.loads(http.content)
+                    parsed = loaded if isinstance(loaded, dict) else None
+                except ValueError:
+                    parsed = None
+                if parsed is None:  # what botocore's parser makes of an odd 200
+                    parsed = self._parse(http)
+                break
+            if http is not None:
+                parsed = self._parse(http)
+            delay = self._retry_delay(attempts, http, parsed, error, request_dict)
+            if delay is None:
+                break
+            if delay:
+                time.sleep(delay)  # the client's backoff, as botocore's endpoint sleeps it
+            attempts += 1
+        if error is not None:
+            raise error
+        self._events.emit(self._after_call_event, http_response=http, parsed=parsed, model=self._operation,
+                          context=context)
+        assert parsed is not None
+        if http.status_code >= 300:
+            code = context.get("error_code_override") or parsed.get("Error", {}).get("Code")
+            raise self._errors.from_code(code)(parsed, OPERATION)
+        return parsed
+
+    def _signed(self, body: bytes) -> Any:
+        headers = {"X-Amz-Target": TARGET, "Content-Type": CONTENT_TYPE, "x-amzn-query-mode": "true",
+                   "User-Agent": self._user_agent}
+        trace = os.environ.get("_X_AMZN_TRACE_ID")
+        if trace and "AWS_LAMBDA_FUNCTION_NAME" in os.environ:  # botocore's recursion-detection header
+            headers["X-Amzn-Trace-Id"] = quote(trace, safe="-=;:+&[]{}\"',")
+        request = self._request(method="POST", url=self._url, data=body, headers=headers)
+        self._sigv4(self._credentials.get_frozen_credentials(), self._signing_name, self._region).add_auth(request)
+        return request.prepare()
+
+    def _parse(self, http: Any) -> dict[str, Any]:
+        return dict(self._parser.parse(self._response_dict(http, self._operation), self._operation.output_shape))
+
+    def _retry_delay(self, attempts: int, http: Any, parsed: dict[str, Any] | None, error: Exception | None,
+                     request_dict: dict[str, Any]) -> float | None:
+        """The client's retry handler's answer (seconds to wait), None for no retry."""
+        from botocore.hooks import first_non_none_response
+
+        responses = self._events.emit(self._needs_retry_event, response=None if http is None else (http, parsed),
+                                      endpoint=self._client._endpoint, operation=self._operation, attempts=attempts,
+                                      caught_exception=error, request_dict=request_dict)
+        delay = first_non_none_response(responses)
+        return None if delay is None else float(delay)
