@@ -213,24 +213,11 @@ class Sender:
         request_dict = {"url_path": "/", "method": "POST", "body": body, "context": context}
         attempts = 1
         while True:
-            http: Any = None
-            error: Exception | None = None
-            parsed: dict[str, Any] | None = None
-            try:
-                http = self._session.send(self._signed(body))
-            except Exception as exc:  # noqa: BLE001 - botocore's own transport errors: its retry policy decides
-                error = exc
+            # Signed again for every attempt, as botocore signs each retry; a signing error (no
+            # credentials) is raised as it is, never retried.
+            http, parsed, error = self._attempt(self._signed(body))
             if http is not None and http.status_code == 200:
-                try:
-                    loaded = json.loads(http.content)
-                    parsed = loaded if isinstance(loaded, dict) else None
-                except ValueError:
-                    parsed = None
-                if parsed is None:  # what botocore's parser makes of an odd 200
-                    parsed = self._parse(http)
                 break
-            if http is not None:
-                parsed = self._parse(http)
             delay = self._retry_delay(attempts, http, parsed, error, request_dict)
             if delay is None:
                 break
@@ -241,11 +228,25 @@ class Sender:
             raise error
         self._events.emit(self._after_call_event, http_response=http, parsed=parsed, model=self._operation,
                           context=context)
-        assert parsed is not None
         if http.status_code >= 300:
             code = context.get("error_code_override") or parsed.get("Error", {}).get("Code")
             raise self._errors.from_code(code)(parsed, OPERATION)
         return parsed
+
+    def _attempt(self, request: Any) -> tuple[Any, dict[str, Any], Exception | None]:
+        """One HTTP exchange: (the response, its parsed body, None) or (None, {}, the transport error)."""
+        try:
+            http = self._session.send(request)
+        except Exception as exc:  # noqa: BLE001 - botocore's own transport errors: the retry policy decides
+            return None, {}, exc
+        if http.status_code == 200:
+            try:
+                loaded = json.loads(http.content)
+            except ValueError:
+                loaded = None
+            if isinstance(loaded, dict):
+                return http, loaded, None
+        return http, self._parse(http), None  # an error answer, or an odd 200: as botocore's parser reads it
 
     def _signed(self, body: bytes) -> Any:
         headers = {"X-Amz-Target": TARGET, "Content-Type": CONTENT_TYPE, "x-amzn-query-mode": "true",
