@@ -299,6 +299,30 @@ def test_a_zoned_fire_records_its_wall_time_offset_and_fold(db: Database, db_url
     assert schedule_row(db_url, sched["id"])["next_fire_at"] == datetime(2026, 11, 2, 6, 30, tzinfo=UTC)
 
 
+@pytest.mark.parametrize(("cron", "zone", "fire_at", "local", "following"), [
+    ("30 8 * * *", "Europe/Berlin", datetime(2026, 3, 3, 7, 30, tzinfo=UTC), datetime(2026, 3, 3, 8, 30),
+     datetime(2026, 3, 4, 7, 30, tzinfo=UTC)),
+    ("0 7 * * *", "Europe/Berlin", datetime(2026, 3, 3, 6, 0, tzinfo=UTC), datetime(2026, 3, 3, 7, 0),
+     datetime(2026, 3, 4, 6, 0, tzinfo=UTC)),
+], ids=["rule and zone", "zone only"])
+def test_a_rule_changed_between_ticks_fires_by_the_new_rule(db: Database, db_url: str, sqs_queue: SqsQueue, cron: str,
+                                                            zone: str, fire_at: datetime, local: datetime,
+                                                            following: datetime) -> None:
+    """Whatever the decisions remember between ticks (compiled expressions, checked rules, scans), a
+    schedule whose cron or zone changed since its last fire is decided by what its row says now."""
+    sched = factories.schedule(db_url, cron="0 7 * * *", timezone="UTC", next_fire_at=T)
+    tick(db, sqs_queue).run(now=T + timedelta(seconds=5))
+    assert schedule_row(db_url, sched["id"])["next_fire_at"] == T + timedelta(days=1)
+    with psycopg.connect(db_url) as conn:
+        conn.execute("UPDATE schedules SET cron = %s, timezone = %s, next_fire_at = %s, revision = revision + 1"
+                     " WHERE id = %s", (cron, zone, fire_at, sched["id"]))
+    tick(db, sqs_queue).run(now=fire_at + timedelta(seconds=5))
+    second = occurrences(db_url, sched["id"])[-1]
+    assert (second["fire_at"], second["local_time"], second["timezone"]) == (fire_at, local, zone)
+    assert second["utc_offset"] == timedelta(hours=1) and second["schedule_revision"] == 2
+    assert schedule_row(db_url, sched["id"])["next_fire_at"] == following
+
+
 def test_a_rule_that_no_longer_evaluates_pauses_the_schedule_with_a_note(db: Database, db_url: str,
                                                                          sqs_queue: SqsQueue) -> None:
     broken = factories.schedule(db_url, cron="*/5 * * * *", next_fire_at=T, timezone="Mars/Olympus_Mons")

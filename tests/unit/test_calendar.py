@@ -732,3 +732,41 @@ def test_min_spacing_is_fast_enough_for_an_api_call() -> None:
         start = time.perf_counter()
         min_spacing(rule, utc(2026, 1, 1))
         assert time.perf_counter() - start < 0.25, expr  # typically a few ms; generous for slow CI
+
+
+# --- the compile caches --------------------------------------------------------------------------------
+
+
+def test_a_field_checked_before_gives_the_fires_of_the_expression_it_is_in_now() -> None:
+    """Fields are checked once per (text, position) and shared between expressions: the same text in
+    another position is another field ('7' as an hour and as Sunday, '*/30' as minutes 0,30 and as
+    hour 0), and an expression differing in one field from one compiled before fires by its own."""
+    calendar._check_field.cache_clear()
+    after = utc(2026, 3, 2, 0, 0)  # a Monday
+
+    def first(expression: str, zone: str = "UTC") -> datetime:
+        fire = next_fire(cron(expression, zone), after)
+        assert fire is not None
+        return fire.fire_at
+
+    assert first("0 7 * * *") == utc(2026, 3, 2, 7, 0)
+    assert first("0 9 * * 7") == utc(2026, 3, 8, 9, 0)  # Sunday
+    assert first("*/30 1 * * *") == utc(2026, 3, 2, 1, 0)
+    assert first("0 */30 * * *") == utc(2026, 3, 3, 0, 0)
+    assert first("0 8 * * *") == utc(2026, 3, 2, 8, 0)
+    assert first("0 7 * * *", "Europe/Berlin") == utc(2026, 3, 2, 6, 0)
+    assert calendar._check_field.cache_info().hits > 0
+
+
+def test_a_bad_field_is_refused_every_time_it_is_met_with_the_same_problems() -> None:
+    """The field cache keeps a field's problems, not just its values: a bad field refuses every
+    expression it is in, each time, naming the same problem (and a good field beside it none)."""
+    calendar._check_field.cache_clear()
+    calendar._compile.cache_clear()
+    messages = []
+    for expression in ("61 7 * * *", "61 8 * * *", "61 7 * * *"):
+        with pytest.raises(ValidationFailed) as caught:
+            check_rule(cron(expression))
+        messages.append([(e.field, e.rule, e.message) for e in caught.value.fields])
+    assert messages[0] == messages[1] == messages[2] == [("cron", "cron_syntax", "minute 61 is out of range 0-59")]
+    assert calendar.cron_problems("59 7 * * *") == []
