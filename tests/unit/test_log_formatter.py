@@ -8,10 +8,7 @@ from __future__ import annotations
 
 import logging
 import sys
-import uuid
 from collections.abc import Iterator
-from datetime import UTC, datetime
-from decimal import Decimal
 from typing import Any
 
 import psycopg
@@ -19,27 +16,7 @@ import pytest
 from aws_lambda_powertools.logging.formatter import LambdaPowertoolsFormatter
 
 from kairos.observability import SERVICE, DatabaseErrorFilter, Formatter, _message_value, logger
-
-# The message kinds of tests/unit/test_log_message_value.py, and a dict-looking one with a key order.
-MESSAGES = ["run claimed", "", "   ", " {\"a\": 1}", "{\"a\": [1, 2]}", "[1, 2]", "\n[3]", "42", "-1.5", "true",
-            "false", "null", "NaN", "Infinity", "-Infinity", "{not json", "nope", "tomorrow", "\"quoted\"",
-            "\t\"tab quoted\"", "Idle", "12 runs", "{\"z\": 1, \"a\": {\"é\": \"☃\"}}"]
-LAMBDA_KEYS = {"cold_start": False, "function_name": "kairos-run", "function_memory_size": 512,
-               "function_arn": "arn:aws:lambda:us-east-1:123456789012:function:kairos-run",
-               "function_request_id": "c746766c-67f1-48ed-bbfb-9ff119bcc802"}
-THING = uuid.UUID("88fe0cc5-63f0-4bff-a98d-e8636327d0f8")
-EXTRAS: list[dict[str, Any]] = [
-    {},
-    {"action": "run_claimed", "run_id": str(THING), "fence": 1, "attempt": 2},
-    {"action": "x", "id": THING, "at": datetime(2026, 1, 2, 3, 4, 5, tzinfo=UTC), "amount": Decimal("1.50"),
-     "nested": {"a": [1, 2.5, None, True], "b": {"c": "é ☃"}}, "none": None, "flag": False, "zero": 0, "empty": ""},
-    {"stack_trace": "an extra key the stack-trace step overwrites", "xray_trace_id": "overwritten too"},
-    {"exception": "Traceback ...", "exception_name": "OperationalError"},  # as DatabaseErrorFilter leaves it
-    {"level": "an extra named like a format key", "service": "other", "location": "here"},
-    {"exception_notes": ["a note"], "sampling_rate": 0.5},
-]
-SECRET = "a-payload-" + "value"
-CREATED = [1767592801.5, 1767592801.0, 1767592801.9996, 1767592802.0004, 1767592802.25, 1767592801.5, 0.0]
+from tests.support.logs import CREATED, EXTRAS, LAMBDA_KEYS, MESSAGES, SECRET, THING
 
 
 def _pair(**options: Any) -> tuple[LambdaPowertoolsFormatter, Formatter]:
@@ -137,7 +114,14 @@ def test_the_logger_uses_the_formatter_with_powertools_keys_and_serializer() -> 
     # the shared logger, so a test that ran a handler before this one leaves them after Powertools' own.
     base = list(reference.log_format.items())
     assert list(formatter.log_format.items())[:len(base)] == base
-    assert formatter.json_serializer.keywords == reference.json_serializer.keywords  # type: ignore[attr-defined]
+    # Powertools' json.dumps options, in an encoder built once
+    options = reference.json_serializer.keywords  # type: ignore[attr-defined]
+    encoder = formatter.json_serializer.__self__  # type: ignore[attr-defined]
+    assert (encoder.default, encoder.indent, encoder.ensure_ascii, (encoder.item_separator, encoder.key_separator),
+            encoder.skipkeys, encoder.check_circular, encoder.allow_nan, encoder.sort_keys) == (
+        options["default"], options["indent"], options["ensure_ascii"], options["separators"], False, True, True, False)
+    for extra in EXTRAS:
+        assert formatter.json_serializer(extra) == reference.json_serializer(extra)
     assert formatter.json_deserializer is _message_value
     assert (formatter.utc, formatter.datefmt, formatter.use_rfc3339_iso8601, formatter.serialize_stacktrace) == (
         reference.utc, reference.datefmt, reference.use_rfc3339_iso8601, reference.serialize_stacktrace)

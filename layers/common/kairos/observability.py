@@ -1,7 +1,9 @@
 """Logger, Metrics and Tracer: one of each per process, shared by the handlers and the library.
 
 Logs are JSON with a stable ``action`` key and the ids involved; never a token, secret, prompt or
-completion. A logged exception whose chain holds a database (psycopg) error is written without that
+completion. They are Powertools' lines, written in less time: ``Formatter`` formats a record, and
+``StructuredLogger.info`` writes the common line (a plain message with its extra keys) without making a
+record at all; tests hold both to Powertools' own output byte for byte. A logged exception whose chain holds a database (psycopg) error is written without that
 error's text: PostgreSQL's message, DETAIL and CONTEXT quote the values a statement carried (a model's
 output, a payload), so such an error is logged as its class and SQLSTATE only (``DatabaseErrorFilter``,
 installed on ``logger``; every exception log of the worker, the SQS handler and the API goes through it).
@@ -19,10 +21,12 @@ import sys
 import time
 import traceback
 from collections import defaultdict
-from collections.abc import Callable
-from typing import Any, TypeVar
+from collections.abc import Callable, Mapping
+from types import FrameType
+from typing import Any, TypeVar, cast
 
 from aws_lambda_powertools import Logger, Metrics, Tracer
+from aws_lambda_powertools.logging.filters import SuppressFilter
 from aws_lambda_powertools.logging.formatter import RESERVED_LOG_ATTRS, LambdaPowertoolsFormatter, _get_context
 from aws_lambda_powertools.metrics import MetricUnit
 from aws_lambda_powertools.metrics.functions import is_metrics_disabled
@@ -50,6 +54,8 @@ def _message_value(message: Any) -> Any:
 _RESERVED = frozenset(RESERVED_LOG_ATTRS)
 _DECODE_FAILED = (json.decoder.JSONDecodeError, TypeError, ValueError)
 _DEFAULT_TIME_FORMAT = "%Y-%m-%d %H:%M:%S,%F%z"
+# Powertools' default templates of its reserved keys (``level``, ``location``, ``timestamp``).
+_LEVEL_TEMPLATE, _LOCATION_TEMPLATE, _TIME_TEMPLATE = "%(levelname)s", "%(funcName)s:%(lineno)d", "%(asctime)s"
 
 
 class Formatter(LambdaPowertoolsFormatter):
@@ -62,6 +68,14 @@ class Formatter(LambdaPowertoolsFormatter):
     step strips."""
 
     _second: tuple[int, str, str] | None = None
+
+    def __init__(self, *args: Any, **kwargs: Any) -> None:
+        super().__init__(*args, **kwargs)
+        if kwargs.get("json_serializer") is None and not args:
+            # Powertools' default serializer is ``json.dumps`` with these options, which builds an encoder
+            # for every line; one built once writes the same text.
+            self.json_serializer = json.JSONEncoder(default=self.json_default, separators=(",", ":"),
+                                                    indent=self.json_indent, ensure_ascii=False).encode
 
     def format(self, record: logging.LogRecord) -> str:
         message = record.msg
@@ -93,18 +107,176 @@ class Formatter(LambdaPowertoolsFormatter):
     def formatTime(self, record: logging.LogRecord, datefmt: str | None = None) -> str:
         """Powertools' default timestamp (``2021-05-03 10:20:19,650+0200``), its date, time and zone
         formatted once per second; any other format is Powertools' own."""
-        if self.use_rfc3339_iso8601 or datefmt is not None or self.datefmt is not None \
-                or self.default_time_format != _DEFAULT_TIME_FORMAT:
+        if datefmt is not None or not self._default_time():
             return super().formatTime(record, datefmt)
-        second = int(record.created)
+        return self._asctime(record.created, record.msecs)
+
+    def _default_time(self) -> bool:
+        return not (self.use_rfc3339_iso8601 or self.datefmt is not None
+                    or self.default_time_format != _DEFAULT_TIME_FORMAT)
+
+    def _asctime(self, created: float, msecs: float) -> str:
+        second = int(created)
         kept = self._second
         if kept is None or kept[0] != second:
-            when = self.converter(record.created)
+            when = self.converter(created)
             kept = self._second = (second, time.strftime("%Y-%m-%d %H:%M:%S,", when), time.strftime("%z", when))
-        return f"{kept[1]}{'%03d' % record.msecs}{kept[2]}"  # noqa: UP031 - Powertools' own formatting
+        return f"{kept[1]}{'%03d' % msecs}{kept[2]}"  # noqa: UP031 - Powertools' own formatting
+
+    def line(self, levelname: str, func: str, lineno: int, created: float, msecs: float, message: str,
+             extra: Mapping[str, Any] | None) -> str | None:
+        """The line ``format`` writes for a record of a plain ``str`` message without arguments or
+        exception information, made of these values and ``extra`` (keys a ``LogRecord`` does not have):
+        ``StructuredLogger`` writes it without making the record. None when the formatter's keys hold
+        templates other than Powertools' defaults, or its time format is not the default: the record's way."""
+        if not self._default_time():
+            return None
+        asctime = self._asctime(created, msecs)
+        log: dict[str, Any] = {}
+        for keys in (self.log_format, _get_context().get()):
+            for key, value in keys.items():
+                if value and key in _RESERVED:
+                    if value == _LEVEL_TEMPLATE:
+                        log[key] = levelname
+                    elif value == _LOCATION_TEMPLATE:
+                        log[key] = f"{func}:{lineno}"
+                    elif value == _TIME_TEMPLATE:
+                        log[key] = asctime
+                    else:
+                        return None
+                else:
+                    log[key] = value
+        if extra:
+            for key, value in extra.items():
+                if key not in _RESERVED:
+                    log[key] = value
+        try:
+            log["message"] = self.json_deserializer(message)
+        except _DECODE_FAILED:
+            log["message"] = message
+        if self.serialize_stacktrace:
+            log["stack_trace"] = None
+        log["xray_trace_id"] = self._get_latest_trace_id()
+        return self.serialize(log={k: v for k, v in log.items() if v is not None})
 
 
-logger = Logger(service=SERVICE, logger_formatter=Formatter(json_deserializer=_message_value))
+# A record's own attributes and the two a formatter adds: an ``extra`` key among them makes the standard
+# library raise (``makeRecord``), so such a call goes its way. The short way needs every attribute a
+# record carries to be a key Powertools leaves out of the line (true of Python 3.11's records).
+_RECORD_KEYS = frozenset(vars(logging.LogRecord("", 0, "", 0, "", (), None))) | {"message", "asctime"}
+_SHORT_WAY = _RECORD_KEYS - {"message"} <= _RESERVED
+
+
+def _suppresses(handler: logging.Handler, name: str) -> bool:
+    """Whether ``handler``'s first filter is the Powertools ``SuppressFilter`` that drops the records of
+    the logger ``name`` (Powertools puts one on each root handler; Lambda's runtime has one)."""
+    filters = handler.filters
+    return bool(filters) and type(filters[0]) is SuppressFilter and filters[0].logger in name
+
+
+class StructuredLogger(Logger):
+    """Powertools' ``Logger``, whose ``info`` writes the same line without the standard library's record
+    (``tests/unit/test_structured_logger.py`` holds the two side by side): for a plain ``str`` message
+    without arguments, exception or stack information, when the line has one place to go — the
+    logger's own ``StreamHandler`` with ``Formatter`` and no filters, the logger's filters only
+    ``DatabaseErrorFilter`` (which changes only records with exception information), every handler
+    the record would propagate to dropping it at its first filter (``SuppressFilter``) or below its
+    level — the caller's function and line are found as the library finds them, the timestamp taken
+    as a ``LogRecord`` takes it, and ``Formatter.line`` writes the line under the handler's lock. Every
+    other call (and any of these whose line cannot be made: a value JSON cannot write) is Powertools'
+    own. The record and its handling were some 60 % of a line's CPU, and the run path writes two lines
+    a run."""
+
+    def info(self, msg: object, *args: object, exc_info: Any = None, stack_info: bool = False,
+             stacklevel: int = 2, extra: Mapping[str, object] | None = None, **kwargs: object) -> None:
+        if kwargs:
+            extra = {**(extra or {}), **kwargs}  # as Powertools merges them
+        if not args and exc_info is None and not stack_info and stacklevel >= 2 and type(msg) is str \
+                and self._write(logging.INFO, msg, extra, stacklevel):
+            return
+        super().info(msg, *args, exc_info=exc_info, stack_info=stack_info, stacklevel=stacklevel + 1, extra=extra)
+
+    def _write(self, levelno: int, msg: str, extra: Mapping[str, object] | None, stacklevel: int) -> bool:
+        """Writes the line the library would for this call and answers True, or answers False at once
+        (nothing done) when the call is not one the short way writes identically."""
+        base = self._logger
+        if self._buffer_config or not _SHORT_WAY:
+            return False
+        if not base.isEnabledFor(levelno):
+            return True  # what the library does: nothing
+        handler = self._only_handler(levelno, extra)
+        if handler is None:
+            return False
+        formatter = cast(Formatter, handler.formatter)
+        frame = _caller(sys._getframe(1), stacklevel)
+        func, lineno = frame.f_code.co_name, frame.f_lineno
+        created = time.time()  # as LogRecord takes it
+        try:
+            line = formatter.line(logging.getLevelName(levelno), func, lineno, created,
+                                  int((created - int(created)) * 1000) + 0.0, msg, extra)
+        except Exception:  # noqa: BLE001 - the library's way writes its error (handleError)
+            return False
+        if line is None:
+            return False
+        handler.acquire()
+        try:
+            handler.stream.write(line + handler.terminator)
+            handler.flush()
+        except RecursionError:
+            raise
+        except Exception:  # noqa: BLE001 - as StreamHandler.emit reports a failed write
+            handler.handleError(base.makeRecord(base.name, levelno, frame.f_code.co_filename, lineno, msg, (),
+                                                None, func, extra, None))
+        finally:
+            handler.release()
+        return True
+
+    def _only_handler(self, levelno: int, extra: Mapping[str, object] | None) -> logging.StreamHandler[Any] | None:
+        """The logger's one ``StreamHandler`` with ``Formatter`` when a record of this call would go
+        nowhere else and meet no filter but ``DatabaseErrorFilter`` (a no-op without exception
+        information); None otherwise."""
+        base = self._logger
+        if type(base) is not logging.Logger or not logging._srcfile \
+                or logging.getLogRecordFactory() is not logging.LogRecord:
+            return None
+        handlers = base.handlers
+        if len(handlers) != 1:
+            return None
+        handler = handlers[0]
+        if type(handler) is not logging.StreamHandler or handler.filters or levelno < handler.level \
+                or type(handler.formatter) is not Formatter:
+            return None
+        for item in base.filters:
+            if type(item) is not DatabaseErrorFilter:
+                return None
+        if extra and not _RECORD_KEYS.isdisjoint(extra):
+            return None  # the library raises
+        above: logging.Logger | None = base
+        while above is not None and above.propagate:
+            above = above.parent
+            if above is not None:
+                for other in above.handlers:
+                    if levelno >= other.level and not _suppresses(other, base.name):
+                        return None
+        return handler
+
+
+def _caller(frame: FrameType, stacklevel: int) -> FrameType:
+    """The caller's frame as ``Logger.findCaller`` finds it, from the frame of ``StructuredLogger.info``
+    (which stands where Powertools' ``info`` stands: the first frame not of the logging module):
+    ``stacklevel - 1`` frames not of the logging module above it, or the outermost."""
+    level = stacklevel - 1
+    while level > 0:
+        above = frame.f_back
+        if above is None:
+            break
+        frame = above
+        if not logging._is_internal_frame(frame):  # type: ignore[attr-defined]
+            level -= 1
+    return frame
+
+
+logger = StructuredLogger(service=SERVICE, logger_formatter=Formatter(json_deserializer=_message_value))
 
 
 def database_error(error: BaseException) -> bool:
