@@ -3,10 +3,11 @@
 Logs are JSON with a stable ``action`` key and the ids involved; never a token, secret, prompt or
 completion. They are Powertools' lines, written in less time: ``Formatter`` formats a record, and
 ``StructuredLogger.info`` writes the common line (a plain message with its extra keys) without making a
-record at all; tests hold both to Powertools' own output byte for byte. A logged exception whose chain holds a database (psycopg) error is written without that
-error's text: PostgreSQL's message, DETAIL and CONTEXT quote the values a statement carried (a model's
-output, a payload), so such an error is logged as its class and SQLSTATE only (``DatabaseErrorFilter``,
-installed on ``logger``; every exception log of the worker, the SQS handler and the API goes through it).
+record at all; tests hold both to Powertools' own output byte for byte. A logged exception whose chain
+holds a database (psycopg) error is written without that error's text: PostgreSQL's message, DETAIL and
+CONTEXT quote the values a statement carried (a model's output, a payload), so such an error is logged
+as its class and SQLSTATE only (``DatabaseErrorFilter``, installed on ``logger``; every exception log of
+the worker, the SQS handler and the API goes through it).
 Metrics are CloudWatch EMF in the ``Kairos`` namespace; ``METRIC_NAMES`` lists every
 name the code emits (the template's alarms and docs/operations.md's table refer to these;
 ``tests/unit/test_metric_names.py`` scans the code for emitted names and holds the three together).
