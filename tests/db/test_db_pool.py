@@ -115,3 +115,89 @@ def test_a_database_out_of_reach_is_told_from_a_fault_of_the_request() -> None:
     for error in (psycopg.errors.QueryCanceled(), psycopg.errors.UniqueViolation(), psycopg.errors.DeadlockDetected(),
                   psycopg.errors.LockNotAvailable(), ValueError("no")):
         assert not db.unavailable(error) and not db.lost(error), error
+
+
+def _settings(conn: psycopg.Connection) -> tuple[bool, object, object]:
+    return conn.autocommit, conn.pgconn.transaction_status, conn.info.transaction_status
+
+
+def test_the_autocommit_switch_is_psycopgs_setter(db_url: str) -> None:
+    """``db._set_autocommit`` leaves a connection as psycopg's own setter leaves it: the value stored when
+    nothing is open; a transaction open, a pipeline or a closed connection get psycopg's own answer."""
+    outcomes = []
+    for switch in (db._set_autocommit, lambda conn, value: setattr(conn, "autocommit", value)):
+        seen: list[object] = []
+        with psycopg.connect(db_url) as conn:
+            for value in (True, True, False, False, True):
+                switch(conn, value)
+                seen.append(_settings(conn))
+            switch(conn, False)
+            conn.execute("SELECT 1")  # a transaction is open now: the setting is refused
+            try:
+                switch(conn, True)
+            except psycopg.ProgrammingError as error:
+                seen.append(str(error))
+            seen.append(_settings(conn))
+            conn.rollback()
+            with conn.pipeline():
+                conn.execute("SELECT 1")
+                conn.commit()
+                switch(conn, True)  # psycopg syncs the pipeline first
+                seen.append(_settings(conn))
+                conn.execute("SELECT 2")
+            seen.append(_settings(conn))
+        try:
+            switch(conn, False)
+        except psycopg.Error as error:
+            seen.append((type(error), str(error)))
+        seen.append(conn.autocommit)
+        outcomes.append(seen)
+    assert outcomes[0] == outcomes[1]
+    assert "can't change 'autocommit' now" in str(outcomes[0])
+
+
+def test_a_checkout_is_psycopg_pools_connection_with_its_steps(db_url: str) -> None:
+    """``Database``'s checkout (psycopg_pool's ``connection()`` spelled out) commits on exit, rolls back on
+    error, gives the connection back and counts it as the pool does; a connection that broke in use is
+    discarded and its idle siblings drained."""
+    database = Database(db_url, max_size=2)
+    try:
+        with psycopg.connect(db_url, autocommit=True) as admin:
+            admin.execute("CREATE TABLE IF NOT EXISTS checkout_probe (n int)")
+            admin.execute("TRUNCATE checkout_probe")
+        with database.transaction() as conn:
+            conn.execute("INSERT INTO checkout_probe VALUES (1)")
+        try:
+            with database.transaction() as conn:
+                conn.execute("INSERT INTO checkout_probe VALUES (2)")
+                raise LookupError("rolled back")
+        except LookupError:
+            pass
+        with database.connection() as conn:
+            assert conn.autocommit
+            assert [r["n"] for r in conn.execute("SELECT n FROM checkout_probe").fetchall()] == [1]
+        with database.explicit() as conn:
+            db.begin(conn)
+            conn.execute("INSERT INTO checkout_probe VALUES (3)")
+            db.commit(conn)
+        stats = database._pool.get_stats()
+        assert stats["requests_num"] == 4 and "usage_ms" in stats
+        assert database._pool.get_stats()["pool_available"] == 1  # each came back
+        with database.transaction() as conn:
+            assert not conn.autocommit  # handed out as the pool keeps it
+            assert [r["n"] for r in conn.execute("SELECT n FROM checkout_probe ORDER BY n").fetchall()] == [1, 3]
+            pid = conn.info.backend_pid
+        drained = []
+        database._pool.drain = lambda: drained.append(True)  # type: ignore[method-assign]
+        try:
+            with database.transaction() as conn:
+                with psycopg.connect(db_url, autocommit=True) as admin:
+                    admin.execute("SELECT pg_terminate_backend(%s)", (pid,))
+                conn.execute("SELECT 1")
+        except psycopg.OperationalError:
+            pass
+        assert drained == [True]
+        with database.transaction() as conn:  # psycopg_pool discarded the broken one when it came back
+            assert conn.info.backend_pid != pid and conn.execute("SELECT 1 AS one").fetchone() == {"one": 1}
+    finally:
+        database.close()
