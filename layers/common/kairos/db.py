@@ -362,11 +362,9 @@ class Database:
 
 
 def _set_autocommit(conn: psycopg.Connection[Any], value: bool) -> None:
-    """``conn.autocommit = value``. With nothing open on the connection and no pipeline, psycopg's setter
-    only stores the value, under the connection's lock, through a property, two methods and a generator
-    driven by its wait loop (some 2 % of a run's client CPU for its six switches): that is done here
-    directly. Anything else (a transaction open, a pipeline, a closed connection) is psycopg's own,
-    which syncs or refuses."""
+    """``conn.autocommit = value``. With nothing open and no pipeline, psycopg's setter only stores the value
+    under the connection's lock (through a property, two methods and a generator: some 2 % of a run's
+    client CPU for its six switches), as is done here; anything else is psycopg's own (sync or refusal)."""
     with conn.lock:
         if conn.pgconn.transaction_status == _IDLE and not conn._pipeline:
             conn._autocommit = value
