@@ -22,7 +22,7 @@ from typing import Any
 import botocore.session
 import pytest
 from botocore.auth import SigV4Auth
-from botocore.awsrequest import AWSRequest
+from botocore.awsrequest import AWSRequest, AWSResponse
 from botocore.config import Config
 from botocore.credentials import CredentialProvider, Credentials, RefreshableCredentials
 from botocore.exceptions import ClientError, EndpointConnectionError
@@ -291,6 +291,52 @@ def test_a_dead_endpoint_raises_the_transport_error_after_the_same_retries(waits
 
 
 # --- credentials, signature, endpoint ----------------------------------------------------------------
+
+
+class _Raw:
+    def __init__(self, data: bytes) -> None:
+        self.data = data
+
+    def stream(self, **_: Any) -> Iterator[bytes]:
+        yield self.data
+
+
+@pytest.mark.parametrize("endpoint", ["https://sqs.eu-west-1.amazonaws.com", "http://127.0.0.1:9324",
+                                      "https://sqs.example.com:8443/prefix"])
+@pytest.mark.parametrize("token", [None, "a  session token"])
+def test_the_request_is_the_one_botocore_builds(endpoint: str, token: str | None) -> None:
+    """Body, URL and signature of the lean request equal botocore's own for the same call at the same
+    instant (botocore's request captured before it is sent)."""
+    keys = {"aws_access_key_id": "AKIDSIGN", "aws_secret_access_key": "sign-secret", "aws_session_token": token}
+    session = botocore.session.get_session()
+    config = Config(retries={"mode": "standard", "total_max_attempts": 1})
+    reference = session.create_client("sqs", region_name="eu-west-1", endpoint_url=endpoint, config=config, **keys)
+    captured: list[Any] = []
+
+    def capture(request: Any, **_: Any) -> Any:
+        captured.append(request)
+        return AWSResponse(request.url, 200, {}, _Raw(b'{"Successful": [], "Failed": []}'))
+
+    reference.meta.events.register("before-send.sqs.SendMessageBatch", capture)
+    batch = entries([uuid.uuid4() for _ in range(3)])
+    batch[0]["DelaySeconds"] = 30
+    reference.send_message_batch(QueueUrl=f"{endpoint}/123456789012/runs", Entries=batch)
+    theirs = captured[0]
+    theirs_headers = {k.lower(): v.decode() if isinstance(v, bytes) else str(v) for k, v in theirs.headers.items()}
+
+    sender = lean(session.create_client("sqs", region_name="eu-west-1", endpoint_url=endpoint, config=config, **keys))
+    body = json.dumps({"QueueUrl": f"{endpoint}/123456789012/runs", "Entries": batch}).encode()
+    ours = {k.lower(): v for k, v in sender.headers(body, Credentials("AKIDSIGN", "sign-secret", token),
+                                                     theirs_headers["x-amz-date"]).items()}
+    prepared = sender._signed(body)
+
+    assert body == theirs.body
+    assert prepared.url == theirs.url and prepared.method == theirs.method == "POST"
+    assert ours["authorization"] == theirs_headers["authorization"]
+    informational = {"user-agent", "amz-sdk-invocation-id", "amz-sdk-request"}
+    assert {k: v for k, v in ours.items() if k not in informational} == {
+        k: v for k, v in theirs_headers.items() if k not in informational}
+
 
 
 def signature_check(keys: Callable[[str], tuple[str, str | None]]) -> Callable[[BaseHTTPRequestHandler, bytes], None]:
