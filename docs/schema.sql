@@ -160,6 +160,16 @@ BEGIN
 END;
 $$;
 
+CREATE FUNCTION public.kairos_refuse_parent_delete() RETURNS trigger
+    LANGUAGE plpgsql
+    AS $$
+BEGIN
+    RAISE EXCEPTION '% rows are never deleted: the trace, effects and entries that name them have no foreign key',
+        TG_TABLE_NAME
+        USING ERRCODE = 'restrict_violation';
+END;
+$$;
+
 CREATE FUNCTION public.kairos_refuse_revision_change() RETURNS trigger
     LANGUAGE plpgsql
     AS $$
@@ -193,6 +203,11 @@ BEGIN
     IF NEW.data IS NULL THEN
         RAISE EXCEPTION 'null value in column "data" of relation "run_events" violates not-null constraint'
             USING ERRCODE = 'not_null_violation';
+    END IF;
+    IF NOT EXISTS (SELECT 1 FROM runs r WHERE r.id = NEW.run_id) THEN
+        RAISE EXCEPTION 'insert or update on table "run_events" violates foreign key constraint "run_events_run_id_fkey"'
+            USING ERRCODE = 'foreign_key_violation',
+                  DETAIL = format('Key (run_id)=(%s) is not present in table "runs".', NEW.run_id);
     END IF;
     IF EXISTS (SELECT 1 FROM run_event_batches b
                 WHERE b.run_id = NEW.run_id AND b.last_seq >= NEW.seq
@@ -231,28 +246,32 @@ END;
 $$;
 
 CREATE FUNCTION public.kairos_run_usage(run uuid) RETURNS jsonb
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    SELECT jsonb_object_agg(s.key, s.total)
-      FROM (SELECT u.key, sum((u.value #>> '{}')::numeric) AS total
-              FROM effects e CROSS JOIN LATERAL jsonb_each(e.usage) AS u(key, value)
-             WHERE e.run_id = run AND e.state = 'settled' AND jsonb_typeof(e.usage) = 'object'
-               AND jsonb_typeof(u.value) = 'number'
-             GROUP BY u.key) AS s
+BEGIN
+    RETURN (SELECT jsonb_object_agg(s.key, s.total)
+              FROM (SELECT u.key, sum((u.value #>> '{}')::numeric) AS total
+                      FROM effects e CROSS JOIN LATERAL jsonb_each(e.usage) AS u(key, value)
+                     WHERE e.run_id = run AND e.state = 'settled' AND jsonb_typeof(e.usage) = 'object'
+                       AND jsonb_typeof(u.value) = 'number'
+                     GROUP BY u.key) AS s);
+END;
 $$;
 
 CREATE FUNCTION public.kairos_run_usage_with(run uuid, settling uuid, settling_usage jsonb) RETURNS jsonb
-    LANGUAGE sql STABLE
+    LANGUAGE plpgsql STABLE
     AS $$
-    SELECT jsonb_object_agg(s.key, s.total)
-      FROM (SELECT u.key, sum((u.value #>> '{}')::numeric) AS total
-              FROM (SELECT e.usage FROM effects e
-                     WHERE e.run_id = run AND e.state = 'settled' AND e.id <> settling
-                    UNION ALL
-                    SELECT settling_usage) AS x (usage)
-             CROSS JOIN LATERAL jsonb_each(x.usage) AS u(key, value)
-             WHERE jsonb_typeof(x.usage) = 'object' AND jsonb_typeof(u.value) = 'number'
-             GROUP BY u.key) AS s
+BEGIN
+    RETURN (SELECT jsonb_object_agg(s.key, s.total)
+              FROM (SELECT u.key, sum((u.value #>> '{}')::numeric) AS total
+                      FROM (SELECT e.usage FROM effects e
+                             WHERE e.run_id = run AND e.state = 'settled' AND e.id <> settling
+                            UNION ALL
+                            SELECT settling_usage) AS x (usage)
+                     CROSS JOIN LATERAL jsonb_each(x.usage) AS u(key, value)
+                     WHERE jsonb_typeof(x.usage) = 'object' AND jsonb_typeof(u.value) = 'number'
+                     GROUP BY u.key) AS s);
+END;
 $$;
 
 CREATE FUNCTION public.kairos_runs_give_up_slot() RETURNS trigger
@@ -995,8 +1014,6 @@ CREATE INDEX conversations_owner_idx ON public.conversations USING btree (owner,
 
 CREATE INDEX conversations_parent_idx ON public.conversations USING btree (parent_id) WHERE (parent_id IS NOT NULL);
 
-CREATE INDEX effects_run_idx ON public.effects USING btree (run_id);
-
 CREATE INDEX idempotency_receipts_expires_idx ON public.idempotency_receipts USING btree (expires_at);
 
 CREATE INDEX inbox_notes_conversation_idx ON public.inbox_notes USING btree (conversation_id, box, id DESC);
@@ -1069,6 +1086,10 @@ CREATE TRIGGER conversation_entries_no_delete BEFORE DELETE ON public.conversati
 
 CREATE TRIGGER conversation_entries_no_truncate BEFORE TRUNCATE ON public.conversation_entries FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
 
+CREATE TRIGGER conversations_no_delete BEFORE DELETE ON public.conversations FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_parent_delete();
+
+CREATE TRIGGER conversations_no_truncate BEFORE TRUNCATE ON public.conversations FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_parent_delete();
+
 CREATE CONSTRAINT TRIGGER effects_settle_usage AFTER UPDATE OF state ON public.effects DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((old.state = 'reserved'::text) AND (new.state <> 'reserved'::text))) EXECUTE FUNCTION public.kairos_settle_usage();
 
 CREATE TRIGGER occurrences_immutable BEFORE UPDATE ON public.occurrences FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
@@ -1095,6 +1116,10 @@ CREATE TRIGGER run_steps_no_delete BEFORE DELETE ON public.run_steps FOR EACH ST
 
 CREATE TRIGGER runs_give_up_slot BEFORE UPDATE ON public.runs FOR EACH ROW WHEN (((new.admitted_at IS NOT NULL) AND ((new.state <> ALL (ARRAY['queued'::text, 'running'::text])) OR (new.paused_at IS NOT NULL)))) EXECUTE FUNCTION public.kairos_runs_give_up_slot();
 
+CREATE TRIGGER runs_no_delete BEFORE DELETE ON public.runs FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_parent_delete();
+
+CREATE TRIGGER runs_no_truncate BEFORE TRUNCATE ON public.runs FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_parent_delete();
+
 CREATE TRIGGER runs_release_slot AFTER UPDATE ON public.runs FOR EACH ROW WHEN ((((old.state = 'running'::text) OR (old.admitted_at IS NOT NULL)) AND (NOT ((new.state = 'running'::text) OR (new.admitted_at IS NOT NULL))))) EXECUTE FUNCTION public.kairos_runs_release_slot();
 
 CREATE TRIGGER schedule_revisions_immutable BEFORE UPDATE ON public.schedule_revisions FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_revision_change();
@@ -1105,12 +1130,6 @@ CREATE TRIGGER schedules_record_revision_update AFTER UPDATE OF revision ON publ
 
 ALTER TABLE ONLY public.approvals
     ADD CONSTRAINT approvals_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
-
-ALTER TABLE ONLY public.conversation_entries
-    ADD CONSTRAINT conversation_entries_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(id);
-
-ALTER TABLE ONLY public.conversations
-    ADD CONSTRAINT conversations_parent_id_fkey FOREIGN KEY (parent_id) REFERENCES public.conversations(id);
 
 ALTER TABLE ONLY public.corpus_exports
     ADD CONSTRAINT corpus_exports_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.corpus_runs(run_id);
@@ -1129,9 +1148,6 @@ ALTER TABLE ONLY public.corpus_records
 
 ALTER TABLE ONLY public.corpus_runs
     ADD CONSTRAINT corpus_runs_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
-
-ALTER TABLE ONLY public.effects
-    ADD CONSTRAINT effects_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
 
 ALTER TABLE ONLY public.inbox_notes
     ADD CONSTRAINT inbox_notes_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(id);
@@ -1154,17 +1170,11 @@ ALTER TABLE ONLY public.notify_deliveries
 ALTER TABLE ONLY public.occurrences
     ADD CONSTRAINT occurrences_schedule_id_fkey FOREIGN KEY (schedule_id) REFERENCES public.schedules(id);
 
-ALTER TABLE ONLY public.run_event_batches
-    ADD CONSTRAINT run_event_batches_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
-
 ALTER TABLE ONLY public.run_steps
     ADD CONSTRAINT run_steps_run_id_fkey FOREIGN KEY (run_id) REFERENCES public.runs(id);
 
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_blocked_by_run_id_fkey FOREIGN KEY (blocked_by_run_id) REFERENCES public.runs(id);
-
-ALTER TABLE ONLY public.runs
-    ADD CONSTRAINT runs_conversation_id_fkey FOREIGN KEY (conversation_id) REFERENCES public.conversations(id);
 
 ALTER TABLE ONLY public.runs
     ADD CONSTRAINT runs_occurrence_id_fkey FOREIGN KEY (occurrence_id) REFERENCES public.occurrences(id);

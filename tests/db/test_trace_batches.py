@@ -102,3 +102,30 @@ def test_direct_inserts_keep_seq_unique_and_the_pruner_deletes_one_event_of_a_ba
     assert deleted == 1
     assert [e[:2] for e in _events(db_url, run["id"])] == [(2, "step.started"), (3, "run.queued")]
     assert _batches(db_url, run["id"]) == [(2, ["step.started"]), (3, ["run.queued"])]
+
+
+@pytest.mark.parametrize("statement", ["DELETE FROM runs WHERE id = %(run)s",
+                                       "DELETE FROM runs WHERE false",
+                                       "TRUNCATE runs CASCADE",
+                                       "DELETE FROM conversations WHERE id = %(conversation)s",
+                                       "TRUNCATE conversations CASCADE"])
+def test_runs_and_conversations_are_never_deleted(db: Database, db_url: str, statement: str) -> None:
+    # The trace batches, effects and entries that name a run or a conversation carry no foreign key
+    # (migration 0040: the inserting statements select their parent themselves): their parents refuse
+    # to go instead.
+    conversation = factories.conversation(db_url, entries=[("user", "hello")])
+    run = factories.run(db_url, schedule_row=factories.schedule(db_url, conversation_id=conversation["id"]))
+    with db.transaction() as conn:
+        assert moves.claim(conn, run["id"]) is not None
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.RestrictViolation, match="never deleted"):
+            conn.execute(statement, {"run": run["id"], "conversation": conversation["id"]})  # type: ignore[arg-type]
+        assert conn.execute("SELECT count(*) FROM runs WHERE id = %s", (run["id"],)).fetchone() == (1,)
+    assert len(_events(db_url, run["id"])) == 2
+
+
+def test_an_event_inserted_through_the_view_for_an_unknown_run_is_refused(db_url: str) -> None:
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        with pytest.raises(psycopg.errors.ForeignKeyViolation, match="run_events_run_id_fkey"):
+            conn.execute("""INSERT INTO run_events (run_id, seq, type, at, attempt, fence, data)
+                            VALUES (gen_random_uuid(), 1, 'run.queued', now(), 0, 0, '{}')""")
