@@ -42,7 +42,7 @@ def _instant(fire_at: datetime) -> str:
     utc = fire_at.astimezone(UTC)
     if utc.year < 1000:  # strftime's %Y does not pad: keep its form exactly
         return utc.strftime("%Y-%m-%dT%H:%M:%S.%fZ")
-    return utc.replace(tzinfo=None).isoformat(timespec="microseconds") + "Z"
+    return utc.isoformat(timespec="microseconds")[:-6] + "Z"  # without its "+00:00" (cheaper than a replace)
 
 
 def occurrence_id(schedule_id: uuid.UUID, source: Source | str, *, fire_at: datetime | None = None,

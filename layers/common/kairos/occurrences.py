@@ -31,7 +31,7 @@ import psycopg
 
 from kairos import budgets, db, limits, pages, runtime
 from kairos.errors import NotFound, QueueFull
-from kairos.instants import offset_text, rfc3339
+from kairos.instants import iso_text, offset_text, rfc3339
 from kairos.states import Decision, Source
 
 if TYPE_CHECKING:
@@ -68,13 +68,14 @@ def planned(
 
     Only what is set is in it: ``occurrences_insert`` reads the batch with ``jsonb_to_record``, where a
     missing key is NULL as a null one is, and a tick's fire leaves about half the fields unset (the
-    document is encoded and parsed once a fire, on the tick's hot path). ``dispatch_at`` is a jittered
-    fire's dispatch instant; without it the occurrence is recorded as dispatched at ``fire_at``."""
+    document is encoded and parsed once a fire, on the tick's hot path; its instants via ``iso_text``).
+    ``dispatch_at`` is a jittered fire's dispatch instant; without it (or equal to ``fire_at``) the
+    occurrence is recorded as dispatched at ``fire_at``."""
     row: dict[str, Any] = {
         "occurrence_id": str(occurrence_id),
         "source": source.value,
-        "fire_at": fire.fire_at.isoformat(),
-        "local_time": fire.local_time.isoformat(),
+        "fire_at": iso_text(fire.fire_at),
+        "local_time": iso_text(fire.local_time),
         "utc_offset_seconds": int(fire.utc_offset.total_seconds()),
         "fold": fire.fold,
         "timezone": fire.timezone,
@@ -89,12 +90,11 @@ def planned(
         if value is not None:
             row[key] = str(value)
     for key, instant in (("covers_from", covers_from), ("covers_until", covers_until), ("dispatch_at", dispatch_at)):
-        if instant is not None:
-            row[key] = instant.isoformat()
+        if instant is not None and (key != "dispatch_at" or instant != fire.fire_at):
+            row[key] = iso_text(instant)
     if chat is not None:
         row.update(conversation_id=str(chat[0]), prompt=chat[1], mode="append")
-    # corpus: a chat turn's checked corpus (a schedule's comes from its revision)
-    extras: tuple[tuple[str, Any], ...] = (
+    extras: tuple[tuple[str, Any], ...] = (  # corpus: a chat turn's (a schedule's comes from its revision)
         ("idempotency_key", idempotency_key), ("payload", payload), ("corpus", corpus))
     row.update((key, extra) for key, extra in extras if extra is not None)
     if concurrency is not None:  # a webhook run's concurrency key and its limit (kairos.budgets)

@@ -89,6 +89,7 @@ import psycopg
 
 from kairos import db, handoff, occurrences, overlap
 from kairos.errors import KairosError
+from kairos.instants import iso_text
 from kairos.observability import logger
 from kairos.probes import NO_PROBES, Probes
 from kairos.states import Decision, Source, parse
@@ -203,7 +204,7 @@ class Fire:
         if not plans:
             return set()
         moves = [
-            {"id": str(p.schedule_id), "read_next_fire_at": p.read_next_fire_at.isoformat(),
+            {"id": str(p.schedule_id), "read_next_fire_at": iso_text(p.read_next_fire_at),
              "next_fire_at": _iso(p.next_fire_at), "last_fire_at": _iso(p.last_fire_at),
              "runs_created": p.runs_created, "completed": p.completed}
             for p in plans
@@ -302,4 +303,4 @@ class Fire:
 
 
 def _iso(value: datetime | None) -> str | None:
-    return None if value is None else value.isoformat()
+    return None if value is None else iso_text(value)

@@ -1,0 +1,21 @@
+"""``kairos.instants.iso_text``: the remembered ``isoformat`` the tick's statement parameters go through."""
+
+from __future__ import annotations
+
+from datetime import UTC, datetime, timedelta, timezone
+
+from kairos.instants import iso_text
+
+
+def test_a_remembered_text_is_the_text_of_an_equal_value() -> None:
+    """A wall time (naive) never takes an instant's text, nor one wall time another's; an instant given
+    in another offset may take the first one's text, which names the same instant."""
+    iso_text.cache_clear()
+    instant = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
+    assert iso_text(instant) == "2026-03-02T07:00:00+00:00"
+    assert iso_text(datetime(2026, 3, 2, 7, 0)) == "2026-03-02T07:00:00"
+    assert iso_text(datetime(2026, 3, 2, 7, 1)) == "2026-03-02T07:01:00"
+    assert iso_text(datetime(2026, 3, 2, 7, 0, 0, 1, tzinfo=UTC)) == "2026-03-02T07:00:00.000001+00:00"
+    berlin = instant.astimezone(timezone(timedelta(hours=1)))
+    assert datetime.fromisoformat(iso_text(berlin)) == berlin
+    assert iso_text.cache_info().hits == 1  # the Berlin reading of the same instant
