@@ -398,7 +398,7 @@ BEGIN
              WHERE o.run_id = NEW.run_id AND o.charge_day = NEW.charge_day AND o.id <> NEW.id
                AND o.state = 'settled' AND (o.settled_at, o.id) < (NEW.settled_at, NEW.id));
     END IF;
-    UPDATE usage_ledger l
+    UPDATE usage_ledger_stripes l
        SET reserved_tokens = greatest(l.reserved_tokens - NEW.charge_tokens, 0),
            reserved_cost_usd = greatest(l.reserved_cost_usd - NEW.charge_cost_usd, 0),
            input_tokens = l.input_tokens + used_in,
@@ -407,8 +407,119 @@ BEGIN
            calls = l.calls + CASE WHEN NEW.state = 'settled' THEN 1 ELSE 0 END,
            runs = l.runs + CASE WHEN first_of_day THEN 1 ELSE 0 END
       FROM runs r
-     WHERE r.id = NEW.run_id AND l.owner = r.owner AND l.day = NEW.charge_day;
+     WHERE r.id = NEW.run_id AND l.owner = r.owner AND l.day = NEW.charge_day
+       AND l.stripe = coalesce(NEW.charge_stripe, 0);
     RETURN NULL;
+END;
+$$;
+
+CREATE FUNCTION public.kairos_usage_reserve(p_owner text, p_day date, p_tokens bigint, p_cost numeric, p_max_tokens bigint, p_max_cost numeric, p_hint integer) RETURNS smallint
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    n CONSTANT integer := 8;
+    got smallint;
+    have integer;
+    total_tokens numeric;
+    total_cost numeric;
+    free_tokens bigint;
+    free_cost numeric;
+    share_tokens bigint;
+    share_cost numeric;
+BEGIN
+    IF p_tokens > p_max_tokens OR p_cost > p_max_cost THEN
+        RETURN NULL;
+    END IF;
+    -- Each try below is a block of its own (a subtransaction) undone when it books nothing: a stripe
+    -- whose row changed under the statement is locked before its conditions are checked again, and
+    -- stays locked if they fail; undoing the block lets go of it, so nothing goes on to wait for a
+    -- stripe (the hinted one, or every one in order) while holding another out of order (a deadlock).
+    --
+    -- Fast path: a stripe with room within its allowance, shared out for these ceilings, while no
+    -- stripe of the day is in deficit; one not locked by anyone else, the hinted stripe first.
+    BEGIN
+        UPDATE usage_ledger_stripes l
+           SET reserved_tokens = l.reserved_tokens + p_tokens, reserved_cost_usd = l.reserved_cost_usd + p_cost
+         WHERE (l.owner, l.day, l.stripe) = (
+                SELECT s.owner, s.day, s.stripe FROM usage_ledger_stripes s
+                 WHERE s.owner = p_owner AND s.day = p_day
+                   AND s.ceiling_tokens = p_max_tokens AND s.ceiling_cost_usd = p_max_cost
+                   AND s.reserved_tokens + s.input_tokens + s.output_tokens + p_tokens <= s.allowance_tokens
+                   AND s.reserved_cost_usd + s.cost_usd + p_cost <= s.allowance_cost_usd
+                   AND NOT EXISTS (
+                       SELECT 1 FROM usage_ledger_stripes d
+                        WHERE d.owner = p_owner AND d.day = p_day
+                          AND (d.allowance_tokens IS NULL
+                               OR d.reserved_tokens + d.input_tokens + d.output_tokens > d.allowance_tokens
+                               OR d.reserved_cost_usd + d.cost_usd > d.allowance_cost_usd))
+                 ORDER BY (s.stripe - p_hint + n) % n
+                 LIMIT 1
+                   FOR NO KEY UPDATE SKIP LOCKED)
+        RETURNING l.stripe INTO got;
+        IF got IS NULL THEN
+            RAISE SQLSTATE 'KZ001';
+        END IF;
+        RETURN got;
+    EXCEPTION WHEN SQLSTATE 'KZ001' THEN
+        NULL;
+    END;
+    -- Every stripe with room was locked by others: wait for the hinted one, and book there if it has
+    -- room once its holder committed (the conditions are checked again on the row as it is then).
+    BEGIN
+        UPDATE usage_ledger_stripes l
+           SET reserved_tokens = l.reserved_tokens + p_tokens, reserved_cost_usd = l.reserved_cost_usd + p_cost
+         WHERE l.owner = p_owner AND l.day = p_day AND l.stripe = p_hint
+           AND l.ceiling_tokens = p_max_tokens AND l.ceiling_cost_usd = p_max_cost
+           AND l.reserved_tokens + l.input_tokens + l.output_tokens + p_tokens <= l.allowance_tokens
+           AND l.reserved_cost_usd + l.cost_usd + p_cost <= l.allowance_cost_usd
+           AND NOT EXISTS (
+               SELECT 1 FROM usage_ledger_stripes d
+                WHERE d.owner = p_owner AND d.day = p_day
+                  AND (d.allowance_tokens IS NULL
+                       OR d.reserved_tokens + d.input_tokens + d.output_tokens > d.allowance_tokens
+                       OR d.reserved_cost_usd + d.cost_usd > d.allowance_cost_usd))
+        RETURNING l.stripe INTO got;
+        IF got IS NULL THEN
+            RAISE SQLSTATE 'KZ001';
+        END IF;
+        RETURN got;
+    EXCEPTION WHEN SQLSTATE 'KZ001' THEN
+        NULL;
+    END;
+    -- Slow path: every stripe of the owner-day, locked in stripe order (created first if missing: an
+    -- insert that finds a row takes no lock on it), the exact total, and what is left shared out again
+    -- (the hinted stripe books the call and keeps the remainder of the division).
+    SELECT count(*) INTO have FROM usage_ledger_stripes WHERE owner = p_owner AND day = p_day;
+    IF have < n THEN
+        INSERT INTO usage_ledger_stripes (owner, day, stripe)
+        SELECT p_owner, p_day, s FROM generate_series(0, n - 1) AS s
+            ON CONFLICT DO NOTHING;
+    END IF;
+    PERFORM 1 FROM usage_ledger_stripes WHERE owner = p_owner AND day = p_day ORDER BY stripe FOR NO KEY UPDATE;
+    SELECT sum(reserved_tokens + input_tokens + output_tokens), sum(reserved_cost_usd + cost_usd)
+      INTO total_tokens, total_cost
+      FROM usage_ledger_stripes WHERE owner = p_owner AND day = p_day;
+    IF total_tokens + p_tokens > p_max_tokens OR total_cost + p_cost > p_max_cost THEN
+        RETURN NULL;
+    END IF;
+    got := p_hint;
+    free_tokens := p_max_tokens - total_tokens - p_tokens;
+    free_cost := p_max_cost - total_cost - p_cost;
+    share_tokens := free_tokens / n;
+    share_cost := trunc(free_cost / n, 9);
+    UPDATE usage_ledger_stripes l
+       SET reserved_tokens = l.reserved_tokens + CASE WHEN l.stripe = got THEN p_tokens ELSE 0 END,
+           reserved_cost_usd = l.reserved_cost_usd + CASE WHEN l.stripe = got THEN p_cost ELSE 0 END,
+           allowance_tokens = l.reserved_tokens + l.input_tokens + l.output_tokens
+                              + CASE WHEN l.stripe = got THEN p_tokens + free_tokens - share_tokens * (n - 1)
+                                     ELSE share_tokens END,
+           allowance_cost_usd = l.reserved_cost_usd + l.cost_usd
+                                + CASE WHEN l.stripe = got THEN p_cost + free_cost - share_cost * (n - 1)
+                                       ELSE share_cost END,
+           ceiling_tokens = p_max_tokens,
+           ceiling_cost_usd = p_max_cost
+     WHERE l.owner = p_owner AND l.day = p_day;
+    RETURN got;
 END;
 $$;
 
@@ -683,7 +794,9 @@ CREATE TABLE public.effects (
     charge_day date,
     charge_tokens bigint,
     charge_cost_usd numeric,
+    charge_stripe smallint,
     CONSTRAINT effects_charge_cost_usd_check CHECK ((charge_cost_usd >= (0)::numeric)),
+    CONSTRAINT effects_charge_stripe_check CHECK (((charge_stripe >= 0) AND (charge_stripe <= 7))),
     CONSTRAINT effects_charge_tokens_check CHECK ((charge_tokens >= 0)),
     CONSTRAINT effects_charge_whole CHECK ((((charge_day IS NULL) = (charge_tokens IS NULL)) AND ((charge_day IS NULL) = (charge_cost_usd IS NULL)))),
     CONSTRAINT effects_kind_check CHECK ((kind = ANY (ARRAY['model_call'::text, 'http_call'::text, 'tool_call'::text]))),
@@ -863,16 +976,21 @@ CREATE TABLE public.schedule_revisions (
     CONSTRAINT schedule_revisions_revision_check CHECK ((revision >= 1))
 );
 
-CREATE TABLE public.usage_ledger (
-    owner text NOT NULL,
-    day date NOT NULL,
-    reserved_tokens bigint DEFAULT 0 NOT NULL,
-    reserved_cost_usd numeric DEFAULT 0 NOT NULL,
-    input_tokens bigint DEFAULT 0 NOT NULL,
-    output_tokens bigint DEFAULT 0 NOT NULL,
-    cost_usd numeric DEFAULT 0 NOT NULL,
-    calls integer DEFAULT 0 NOT NULL,
-    runs integer DEFAULT 0 NOT NULL,
+CREATE TABLE public.usage_ledger_stripes (
+    owner text CONSTRAINT usage_ledger_owner_not_null NOT NULL,
+    day date CONSTRAINT usage_ledger_day_not_null NOT NULL,
+    reserved_tokens bigint DEFAULT 0 CONSTRAINT usage_ledger_reserved_tokens_not_null NOT NULL,
+    reserved_cost_usd numeric DEFAULT 0 CONSTRAINT usage_ledger_reserved_cost_usd_not_null NOT NULL,
+    input_tokens bigint DEFAULT 0 CONSTRAINT usage_ledger_input_tokens_not_null NOT NULL,
+    output_tokens bigint DEFAULT 0 CONSTRAINT usage_ledger_output_tokens_not_null NOT NULL,
+    cost_usd numeric DEFAULT 0 CONSTRAINT usage_ledger_cost_usd_not_null NOT NULL,
+    calls integer DEFAULT 0 CONSTRAINT usage_ledger_calls_not_null NOT NULL,
+    runs integer DEFAULT 0 CONSTRAINT usage_ledger_runs_not_null NOT NULL,
+    stripe smallint DEFAULT 0 NOT NULL,
+    allowance_tokens bigint,
+    allowance_cost_usd numeric,
+    ceiling_tokens bigint,
+    ceiling_cost_usd numeric,
     CONSTRAINT usage_ledger_calls_check CHECK ((calls >= 0)),
     CONSTRAINT usage_ledger_cost_usd_check CHECK ((cost_usd >= (0)::numeric)),
     CONSTRAINT usage_ledger_input_tokens_check CHECK ((input_tokens >= 0)),
@@ -880,8 +998,23 @@ CREATE TABLE public.usage_ledger (
     CONSTRAINT usage_ledger_owner_check CHECK ((owner <> ''::text)),
     CONSTRAINT usage_ledger_reserved_cost_usd_check CHECK ((reserved_cost_usd >= (0)::numeric)),
     CONSTRAINT usage_ledger_reserved_tokens_check CHECK ((reserved_tokens >= 0)),
-    CONSTRAINT usage_ledger_runs_check CHECK ((runs >= 0))
-);
+    CONSTRAINT usage_ledger_runs_check CHECK ((runs >= 0)),
+    CONSTRAINT usage_ledger_stripes_stripe_check CHECK (((stripe >= 0) AND (stripe <= 7)))
+)
+WITH (fillfactor='50');
+
+CREATE VIEW public.usage_ledger AS
+ SELECT owner,
+    day,
+    (sum(reserved_tokens))::bigint AS reserved_tokens,
+    sum(reserved_cost_usd) AS reserved_cost_usd,
+    (sum(input_tokens))::bigint AS input_tokens,
+    (sum(output_tokens))::bigint AS output_tokens,
+    sum(cost_usd) AS cost_usd,
+    (sum(calls))::integer AS calls,
+    (sum(runs))::integer AS runs
+   FROM public.usage_ledger_stripes
+  GROUP BY owner, day;
 
 CREATE VIEW public.usage_reservations AS
  SELECT e.id AS effect_id,
@@ -1000,8 +1133,8 @@ ALTER TABLE ONLY public.schedule_revisions
 ALTER TABLE ONLY public.schedules
     ADD CONSTRAINT schedules_pkey PRIMARY KEY (id);
 
-ALTER TABLE ONLY public.usage_ledger
-    ADD CONSTRAINT usage_ledger_pkey PRIMARY KEY (owner, day);
+ALTER TABLE ONLY public.usage_ledger_stripes
+    ADD CONSTRAINT usage_ledger_stripes_pkey PRIMARY KEY (owner, day, stripe);
 
 ALTER TABLE ONLY public.webhook_receipts
     ADD CONSTRAINT webhook_receipts_pkey PRIMARY KEY (schedule_id, idempotency_key);

@@ -185,9 +185,10 @@ def test_runs_racing_for_the_last_tokens_never_overspend_and_the_ledger_sums_the
 
 
 def test_a_reservation_that_waited_on_another_sees_it_once_committed(db_url: str) -> None:
-    """A holds the owner's day row with an uncommitted reservation; B, asking for the last room, waits
-    on it (seen in pg_stat_activity, no sleep) and, once A commits, is refused: the guard is decided
-    on the row as A left it, not on what B's statement saw when it started."""
+    """A holds a stripe of the owner's day with an uncommitted reservation; B, asking for more than any
+    stripe has room for, takes the slow path and waits on A's stripe (seen in pg_stat_activity, no
+    sleep) and, once A commits, is refused: the exact total is decided on the rows as A left them, not
+    on what B's statement saw when it started."""
     from kairos import budgets
 
     run_ids = _manual_runs(db_url, 2)
@@ -197,8 +198,9 @@ def test_a_reservation_that_waited_on_another_sees_it_once_committed(db_url: str
             conn.execute("INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, "
                          "request_digest) VALUES (%s, %s, 0, 0, 'model', 'model_call', false, 't', 'd')",
                          (effect_id, run_id))
-        # The day's row exists already (an earlier call today), so B's statement could see a stale one.
-        conn.execute("INSERT INTO usage_ledger (owner, day) VALUES ('alice', (now() AT TIME ZONE 'UTC')::date)")
+        # The day's row exists already (an earlier call today, from before the stripes: stripe 0 alone,
+        # never shared out), so B's statement could see a stale one.
+        conn.execute("INSERT INTO usage_ledger_stripes (owner, day) VALUES ('alice', (now() AT TIME ZONE 'UTC')::date)")
     settings = Settings(owner_daily_tokens=150)
     a = psycopg.connect(db_url, row_factory=dict_row)
     b = psycopg.connect(db_url, row_factory=dict_row)
@@ -245,7 +247,7 @@ def test_a_closed_call_settles_at_commit_so_the_owners_day_row_stays_free_until_
         closing.execute("UPDATE effects SET state = 'settled', settled_at = now(), "
                         "usage = '{\"input_tokens\": 7, \"output_tokens\": 3}' WHERE id = ANY(%s)", (effect_ids,))
         with psycopg.connect(db_url, autocommit=True) as other:  # NOWAIT: an error if the row were locked
-            other.execute("SELECT 1 FROM usage_ledger WHERE owner = 'alice' FOR NO KEY UPDATE NOWAIT")
+            other.execute("SELECT 1 FROM usage_ledger_stripes WHERE owner = 'alice' FOR NO KEY UPDATE NOWAIT")
         assert _ledger(db_url)["reserved_tokens"] == 200  # nothing settled before the commit
         closing.commit()
     finally:

@@ -23,10 +23,19 @@ Role: the server caps of docs/api.md "Budgets", all configured in
 * **Ceilings.** ``reserve`` charges a model call's estimate (input estimate + the agent's
   ``max_tokens``, and its price) to the owner's UTC day before the call, in the transaction that
   reserves the call's effect; ``False`` when the day has no room (the run fails ``budget_exhausted``
-  before any call). The effect's settlement (a trigger on ``effects``, migrations 0011 and 0022)
+  before any call). The effect's settlement (a trigger on ``effects``, migrations 0011, 0022, 0040)
   replaces the reservation with the usage it records: ``priced`` puts ``input_tokens``,
   ``output_tokens`` and ``cost_usd`` into that usage. Prices (``price_per_million``) match the model's
   name case-folded, a dated snapshot at its model's price, and an unpriced model at the highest price.
+* **Stripes.** An owner's day is 8 rows of ``usage_ledger_stripes`` (the view ``usage_ledger`` sums
+  them), so one owner's runs do not queue on one row (a reservation and a settlement each hold their
+  row to their commit). Each stripe holds an allowance, the allowances summing to the ceiling they were
+  shared out for; ``kairos_usage_reserve`` (migration 0040) books a call on a stripe with room within
+  its allowance without waiting (``SKIP LOCKED``, the run's own stripe — its id's last byte — first),
+  else waits for the run's own stripe; when no stripe has room, the ceiling given is not the one shared
+  out (a changed setting) or a stripe holds more than its allowance (a call used more than its
+  estimate), it locks every stripe in stripe order, decides on the exact total and shares out what is
+  left again. The effect records its stripe (``charge_stripe``); its settlement charges that stripe.
 * **Usage**, call for call. Each settled effect carries its own call's usage: a model call its
   provider's counts priced, with ``calls: 1, steps: 1``; a tool call ``tool_calls: 1, steps: 1``; an
   ``http`` agent's request ``steps: 1``. A run's ``usage`` is the sum over its settled effects, written
@@ -41,11 +50,23 @@ claim) than its slots, nor a key more than its limit: every release and every cl
 run counts under the owner's slot lock (exclusively), after whoever held it before committed; two
 claims racing for an owner's last slot — exactly one wins. A run that ends never leaves a waiting run beside its
 free slot (the release is in its ending statement, and a run recorded meanwhile is released by its
-intake, which takes the same lock). Reservations are atomic against the day's ceiling (one
-guarded upsert on the owner's ledger row), so concurrent runs never reserve past it; actual usage
-can exceed an estimate only by what the estimate missed (at most one reservation's worth per call in
-flight). The ledger sums the usage of the effects that settled. A failed or ambiguous model call
-gives its reservation back and charges nothing (its usage is unknown).
+intake, which takes the same lock). Reservations are exact against the day's ceiling: a stripe grants
+only within its allowance and the allowances never sum past the ceiling, a refusal is only decided on
+the exact total under all the day's stripe locks, and a reservation that fits the exact total is
+granted; so concurrent runs never reserve past it; actual usage can exceed an estimate only by what
+the estimate missed (at most one reservation's worth per call in flight), and no stripe grants again
+until the slow path has counted it. The ledger sums the usage of the effects that settled. A failed
+or ambiguous model call gives its reservation back and charges nothing (its usage is unknown).
+
+Lock order: a run's row, then its owner's slot lock, then the owner-day's stripes in stripe order.
+A reservation runs under its run's row lock and holds one stripe (a try that books nothing is undone,
+letting go of any stripe it locked) or, on the slow path, all of them taken in order; the settlement
+holds its run's row (and at a run's end the slot lock) and then its one stripe, at commit; nothing
+takes a run row or a slot lock while holding a stripe, so stripes cannot deadlock with either. Out of
+stripe order, and so able to meet a slow path in a deadlock that PostgreSQL ends by failing one side:
+a transaction that settles several calls booked on different stripes (a rescue closing many runs'
+calls; their stripes are taken in the order the calls close) or reserves twice (the worker and the
+corpus reserve once per transaction).
 
 Must not: call anything outside the database; read prompts or replies (only counts).
 """

@@ -53,9 +53,10 @@ SELECT * FROM reserved;
 -- round trip. Writes nothing at all unless the fence holds, no cancel was requested and the charge
 -- fits both of the owner's daily ceilings. One row always: `authorized` (the fence held and no cancel
 -- was requested) and the reserved effect's columns (NULL when nothing was reserved: not authorized,
--- or the budget is exhausted). The owner's day row of the ledger is locked from the upsert to the
--- commit, as with usage_ledger_reserve; the run row first, as every worker statement. The reservation
--- is the effect's charge_* columns (what usage_reservations shows).
+-- or the budget is exhausted). The stripe of the owner's day the charge is booked on
+-- (kairos_usage_reserve, migration 0040) is locked to the commit, as with usage_ledger_reserve; the run
+-- row first, as every worker statement. The reservation is the effect's charge_* columns (what
+-- usage_reservations shows) and charge_stripe.
 WITH authority AS (
     SELECT id, owner
       FROM runs
@@ -67,29 +68,25 @@ WITH authority AS (
            %(tokens)s::bigint AS tokens, %(cost_usd)s::numeric AS cost_usd
       FROM authority a
 ), booked AS (
-    INSERT INTO usage_ledger AS l (owner, day, reserved_tokens, reserved_cost_usd)
-    SELECT owner, day, tokens, cost_usd FROM want
-     WHERE tokens <= %(max_tokens)s::bigint AND cost_usd <= %(max_cost_usd)s::numeric
-        ON CONFLICT (owner, day) DO UPDATE
-       SET reserved_tokens = l.reserved_tokens + EXCLUDED.reserved_tokens,
-           reserved_cost_usd = l.reserved_cost_usd + EXCLUDED.reserved_cost_usd
-     WHERE l.reserved_tokens + l.input_tokens + l.output_tokens + EXCLUDED.reserved_tokens <= %(max_tokens)s::bigint
-       AND l.reserved_cost_usd + l.cost_usd + EXCLUDED.reserved_cost_usd <= %(max_cost_usd)s::numeric
-    RETURNING l.owner, l.day
+    SELECT w.day, w.tokens, w.cost_usd,
+           kairos_usage_reserve(w.owner, w.day, w.tokens, w.cost_usd, %(max_tokens)s::bigint,
+                                %(max_cost_usd)s::numeric, get_byte(uuid_send(%(run_id)s::uuid), 15) %% 8) AS stripe
+      FROM want w
 ), bumped AS (
     UPDATE runs r
        SET last_seq = r.last_seq + 1
       FROM authority a
-     WHERE r.id = a.id AND EXISTS (SELECT 1 FROM booked)
+     WHERE r.id = a.id AND EXISTS (SELECT 1 FROM booked WHERE stripe IS NOT NULL)
     RETURNING r.id, r.last_seq, r.attempt, r.fence
 ), reserved AS (
     -- The effect carries its reservation (charge_*, migration 0033): given back or replaced by the
     -- call's usage when it closes.
     INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, request_digest, created_at,
-                         charge_day, charge_tokens, charge_cost_usd)
+                         charge_day, charge_tokens, charge_cost_usd, charge_stripe)
     SELECT %(effect_id)s::uuid, a.id, a.fence, a.attempt, %(step)s, %(kind)s, %(mutation)s, %(target)s, %(digest)s,
-           coalesce(%(now)s::timestamptz, now()), b.day, w.tokens, w.cost_usd
-      FROM bumped a CROSS JOIN booked b CROSS JOIN want w
+           coalesce(%(now)s::timestamptz, now()), b.day, b.tokens, b.cost_usd, b.stripe
+      FROM bumped a CROSS JOIN booked b
+     WHERE b.stripe IS NOT NULL
     RETURNING id, run_id, fence, attempt, step, kind, mutation, target, request_digest, state, usage, error_code,
               created_at, settled_at
 ), traced AS (
