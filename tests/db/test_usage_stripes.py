@@ -1,4 +1,4 @@
-"""The budget ledger's stripes against real PostgreSQL (kairos.budgets, migration 0040): one owner's
+"""The budget ledger's stripes against real PostgreSQL (kairos.budgets, migration 0041): one owner's
 reservations spread over 8 stripe rows with their own allowances, and the daily ceiling still exact —
 under racing reservations, after a call used more than its estimate, and when the ceiling changes."""
 

@@ -23,14 +23,14 @@ Role: the server caps of docs/api.md "Budgets", all configured in
 * **Ceilings.** ``reserve`` charges a model call's estimate (input estimate + the agent's
   ``max_tokens``, and its price) to the owner's UTC day before the call, in the transaction that
   reserves the call's effect; ``False`` when the day has no room (the run fails ``budget_exhausted``
-  before any call). The effect's settlement (a trigger on ``effects``, migrations 0011, 0022, 0040)
+  before any call). The effect's settlement (a trigger on ``effects``, migrations 0011, 0022, 0041)
   replaces the reservation with the usage it records: ``priced`` puts ``input_tokens``,
   ``output_tokens`` and ``cost_usd`` into that usage. Prices (``price_per_million``) match the model's
   name case-folded, a dated snapshot at its model's price, and an unpriced model at the highest price.
 * **Stripes.** An owner's day is 8 rows of ``usage_ledger_stripes`` (the view ``usage_ledger`` sums
   them), so one owner's runs do not queue on one row (a reservation and a settlement each hold their
   row to their commit). Each stripe holds an allowance, the allowances summing to the ceiling they were
-  shared out for; ``kairos_usage_reserve`` (migration 0040) books a call on a stripe with room within
+  shared out for; ``kairos_usage_reserve`` (migration 0041) books a call on a stripe with room within
   its allowance without waiting (``SKIP LOCKED``, the run's own stripe — its id's last byte — first),
   else waits for the run's own stripe; when no stripe has room, the ceiling given is not the one shared
   out (a changed setting) or a stripe holds more than its allowance (a call used more than its

@@ -54,7 +54,7 @@ SELECT * FROM reserved;
 -- fits both of the owner's daily ceilings. One row always: `authorized` (the fence held and no cancel
 -- was requested) and the reserved effect's columns (NULL when nothing was reserved: not authorized,
 -- or the budget is exhausted). The stripe of the owner's day the charge is booked on
--- (kairos_usage_reserve, migration 0040) is locked to the commit, as with usage_ledger_reserve; the run
+-- (kairos_usage_reserve, migration 0041) is locked to the commit, as with usage_ledger_reserve; the run
 -- row first, as every worker statement. The reservation is the effect's charge_* columns (what
 -- usage_reservations shows) and charge_stripe.
 WITH authority AS (

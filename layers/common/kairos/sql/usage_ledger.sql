@@ -1,9 +1,9 @@
 -- usage_ledger: each owner's model usage per UTC day, and what calls in flight have reserved of it
 -- (kairos.budgets): the table usage_ledger_stripes, 8 rows per owner-day, and the view usage_ledger
--- summing them (migration 0040). A reservation is its model-call effect's charge_* columns (migration
+-- summing them (migration 0041). A reservation is its model-call effect's charge_* columns (migration
 -- 0033; the view usage_reservations shows them), booked on a stripe by kairos_usage_reserve in the
 -- worker's effect transaction; their settlement is the trigger on effects (migrations 0011, 0031,
--- 0033, 0040) on the stripe booked (charge_stripe).
+-- 0033, 0041) on the stripe booked (charge_stripe).
 
 -- name: usage_ledger_reserve (prepared)
 -- Charges one call's estimate to the owner's day, only while reserved + used + this estimate stays
