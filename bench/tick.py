@@ -23,7 +23,9 @@ rounds with pgbench before each round's workloads; medians of the rounds are rep
      times). Target: fires/s ≥ the same round's pgbench TPS. Beside them, the one-rule workload against
      the stand-in as it answered before (Nagle's algorithm on: ~40 ms a call, see ``sqs_standin``).
      ``--sends`` runs only these three beside pgbench; ``--profile-sends`` profiles one one-rule tick
-     in every thread (fire workers and the handoff pool), by thread CPU time, grouped by code.
+     and one minute-crons tick in every thread (fire workers and the handoff pool), by thread CPU
+     time, grouped by code and by step (locking the due rows, decisions, cursor moves, recording,
+     sends, stamps).
      Each owner has ten schedules, so the bench sets ``KAIROS_OWNER_CONCURRENCY=10``: every fire holds
      a slot and is sent (with four slots an owner, six of its ten runs would wait unsent).
    * *held snapshot*: shared rules while another connection holds a REPEATABLE READ transaction that
@@ -482,9 +484,42 @@ class ThreadsProfile:
         print("| code (own CPU) | s | share |\n|---|---:|---:|")
         for name, seconds in sorted(own.items(), key=lambda kv: -kv[1]):
             print(f"| {name} | {seconds:.3f} | {seconds / total:.0%} |")
+        self._steps(stats.stats, total, own)  # type: ignore[attr-defined]
         stats.sort_stats("cumulative").print_stats(45)
         stats.sort_stats("tottime").print_stats(30)
         print("```\n" + "\n".join(line for line in out.getvalue().strip().splitlines() if line.strip()) + "\n```")
+
+
+    @staticmethod
+    def _steps(entries: dict[Any, Any], total: float, own: dict[str, float]) -> None:
+        """The tick's CPU by step (inclusive: a step's own code and everything it calls, in every thread)."""
+        def inclusive(file: str, function: str, caller: tuple[str, str] | None = None) -> float:
+            found = 0.0
+            for (path, _, name), (_, _, _, cumtime, callers) in entries.items():
+                if not (path.endswith(file) and name == function):
+                    continue
+                if caller is None:
+                    found += cumtime
+                else:
+                    found += sum(c[3] for (cpath, _, cname), c in callers.items()
+                                 if cpath.endswith(caller[0]) and cname == caller[1])
+            return found
+
+        steps = {
+            "lock the due rows (statement, row decoding)": inclusive("kairos/db.py", "fetch_all",
+                                                                     ("kairos/tick/fire.py", "run_once")),
+            "decisions (kairos.tick.decision, the calendar)": inclusive("kairos/tick/fire.py", "_decide"),
+            "cursor moves (parameters, statement)": inclusive("kairos/tick/fire.py", "_advance"),
+            "occurrences and runs (parameters, locks, statement)": inclusive("kairos/tick/fire.py", "_record"),
+            "sends (SendMessageBatch calls, every thread)": inclusive("kairos/handoff.py", "_send_chunk"),
+            "handoff stamps (statement)": inclusive("kairos/handoff.py", "stamp"),
+        }
+        print("\n| step (inclusive CPU) | s | share |\n|---|---:|---:|")
+        for name, seconds in steps.items():
+            print(f"| {name} | {seconds:.3f} | {seconds / total:.0%} |")
+        rest = total - sum(steps.values())
+        print(f"| everything else (transactions, commits, threads, logging: {own.get('other', 0.0):.3f} s of "
+              f"own 'other' time) | {rest:.3f} | {rest / total:.0%} |")
 
 
 @contextmanager
@@ -581,6 +616,8 @@ def main() -> int:
         results = [median_result(rounds) for rounds in series.values()] + ([first] if first else [])
         if args.profile_sends:
             measure(f"{ONE_RULE} (profiled)", url, fast_client, fast.queue_url, one_rule, n, profile=True)
+            measure(f"{MINUTE_CRONS} (profiled)", url, fast_client, fast.queue_url,
+                    lambda due: minute_crons(due, n), n, profile=True)
         if args.profile:
             # One fire worker, so that the whole tick runs in the profiled thread.
             measure("stub SQS, distinct rules, 1 fire worker (profiled)", url, StubSqs(), "stub",
