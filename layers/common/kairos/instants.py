@@ -36,12 +36,17 @@ def rfc3339(instant: datetime) -> str:
     return instant.astimezone(UTC).isoformat().replace("+00:00", "Z")
 
 
-@lru_cache(maxsize=4096)
 def iso_text(value: datetime) -> str:
     """``value.isoformat()``, remembered, for statement parameters PostgreSQL parses (never for the API's
     text): a tick writes the same few instants — its batch's cursor, the fires' minute, their wall
     times — into every row of a batch of 500. Two equal aware values in different offsets share the
-    first one's text, which names the same instant."""
+    first one's text, which names the same instant. The key holds ``fold``: Python compares two values
+    of one zone by their wall time alone, so 01:30 EDT equals 01:30 EST (an hour later) but for it."""
+    return _iso_text(value, value.fold)
+
+
+@lru_cache(maxsize=4096)
+def _iso_text(value: datetime, fold: int) -> str:
     return value.isoformat()
 
 
