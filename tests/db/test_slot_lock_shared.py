@@ -1,6 +1,7 @@
-"""An owner's run ends and its slot lock (migrations 0030, 0036, 0039), against real PostgreSQL: a release
-waits for an end in progress and then hands its slot out; two ends that find runs waiting hand out one
-slot each (whichever way ends take the lock: 0036 shared it, 0039 made it exclusive again).
+"""One owner's run ends share its slot lock (migrations 0036, 0042; 0039 had made it exclusive between
+them), against real PostgreSQL: ends with nothing of the owner waiting do not wait for each other; a
+release (exclusive) waits for an end in progress and then hands its slot out; two ends that find runs
+waiting hand out one slot each.
 
 Waits are observed, not timed: a statement either finishes or shows up in ``pg_stat_activity`` waiting
 on a lock, whichever comes first (a deadline only bounds a hang)."""
@@ -86,6 +87,26 @@ class _Call:
         if self.error is not None:
             raise self.error
         return self.result
+
+
+def test_ends_of_one_owner_with_nothing_waiting_do_not_wait_for_each_other(db_url: str) -> None:
+    """One end's transaction open (its slot lock held): another end of the same owner finishes at once.
+    With the lock exclusive (before 0036, and 0039 to 0042) it waited for the first one's commit."""
+    first, second = _holders(db_url, "alice", 2)
+    with _connect(db_url) as conn:
+        with conn.transaction():
+            _end(conn, first)
+
+            def end_second(c: psycopg.Connection[dict[str, Any]]) -> None:
+                with c.transaction():
+                    _end(c, second)
+
+            call = _Call(db_url, end_second)
+            assert call.settle(db_url) == "done"
+            call.join()
+    with _connect(db_url) as conn:
+        assert conn.execute("SELECT count(*) AS n FROM runs WHERE id = ANY(%s) AND state = 'cancelled' "
+                            "AND admitted_at IS NULL", ([first, second],)).fetchone() == {"n": 2}
 
 
 def test_a_release_waits_for_an_end_in_progress_and_hands_its_slot_out(db_url: str) -> None:

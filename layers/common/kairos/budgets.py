@@ -17,6 +17,8 @@ Role: the server caps of docs/api.md "Budgets", all configured in
   The tick's fire admits at insert instead (``hold_owner_slots``, then ``occurrences_insert`` with
   ``admit``): under its owners' slot locks, a new run takes a free slot at once when nothing of its
   owner waits for one, by the release's own rules, so its fire sends it with no release after commit.
+  An end takes the slot lock shared (migrations 0036, 0042): ends of one owner do not wait for each
+  other; only one that finds runs waiting hands its slot out, one such end at a time (a second lock).
 * **Queue.** ``hold_queues`` takes the owners' queue locks before a fire is recorded
   (``kairos.occurrences.record``); ``occurrences_insert`` records a fire that would queue more than
   the cap ``skipped_budget``, without a run.
