@@ -32,7 +32,6 @@ duty: a worker could otherwise see an unknown run and drop the message); decide 
 
 from __future__ import annotations
 
-import json
 import threading
 import time
 from collections.abc import Sequence
@@ -84,8 +83,9 @@ class HandoffResult:
 
 
 def body(run_id: UUID) -> str:
-    """The message body: the run id and nothing else."""
-    return json.dumps({"run_id": str(run_id)})
+    """The message body: the run id and nothing else. Exactly ``json.dumps({"run_id": str(run_id)})``
+    (a UUID's text needs no escaping), without the encoder's cost: ten of these go into every call."""
+    return f'{{"run_id": "{run_id}"}}'
 
 
 def _send_chunk(sqs: Any, queue_url: str, chunk: Sequence[UUID],
