@@ -37,12 +37,24 @@ CASES: dict[str, list[Op]] = {
     "untrimmed": [_add(" Claims ", MetricUnit.Count, 1), _add("Claims", MetricUnit.Count, 1)],
     "dimension and metadata": [_add("Claims", MetricUnit.Count, 1), lambda p: p.add_dimension("owner", "o-1"),
                                lambda p: p.add_metadata("run_id", "r-1")],
+    "text escaped": [_add("Claims\u00e9 \"q\"", "Count", 1), lambda p: p.add_dimension("owner\t", "ô-1\n\u2603")],
+    "a dimension named like a metric": [_add("Claims", MetricUnit.Count, 1), lambda p: p.add_dimension("Claims", "x")],
+    "the EMF key as a name": [_add("_aws", MetricUnit.Count, 1)],
+    "dimension sets": [_add("Claims", MetricUnit.Count, 1), lambda p: p.add_dimensions(owner="o-1", mode="fork")],
+    "not finite": [_add("FireLagSeconds", MetricUnit.Seconds, float("inf")),
+                   _add("TickDurationMs", MetricUnit.Milliseconds, float("nan"))],
+    "no service dimension": [lambda p: setattr(p, "service", None), _add("Claims", MetricUnit.Count, 1)],
     "full set of names": [_add(f"M{n}", MetricUnit.Count, n) for n in range(130)],
     "full set of values": [_add("Claims", MetricUnit.Count, n) for n in range(230)],
 }
 ERRORS: list[Op] = [_add("", MetricUnit.Count, 1), _add("x" * 256, MetricUnit.Count, 1),
                     _add("Claims", MetricUnit.Count, "1"), _add("Claims", "Bogus", 1),
                     _add("Claims", MetricUnit.Count, 1, 30), _add("   ", MetricUnit.Count, 1)]
+
+
+# The cases EmfProvider writes as text (``_line``); every other case is the JSON encoder's.
+AS_TEXT = {"a run", "repeated", "floats and units", "text unit", "resolution", "bool and big", "untrimmed",
+           "text escaped", "no service dimension"}  # a full set's own line is the encoder's too
 
 
 def _pair() -> tuple[AmazonCloudWatchEMFProvider, EmfProvider]:
@@ -70,6 +82,17 @@ def test_the_lines_are_powertools(case: str, capsys: pytest.CaptureFixture[str])
     assert expected.count("\n") >= 1
     # And again, after the flush cleared the set (a warm container's next invocation)
     assert _written(fast, CASES[case], capsys) == _written(default, CASES[case], capsys)
+
+
+@pytest.mark.parametrize("case", CASES)
+def test_the_common_sets_are_written_as_text_and_the_rest_by_the_encoder(
+        case: str, monkeypatch: pytest.MonkeyPatch, capsys: pytest.CaptureFixture[str]) -> None:
+    _, fast = _pair()
+    encoded = []
+    serialize = fast.serialize_metric_set
+    monkeypatch.setattr(fast, "serialize_metric_set", lambda: encoded.append(1) or serialize())
+    _written(fast, CASES[case], capsys)
+    assert (encoded == []) == (case in AS_TEXT)
 
 
 @pytest.mark.parametrize("op", ERRORS, ids=range(len(ERRORS)))

@@ -33,16 +33,16 @@ class Pair:
     """One ``StructuredLogger`` writing into a buffer, with ``Formatter`` (its short way) or with
     Powertools' own formatter (which makes it take Powertools' path: the reference)."""
 
-    def __init__(self, monkeypatch: pytest.MonkeyPatch) -> None:
+    def __init__(self, monkeypatch: pytest.MonkeyPatch, **options: Any) -> None:
         self.logger = StructuredLogger(service=f"{SERVICE}-{next(_fresh)}",  # one of its own per test
-                                       logger_formatter=Formatter(json_deserializer=_message_value))
+                                       logger_formatter=Formatter(json_deserializer=_message_value, **options))
         self.base = self.logger._logger
         self.pytest_handlers = False  # pytest's capture handlers (on the root logger) are left out
         self.handler = self.base.handlers[0]
         self.buffer = io.StringIO()
         self.handler.setStream(self.buffer)
         self.fast = self.handler.formatter
-        self.library = LambdaPowertoolsFormatter(json_deserializer=_message_value)
+        self.library = LambdaPowertoolsFormatter(json_deserializer=_message_value, **options)
         self.library.log_format = dict(self.fast.log_format)
         self.records = 0
         made = self.base.makeRecord
@@ -56,6 +56,10 @@ class Pair:
     def append_keys(self, **keys: Any) -> None:
         self.logger.append_keys(**keys)
         self.library.append_keys(**keys)
+
+    def remove_keys(self, keys: list[str]) -> None:
+        self.logger.remove_keys(keys)
+        self.library.remove_keys(keys)
 
     def lines(self, call: Callable[[], None], *, short: bool = True) -> tuple[str, str]:
         """The text ``call`` writes through the short way, then through the library's; asserts which way
@@ -246,3 +250,40 @@ def test_the_shared_logger_takes_the_short_way_as_configured(monkeypatch: pytest
     logger.info("run claimed", extra={"action": "claimed"})
     assert '"message":"run claimed"' in buffer.getvalue() and '"action":"claimed"' in buffer.getvalue()
     assert Logger.info is not StructuredLogger.info
+
+
+@pytest.mark.parametrize("options", [{"serialize_stacktrace": False}, {"log_record_order": ["message", "level"]},
+                                     {"log_record_order": ["timestamp", "location"]}, {"utc": True}])
+def test_other_formatter_options_are_the_librarys(monkeypatch: pytest.MonkeyPatch, options: dict[str, Any]) -> None:
+    pair = Pair(monkeypatch, **options)
+    for extra in EXTRAS:
+        for message in ("run claimed", "null", "{\"a\": 1}"):
+            for created in CREATED[:3]:
+                _at(monkeypatch, created)
+                pair.same(lambda: pair.logger.info(message, extra=extra or None))  # noqa: B023 - called at once
+
+
+def test_keys_that_change_between_lines_are_the_librarys(pair: Pair) -> None:
+    """The line's fixed keys are laid out once per state of the keys: a value replaced by an equal one of
+    another type, a key removed or added, a thread's key over the logger's, a reserved key given a value
+    of its own (the record's way) — each line is the library's."""
+    lines = []
+    for change in (lambda: pair.append_keys(flag=True), lambda: pair.append_keys(flag=1),
+                   lambda: pair.append_keys(flag=1.0), lambda: pair.append_keys(flag=None),
+                   lambda: pair.append_keys(other="x", sampling_rate=0.1),
+                   lambda: pair.remove_keys(["other"]),
+                   lambda: pair.logger.thread_safe_append_keys(service="thread's", flag=[]),
+                   lambda: pair.logger.thread_safe_append_keys(extra_none=None, empty=""),
+                   lambda: pair.logger.thread_safe_append_keys(level=None),  # the line has no level then
+                   lambda: pair.logger.thread_safe_append_keys(level="", timestamp=None),
+                   lambda: pair.logger.thread_safe_clear_keys()):
+        change()
+        lines.append(pair.same(lambda: pair.logger.info("run claimed", extra={"flag": "extra's"})))
+        lines.append(pair.same(lambda: pair.logger.info("run claimed")))
+    assert '"flag":true}' in lines[1] and '"flag":1}' in lines[3] and '"flag":1.0}' in lines[5]
+    assert '"service":"thread\'s"' in lines[13] and '"level"' not in lines[17] and '"level":""' in lines[19]
+    pair.logger.thread_safe_append_keys(level="a reserved key's own value")
+    pair.same(lambda: pair.logger.info("run claimed"), short=False)
+    pair.logger.thread_safe_clear_keys()
+    pair.append_keys(timestamp="%(created)f")  # a template of another attribute: the record's way
+    pair.same(lambda: pair.logger.info("run claimed"), short=False)

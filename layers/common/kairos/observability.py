@@ -15,6 +15,7 @@ name the code emits (the template's alarms and docs/operations.md's table refer 
 
 from __future__ import annotations
 
+import datetime as dt
 import json
 import logging
 import os
@@ -23,6 +24,7 @@ import time
 import traceback
 from collections import defaultdict
 from collections.abc import Callable, Mapping
+from math import isfinite as _isfinite
 from types import FrameType
 from typing import Any, TypeVar, cast
 
@@ -347,6 +349,7 @@ class DatabaseErrorFilter(logging.Filter):
 logger.addFilter(DatabaseErrorFilter())
 
 _COMPACT = json.JSONEncoder(separators=(",", ":")).encode  # json.dumps(..., separators=(",", ":")), built once
+_text = json.encoder.encode_basestring_ascii  # a str as that encoder writes it (ensure_ascii)
 
 
 class EmfProvider(AmazonCloudWatchEMFProvider):
@@ -376,8 +379,41 @@ class EmfProvider(AmazonCloudWatchEMFProvider):
         if not self.metric_set or is_metrics_disabled() or _emf.logger.isEnabledFor(logging.DEBUG):
             super().flush_metrics(raise_on_empty_metrics=raise_on_empty_metrics)
             return
-        print(_COMPACT(self.serialize_metric_set()))
+        print(self._line() or _COMPACT(self.serialize_metric_set()))
         self.clear_metrics()
+
+    def _line(self) -> str | None:
+        """The line ``serialize_metric_set`` and the encoder make, written as text, for the common set: float
+        values (finite: JSON's ``NaN`` is not Python's ``nan``), string units, names and dimensions, one
+        dimension set, no metadata, an ``int`` timestamp, and no metric named like a dimension or the EMF
+        key (whose place a merged dict would keep); None for any other (the encoder's way), with
+        Powertools' one side effect done either way (the ``service`` dimension added). The JSON encoder
+        cost the run path's flush some 40 % of its instructions."""
+        if self.service and not self.dimension_set.get("service"):
+            self.add_dimension(name="service", value=self.service)
+        dimensions, metric_set = self.dimension_set, self.metric_set
+        if self.metadata_set or self.dimension_sets or type(self.namespace) is not str or "_aws" in metric_set:
+            return None
+        stamp = self.timestamp or int(dt.datetime.now().timestamp() * 1000)
+        if type(stamp) is not int:
+            return None
+        definitions, values = [], []
+        for name, metric in metric_set.items():
+            unit, points = metric.get("Unit", ""), metric.get("Value", 0)
+            if type(name) is not str or type(unit) is not str or type(points) is not list or name in dimensions \
+                    or not all(type(v) is float and _isfinite(v) for v in points):
+                return None
+            definitions.append(f'{{"Name":{_text(name)},"Unit":{_text(unit)}'
+                               + (',"StorageResolution":1}' if metric.get("StorageResolution", 60) == 1 else "}"))
+            values.append(f"{_text(name)}:[{','.join(map(float.__repr__, points))}]")
+        pairs = []
+        for name, value in dimensions.items():
+            if type(name) is not str or type(value) is not str:
+                return None
+            pairs.append(f"{_text(name)}:{_text(value)}")
+        return (f'{{"_aws":{{"Timestamp":{stamp},"CloudWatchMetrics":[{{"Namespace":{_text(self.namespace)},'
+                f'"Dimensions":[[{",".join(map(_text, dimensions))}]],"Metrics":[{",".join(definitions)}]}}]}}'
+                + "".join("," + item for item in (*pairs, *values)) + "}")
 
 
 metrics = Metrics(namespace=NAMESPACE, service=SERVICE)
