@@ -517,7 +517,7 @@ WITH steps AS (
     RETURNING 1
 ), reservations AS (
     UPDATE effects
-       SET charge_day = NULL, charge_tokens = NULL, charge_cost_usd = NULL
+       SET charge_day = NULL, charge_tokens = NULL, charge_cost_usd = NULL, charge_stripe = NULL
      WHERE run_id = ANY(%(ids)s::uuid[]) AND charge_day IS NOT NULL AND state <> 'reserved'
     RETURNING 1
 ), outputs AS (
