@@ -95,9 +95,15 @@ class Formatter(LambdaPowertoolsFormatter):
                     log[key] = value % fields
                 else:
                     log[key] = value
-        for key, value in fields.items():
-            if key not in _RESERVED:
-                log[key] = value
+        return self._finish(log, fields, message)
+
+    def _finish(self, log: dict[str, Any], fields: Mapping[str, Any] | None, message: str) -> str:
+        """The line from the reserved keys in ``log``: the fields that are not reserved, the message
+        (JSON-decoded when it is JSON), the stack trace and the X-Ray id, the keys without a value left out."""
+        if fields:
+            for key, value in fields.items():
+                if key not in _RESERVED:
+                    log[key] = value
         try:
             log["message"] = self.json_deserializer(message)
         except _DECODE_FAILED:
@@ -149,18 +155,7 @@ class Formatter(LambdaPowertoolsFormatter):
                         return None
                 else:
                     log[key] = value
-        if extra:
-            for key, value in extra.items():
-                if key not in _RESERVED:
-                    log[key] = value
-        try:
-            log["message"] = self.json_deserializer(message)
-        except _DECODE_FAILED:
-            log["message"] = message
-        if self.serialize_stacktrace:
-            log["stack_trace"] = None
-        log["xray_trace_id"] = self._get_latest_trace_id()
-        return self.serialize(log={k: v for k, v in log.items() if v is not None})
+        return self._finish(log, extra, message)
 
 
 # A record's own attributes and the two a formatter adds: an ``extra`` key among them makes the standard
