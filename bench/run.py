@@ -289,21 +289,27 @@ def _handler_worker(ids: list[uuid.UUID], next_index: Any, start_line: Any, fini
     if profiler is not None:
         profiler.enable()
     cpu = time.process_time()
-    while True:
-        with next_index.get_lock():
-            index = next_index.value
-            next_index.value += 1
-        if index >= len(ids):
-            break
-        response = app.handler(_sqs_event(ids[index]), _Context())
-        if response != {"batchItemFailures": []}:
-            raise RuntimeError(f"record failed: {response}")
+    handle_shared(app.handler, ids, next_index)
     cpu = time.process_time() - cpu  # this container's CPU for its runs (its imports and warm-up excluded)
     if profiler is not None:
         profiler.disable()
         profiler.dump_stats(f"{profile}.{os.getpid()}")
     finished.put((time.monotonic(), cpu))
     runtime_database.close()
+
+
+def handle_shared(handler: Callable[..., Any], ids: list[uuid.UUID], next_index: Any) -> None:
+    """Calls ``handler`` with one SQS event per run until ``next_index`` (shared by the containers) passes
+    the last id; a record the handler reports failed stops the bench."""
+    while True:
+        with next_index.get_lock():
+            index = next_index.value
+            next_index.value += 1
+        if index >= len(ids):
+            return
+        response = handler(_sqs_event(ids[index]), _Context())
+        if response != {"batchItemFailures": []}:
+            raise RuntimeError(f"record failed: {response}")
 
 
 def _spawned(target: Callable[..., None], workers: int, ids: list[uuid.UUID], *args: Any) -> tuple[float, float]:

@@ -35,7 +35,7 @@ from typing import Any
 import psycopg
 from baseline import recreate, server
 from psycopg import sql
-from run import _Context, _handler_env, _quiet, _sqs_event, seed_runs
+from run import _handler_env, _quiet, handle_shared, seed_runs
 
 from kairos import migrations
 
@@ -68,15 +68,7 @@ def _worker(ids: list[uuid.UUID], next_index: Any, ready: Any, go: Any, finished
     ready.put(os.getpid())
     go.wait()
     cpu = time.process_time()
-    while True:
-        with next_index.get_lock():
-            index = next_index.value
-            next_index.value += 1
-        if index >= len(ids):
-            break
-        response = app.handler(_sqs_event(ids[index]), _Context())
-        if response != {"batchItemFailures": []}:
-            raise RuntimeError(f"record failed: {response}")
+    handle_shared(app.handler, ids, next_index)
     finished.put(time.process_time() - cpu)
     release.wait()
     database.close()
