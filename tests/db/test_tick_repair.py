@@ -4,6 +4,7 @@ from __future__ import annotations
 
 import itertools
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -277,3 +278,53 @@ def test_concurrent_rescuers_handle_each_run_once(db: Database, db_url: str, sqs
         assert [e["type"] for e in events(db_url, run["id"])] == ["run.rescued"]
         assert run_row(db_url, run["id"])["restarts"] == 1
     assert sorted(sqs_queue.run_ids()) == sorted(r["id"] for r in runs)
+
+
+def test_the_rescue_takes_the_stripes_it_settles_in_order_so_a_slow_path_reservation_does_not_deadlock_it(
+        db: Database, db_url: str, sqs_queue: SqsQueue, now: datetime) -> None:
+    """The rescue closes a run's two model calls booked on stripes 5 and 2, in that order; a slow-path
+    reservation of the same owner-day holds stripe 2 and goes on to stripe 5. Settled in the order they
+    closed, the rescue's commit would hold 5 and wait for 2 while the reservation waits for 5: a
+    deadlock, one side failed. Taken in stripe order first, the rescue waits for 2 holding nothing."""
+    run = expired(db_url, catch_up=True)
+    owner, day = run["owner"], now.astimezone(UTC).date()
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("INSERT INTO usage_ledger_stripes (owner, day, stripe, reserved_tokens) "
+                     "SELECT %s, %s, s, 10 FROM generate_series(0, 7) AS s", (owner, day))
+        for step, stripe in (("model-a", 5), ("model-b", 2)):  # closed, and settled, in this order
+            conn.execute("INSERT INTO effects (id, run_id, fence, attempt, step, kind, mutation, target, "
+                         "request_digest, charge_day, charge_tokens, charge_cost_usd, charge_stripe) "
+                         "VALUES (%s, %s, %s, %s, %s, 'model_call', false, 't', 'd', %s, 10, 0, %s)",
+                         (uuid.uuid4(), run["id"], run["fence"], run["attempt"], step, day, stripe))
+    stripe_sql = "SELECT 1 FROM usage_ledger_stripes WHERE owner = %s AND day = %s AND stripe = %s FOR NO KEY UPDATE"
+    outcome: dict[str, Any] = {}
+
+    def rescue() -> None:
+        try:
+            outcome["report"] = repair(db, sqs_queue).rescue_once(now=now + LATER)
+        except BaseException as exc:  # the test reports it
+            outcome["error"] = exc
+
+    with psycopg.connect(db_url) as holder, psycopg.connect(db_url, autocommit=True) as watcher:
+        holder.execute("SET lock_timeout = '60s'")
+        holder.execute(stripe_sql, (owner, day, 2))  # the slow path, half-way through the owner-day
+        thread = threading.Thread(target=rescue)
+        thread.start()
+        deadline = time.monotonic() + 60
+        blocked = "SELECT count(*) FROM pg_stat_activity WHERE %s = ANY(pg_blocking_pids(pid))"
+        while watcher.execute(blocked, (holder.info.backend_pid,)).fetchone() == (0,):
+            assert thread.is_alive() and time.monotonic() < deadline, outcome
+            time.sleep(0.02)
+        holder.execute(stripe_sql, (owner, day, 5))  # its next stripe: free unless the rescue holds it
+        holder.commit()
+        thread.join(timeout=60)
+    assert not thread.is_alive() and "error" not in outcome, outcome.get("error")
+    assert outcome["report"].requeued == 1
+    rows = _stripes(db_url, owner, day)
+    assert (rows[2], rows[5]) == (0, 0)  # both reservations given back by the settlements
+
+
+def _stripes(url: str, owner: str, day: Any) -> dict[int, int]:
+    with psycopg.connect(url) as conn:
+        return {int(s): int(t) for s, t in conn.execute(
+            "SELECT stripe, reserved_tokens FROM usage_ledger_stripes WHERE owner = %s AND day = %s", (owner, day))}

@@ -64,11 +64,13 @@ Lock order: a run's row, then its owner's slot lock, then the owner-day's stripe
 A reservation runs under its run's row lock and holds one stripe (a try that books nothing is undone,
 letting go of any stripe it locked) or, on the slow path, all of them taken in order; the settlement
 holds its run's row (and at a run's end the slot lock) and then its one stripe, at commit; nothing
-takes a run row or a slot lock while holding a stripe, so stripes cannot deadlock with either. Out of
-stripe order, and so able to meet a slow path in a deadlock that PostgreSQL ends by failing one side:
-a transaction that settles several calls booked on different stripes (a rescue closing many runs'
-calls; their stripes are taken in the order the calls close) or reserves twice (the worker and the
-corpus reserve once per transaction).
+takes a run row or a slot lock while holding a stripe, so stripes cannot deadlock with either. A
+transaction that closes several calls booked on different stripes would settle them at its commit in
+the order they closed; the tick's rescue, which closes many runs' calls, first takes their stripes in
+(owner, day, stripe) order as its last lock (``lock_charged``), the order the slow path takes them in.
+Still out of order, and so able to meet a slow path in a deadlock that PostgreSQL ends by failing one
+side: a claim closing several stale calls of its run booked on different stripes, and a transaction
+that reserves twice (the worker and the corpus reserve once per transaction).
 
 Must not: call anything outside the database; read prompts or replies (only counts).
 """
@@ -211,6 +213,13 @@ def reserve(conn: psycopg.Connection[db.Row], *, effect_id: UUID, run_id: UUID, 
         **charge(model=model, input_tokens=input_tokens, max_output_tokens=max_output_tokens, settings=settings),
         "now": now})
     return row is not None
+
+
+def lock_charged(conn: psycopg.Connection[db.Row], effect_ids: Sequence[UUID]) -> None:
+    """Locks the stripes these closed effects' settlements charge at this transaction's commit, in
+    (owner, day, stripe) order: for a transaction that closed several (the tick's rescue), after every
+    other lock it takes (see Lock order)."""
+    db.fetch_all(conn, "usage_ledger_lock_charged", {"effect_ids": list(effect_ids)})
 
 
 def charge(*, model: object, input_tokens: int, max_output_tokens: int, settings: Settings) -> dict[str, Any]:

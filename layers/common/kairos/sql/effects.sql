@@ -10,7 +10,7 @@ UPDATE effects
        error_code = 'lease_lost',
        settled_at = coalesce(%(now)s::timestamptz, now())
  WHERE run_id = ANY(%(run_ids)s::uuid[]) AND state = 'reserved'
-RETURNING run_id, state;
+RETURNING id, run_id, state, charge_day;
 
 -- name: effects_unreplayable_runs
 -- The runs among these with a mutation that may have reached the outside world (never replayed).

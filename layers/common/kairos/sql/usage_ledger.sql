@@ -28,6 +28,20 @@ WITH want AS (
 )
 SELECT owner, day FROM booked WHERE stripe IS NOT NULL;
 
+-- name: usage_ledger_lock_charged
+-- Locks the stripes the settlements of these (closed) effects charge at the commit, in (owner, day,
+-- stripe) order — the slow path's order — rather than the order the effects closed in: the tick's
+-- rescue runs it as its last lock (kairos.budgets, Lock order). Rows are locked as the sort emits them.
+SELECT l.stripe
+  FROM usage_ledger_stripes l
+  JOIN (SELECT DISTINCT r.owner, e.charge_day, coalesce(e.charge_stripe, 0) AS stripe
+          FROM effects e
+          JOIN runs r ON r.id = e.run_id
+         WHERE e.id = ANY(%(effect_ids)s::uuid[]) AND e.charge_day IS NOT NULL) AS c
+    ON l.owner = c.owner AND l.day = c.charge_day AND l.stripe = c.stripe
+ ORDER BY l.owner, l.day, l.stripe
+   FOR NO KEY UPDATE OF l;
+
 -- name: usage_ledger_days
 -- One owner's usage for each UTC day in [from, until), days without usage as zeros.
 SELECT d.day::date AS day, coalesce(l.input_tokens, 0) AS input_tokens, coalesce(l.output_tokens, 0) AS output_tokens,

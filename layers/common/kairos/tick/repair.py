@@ -173,7 +173,7 @@ class Repair:
             if not rows:
                 return RepairReport()
             run_ids = [r["id"] for r in rows]
-            db.fetch_all(conn, "effects_close_vanished", {"run_ids": run_ids, "now": now})
+            closed = db.fetch_all(conn, "effects_close_vanished", {"run_ids": run_ids, "now": now})
             unreplayable = {r["run_id"] for r in db.fetch_all(conn, "effects_unreplayable_runs", {"run_ids": run_ids})}
             counts = {state: 0 for state in RunState}
             requeued: list[UUID] = []
@@ -188,6 +188,10 @@ class Repair:
                         requeued.append(row["id"])
                     else:
                         ended.append(row["id"])
+            # The closed calls settle at the commit: their stripes are taken now, in order, the last lock.
+            charged = [r["id"] for r in closed if r["charge_day"] is not None]
+            if len(charged) > 1:
+                budgets.lock_charged(conn, charged)
             # A requeued run keeps its slot; an ended one released the owner's next waiting runs.
             # Sent while the rows are still locked: a worker's claim waits for this commit.
             to_send = [*requeued, *budgets.unsent(conn, ended)]
