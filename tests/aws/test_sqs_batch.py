@@ -474,6 +474,21 @@ def test_clients_it_does_not_know_make_their_own_call() -> None:
     assert sqs_batch.sender(unsigned) is None
 
 
+def test_a_botocore_whose_private_parts_moved_makes_its_own_call(monkeypatch: pytest.MonkeyPatch) -> None:
+    """botocore is not pinned apart from boto3: a release that renames what the lean path reads leaves
+    the client's own call, not a send that fails every time."""
+    from botocore.client import BaseClient
+
+    ids = [uuid.uuid4() for _ in range(3)]
+    with SqsStandin() as standin:
+        sqs = standin.client()
+        monkeypatch.delattr(BaseClient, "_resolve_endpoint_ruleset")
+        assert sqs_batch.sender(sqs) is None
+        monkeypatch.undo()  # the client's own call still needs it; the client stays unrecognised
+        result = handoff.send_batch(sqs, standin.queue_url, ids)
+    assert sorted(result.sent) == sorted(ids) and not result.failed
+
+
 def test_moto_in_process_mock_is_honoured_while_on(monkeypatch: pytest.MonkeyPatch) -> None:
     from moto import mock_aws
 

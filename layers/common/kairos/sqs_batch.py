@@ -29,6 +29,8 @@ Guarantees:
   this operation are exactly the stock ones (a ``botocore.stub.Stubber``, moto's in-process mock while it
   is on, or any other hook makes ``sender`` answer None, and the caller uses the client). Handlers registered later
   are noticed on the next call (the emitter's lookup cache is replaced on every registration).
+* botocore floats within boto3's range (its private parts this module reads can move between releases):
+  a client whose parts are not where this module looks for them is not recognised (the client's call).
 * A forwarding proxy whose ``send_message_batch`` is the real client's bound method (``runtime.LazySqs``)
   is seen through.
 
@@ -110,9 +112,13 @@ def sender(client: Any) -> Sender | None:
         return None
     entry = _senders.get(real)
     if entry is None or entry[0] is not token:
+        try:
+            built = _build(real)
+        except Exception:  # noqa: BLE001 - a botocore whose private parts moved: the client's own call
+            built = None
         with _lock:
             try:
-                _senders[real] = entry = (token, _build(real))
+                _senders[real] = entry = (token, built)
             except TypeError:  # not weak-referenceable: not a botocore client
                 return None
     built = entry[1]
