@@ -92,6 +92,7 @@ from kairos.settings import Settings
 
 MAX_USAGE_DAYS = 366
 DEFAULT_USAGE_DAYS = 30
+STRIPES = 8  # rows of an owner's day in usage_ledger_stripes (migration 0041's n)
 
 
 # -- slots -------------------------------------------------------------------------------------------
@@ -210,7 +211,8 @@ def reserve(conn: psycopg.Connection[db.Row], *, effect_id: UUID, run_id: UUID, 
     UTC day against both ceilings; False, with nothing charged, when either would be passed."""
     row = db.fetch_one(conn, "usage_ledger_reserve", {
         "effect_id": effect_id, "run_id": run_id, "owner": owner,
-        **charge(model=model, input_tokens=input_tokens, max_output_tokens=max_output_tokens, settings=settings),
+        **charge(run_id=run_id, model=model, input_tokens=input_tokens, max_output_tokens=max_output_tokens,
+                 settings=settings),
         "now": now})
     return row is not None
 
@@ -222,13 +224,15 @@ def lock_charged(conn: psycopg.Connection[db.Row], effect_ids: Sequence[UUID]) -
     db.fetch_all(conn, "usage_ledger_lock_charged", {"effect_ids": list(effect_ids)})
 
 
-def charge(*, model: object, input_tokens: int, max_output_tokens: int, settings: Settings) -> dict[str, Any]:
+def charge(*, run_id: UUID, model: object, input_tokens: int, max_output_tokens: int,
+           settings: Settings) -> dict[str, Any]:
     """The parameters of a model call's charge (``usage_ledger_reserve``, ``effects_reserve_charged``):
-    the estimate's tokens and price, and the owner's daily ceilings."""
+    the estimate's tokens and price, the owner's daily ceilings, and the stripe tried first — the run's
+    own, its id's last byte modulo the 8 stripes."""
     tokens = max(0, input_tokens) + max(0, max_output_tokens)
     cost = price(settings, model, max(0, input_tokens), max(0, max_output_tokens))
     return {"tokens": tokens, "cost_usd": Decimal(f"{cost:.9f}"), "max_tokens": settings.owner_daily_tokens,
-            "max_cost_usd": Decimal(f"{settings.owner_daily_cost_usd:.9f}")}
+            "max_cost_usd": Decimal(f"{settings.owner_daily_cost_usd:.9f}"), "stripe_first": run_id.int % STRIPES}
 
 
 def priced(usage: Mapping[str, Any], model: object, settings: Settings) -> dict[str, Any]:

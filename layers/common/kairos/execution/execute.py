@@ -174,7 +174,7 @@ class Execution:
             if prepared.kind == "model_call":
                 # A tool loop's later turns carry more than the claim's window: estimate from what is sent.
                 estimate = max(int(claimed.model_input.record["estimated_tokens"]), len(prepared.body) // 4)
-                charge = budgets.charge(model=agent.get("model"), input_tokens=estimate,
+                charge = budgets.charge(run_id=self.run_id, model=agent.get("model"), input_tokens=estimate,
                                         max_output_tokens=_output_tokens(agent), settings=self.settings)
                 authorized, effect = effects.reserve_charged(
                     conn, self.run_id, claimed.fence, claimed.attempt, step, prepared.kind, prepared.mutation,
@@ -247,8 +247,8 @@ class Execution:
         # requested (runs_publish); a step record goes between them (written only while no cancel is
         # requested either). Without one, the two statements are the pipeline's implicit transaction
         # (Database.trip: its one prefix, the locks alone, is whole); with one, BEGIN and COMMIT travel
-        # in the same trip. The settlement updates the owner's day row of the budget ledger (its
-        # trigger, at commit), which every model call of the owner waits for: held within the trip.
+        # in the same trip. The settlement updates a stripe of the owner's day in the budget ledger (its
+        # trigger, at commit), which other model calls of the owner may wait for: held within the trip.
         def send_publish(conn: psycopg.Connection[db.Row]) -> Callable[[], int | None]:
             return moves.send_publish(conn, self.run_id, fence, claimed.conversation_id, content=reply.content,
                                       effect_id=effect.id, usage=usage, step=step, truncated=reply.truncated,

@@ -70,7 +70,7 @@ WITH authority AS (
 ), booked AS (
     SELECT w.day, w.tokens, w.cost_usd,
            kairos_usage_reserve(w.owner, w.day, w.tokens, w.cost_usd, %(max_tokens)s::bigint,
-                                %(max_cost_usd)s::numeric, get_byte(uuid_send(%(run_id)s::uuid), 15) %% 8) AS stripe
+                                %(max_cost_usd)s::numeric, %(stripe_first)s::integer) AS stripe
       FROM want w
 ), bumped AS (
     UPDATE runs r

@@ -18,7 +18,7 @@ WITH want AS (
 ), booked AS (
     SELECT w.owner, w.day, w.tokens, w.cost_usd,
            kairos_usage_reserve(w.owner, w.day, w.tokens, w.cost_usd, %(max_tokens)s::bigint,
-                                %(max_cost_usd)s::numeric, get_byte(uuid_send(%(run_id)s::uuid), 15) %% 8) AS stripe
+                                %(max_cost_usd)s::numeric, %(stripe_first)s::integer) AS stripe
       FROM want w
 ), held AS (
     UPDATE effects e
