@@ -111,3 +111,32 @@ def test_0006_scrubs_query_fragment_and_userinfo_from_recorded_effect_targets(db
     # Then each keeps only scheme, host, port and path: what recorded_target keeps for a new row
     for step, (dirty, clean) in enumerate(DIRTY_TARGETS):
         assert rows[f"s{step}"] == clean == recorded_target(dirty)
+
+
+def test_a_database_that_recorded_a_reworded_file_keeps_it_valid(empty_db_url: str) -> None:
+    """Files in REWORDED had their opening comment reworded after they were applied: the digest a
+    database recorded before is accepted once and replaced by the current one; nothing is re-applied."""
+    migrations.apply(empty_db_url)
+    with psycopg.connect(empty_db_url) as conn:
+        for version, previous in migrations.REWORDED.items():
+            conn.execute("UPDATE kairos_migrations SET checksum = %s WHERE version = %s", (previous, version))
+    assert migrations.apply(empty_db_url) == []
+    assert _applied(empty_db_url) == [(m.version, m.checksum) for m in migrations.discover()]
+
+
+def test_a_reworded_file_with_any_other_recorded_digest_is_still_refused(empty_db_url: str) -> None:
+    migrations.apply(empty_db_url)
+    version = min(migrations.REWORDED)
+    with psycopg.connect(empty_db_url) as conn:
+        conn.execute("UPDATE kairos_migrations SET checksum = %s WHERE version = %s", ("0" * 64, version))
+    with pytest.raises(MigrationError, match="changed after it was applied"):
+        migrations.apply(empty_db_url)
+    assert dict(_applied(empty_db_url))[version] == "0" * 64
+
+
+def test_every_reworded_version_is_a_file_whose_text_did_change() -> None:
+    current = {m.version: m.checksum for m in migrations.discover()}
+    assert migrations.REWORDED and all(
+        version in current and current[version] != previous
+        for version, previous in migrations.REWORDED.items()
+    )

@@ -1,4 +1,4 @@
--- Kairos schema, version 1: every table of DESIGN.md "Records".
+-- Kairos schema, version 1: every table of the record (docs/architecture.md).
 --
 -- State values here are the same as the StrEnums in kairos/states.py (a test compares them).
 -- Check constraints tie columns to state, River-style: lease columns are set exactly when a run is

@@ -1,4 +1,4 @@
--- Runs that must not run (DESIGN.md "The run"): the claim refuses a run past its expiry, and the
+-- Runs that must not run (kairos.execution.claim): the claim refuses a run past its expiry, and the
 -- tick fails a run SQS never delivered.
 --
 -- schedules.max_delay_seconds: how late a scheduled run without catch-up may still start, counted

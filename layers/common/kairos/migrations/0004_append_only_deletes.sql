@@ -1,4 +1,4 @@
--- Append-only for real (DESIGN.md "Records" and "Steering runs" / Forget): occurrences and run_events
+-- Append-only for real (the record, and retention's Forget): occurrences and run_events
 -- already refuse UPDATE (0001); they now refuse DELETE and TRUNCATE too. An ad-hoc
 -- `DELETE FROM run_events` would otherwise rewrite the history the trace promises nobody can rewrite.
 --

@@ -1,4 +1,4 @@
--- Steering runs (DESIGN.md "Steering runs"): every revision of a schedule's definition is kept, runs
+-- Steering runs: every revision of a schedule's definition is kept, runs
 -- execute the revision their occurrence recorded, retries point at the run they retry, and a fourth
 -- overlap policy replaces a run still waiting or running.
 

@@ -1,4 +1,4 @@
--- Retention (DESIGN.md "Steering runs" / Forget): past KAIROS_RETENTION_DAYS the tick's pruner
+-- Retention (Forget): past KAIROS_RETENTION_DAYS the tick's pruner
 -- (kairos.tick.prune) deletes the entries of a run's own thread and clears its webhook payload. The
 -- run, its occurrence and its trace stay; the run says when it was pruned, so the output projection
 -- can answer `unavailable` (reason `pruned`) instead of pretending the answer never existed.

@@ -1,4 +1,4 @@
--- Deliver (issue 12, DESIGN.md "Steering runs"): a schedule says which run endings it reports, and
+-- Deliver (issue 12, steering runs): a schedule says which run endings it reports, and
 -- where a signed webhook goes; the tick delivers each report from a durable outbox.
 --
 -- `schedules.notify` is the checked request field (kairos.schedules.request): {"on": [terminal run

@@ -1,4 +1,4 @@
--- Keyset pages and a schedule's last run (DESIGN.md "Steering runs", Find; kairos.pages).
+-- Keyset pages and a schedule's last run (Find; kairos.pages).
 --
 -- Every list is read newest first by (instant, id) below a cursor. Each index here is that order
 -- behind the list's equality column, so a page is one index range scan that stops after limit + 1

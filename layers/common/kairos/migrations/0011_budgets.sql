@@ -1,4 +1,4 @@
--- Per-owner budgets (DESIGN.md "Agent tools, approvals and budgets", kairos.budgets): running slots,
+-- Per-owner budgets (kairos.budgets): running slots,
 -- the queued-run cap at fire time, and the daily token and cost ceilings with their ledger.
 
 -- Widens an IN-list check constraint on table.column by the given values, keeping whatever values it

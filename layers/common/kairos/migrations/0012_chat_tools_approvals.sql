@@ -1,4 +1,4 @@
--- Agents that act (DESIGN.md "Agent tools, approvals and budgets"): chat turns, the tool loop's step
+-- Agents that act (tools, approvals and budgets): chat turns, the tool loop's step
 -- log, and approval waits.
 
 -- Chat turns: a turn posted to a conversation is an occurrence and a run of no schedule. Every other

@@ -1,4 +1,4 @@
--- Corpus runs (DESIGN.md "Corpus runs"): a schedule or chat turn may carry `corpus`; its run stays
+-- Corpus runs: a schedule or chat turn may carry `corpus`; its run stays
 -- the one authority (lease, fence, cancellation, trace, terminal state) and these child tables hold
 -- the manifest, the partitions, the records and the export checkpoints. Every write of them is made
 -- by the run's fence holder, in a transaction that has locked the run row under its fence.

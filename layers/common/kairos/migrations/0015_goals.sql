@@ -1,4 +1,4 @@
--- Goals and bounded agent loops (DESIGN.md "Goals and loops"): a loop is a schedule marked `loop`
+-- Goals and bounded agent loops: a loop is a schedule marked `loop`
 -- whose goal is part of its definition (so schedule_revisions keeps every goal), a `draft` status for
 -- a loop whose goal changed, and the questions a loop run asks its owner.
 
