@@ -1181,17 +1181,15 @@ CREATE INDEX runs_handoff_idx ON public.runs USING btree (created_at) WHERE ((st
 
 CREATE INDEX runs_hook_dispatch_idx ON public.runs USING btree (schedule_id, COALESCE(held_until, created_at)) WHERE (source = 'webhook'::text);
 
-CREATE INDEX runs_owner_active_idx ON public.runs USING btree (owner, state) WHERE ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (owner IS NOT NULL));
+CREATE INDEX runs_owner_active_idx ON public.runs USING btree (owner, state) WHERE ((state = ANY (ARRAY['queued'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (owner IS NOT NULL));
 
 CREATE INDEX runs_owner_created_idx ON public.runs USING btree (owner, created_at DESC, id DESC);
 
-CREATE INDEX runs_prunable_idx ON public.runs USING btree (finished_at) WHERE ((pruned_at IS NULL) AND (finished_at IS NOT NULL));
+CREATE INDEX runs_prunable_idx ON public.runs USING btree (finished_at) WHERE ((pruned_at IS NULL) AND (settled_at IS NOT NULL));
 
 CREATE INDEX runs_released_by_idx ON public.runs USING btree (released_by) WHERE (released_by IS NOT NULL);
 
 CREATE UNIQUE INDEX runs_retry_of_idx ON public.runs USING btree (retry_of) WHERE (retry_of IS NOT NULL);
-
-CREATE INDEX runs_running_idx ON public.runs USING btree (id) WHERE ((state = 'running'::text) AND (lease_token IS NOT NULL));
 
 CREATE INDEX runs_schedule_active_idx ON public.runs USING btree (schedule_id) WHERE ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (schedule_id IS NOT NULL));
 

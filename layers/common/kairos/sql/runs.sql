@@ -602,12 +602,12 @@ UPDATE runs
 RETURNING id, last_seq, attempt, fence, schedule_id, unclaimed_handoffs;
 
 -- name: runs_lock_expired
--- Locks running runs whose lease expired (their worker is presumed gone) for the rescue.
+-- Locks running runs whose lease expired (their worker is presumed gone) for the rescue. Reads the slot
+-- holders (runs_slot_holders_idx: the running runs and the queued runs holding a slot, migration 0043).
 SELECT id, schedule_id, owner, source, catch_up, restarts, fence, attempt, cancel_requested_at,
        corpus IS NOT NULL AS corpus_run  -- a corpus run resumes what it committed: never abandoned late
   FROM runs
  WHERE state = 'running'
-   AND lease_token IS NOT NULL  -- true of every running run; lets runs_running_idx serve this (migration 0017)
    AND lease_expires_at < coalesce(%(now)s::timestamptz, now())
  ORDER BY lease_expires_at
  LIMIT %(limit)s
@@ -669,17 +669,20 @@ SELECT seq, type, at, attempt, fence, step, data FROM run_events WHERE run_id = 
 
 -- name: runs_ops_status
 -- Operators: queued and running counts, the oldest queued run, runs whose lease expired, and queued
--- runs whose handoff never happened or is stale (the tick's repair picks both up).
-SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
-       count(*) FILTER (WHERE state = 'running') AS running,
-       min(created_at) FILTER (WHERE state = 'queued') AS oldest_queued_at,
-       count(*) FILTER (WHERE state = 'running' AND lease_expires_at < coalesce(%(now)s::timestamptz, now()))
-           AS lease_expired,
-       count(*) FILTER (WHERE state = 'queued' AND blocked_by_run_id IS NULL AND (handoff_at IS NULL
-           OR handoff_at < coalesce(%(now)s::timestamptz, now()) - interval '15 minutes')) AS handoff_pending
-  FROM runs
- WHERE state IN ('queued', 'running')
-   AND owner IS NOT NULL;  -- true of every row; lets runs_owner_active_idx serve this (migration 0017)
+-- runs whose handoff never happened or is stale (the tick's repair picks both up). The queued runs
+-- are read from runs_owner_active_idx, the running ones from runs_slot_holders_idx (migration 0043).
+SELECT q.queued, r.running, q.oldest_queued_at, r.lease_expired, q.handoff_pending
+  FROM (SELECT count(*) AS queued,
+               min(created_at) AS oldest_queued_at,
+               count(*) FILTER (WHERE blocked_by_run_id IS NULL AND (handoff_at IS NULL
+                   OR handoff_at < coalesce(%(now)s::timestamptz, now()) - interval '15 minutes')) AS handoff_pending
+          FROM runs
+         WHERE state = 'queued'
+           AND owner IS NOT NULL) AS q  -- true of every row; lets runs_owner_active_idx serve this (0017)
+ CROSS JOIN (SELECT count(*) AS running,
+                    count(*) FILTER (WHERE lease_expires_at < coalesce(%(now)s::timestamptz, now())) AS lease_expired
+               FROM runs
+              WHERE state = 'running') AS r;
 
 -- name: runs_overlap_of_schedule
 -- What overlap sees of a schedule outside the tick (trigger, retry): its newest active run and a
@@ -891,14 +894,16 @@ UPDATE runs
 RETURNING id, last_seq, attempt, fence;
 
 -- name: runs_owner_status
--- The console's operator status (GET /v1/status): one owner's queued, running and waiting runs.
+-- The console's operator status (GET /v1/status): one owner's queued, running and waiting runs. The
+-- running ones are read from the owner's slot holders (runs_slot_holders_idx), the others from
+-- runs_owner_active_idx, which holds no running run (migration 0043).
 SELECT count(*) FILTER (WHERE state = 'queued') AS queued,
-       count(*) FILTER (WHERE state = 'running') AS running,
+       (SELECT count(*) FROM runs h WHERE h.owner = %(owner)s AND h.state = 'running') AS running,
        count(*) FILTER (WHERE state = 'awaiting_approval') AS awaiting_approval,
        count(*) FILTER (WHERE state = 'awaiting_input') AS awaiting_input,
        min(created_at) FILTER (WHERE state = 'queued') AS oldest_queued_at
   FROM runs
- WHERE owner = %(owner)s AND state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input');
+ WHERE owner = %(owner)s AND state IN ('queued', 'awaiting_approval', 'awaiting_input');
 
 -- name: runs_fold_into_window
 -- A webhook delivery folds into its schedule's open window (kairos.flow): the newest queued run of the
