@@ -288,9 +288,12 @@ CREATE FUNCTION public.kairos_runs_release_slot() RETURNS trigger
     AS $$
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtextextended('kairos.owner_slots:' || NEW.owner, 0));
-    IF EXISTS (SELECT 1 FROM runs w
-                WHERE w.owner = NEW.owner AND w.state = 'queued' AND w.admitted_at IS NULL
-                  AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL) THEN
+    PERFORM 1 FROM runs w
+      WHERE w.owner = NEW.owner AND w.state = 'queued' AND w.admitted_at IS NULL
+        AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+      ORDER BY w.created_at, w.id
+      LIMIT 1;
+    IF FOUND THEN
         PERFORM pg_advisory_xact_lock(hashtextextended('kairos.owner_slot_ends:' || NEW.owner, 0));
         PERFORM kairos_admit_waiting(NEW.owner, NEW.id, NULL);
     END IF;

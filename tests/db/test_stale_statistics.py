@@ -373,3 +373,57 @@ def test_the_due_scan_can_still_use_the_due_key_index(db_url: str, active: dict[
         "now": datetime.now(UTC) + timedelta(hours=3), "limit": 500, "after_at": datetime(1, 1, 1, tzinfo=UTC),
         "after_id": "00000000-0000-0000-0000-000000000000", "part": 0, "parts": 1})
     assert "schedules_due_key_idx" in plan, plan
+
+
+# -- a run end's look for waiting runs (migration 0044) ------------------------------------------------
+
+HOLDING, ENDED = 300, 300
+
+
+@pytest.fixture
+def busy_owner(db_url: str) -> dict[str, Any]:
+    """One owner with HOLDING queued runs that hold a slot each (admitted, as the tick hands them to SQS)
+    and ENDED ended runs, ``runs`` analyzed in that state and never vacuumed (few of its pages
+    all-visible, as while it is being written), autovacuum held off: to the planner, a quarter of the
+    owner's runs wait for a slot. None does."""
+    sched = factories.schedule(db_url, owner="busy")
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE runs SET (autovacuum_enabled = false)")  # the statistics stay as taken
+        for state, count in (("succeeded", ENDED), ("queued", HOLDING)):
+            conn.execute("""WITH o AS (
+                                INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset,
+                                                         timezone, tzdata_version, schedule_revision, decision)
+                                SELECT gen_random_uuid(), %(s)s, 'scheduled', now() - make_interval(mins => i),
+                                       now(), interval '0', 'UTC', 'test', 1, 'dispatched'
+                                  FROM generate_series(1, %(n)s) AS i
+                                RETURNING id, fire_at)
+                            INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
+                                              mode, prompt, agent, state, output, created_at, finished_at,
+                                              settled_at, admitted_at)
+                            SELECT gen_random_uuid(), o.id, %(s)s, 'busy', 'scheduled', %(c)s, 'fork', 'p', '{}',
+                                   %(st)s, CASE WHEN %(done)s THEN '{}'::jsonb END, o.fire_at,
+                                   CASE WHEN %(done)s THEN o.fire_at END, CASE WHEN %(done)s THEN o.fire_at END,
+                                   CASE WHEN NOT %(done)s THEN now() END
+                              FROM o""",
+                         {"s": sched["id"], "c": sched["conversation_id"], "n": count, "st": state,
+                          "done": state == "succeeded"})
+        conn.execute("ANALYZE runs")
+        holder = conn.execute("SELECT id FROM runs WHERE owner = 'busy' AND admitted_at IS NOT NULL LIMIT 1").fetchone()
+    assert holder is not None
+    return {"run_id": holder[0]}
+
+
+def test_a_run_end_looks_for_waiting_runs_by_the_index(busy_owner: dict[str, Any], db: Database) -> None:
+    """A run that gives its slot up looks for its owner's waiting runs through runs_slot_waiting_idx,
+    whatever the statistics say: before 0044 the look was an EXISTS, which the planner answered with a
+    sequential scan of ``runs`` (every run of every owner, HOLDING + ENDED here) at every end of a busy
+    owner's run, expecting to meet a waiting run within the first rows."""
+    with db.transaction() as conn:
+        before = _reads(conn)
+        conn.execute("UPDATE runs SET state = 'cancelled', finished_at = now() WHERE id = %s",
+                     (busy_owner["run_id"],))
+        read = _reads(conn) - before
+        row = conn.execute("SELECT state, admitted_at FROM runs WHERE id = %s", (busy_owner["run_id"],)).fetchone()
+    assert row is not None and row["state"] == "cancelled" and row["admitted_at"] is None  # its slot given up
+    # The run by its primary key, and the look: no entry in the partial index (1 here; 601 before 0044).
+    assert read <= 5, read
