@@ -4,10 +4,12 @@ What is measured: this process's CPU time (``time.process_time``: user + system,
 ``SendMessageBatch`` of 10 run-id messages, one call after another, against the SQS stand-in
 (``bench/sqs_standin.py``) answering at once in its own process (its CPU is not counted). The paths use
 the same botocore client (same endpoint, credentials, connection pool): ``client.send_message_batch``,
-``kairos.sqs_batch``'s sender for that client, and that sender signing with botocore's ``SigV4Auth``
-instead of its own SigV4 (what the own signer buys). ``--rounds`` rounds, each path ``--calls`` calls
-a round, interleaved (lean, lean signed by botocore, botocore, lean, ...) after a warm-up; medians and
-per-round ratios are reported, with the load average. The stand-in's counts check that every message arrived.
+``kairos.sqs_batch``'s sender for that client (its request written and its 200 read on a pooled
+connection by ``kairos.http_wire``), the same sender through the client's HTTP session (urllib3 and
+http.client: what the wire buys), and that sender through the session signing with botocore's
+``SigV4Auth`` instead of its own SigV4 (what the own signer buys). ``--rounds`` rounds, each path
+``--calls`` calls a round, interleaved (wire, session, session signed by botocore, botocore, wire, ...)
+after a warm-up; medians and per-round ratios are reported, with the load average. The stand-in's counts check that every message arrived.
 
 Run: ``.venv/bin/python bench/sqs_send.py [--calls N] [--rounds R]``.
 """
@@ -79,11 +81,19 @@ def main() -> int:
 
         signed_by_botocore = copy.copy(lean)
         signed_by_botocore.__class__ = BotocoreSigned
+        signed_by_botocore._wire = None  # as it was measured before kairos.http_wire: the session's send
+        through_session = copy.copy(lean)
+        through_session._wire = None
+
+        def session_call(batch: list[dict[str, Any]]) -> dict[str, Any]:
+            return through_session.send(queue_url, batch)
 
         def botocore_signed_call(batch: list[dict[str, Any]]) -> dict[str, Any]:
             return signed_by_botocore.send(queue_url, batch)
 
-        paths = {"lean (kairos.sqs_batch)": lean_call, "lean, signed by botocore's SigV4Auth": botocore_signed_call,
+        paths = {"lean (kairos.sqs_batch on kairos.http_wire)": lean_call,
+                 "lean, through the client's HTTP session (urllib3 + http.client)": session_call,
+                 "lean, through the session, signed by botocore's SigV4Auth": botocore_signed_call,
                  "botocore client": botocore_call}
         for send in paths.values():  # warm: connections, caches
             per_call_cpu(send, 50)
@@ -102,7 +112,11 @@ def main() -> int:
         print(f"| {name} | {statistics.median(values):,.0f} | {' / '.join(f'{v:,.0f}' for v in values)} |")
     boto_values = figures["botocore client"]
     print()
-    for name in ("lean (kairos.sqs_batch)", "lean, signed by botocore's SigV4Auth"):
+    wire_values, session_values = figures[list(paths)[0]], figures[list(paths)[1]]
+    print("on the wire ÷ through the session per round: "
+          + ", ".join(f"{a / b:.2f}" for a, b in zip(wire_values, session_values, strict=True))
+          + f"; median {statistics.median(wire_values) / statistics.median(session_values):.2f}.")
+    for name in list(paths)[:-1]:
         values = figures[name]
         print(f"{name} ÷ botocore client per round: "
               + ", ".join(f"{a / b:.2f}" for a, b in zip(values, boto_values, strict=True))

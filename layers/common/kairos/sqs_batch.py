@@ -17,7 +17,10 @@ transport exception), building the request itself from the client's pieces:
   once a day (botocore's ``SigV4Auth`` on an ``AWSRequest`` cost half the lean call's CPU again:
   ``bench/sqs_send.py`` measures both; tests hold the request equal to the one botocore builds);
 * the client's HTTP session (its urllib3 pool, timeouts, proxies, TLS settings, and its mapping of
-  transport errors to botocore's exceptions);
+  transport errors to botocore's exceptions); once the pool holds an open connection, the request is
+  written and a plain 200 read by ``kairos.http_wire`` on it (the same bytes urllib3 writes, every other
+  answer read by http.client, the same exceptions): urllib3 and http.client were three quarters of the
+  call's CPU after botocore's pipeline was gone;
 * the client's retry policy, asked through its own ``needs-retry`` event on every answer that is not a
   200 (standard or legacy mode, max attempts, backoff, retry quota, exactly as configured), and its
   ``after-call`` event on the final answer (the retry quota's release, SQS's query-compatible error
@@ -201,6 +204,8 @@ class Sender:
         from botocore.parsers import create_parser
         from botocore.utils import normalize_url_path
 
+        from kairos.http_wire import wire
+
         self._client = weakref.proxy(client)  # the cache must not keep the client alive
         self._url = _urljoin(endpoint_url, "/", None)  # as botocore joins the operation's path "/"
         # The signed parts that never change: the canonical path and host, as botocore.auth derives them.
@@ -224,6 +229,7 @@ class Sender:
         self._errors = client.exceptions
         self._response_dict = convert_to_response_dict
         self._parser = create_parser("json")
+        self._wire = wire(self._session, self._url)
 
     def send(self, queue_url: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
         body = json.dumps({"QueueUrl": queue_url, "Entries": entries}).encode()
@@ -254,7 +260,10 @@ class Sender:
     def _attempt(self, request: Any) -> tuple[Any, dict[str, Any], Exception | None]:
         """One HTTP exchange: (the response, its parsed body, None) or (None, {}, the transport error)."""
         try:
-            http = self._session.send(request)
+            # On a pooled connection already open, written and read here; else the session's send.
+            http = None if self._wire is None else self._wire.exchange(request.headers, request.body)
+            if http is None:
+                http = self._session.send(request)
         except Exception as exc:  # noqa: BLE001 - botocore's own transport errors: the retry policy decides
             return None, {}, exc
         if http.status_code == 200:
