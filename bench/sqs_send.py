@@ -9,7 +9,8 @@ connection by ``kairos.http_wire``), the same sender through the client's HTTP s
 http.client: what the wire buys), and that sender through the session signing with botocore's
 ``SigV4Auth`` instead of its own SigV4 (what the own signer buys). ``--rounds`` rounds, each path
 ``--calls`` calls a round, interleaved (wire, session, session signed by botocore, botocore, wire, ...)
-after a warm-up; medians and per-round ratios are reported, with the load average. The stand-in's counts check that every message arrived.
+after a warm-up; medians and per-round ratios are reported, with the load average. The stand-in's
+counts check that every message arrived.
 
 Run: ``.venv/bin/python bench/sqs_send.py [--calls N] [--rounds R]``.
 """
@@ -112,7 +113,8 @@ def main() -> int:
         print(f"| {name} | {statistics.median(values):,.0f} | {' / '.join(f'{v:,.0f}' for v in values)} |")
     boto_values = figures["botocore client"]
     print()
-    wire_values, session_values = figures[list(paths)[0]], figures[list(paths)[1]]
+    names = list(paths)
+    wire_values, session_values = figures[names[0]], figures[names[1]]
     print("on the wire ÷ through the session per round: "
           + ", ".join(f"{a / b:.2f}" for a, b in zip(wire_values, session_values, strict=True))
           + f"; median {statistics.median(wire_values) / statistics.median(session_values):.2f}.")

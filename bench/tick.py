@@ -16,9 +16,11 @@ rounds with pgbench before each round's workloads; medians of the rounds are rep
      0 ms one: the calls overlap on the handoff's bounded pool).
    * *sends counted* (issue 41): the stand-in at 0 ms in its own process, so every SendMessageBatch
      (signing, serialising, parsing, the HTTP round trip) is inside the tick's wall time, each workload
-     twice in every round: the handoff's lean path (``kairos.sqs_batch``) and, right after, the same
-     through botocore's own request pipeline (a client the lean path declines: what the handoff sent
-     before), on two workloads: *one shared rule* (10,000 schedules, one daily UTC cron) and *10,000 distinct
+     three times in every round: the handoff's lean path (``kairos.sqs_batch``, its exchanges on
+     ``kairos.http_wire``), the lean path with every exchange through the client's HTTP session (urllib3
+     and http.client: before ``kairos.http_wire``), and botocore's own request pipeline (a client the
+     lean path declines: what the handoff sent before ``kairos.sqs_batch``), on two workloads: *one
+     shared rule* (10,000 schedules, one daily UTC cron) and *10,000 distinct
      rules* (minute crons ``M[,x] H[,y] * * *|0-6`` across seven zones: the calendar runs 10,000
      times). Target: fires/s ≥ the same round's pgbench TPS. Beside them, the one-rule workload against
      the stand-in as it answered before (Nagle's algorithm on: ~40 ms a call, see ``sqs_standin``).
@@ -104,6 +106,8 @@ MINUTE_CRONS = "sends counted (stand-in 0 ms), 10,000 distinct rules (minute cro
 NAGLE = "sends counted, one shared rule, the stand-in as it was (Nagle on: ~40 ms a call)"
 ONE_RULE_BOTOCORE = "sends counted, one shared rule, botocore's request pipeline (before kairos.sqs_batch)"
 MINUTE_CRONS_BOTOCORE = "sends counted, 10,000 distinct rules, botocore's request pipeline (before kairos.sqs_batch)"
+ONE_RULE_SESSION = "sends counted, one shared rule, lean through the HTTP session (before kairos.http_wire)"
+MINUTE_CRONS_SESSION = "sends counted, 10,000 distinct rules, lean through the HTTP session (before kairos.http_wire)"
 AGENT = {"executor": "echo", "model": "echo", "system": "bench"}
 
 
@@ -582,8 +586,14 @@ def main() -> int:
         pipeline_client = fast.client(handoff.MAX_PARALLEL_CALLS)
         pipeline_client.meta.events.register("before-send.sqs.SendMessageBatch", lambda **_: None)
         assert sqs_batch.sender(pipeline_client) is None and sqs_batch.sender(fast_client) is not None
+        # The lean path with every exchange through the client's HTTP session (urllib3 + http.client), as
+        # it sent before kairos.http_wire.
+        session_client = fast.client(handoff.MAX_PARALLEL_CALLS)
+        session_sender = sqs_batch.sender(session_client)
+        assert session_sender is not None
+        session_sender._wire = None
         for client, standin in ((fast_client, fast), (slow_client, slow), (nagle_client, nagle),
-                                (pipeline_client, fast)):
+                                (pipeline_client, fast), (session_client, fast)):
             # Warm: the client's endpoint and its pooled connections, the handoff pool's threads (else
             # the first workload of the first round pays for them).
             warm = [uuid.uuid4() for _ in range(10 * handoff.MAX_PARALLEL_CALLS)]
@@ -592,8 +602,11 @@ def main() -> int:
         def with_sends() -> tuple[Result, ...]:
             # Each lean workload beside the same one through botocore's pipeline (interleaved).
             return (measure(ONE_RULE, url, fast_client, fast.queue_url, one_rule, n),
+                    measure(ONE_RULE_SESSION, url, session_client, fast.queue_url, one_rule, n),
                     measure(ONE_RULE_BOTOCORE, url, pipeline_client, fast.queue_url, one_rule, n),
                     measure(MINUTE_CRONS, url, fast_client, fast.queue_url, lambda due: minute_crons(due, n), n),
+                    measure(MINUTE_CRONS_SESSION, url, session_client, fast.queue_url,
+                            lambda due: minute_crons(due, n), n),
                     measure(MINUTE_CRONS_BOTOCORE, url, pipeline_client, fast.queue_url,
                             lambda due: minute_crons(due, n), n),
                     measure(NAGLE, url, nagle_client, nagle.queue_url, one_rule, n))
@@ -661,7 +674,8 @@ def main() -> int:
     def rate(r: Result) -> float:
         return r.fires_per_second
 
-    for label in (ONE_RULE, MINUTE_CRONS, NAGLE, ONE_RULE_BOTOCORE, MINUTE_CRONS_BOTOCORE):
+    for label in (ONE_RULE, MINUTE_CRONS, NAGLE, ONE_RULE_SESSION, MINUTE_CRONS_SESSION, ONE_RULE_BOTOCORE,
+                  MINUTE_CRONS_BOTOCORE):
         print(f"{label} ÷ pgbench per round: "
               + ", ".join(f"{r.fires_per_second / t:.2f}" for r, t in zip(series[label], tps_runs, strict=False))
               + " (target ≥ 1.0).")
@@ -669,9 +683,12 @@ def main() -> int:
     def client_cpu(r: Result) -> float:
         return r.client_cpu
 
-    for lean, before in ((ONE_RULE, ONE_RULE_BOTOCORE), (MINUTE_CRONS, MINUTE_CRONS_BOTOCORE)):
+    for lean, session, before in ((ONE_RULE, ONE_RULE_SESSION, ONE_RULE_BOTOCORE),
+                                  (MINUTE_CRONS, MINUTE_CRONS_SESSION, MINUTE_CRONS_BOTOCORE)):
         print(f"{lean}: lean sends ÷ botocore's pipeline per round (same round): fires/s "
               f"{per_round(lean, before, rate)}; tick process CPU {per_round(lean, before, client_cpu)}.")
+        print(f"{lean}: on the wire ÷ through the HTTP session per round (same round): fires/s "
+              f"{per_round(lean, session, rate)}; tick process CPU {per_round(lean, session, client_cpu)}.")
     if args.sends:
         return 0
     stub, held_label = "stub SQS, shared rules", "held snapshot, shared rules"
