@@ -54,6 +54,8 @@ from hashlib import sha256
 from typing import Any
 from urllib.parse import quote, urlsplit
 
+from kairos import http_wire
+
 OPERATION = "SendMessageBatch"
 TARGET = "AmazonSQS.SendMessageBatch"
 CONTENT_TYPE = "application/x-amz-json-1.0"
@@ -204,8 +206,6 @@ class Sender:
         from botocore.parsers import create_parser
         from botocore.utils import normalize_url_path
 
-        from kairos.http_wire import wire
-
         self._client = weakref.proxy(client)  # the cache must not keep the client alive
         self._url = _urljoin(endpoint_url, "/", None)  # as botocore joins the operation's path "/"
         # The signed parts that never change: the canonical path and host, as botocore.auth derives them.
@@ -229,7 +229,7 @@ class Sender:
         self._errors = client.exceptions
         self._response_dict = convert_to_response_dict
         self._parser = create_parser("json")
-        self._wire = wire(self._session, self._url)
+        self._wire = http_wire.wire(self._session, self._url)
 
     def send(self, queue_url: str, entries: list[dict[str, Any]]) -> dict[str, Any]:
         body = json.dumps({"QueueUrl": queue_url, "Entries": entries}).encode()
