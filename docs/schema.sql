@@ -1194,7 +1194,7 @@ CREATE INDEX runs_released_by_idx ON public.runs USING btree (released_by) WHERE
 
 CREATE UNIQUE INDEX runs_retry_of_idx ON public.runs USING btree (retry_of) WHERE (retry_of IS NOT NULL);
 
-CREATE INDEX runs_schedule_active_idx ON public.runs USING btree (schedule_id) WHERE ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (schedule_id IS NOT NULL));
+CREATE INDEX runs_schedule_active_idx ON public.runs USING btree (schedule_id) WHERE ((state = ANY (ARRAY['queued'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (schedule_id IS NOT NULL));
 
 CREATE INDEX runs_schedule_backfill_idx ON public.runs USING btree (schedule_id, created_at DESC) WHERE (source = 'backfill'::text);
 

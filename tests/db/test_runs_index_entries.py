@@ -1,15 +1,16 @@
-"""The runs indexes a run's updates enter, and the reads that lost an index to them (migration 0043).
+"""The runs indexes a run's updates enter, and the reads that lost an index to them (migrations 0043, 0045).
 
 A claim and a run's end change ``state``, which most runs indexes name, so neither update is HOT: each
 adds an entry to every index whose predicate the new row version satisfies. The first test evaluates
 each runs index's predicate on a run's row after its claim, its end and its settlement: the indexes a
 row version is in are the entries its update wrote. Before 0043 a claimed run was also in
-runs_running_idx and runs_owner_active_idx, and an ended, unsettled run in runs_prunable_idx.
+runs_running_idx and runs_owner_active_idx, and an ended, unsettled run in runs_prunable_idx; before
+0045, a claimed run was in runs_schedule_active_idx too.
 
 The other tests hold the reads those indexes served, each against a database with history (ended runs
 analyzed), counting the rows of ``runs`` the statement fetched (``pg_stat_xact_user_tables``): the
-rescue's expired-lease scan and the status counts read the slot holders, not every run, and retention
-reads settled runs in the order it prunes them.
+rescue's expired-lease scan, the status counts and the overlap reads find running runs among the slot
+holders, not among every run, and retention reads settled runs in the order it prunes them.
 """
 
 from __future__ import annotations
@@ -56,9 +57,9 @@ def test_a_claim_an_end_and_a_settlement_enter_only_the_indexes_that_read_them(d
             "runs_handoff_idx", "runs_owner_active_idx", "runs_schedule_active_idx", "runs_slot_holders_idx"}
         claimed = moves.claim(conn, queued["id"])
         assert claimed is not None and claimed["state"] == "running"
-        # The running run is found by its owner's slot count and its schedule's overlap, nothing else:
-        # not by id among running runs (runs_running_idx, dropped) nor among the owner's active runs.
-        assert _indexes_of(conn, queued["id"]) == EVERY_ROW | {"runs_schedule_active_idx", "runs_slot_holders_idx"}
+        # The running run is found among its owner's slot holders, nothing else: not by id among running
+        # runs (runs_running_idx, dropped), nor among its owner's or its schedule's active runs.
+        assert _indexes_of(conn, queued["id"]) == EVERY_ROW | {"runs_slot_holders_idx"}
         assert moves.succeed(conn, queued["id"], int(claimed["fence"]), output={"conversation_id": "x", "entry_seq": 1},
                              events=[trace.Event(EventType.STEP_FINISHED, "model", {"outcome": "succeeded"})])
         # Ended: the settle step's, and not yet retention's (it prunes settled runs only).
@@ -147,3 +148,36 @@ def test_retention_reads_settled_runs_oldest_end_first(db: Database, history: di
     oldest = sorted(ends)
     assert oldest[0] == T - timedelta(days=399)
     assert read <= 10, read  # the ten oldest settled runs, by runs_prunable_idx in finished order
+
+
+@pytest.mark.parametrize("overlap", ["skip", "queue_one"])
+def test_the_overlap_reads_find_a_running_run_among_the_slot_holders(db: Database, db_url: str,
+                                                                   history: dict[str, Any], overlap: str) -> None:
+    """The tick's due read and a manual trigger's overlap read: the schedule's newest active run, a running
+    one found among its owner's slot holders, a queued one by runs_schedule_active_idx; neither walks the
+    schedule's ended history."""
+    schedule = history["schedule"]
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("UPDATE schedules SET overlap = %s, next_fire_at = %s WHERE id = %s", (overlap, T, schedule["id"]))
+    newest_running = max(history["running"], key=lambda r: r["created_at"])
+    params = {"now": history["now"], "after_at": "-infinity", "after_id": "00000000-0000-0000-0000-000000000000",
+              "parts": 1, "part": 0, "limit": 10}
+    with db.transaction() as conn:
+        before = _reads(conn)
+        manual = db_module.fetch_one(conn, "runs_overlap_of_schedule", {"schedule_id": schedule["id"]})
+        due = db_module.fetch_all(conn, "schedules_lock_due", params)
+        read = _reads(conn) - before
+    # The queued runs and the one awaiting approval are newer than the running ones (fired later).
+    assert manual is not None and manual["active_run_id"] == history["waiting"]["id"]
+    assert [(r["id"], r["active_run_id"]) for r in due] == [(schedule["id"], history["waiting"]["id"])]
+    # Each read: the schedule's 3 queued and waiting runs, its owner's 3 slot holders, and the
+    # queued-behind probe's 3 (runs_schedule_active_idx) — never its 400 ended runs.
+    assert read <= 2 * (3 + 3 + 3), read
+    with psycopg.connect(db_url, autocommit=True) as conn:  # only running runs left active
+        conn.execute("UPDATE runs SET state = 'cancelled', finished_at = now(), "
+                     "diagnosis = '{}' WHERE state IN ('queued', 'awaiting_approval')")
+    with db.transaction() as conn:
+        manual = db_module.fetch_one(conn, "runs_overlap_of_schedule", {"schedule_id": schedule["id"]})
+        due = db_module.fetch_all(conn, "schedules_lock_due", params)
+    assert manual is not None and manual["active_run_id"] == newest_running["id"]
+    assert [r["active_run_id"] for r in due] == [newest_running["id"]]

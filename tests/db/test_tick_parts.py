@@ -188,4 +188,6 @@ def test_a_part_of_the_due_schedules_is_read_in_the_due_index_order(db_url: str,
                   "after_id": "00000000-0000-0000-0000-000000000000", "part": parts - 1, "parts": parts}
         plan = "\n".join(str(r[0]) for r in conn.execute("EXPLAIN " + db_module.q("schedules_lock_due"),
                                                             params).fetchall())
-    assert "Index Scan using schedules_due_key_idx" in plan and "Sort" not in plan, plan
+    # The due scan itself (above the subplans: an overlap read sorts a schedule's few active runs).
+    due_scan = plan.split("SubPlan")[0]
+    assert "Index Scan using schedules_due_key_idx" in due_scan and "Sort" not in due_scan, plan

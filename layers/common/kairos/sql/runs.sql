@@ -686,11 +686,20 @@ SELECT q.queued, r.running, q.oldest_queued_at, r.lease_expired, q.handoff_pendi
 
 -- name: runs_overlap_of_schedule
 -- What overlap sees of a schedule outside the tick (trigger, retry): its newest active run and a
--- queued-behind run already waiting. Test runs stand in no one's way.
-SELECT (SELECT r.id FROM runs r
-         WHERE r.schedule_id = %(schedule_id)s AND NOT r.test
-           AND r.state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input')
-         ORDER BY r.created_at DESC, r.id DESC LIMIT 1) AS active_run_id,
+-- queued-behind run already waiting. Test runs stand in no one's way. The active runs are read as the
+-- tick's schedules_lock_due reads them: the running ones among the owner's slot holders.
+SELECT (SELECT a.id
+          FROM ((SELECT r.id, r.created_at FROM runs r
+                  WHERE r.schedule_id = %(schedule_id)s AND NOT r.test
+                    AND r.state IN ('queued', 'awaiting_approval', 'awaiting_input')
+                 OFFSET 0)
+                UNION ALL
+                (SELECT h.id, h.created_at FROM runs h
+                  WHERE h.owner = (SELECT s.owner FROM schedules s WHERE s.id = %(schedule_id)s)
+                    AND h.state = 'running' AND h.schedule_id = %(schedule_id)s AND NOT h.test
+                 OFFSET 0)) AS a
+         ORDER BY a.created_at DESC, a.id DESC
+         LIMIT 1) AS active_run_id,
        (SELECT r.id FROM runs r
          WHERE r.schedule_id = %(schedule_id)s AND r.state = 'queued' AND r.blocked_by_run_id IS NOT NULL
          LIMIT 1) AS waiting_run_id;

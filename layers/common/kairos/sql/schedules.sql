@@ -30,10 +30,19 @@ SELECT s.id, s.kind, s.cron, s.interval_seconds, s.starts_at, s.ends_at, s.timez
        s.max_occurrences, s.conversation_id,
        coalesce(%(now)s::timestamptz, now()) AS db_now,
        CASE WHEN s.overlap <> 'allow' THEN (
-           SELECT r.id FROM runs r
-            WHERE r.schedule_id = s.id AND r.state IN ('queued', 'running', 'awaiting_approval', 'awaiting_input')
-              AND NOT r.test
-            ORDER BY r.created_at DESC, r.id DESC
+           -- Its queued and waiting runs (runs_schedule_active_idx) and its running ones, among its owner's
+           -- slot holders (runs_slot_holders_idx, a few entries; no schedule index holds running runs,
+           -- migration 0045). Each read whole (OFFSET 0), never as a walk of the schedule's history in order.
+           SELECT a.id
+             FROM ((SELECT r.id, r.created_at FROM runs r
+                     WHERE r.schedule_id = s.id AND r.state IN ('queued', 'awaiting_approval', 'awaiting_input')
+                       AND NOT r.test
+                    OFFSET 0)
+                   UNION ALL
+                   (SELECT h.id, h.created_at FROM runs h
+                     WHERE h.owner = s.owner AND h.state = 'running' AND h.schedule_id = s.id AND NOT h.test
+                    OFFSET 0)) AS a
+            ORDER BY a.created_at DESC, a.id DESC
             LIMIT 1) END AS active_run_id,
        CASE WHEN s.overlap = 'queue_one' THEN (
            SELECT r.id FROM runs r
