@@ -1,4 +1,4 @@
-"""The run handler's client CPU per run, two checkouts side by side in interleaved blocks.
+"""The run handler's client CPU per run, two checkouts side by side in interleaved blocks (and their server CPU).
 
 Each checkout gets one process (a warm Lambda container: ``functions/run/app.py``'s ``handler`` with
 its decorators, echo agent, fork mode, one SQS-shaped event per run, logs and EMF metrics written to
@@ -6,7 +6,9 @@ its decorators, echo agent, fork mode, one SQS-shaped event per run, logs and EM
 recreated; ``--databases`` names another prefix). The two processes take turns: block after block of
 ``--runs`` handler calls each, the
 order swapped every block, so load from elsewhere on the machine falls on both alike. Reported: each
-side's median process CPU (user + system) per run, and the median of the per-block ratios.
+side's median process CPU (user + system) per run, and the median of the per-block ratios; and the same
+of the server CPU of each side's own backends (``/proc/<pid>/stat`` of the database's connections: a
+server on this machine, run as root or postgres), when readable.
 
 Run: ``.venv/bin/python bench/run_client.py OLD_CHECKOUT NEW_CHECKOUT [--blocks 30] [--runs 100]``
 (e.g. a ``git worktree`` of the commit before a change, and this checkout).
@@ -20,6 +22,8 @@ import statistics
 import subprocess
 import sys
 import time
+from pathlib import Path
+from typing import Any
 
 WARM = 100
 
@@ -47,15 +51,44 @@ def serve(root: str, database: str, total: int) -> None:
         assert app.handler(bench_run._sqs_event(next(ids)), bench_run._Context()) == {"batchItemFailures": []}
     out.write("ready\n")
     out.flush()
+    import psycopg
+
+    admin = psycopg.connect(os.environ["DATABASE_URL"], autocommit=True)
     for line in sys.stdin:
         n = int(line)
         events = [(bench_run._sqs_event(next(ids)), bench_run._Context()) for _ in range(n)]
+        backends = _backends(admin, database)
+        before = _server_cpu(backends)
         cpu = time.process_time()
         for event, context in events:
             if app.handler(event, context) != {"batchItemFailures": []}:
                 raise RuntimeError("a record failed")
-        out.write(f"{1000 * (time.process_time() - cpu) / n:.4f}\n")
+        client = 1000 * (time.process_time() - cpu) / n
+        after = _server_cpu(backends)
+        server = float("nan") if before is None or after is None else 1000 * (after - before) / n
+        out.write(f"{client:.4f} {server:.4f}\n")
         out.flush()
+
+
+def _backends(admin: Any, database: str) -> list[int]:
+    """The pids of the server backends connected to ``database`` (this side's pool)."""
+    rows = admin.execute("SELECT pid FROM pg_stat_activity WHERE datname = %s", (database,)).fetchall()
+    return [int(r[0]) for r in rows]
+
+
+def _server_cpu(pids: list[int]) -> float | None:
+    """The CPU seconds (user + system) these backends have used, from /proc: None when the server is not
+    on this machine or its processes are not readable."""
+    total = 0.0
+    try:
+        for pid in pids:
+            if b"postgres" not in Path(f"/proc/{pid}/cmdline").read_bytes():  # a server elsewhere: not its pid
+                return None
+            fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+            total += (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+    except OSError:
+        return None
+    return total
 
 
 def main() -> None:
@@ -79,13 +112,16 @@ def main() -> None:
     for side in sides.values():
         assert side.stdout is not None and side.stdout.readline().strip() == "ready"
     cpu: dict[str, list[float]] = {"old": [], "new": []}
+    server: dict[str, list[float]] = {"old": [], "new": []}
     for block in range(args.blocks):
         for name in ("old", "new") if block % 2 == 0 else ("new", "old"):
             side = sides[name]
             assert side.stdin is not None and side.stdout is not None
             side.stdin.write(f"{args.runs}\n")
             side.stdin.flush()
-            cpu[name].append(float(side.stdout.readline()))
+            client, backend = side.stdout.readline().split()
+            cpu[name].append(float(client))
+            server[name].append(float(backend))
     for side in sides.values():
         assert side.stdin is not None
         side.stdin.close()
@@ -94,6 +130,11 @@ def main() -> None:
     ratio = statistics.median(n / o for o, n in zip(cpu["old"], cpu["new"], strict=True))
     print(f"client CPU per run, median of {args.blocks} blocks of {args.runs}: old {old:.3f} ms, new {new:.3f} ms "
           f"({new / old:.3f}x; median block ratio {ratio:.3f}x); load average {os.getloadavg()[0]:.2f}")
+    if all(v == v for v in server["old"] + server["new"]):  # no NaN: the server's processes were readable
+        old, new = statistics.median(server["old"]), statistics.median(server["new"])
+        ratio = statistics.median(n / o for o, n in zip(server["old"], server["new"], strict=True) if o > 0)
+        print(f"server CPU per run (the side's own backends, /proc), median of {args.blocks} blocks: old {old:.3f} ms, "
+              f"new {new:.3f} ms ({new / old:.3f}x; median block ratio {ratio:.3f}x)")
 
 
 if __name__ == "__main__":
