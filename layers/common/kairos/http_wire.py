@@ -210,7 +210,7 @@ class Wire:
             return self._library(sock, data)
         block = data[:end]
         lines = block.split(b"\r\n")
-        if len(lines) > 100 or any(b"\r" in line or b"\n" in line for line in lines):
+        if len(lines) > 100 or not block.count(b"\r") == block.count(b"\n") == len(lines) - 1:  # a bare CR or LF
             return self._library(sock, data)
         length = close = None
         for line in lines[1:]:

@@ -215,6 +215,15 @@ class Sender:
         self._timestamp = SIGV4_TIMESTAMP
         self._prepared = AWSPreparedRequest
         self._key: tuple[str, str, bytes] = ("", "", b"")  # (secret, day, signing key): one HMAC chain a day
+        # The canonical request's fixed parts around the date and the session token (the signed headers
+        # in sorted order: content-type, host, x-amz-date, [x-amz-security-token], x-amz-target,
+        # x-amzn-query-mode), for a call without and with a token.
+        host = " ".join(self._host.split())
+        self._canonical_head = f"POST\n{self._path}\n\ncontent-type:{CONTENT_TYPE}\nhost:{host}\n"
+        self._canonical_tail: tuple[tuple[str, str], ...] = tuple(
+            (f"x-amz-target:{TARGET}\nx-amzn-query-mode:true\n\n{names}\n", names)
+            for names in ("content-type;host;x-amz-date;x-amz-target;x-amzn-query-mode",
+                          "content-type;host;x-amz-date;x-amz-security-token;x-amz-target;x-amzn-query-mode"))
         self._region = region
         self._signing_name = signing_name
         self._credentials = credentials
@@ -293,21 +302,17 @@ class Sender:
             for part in (self._region, self._signing_name, "aws4_request"):
                 key = hmac.new(key, part.encode(), sha256).digest()
             self._key = (secret, day, key)
-        signed = {"content-type": CONTENT_TYPE, "host": self._host, "x-amz-date": timestamp, "x-amz-target": TARGET,
-                  "x-amzn-query-mode": "true"}
-        if credentials.token:
-            signed["x-amz-security-token"] = credentials.token
-        names = sorted(signed)
-        signed_names = ";".join(names)
-        canonical_headers = "\n".join(f"{name}:{' '.join(signed[name].split())}" for name in names)
-        canonical = f"POST\n{self._path}\n\n{canonical_headers}\n\n{signed_names}\n{sha256(body).hexdigest()}"
+        token = credentials.token
+        token_line = f"x-amz-security-token:{' '.join(token.split())}\n" if token else ""
+        tail, signed_names = self._canonical_tail[bool(token)]
+        canonical = f"{self._canonical_head}x-amz-date:{timestamp}\n{token_line}{tail}{sha256(body).hexdigest()}"
         scope = f"{day}/{self._region}/{self._signing_name}/aws4_request"
         to_sign = f"AWS4-HMAC-SHA256\n{timestamp}\n{scope}\n{sha256(canonical.encode()).hexdigest()}"
-        signature = hmac.new(key, to_sign.encode(), sha256).hexdigest()
+        signature = hmac.digest(key, to_sign.encode(), "sha256").hex()
         headers = {"X-Amz-Target": TARGET, "Content-Type": CONTENT_TYPE, "x-amzn-query-mode": "true",
                    "User-Agent": self._user_agent, "X-Amz-Date": timestamp}
-        if credentials.token:
-            headers["X-Amz-Security-Token"] = credentials.token
+        if token:
+            headers["X-Amz-Security-Token"] = token
         trace = os.environ.get("_X_AMZN_TRACE_ID")
         if trace and "AWS_LAMBDA_FUNCTION_NAME" in os.environ:  # botocore's recursion-detection header
             headers["X-Amzn-Trace-Id"] = quote(trace, safe="-=;:+&[]{}\"',")
