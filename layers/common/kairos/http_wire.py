@@ -5,7 +5,7 @@ Role: ``kairos.sqs_batch``'s sends. After its own pipeline was gone, about three
 ``SendMessageBatch``'s CPU was urllib3 and http.client: ``putheader`` per header, two socket writes (the
 headers, then the body), the ``email`` package parsing every response header into a message object,
 urllib3's response wrapper and botocore's ``HeadersDict`` copy of it (``bench/sqs_send.py``).
-``Wire.exchange(request)`` writes the request on a connection the session's urllib3 pool already holds
+``Wire.exchange(headers, body)`` writes the request on a connection the session's urllib3 pool already holds
 open, in one write, and reads the answer:
 
 * the bytes written are the ones urllib3 writes for the same request (its request line, ``Host`` and
@@ -265,8 +265,8 @@ class Wire:
     def _transport_error(self, exc: BaseException, reading: bool, headers: Mapping[str, str], body: bytes,
                          read_timeout: float | None) -> BaseException:
         """``exc`` raised while writing or reading, as urllib3 and then botocore's session raise it."""
-        if isinstance(exc, CancelledError | KeyboardInterrupt | SystemExit):
-            return exc
+        if not isinstance(exc, Exception) or isinstance(exc, CancelledError):
+            return exc  # as botocore's session: only an Exception becomes a botocore error
         error: BaseException = exc
         if reading and isinstance(exc, TimeoutError | OSError) and (
                 isinstance(exc, TimeoutError) or getattr(exc, "errno", None) in _BLOCKING):
