@@ -96,7 +96,7 @@ class RawServer:
         self.lock = threading.Lock()
         self.stop = threading.Event()
         self.closed = threading.Condition(self.lock)
-        self.closed_count = 0
+        self.closed_numbers: set[int] = set()
         self.listener = socket.create_server(("127.0.0.1", 0))
         self.connections = 0
         self.base = 0
@@ -106,7 +106,6 @@ class RawServer:
         with self.lock:
             self.requests.clear()
             self.base = self.connections
-            self.closed_count = 0
 
     @property
     def port(self) -> int:
@@ -121,9 +120,11 @@ class RawServer:
         self.listener.close()
 
     def wait_closed(self, count: int) -> None:
-        """Until the server has closed ``count`` connections (a deadline, not a sleep)."""
+        """Until the server has closed the first ``count`` connections since the last reset (a deadline,
+        not a sleep)."""
         with self.closed:
-            assert self.closed.wait_for(lambda: self.closed_count >= count, timeout=10)
+            assert self.closed.wait_for(
+                lambda: all(self.base + i in self.closed_numbers for i in range(count)), timeout=10)
 
     def _accept(self) -> None:
         while not self.stop.is_set():
@@ -178,7 +179,7 @@ class RawServer:
                 sock.setsockopt(socket.SOL_SOCKET, socket.SO_LINGER, struct.pack("ii", 1, 0))
             sock.close()
             with self.closed:
-                self.closed_count += 1
+                self.closed_numbers.add(number)
                 self.closed.notify_all()
 
 
