@@ -8,6 +8,7 @@ from __future__ import annotations
 
 from datetime import UTC, datetime, timedelta, timezone
 from itertools import pairwise
+from zoneinfo import ZoneInfo
 
 import pytest
 import tzdata
@@ -770,3 +771,43 @@ def test_a_bad_field_is_refused_every_time_it_is_met_with_the_same_problems() ->
         messages.append([(e.field, e.rule, e.message) for e in caught.value.fields])
     assert messages[0] == messages[1] == messages[2] == [("cron", "cron_syntax", "minute 61 is out of range 0-59")]
     assert calendar.cron_problems("59 7 * * *") == []
+
+
+# The cold path's caches (a tick of 10,000 distinct rules shares them): none may answer for another key.
+
+
+def test_describe_cache_tells_apart_the_two_instants_of_a_repeated_wall_time() -> None:
+    # 01:30 on 2026-11-01 happens twice in New York; as aware datetimes of that zone the two compare and
+    # hash equal (they differ only by fold), so a cache keyed on them would answer the second with the first.
+    zone = ZoneInfo("America/New_York")
+    first = calendar.describe(datetime(2026, 11, 1, 1, 30, tzinfo=zone), "America/New_York")
+    second = calendar.describe(datetime(2026, 11, 1, 1, 30, fold=1, tzinfo=zone), "America/New_York")
+    assert (first.fire_at, first.fold, first.utc_offset) == (datetime(2026, 11, 1, 5, 30, tzinfo=UTC), 0,
+                                                             timedelta(hours=-4))
+    assert (second.fire_at, second.fold, second.utc_offset) == (datetime(2026, 11, 1, 6, 30, tzinfo=UTC), 1,
+                                                                timedelta(hours=-5))
+    tokyo = calendar.describe(datetime(2026, 11, 1, 5, 30, tzinfo=UTC), "Asia/Tokyo")
+    assert (tokyo.timezone, tokyo.local_time) == ("Asia/Tokyo", datetime(2026, 11, 1, 14, 30))
+
+
+def test_one_cron_text_in_two_zones_from_one_cursor_fires_in_each_zone() -> None:
+    cursor = datetime(2026, 12, 7, 20, 0, tzinfo=UTC)
+    berlin = next_fire(Rule(kind=ScheduleKind.CRON, cron="5 21 * * *", timezone="Europe/Berlin"), cursor)
+    tokyo = next_fire(Rule(kind=ScheduleKind.CRON, cron="5 21 * * *", timezone="Asia/Tokyo"), cursor)
+    utc = next_fire(Rule(kind=ScheduleKind.CRON, cron="5 21 * * *", timezone="UTC"), cursor)
+    assert berlin is not None and tokyo is not None and utc is not None
+    assert berlin.fire_at == datetime(2026, 12, 7, 20, 5, tzinfo=UTC)
+    assert tokyo.fire_at == datetime(2026, 12, 8, 12, 5, tzinfo=UTC)
+    assert utc.fire_at == datetime(2026, 12, 7, 21, 5, tzinfo=UTC)
+
+
+def test_an_invalid_cron_after_valid_ones_sharing_its_fields_is_still_refused() -> None:
+    cursor = datetime(2026, 12, 7, 20, 0, tzinfo=UTC)
+    assert next_fire(Rule(kind=ScheduleKind.CRON, cron="0 0 30 1 *"), cursor) is not None
+    assert next_fire(Rule(kind=ScheduleKind.CRON, cron="0 0 29 2 *"), cursor) is not None  # a leap day
+    with pytest.raises(ValidationFailed) as never:
+        next_fire(Rule(kind=ScheduleKind.CRON, cron="0 0 30 2 *"), cursor)  # shares "0", "0", "30", "2"
+    assert [e.rule for e in never.value.fields] == ["fires_never"]
+    with pytest.raises(ValidationFailed) as bad:
+        next_fire(Rule(kind=ScheduleKind.CRON, cron="0 0 30 2,13 *"), cursor)
+    assert [e.rule for e in bad.value.fields] == ["cron_syntax"]

@@ -269,6 +269,7 @@ _NAMES: tuple[dict[str, int], ...] = (
 )
 _PART = re.compile(r"^(?:(?P<star>\*)|(?P<a>[0-9A-Za-z]+)(?:-(?P<b>[0-9A-Za-z]+))?)(?:/(?P<step>[0-9]+))?$")
 _MONTH_DAYS = (31, 29, 31, 30, 31, 30, 31, 31, 30, 31, 30, 31)  # the most each month ever has
+_SHORTEST_MONTH = min(_MONTH_DAYS)
 
 
 @dataclass(frozen=True, slots=True)
@@ -395,17 +396,13 @@ def _compile(expression: str) -> _Cron:
                 )
             ]
         )
-    canonical: list[str] = []
-    expanded: list[frozenset[int]] = []
-    problems: list[FieldError] = []
-    for index, text in enumerate(fields):
-        field_text, values, errors = _check_field(text, index)
-        canonical.append(field_text)
-        expanded.append(values)
-        problems.extend(FieldError("cron", "cron_syntax", message) for message in errors)
-    if problems:
-        raise ValidationFailed(problems)
-    minute_set, hour_set, doms, months, dows = expanded
+    checked = [_check_field(text, index) for index, text in enumerate(fields)]
+    if any(errors for _, _, errors in checked):
+        raise ValidationFailed(
+            [FieldError("cron", "cron_syntax", message) for _, _, errors in checked for message in errors]
+        )
+    canonical = [field_text for field_text, _, _ in checked]
+    minute_set, hour_set, doms, months, dows = (values for _, values, _ in checked)
     minutes, hours = tuple(sorted(minute_set)), tuple(sorted(hour_set))
     day_and = fields[2].startswith("*") or fields[4].startswith("*")
     day_or = not day_and
@@ -438,7 +435,9 @@ def _check_fires(spec: _Cron, expression: str) -> None:
     that exists meets every weekday within the 400-year Gregorian cycle, so it is enough that one
     month in the month field has one listed day.
     """
-    if not spec.day_and or any(d <= _MONTH_DAYS[m - 1] for m in spec.months for d in spec.doms):
+    if not spec.day_and or min(spec.doms) <= _SHORTEST_MONTH:  # a day every month has: the usual case
+        return
+    if any(d <= _MONTH_DAYS[m - 1] for m in spec.months for d in spec.doms):
         return
     months = ",".join(str(m) for m in sorted(spec.months))
     days = ",".join(str(d) for d in sorted(spec.doms))
@@ -889,11 +888,14 @@ def _iter_checked(rule: Rule, after: datetime) -> Iterator[Fire]:
     return _resolve(_field_walls(spec, _wall_start(zone, lower)), zone, gap, fold, lower, upper)
 
 
+@lru_cache(maxsize=1024)
 def _wall_start(zone: ZoneInfo, lower: datetime) -> datetime:
     """The naive wall time to start matching from so that no fire after ``lower`` is missed.
 
     Usually ``lower``'s own wall time; when a fold lies ahead, the second pass through it may fire
     later than ``lower`` at earlier wall times, so start from the smaller offset of the next 26 hours.
+    Memoized per (zone, instant): a tick scans every rule of a zone from the same cursor. ``lower`` is
+    always in UTC (no fold), so equal keys are the same instant.
     """
     offset = _offset_at(zone, lower)
     try:
@@ -946,6 +948,14 @@ def fires_between(rule: Rule, after: datetime, until: datetime) -> Iterator[Fire
 def describe(instant: datetime, timezone: str) -> Fire:
     """The wall time, offset and fold of any instant in a zone (webhook occurrences use this)."""
     _require_aware(instant, "instant")
+    return _described(instant.astimezone(UTC), timezone)
+
+
+@lru_cache(maxsize=1024)
+def _described(instant: datetime, timezone: str) -> Fire:
+    """``describe`` memoized per (UTC instant, zone): a tick describes one cursor for every rule of a
+    zone. Keyed in UTC, which has no folds: two aware datetimes of one zone that differ only by fold
+    compare and hash equal, two UTC ones never do unless they are the same instant."""
     return _describe(instant, _zone(timezone))
 
 
