@@ -740,6 +740,9 @@ def check_rule(rule: Rule) -> None:
 
 def _shared_problems(rule: Rule) -> list[FieldError]:
     """The zone, the two DST policies and the ``starts_at`` / ``ends_at`` window, in that order."""
+    if (rule.starts_at is None and rule.ends_at is None and type(rule.dst_gap) is DstGap
+            and type(rule.dst_fold) is DstFold and type(rule.timezone) is str and rule.timezone in _ZONE_NAMES):
+        return []  # the usual row (a known zone, parsed policies, no window): nothing below can object
     errors: list[FieldError] = zone_problems(rule.timezone)
     try:
         parse(DstGap, rule.dst_gap)
