@@ -427,26 +427,3 @@ def test_a_run_end_looks_for_waiting_runs_by_the_index(busy_owner: dict[str, Any
     assert row is not None and row["state"] == "cancelled" and row["admitted_at"] is None  # its slot given up
     # The run by its primary key, and the look: no entry in the partial index (1 here; 601 before 0044).
     assert read <= 5, read
-
-
-def test_a_fire_looks_for_its_owners_waiting_runs_by_the_index(busy_owner: dict[str, Any], db: Database) -> None:
-    """The tick's fire that admits asks the same of each owner of its batch ("does a run of theirs wait
-    for a slot?", so that no new run takes a slot past an older waiting one): besides the queue cap's
-    count and the slot count it reads no run (before 0044 the look was an EXISTS answered with a
-    sequential scan of ``runs``: HOLDING + ENDED rows more here)."""
-    with db.transaction() as conn:
-        sched = conn.execute("SELECT * FROM schedules WHERE owner = 'busy'").fetchone()
-        assert sched is not None
-        fire = calendar.describe(T, "UTC")
-        occurrence = identity.occurrence_id(sched["id"], Source.SCHEDULED, fire_at=T)
-        batch = [occurrences.planned(occurrence_id=occurrence, schedule_id=sched["id"], source=Source.SCHEDULED,
-                                     fire=fire, revision=sched["revision"], decision=Decision.DISPATCHED,
-                                     run_id=identity.run_id(occurrence))]
-        before = _reads(conn)
-        recorded = occurrences.record(conn, batch, now=T, queue_max=HOLDING + 1, owner_slots=5, admit=True)
-        read = _reads(conn) - before
-    assert [r["decision"] for r in recorded] == ["dispatched"]
-    assert not recorded[0]["admitted"]  # its 5 slots are held
-    # The queue cap's count (under these statistics a sequential scan: HOLDING + ENDED) and the slot
-    # count (5): 605 here, 1,205 before 0044.
-    assert read <= HOLDING + ENDED + 5 + 10, read

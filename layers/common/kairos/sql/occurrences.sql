@@ -47,16 +47,10 @@ WITH given AS (
            (SELECT count(*) FROM (SELECT 1 FROM runs h
                                    WHERE h.owner = o.owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL)
                                    LIMIT %(owner_slots)s) AS n) AS held,
-           -- The oldest waiting run, not EXISTS: an EXISTS drops the ORDER BY, and with a busy owner's
-           -- runs half queued (holding slots) and half ended when `runs` was analyzed the planner then
-           -- scans every run, expecting a waiting one among the first; in runs_slot_waiting_idx's order
-           -- nothing is cheaper than that index (migration 0044, the same look in a run's end).
-           (SELECT true FROM runs w
-             WHERE w.owner = o.owner AND w.state = 'queued' AND w.admitted_at IS NULL
-               AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
-               AND (w.held_until IS NULL OR w.held_until <= coalesce(%(now)s::timestamptz, now()))
-             ORDER BY w.created_at, w.id
-             LIMIT 1) IS NOT NULL AS waiting
+           EXISTS (SELECT 1 FROM runs w
+                    WHERE w.owner = o.owner AND w.state = 'queued' AND w.admitted_at IS NULL
+                      AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
+                      AND (w.held_until IS NULL OR w.held_until <= coalesce(%(now)s::timestamptz, now()))) AS waiting
       FROM (SELECT DISTINCT owner FROM given
              WHERE %(admit)s::boolean AND owner IS NOT NULL AND schedule_id IS NOT NULL) AS o
 ), planned AS (
