@@ -33,6 +33,7 @@ import botocore.session
 import pytest
 from botocore.config import Config
 from botocore.exceptions import ClientError
+from urllib3.util.timeout import Timeout
 
 from kairos import handoff, http_wire, sqs_batch
 
@@ -462,16 +463,19 @@ def test_a_proxied_endpoint_stays_on_the_session(waits: list[float]) -> None:
         assert lines == [b"POST http://sqs.kairos-test.invalid/ HTTP/1.1"] * 2
 
 
+def _wired(server: RawServer) -> tuple[str, Any, Any]:
+    """(endpoint, client, sender) against ``server``, the sender's exchanges on the wire."""
+    endpoint = f"http://127.0.0.1:{server.port}"
+    sqs = make_client(endpoint)
+    sender = sqs_batch.sender(sqs)
+    assert sender is not None and sender._wire is not None
+    return endpoint, sqs, sender
+
+
 def test_pool_timeouts_that_are_not_fixed_numbers_stay_on_the_session(waits: list[float]) -> None:
     with RawServer([OK]) as server:
-        endpoint = f"http://127.0.0.1:{server.port}"
-        sqs = make_client(endpoint)
-        sender = sqs_batch.sender(sqs)
-        assert sender is not None and sender._wire is not None
-        from urllib3.util.timeout import Timeout
-
-        queue = f"{endpoint}/123456789012/runs"
-        sender.send(queue, entries())
+        endpoint, sqs, sender = _wired(server)
+        sender.send(f"{endpoint}/123456789012/runs", entries())
         pool = sqs._endpoint.http_session._manager.connection_from_url(f"{endpoint}/")
         pool.timeout = Timeout(total=30)
         wire = http_wire.wire(sqs._endpoint.http_session, f"{endpoint}/")
@@ -482,10 +486,7 @@ def test_pool_timeouts_that_are_not_fixed_numbers_stay_on_the_session(waits: lis
 
 def test_an_illegal_header_value_is_refused_as_the_session_refuses_it(waits: list[float]) -> None:
     with RawServer([OK]) as server:
-        endpoint = f"http://127.0.0.1:{server.port}"
-        sqs = make_client(endpoint)
-        sender = sqs_batch.sender(sqs)
-        assert sender is not None and sender._wire is not None
+        endpoint, _, sender = _wired(server)
         sender.send(f"{endpoint}/123456789012/runs", entries())
         sender.send(f"{endpoint}/123456789012/runs", entries())  # the wire has the pool now
         assert sender._wire.exchange({"X-Bad": "a\r\nInjected: yes", "Content-Length": "0"}, b"") is None
