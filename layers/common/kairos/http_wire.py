@@ -45,7 +45,7 @@ from collections.abc import Mapping
 from typing import Any
 
 import urllib3
-from botocore.awsrequest import AWSResponse
+from botocore.awsrequest import AWSPreparedRequest, AWSResponse, HeadersDict
 from botocore.exceptions import ConnectionClosedError, HTTPClientError, ReadTimeoutError, SSLError
 from botocore.httpsession import URLLib3Session
 from urllib3.exceptions import ProtocolError
@@ -280,8 +280,6 @@ class Wire:
         if isinstance(error, URLLib3ReadTimeoutError):
             return ReadTimeoutError(endpoint_url=self._url, error=error)
         if isinstance(error, ProtocolError):
-            from botocore.awsrequest import AWSPreparedRequest
-
             sent: Any = dict(headers)
             request = AWSPreparedRequest("POST", self._url, sent, body, False)
             return ConnectionClosedError(error=error, request=request, endpoint_url=self._url)
@@ -302,8 +300,6 @@ class Answer(AWSResponse):
     @property
     def headers(self) -> Any:
         if self._headers is None:
-            from botocore.awsrequest import HeadersDict
-
             message = http.client.parse_headers(io.BytesIO(b"".join(line + b"\r\n" for line in self._lines) + b"\r\n"))
             items = _normalize(message) if _normalize is not None else message.items()
             self._headers = HeadersDict(urllib3.HTTPHeaderDict(items))
