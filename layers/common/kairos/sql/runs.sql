@@ -671,6 +671,10 @@ SELECT seq, type, at, attempt, fence, step, data FROM run_events WHERE run_id = 
 -- Operators: queued and running counts, the oldest queued run, runs whose lease expired, and queued
 -- runs whose handoff never happened or is stale (the tick's repair picks both up). The queued runs
 -- are read from runs_owner_active_idx, the running ones from runs_slot_holders_idx (migration 0043).
+-- The index serves only a query whose conditions imply its predicate, `owner IS NOT NULL` included
+-- (that conjunct keeps the claim off it, 0017). `owner <> ''` is true of every row (runs_owner_check)
+-- and, a strict comparison, implies it; stating `owner IS NOT NULL` itself does not do on PostgreSQL 17
+-- and later, which drop an IS NOT NULL condition on a NOT NULL column before they match indexes.
 SELECT q.queued, r.running, q.oldest_queued_at, r.lease_expired, q.handoff_pending
   FROM (SELECT count(*) AS queued,
                min(created_at) AS oldest_queued_at,
@@ -678,7 +682,7 @@ SELECT q.queued, r.running, q.oldest_queued_at, r.lease_expired, q.handoff_pendi
                    OR handoff_at < coalesce(%(now)s::timestamptz, now()) - interval '15 minutes')) AS handoff_pending
           FROM runs
          WHERE state = 'queued'
-           AND owner IS NOT NULL) AS q  -- true of every row; lets runs_owner_active_idx serve this (0017)
+           AND owner <> '') AS q  -- true of every row; lets runs_owner_active_idx serve this
  CROSS JOIN (SELECT count(*) AS running,
                     count(*) FILTER (WHERE lease_expires_at < coalesce(%(now)s::timestamptz, now())) AS lease_expired
                FROM runs
