@@ -92,9 +92,10 @@ def _functions(conn: psycopg.Connection[Any]) -> dict[str, tuple[float, ...]]:
 
 
 def _wal(conn: psycopg.Connection[Any], start: str, end: str, waldump: str) -> tuple[
-        collections.Counter[str], collections.Counter[str], collections.Counter[str], int, int]:
-    """This database's WAL between two LSNs: bytes by relation and by record type (full-page images
-    apart, by relation), the commit records' bytes of its transactions, and how many there were."""
+        collections.Counter[str], collections.Counter[str], collections.Counter[str], collections.Counter[str],
+        int, int]:
+    """This database's WAL between two LSNs: bytes by relation, by record type and by both (full-page
+    images apart, by relation), the commit records' bytes of its transactions, and how many there were."""
     data_directory = str(conn.execute("SHOW data_directory").fetchone()[0])  # type: ignore[index]
     database = int(conn.execute("SELECT oid FROM pg_database WHERE datname = current_database()")
                    .fetchone()[0])  # type: ignore[index]
@@ -103,6 +104,7 @@ def _wal(conn: psycopg.Connection[Any], start: str, end: str, waldump: str) -> t
     by_relfile: collections.Counter[int] = collections.Counter()
     images_by_relfile: collections.Counter[int] = collections.Counter()
     by_record: collections.Counter[str] = collections.Counter()
+    by_relfile_record: collections.Counter[tuple[int, str]] = collections.Counter()
     commits: dict[int, int] = {}
     mine: set[int] = set()
     for line in dump.splitlines():
@@ -121,6 +123,7 @@ def _wal(conn: psycopg.Connection[Any], start: str, end: str, waldump: str) -> t
         by_relfile[int(blocks[0][2])] += record
         images_by_relfile[int(blocks[0][2])] += total - record
         by_record[f"{rmgr}/{desc}"] += record
+        by_relfile_record[(int(blocks[0][2]), f"{rmgr}/{desc}")] += record
     names: dict[int, str] = {}
     for relfile in by_relfile:
         row = conn.execute("SELECT pg_filenode_relation(0, %s)::text", (relfile,)).fetchone()
@@ -130,7 +133,10 @@ def _wal(conn: psycopg.Connection[Any], start: str, end: str, waldump: str) -> t
     for relfile, size in by_relfile.items():
         by_relation[names[relfile]] += size
         images[names[relfile]] += images_by_relfile[relfile]
-    return by_relation, by_record, images, sum(commits.get(x, 0) for x in mine), len(mine)
+    by_both: collections.Counter[str] = collections.Counter()
+    for (relfile, record_type), size in by_relfile_record.items():
+        by_both[f"{names[relfile]} {record_type}"] += size
+    return by_relation, by_record, by_both, images, sum(commits.get(x, 0) for x in mine), len(mine)
 
 
 def measure(url: str, runs: int, processes: int, owners: int, waldump: str) -> None:
@@ -172,7 +178,7 @@ def measure(url: str, runs: int, processes: int, owners: int, waldump: str) -> N
                 WHERE dbid = (SELECT oid FROM pg_database WHERE datname = current_database()) AND calls > 0
                   AND query NOT LIKE '%%pg_stat%%' AND query NOT LIKE '%%pg_current_wal%%'
                 ORDER BY total_exec_time DESC""").fetchall()
-        by_relation, by_record, images, commit_bytes, transactions = _wal(conn, start, end, waldump)
+        by_relation, by_record, by_both, images, commit_bytes, transactions = _wal(conn, start, end, waldump)
     load = os.getloadavg()[0]
     print(f"{runs} runs, {processes} processes, {owners} owner(s): {runs / elapsed:.0f} runs/s, "
           f"load average {load:.1f}")
@@ -192,6 +198,9 @@ def measure(url: str, runs: int, processes: int, owners: int, waldump: str) -> N
     print("WAL per run by record type:")
     for record, size in by_record.most_common(16):
         print(f"  {record:44} {size / runs:7.0f}")
+    print("WAL per run by relation and record type:")
+    for both, size in by_both.most_common(24):
+        print(f"  {both:60} {size / runs:7.0f}")
     print("statements per run (calls, executor ms, WAL bytes; nested ones included):")
     for query, calls, total, wal_bytes in statements:
         text = " ".join(line for line in str(query).splitlines() if not line.strip().startswith("--"))

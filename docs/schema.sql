@@ -1182,7 +1182,7 @@ CREATE INDEX runs_conversation_chat_idx ON public.runs USING btree (source_conve
 
 CREATE INDEX runs_handoff_idx ON public.runs USING btree (created_at) WHERE ((state = 'queued'::text) AND (blocked_by_run_id IS NULL) AND (max_attempts >= 1));
 
-CREATE INDEX runs_hook_dispatch_idx ON public.runs USING btree (schedule_id, COALESCE(held_until, created_at)) WHERE (source = 'webhook'::text);
+CREATE INDEX runs_hook_dispatch_idx ON public.runs USING btree (schedule_id, held_until) WHERE ((source = 'webhook'::text) AND (held_until IS NOT NULL));
 
 CREATE INDEX runs_owner_active_idx ON public.runs USING btree (owner, state) WHERE ((state = ANY (ARRAY['queued'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (owner IS NOT NULL));
 

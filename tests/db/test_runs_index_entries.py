@@ -186,3 +186,45 @@ def test_the_overlap_reads_find_a_running_run_among_the_slot_holders(db: Databas
         due = db_module.fetch_all(conn, "schedules_lock_due", params)
     assert manual is not None and manual["active_run_id"] == newest_running["id"]
     assert [r["active_run_id"] for r in due] == [newest_running["id"]]
+
+
+def test_a_webhook_runs_claim_and_end_enter_the_hook_index_only_while_held(db: Database, db_url: str) -> None:
+    """Migration 0047: runs_hook_dispatch_idx holds held webhook runs only; an unheld one's claim and end
+    (neither HOT) add no entry to it, and a held one stays in it (its rate reads it there)."""
+    schedule = factories.schedule(db_url)
+    unheld = factories.run(db_url, schedule_row=schedule, source="webhook", admitted_at=datetime.now(UTC))
+    held = factories.run(db_url, schedule_row=schedule, source="webhook", admitted_at=datetime.now(UTC),
+                         held_until=datetime.now(UTC) - timedelta(seconds=1))
+    with db.transaction() as conn:
+        assert "runs_hook_dispatch_idx" not in _indexes_of(conn, unheld["id"])
+        assert "runs_hook_dispatch_idx" in _indexes_of(conn, held["id"])
+        for run in (unheld, held):
+            claimed = moves.claim(conn, run["id"])
+            assert claimed is not None and claimed["state"] == "running"
+            assert moves.succeed(conn, run["id"], int(claimed["fence"]),
+                                 output={"conversation_id": "x", "entry_seq": 1},
+                                 events=[trace.Event(EventType.STEP_FINISHED, "model", {"outcome": "succeeded"})])
+        assert _indexes_of(conn, unheld["id"]) == EVERY_ROW | {"runs_unsettled_idx"}
+        assert _indexes_of(conn, held["id"]) == EVERY_ROW | {"runs_unsettled_idx", "runs_hook_dispatch_idx"}
+
+
+def test_a_hooks_rate_window_reads_held_and_unheld_runs_by_their_dispatch_instant(db: Database,
+                                                                                   db_url: str) -> None:
+    """runs_hook_rate_window answers the n-th newest coalesce(held_until, created_at) within the last
+    60 s or ahead, over held and unheld webhook runs alike (two index branches since 0047)."""
+    schedule = factories.schedule(db_url)
+    now = datetime.now(UTC)
+    instants = []
+    for i in range(8):
+        created = now - timedelta(seconds=70 - 9 * i)  # from 70 s ago to 7 s ago
+        held = now + timedelta(seconds=i) if i % 3 == 0 else None  # every third one held, ahead
+        factories.run(db_url, schedule_row=schedule, source="webhook", created_at=created, held_until=held)
+        instants.append(held or created)
+    factories.run(db_url, schedule_row=schedule, source="scheduled", created_at=now - timedelta(seconds=1))
+    window = sorted((at for at in instants if at > now - timedelta(seconds=60)), reverse=True)
+    with db.transaction() as conn:
+        for offset in range(len(window) + 1):
+            row = db_module.fetch_one(conn, "runs_hook_rate_window",
+                                      {"schedule_id": schedule["id"], "offset": offset, "now": now})
+            expected = window[offset] if offset < len(window) else None
+            assert (row["at"] if row else None) == expected, offset

@@ -963,14 +963,26 @@ UPDATE runs
 RETURNING id, held_until;
 
 -- name: runs_hook_rate_window
--- The instant the n-th newest run of a webhook schedule became (or becomes) dispatchable, among
--- those within the last 60 s or ahead (held); no row: under the hook's rate (kairos.flow.rate_hold).
-SELECT coalesce(held_until, created_at) AS at
-  FROM runs
- WHERE schedule_id = %(schedule_id)s
-   AND source = 'webhook'
-   AND coalesce(held_until, created_at) > coalesce(%(now)s::timestamptz, now()) - interval '60 seconds'
- ORDER BY coalesce(held_until, created_at) DESC
+-- The instant the n-th newest run of a webhook schedule became (or becomes) dispatchable
+-- (coalesce(held_until, created_at)), among those within the last 60 s or ahead (held); no row: under
+-- the hook's rate (kairos.flow.rate_hold). Held runs are read from runs_hook_dispatch_idx, the others
+-- from runs_schedule_created_idx (migration 0047: a claim and an end enter no hook index), each branch
+-- newest first and no further than the n-th.
+SELECT at
+  FROM ((SELECT held_until AS at
+           FROM runs
+          WHERE schedule_id = %(schedule_id)s AND source = 'webhook' AND held_until IS NOT NULL
+            AND held_until > coalesce(%(now)s::timestamptz, now()) - interval '60 seconds'
+          ORDER BY held_until DESC
+          LIMIT %(offset)s + 1)
+        UNION ALL
+        (SELECT created_at
+           FROM runs
+          WHERE schedule_id = %(schedule_id)s AND source = 'webhook' AND held_until IS NULL
+            AND created_at > coalesce(%(now)s::timestamptz, now()) - interval '60 seconds'
+          ORDER BY created_at DESC
+          LIMIT %(offset)s + 1)) AS dispatchable
+ ORDER BY at DESC
 OFFSET %(offset)s
  LIMIT 1;
 
