@@ -189,7 +189,7 @@ def test_the_overlap_reads_find_a_running_run_among_the_slot_holders(db: Databas
 
 
 def test_a_webhook_runs_claim_and_end_enter_the_hook_index_only_while_held(db: Database, db_url: str) -> None:
-    """Migration 0047: runs_hook_dispatch_idx holds held webhook runs only; an unheld one's claim and end
+    """Migration 0046: runs_hook_dispatch_idx holds held webhook runs only; an unheld one's claim and end
     (neither HOT) add no entry to it, and a held one stays in it (its rate reads it there)."""
     schedule = factories.schedule(db_url)
     unheld = factories.run(db_url, schedule_row=schedule, source="webhook", admitted_at=datetime.now(UTC))
@@ -211,7 +211,7 @@ def test_a_webhook_runs_claim_and_end_enter_the_hook_index_only_while_held(db: D
 def test_a_hooks_rate_window_reads_held_and_unheld_runs_by_their_dispatch_instant(db: Database,
                                                                                    db_url: str) -> None:
     """runs_hook_rate_window answers the n-th newest coalesce(held_until, created_at) within the last
-    60 s or ahead, over held and unheld webhook runs alike (two index branches since 0047)."""
+    60 s or ahead, over held and unheld webhook runs alike (two index branches since 0046)."""
     schedule = factories.schedule(db_url)
     now = datetime.now(UTC)
     instants = []

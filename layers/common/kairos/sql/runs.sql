@@ -966,7 +966,7 @@ RETURNING id, held_until;
 -- The instant the n-th newest run of a webhook schedule became (or becomes) dispatchable
 -- (coalesce(held_until, created_at)), among those within the last 60 s or ahead (held); no row: under
 -- the hook's rate (kairos.flow.rate_hold). Held runs are read from runs_hook_dispatch_idx, the others
--- from runs_schedule_created_idx (migration 0047: a claim and an end enter no hook index), each branch
+-- from runs_schedule_created_idx (migration 0046: a claim and an end enter no hook index), each branch
 -- newest first and no further than the n-th.
 SELECT at
   FROM ((SELECT held_until AS at
