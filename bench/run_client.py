@@ -130,7 +130,7 @@ def main() -> None:
     ratio = statistics.median(n / o for o, n in zip(cpu["old"], cpu["new"], strict=True))
     print(f"client CPU per run, median of {args.blocks} blocks of {args.runs}: old {old:.3f} ms, new {new:.3f} ms "
           f"({new / old:.3f}x; median block ratio {ratio:.3f}x); load average {os.getloadavg()[0]:.2f}")
-    if all(v == v for v in server["old"] + server["new"]):  # no NaN: the server's processes were readable
+    if all(v == v for v in server["old"] + server["new"]) and any(server["old"]):  # read, and not all zero
         old, new = statistics.median(server["old"]), statistics.median(server["new"])
         ratio = statistics.median(n / o for o, n in zip(server["old"], server["new"], strict=True) if o > 0)
         print(f"server CPU per run (the side's own backends, /proc), median of {args.blocks} blocks: old {old:.3f} ms, "

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import threading
+import time
 import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
@@ -197,3 +198,61 @@ def test_heartbeats_stopped_before_their_first_beat_do_not_pile_up_in_the_dispat
     assert len(module._DISPATCHER) <= 2 * (before + 1)
     assert any(entry[2] is kept for entry in module._DISPATCHER._heap)  # the live one is still due
     kept.stop()
+
+
+class _CountingCondition(threading.Condition):
+    """A condition that counts its notifies (each one wakes the dispatcher's thread)."""
+
+    notified = 0
+
+    def notify(self, n: int = 1) -> None:
+        self.notified += 1
+        super().notify(n)
+
+
+def test_runs_that_end_before_their_first_beat_do_not_wake_the_dispatcher_each(db: Database, monkeypatch: Any) -> None:
+    from kairos.execution import heartbeat as module
+
+    # Given a dispatcher of its own
+    dispatcher = module._Dispatcher()
+    condition = dispatcher._cond = _CountingCondition()
+    monkeypatch.setattr(module, "_DISPATCHER", dispatcher)
+
+    # ... whose thread waits for a run's first beat (the run has ended since: most do within the interval)
+    first = Heartbeat(db, uuid.uuid4(), 1, interval=3600).start()
+    deadline = time.monotonic() + WAIT
+    while not condition._waiters and time.monotonic() < deadline:  # type: ignore[attr-defined]
+        time.sleep(0.001)
+    assert condition._waiters  # type: ignore[attr-defined]
+    first.stop()
+
+    # When 500 runs, one after another, start and stop their heartbeats within the interval
+    for _ in range(500):
+        Heartbeat(db, uuid.uuid4(), 1, interval=3600).start().stop()
+
+    # Then the thread, waiting for a due time earlier than any later run's, was not woken for each (it
+    # was once per run: with the stopped ones dropped, each run's heartbeat became the earliest due)
+    assert condition.notified == 0
+
+
+def test_a_heartbeat_due_before_the_one_the_dispatcher_waits_for_begins_on_time(db: Database, db_url: str,
+                                                                                 monkeypatch: Any) -> None:
+    from kairos.execution import heartbeat as module
+
+    # Given a dispatcher of its own, waiting for a heartbeat due in an hour
+    dispatcher = module._Dispatcher()
+    monkeypatch.setattr(module, "_DISPATCHER", dispatcher)
+    later = Heartbeat(db, uuid.uuid4(), 1, interval=3600).start()
+    row = _claimed(db, db_url, now=None)
+    beaten = threading.Event()
+
+    # When a run's heartbeat due at once is added
+    beat = Heartbeat(db, row["id"], row["fence"], interval=0.01,
+                     probes=Probes().on("heartbeat", lambda **_: beaten.set()))
+    beat.start()
+    try:
+        # Then the dispatcher wakes for it: it beats, not an hour later
+        assert beaten.wait(WAIT)
+    finally:
+        beat.stop()
+        later.stop()

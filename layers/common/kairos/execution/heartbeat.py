@@ -22,6 +22,7 @@ from __future__ import annotations
 
 import heapq
 import itertools
+import math
 import threading
 import time
 from collections.abc import Callable
@@ -187,7 +188,10 @@ class _Dispatcher:
     of it: most runs end long before their first beat, and a process running hundreds of runs a
     second would otherwise keep every one of the last interval's heartbeats (and their locks and
     events) alive, for the garbage collector to walk on every full collection. Adding one wakes the
-    thread only when it becomes the earliest due."""
+    thread only when it falls due before the thread would wake anyway (``_wake_at``): a run's heartbeat
+    is due one interval after the last one added, so the thread, waiting for an earlier heartbeat
+    (whose run has most likely ended), wakes about once per interval instead of once per run (a
+    thread switch and some 0.1 ms of the process's CPU per run)."""
 
     def __init__(self) -> None:
         self._cond = threading.Condition()
@@ -195,6 +199,9 @@ class _Dispatcher:
         self._order = itertools.count()
         self._thread: threading.Thread | None = None
         self._stopped = 0  # stopped heartbeats still in the heap (an upper bound: the top ones go unseen)
+        # When the thread wakes at the latest: the due time it waits for, infinity while it waits for
+        # anything to be added, minus infinity while it runs (it looks at the heap before it waits again).
+        self._wake_at = -math.inf
 
     def __len__(self) -> int:
         with self._cond:
@@ -213,9 +220,10 @@ class _Dispatcher:
         with self._cond:
             heapq.heappush(self._heap, (due, next(self._order), heartbeat))
             if self._thread is None or not self._thread.is_alive():
+                self._wake_at = -math.inf
                 self._thread = threading.Thread(target=self._run, name="heartbeat-dispatcher", daemon=True)
                 self._thread.start()
-            elif self._heap[0][2] is heartbeat:
+            elif due < self._wake_at:
                 self._cond.notify()
 
     def _run(self) -> None:
@@ -226,14 +234,22 @@ class _Dispatcher:
                         heapq.heappop(self._heap)
                         self._stopped = max(0, self._stopped - 1)
                     if not self._heap:
-                        self._cond.wait()
+                        self._wait(math.inf)
                         continue
-                    wait = self._heap[0][0] - time.monotonic()
-                    if wait <= 0:
+                    due = self._heap[0][0]
+                    if due <= time.monotonic():
                         heartbeat = heapq.heappop(self._heap)[2]
                         break
-                    self._cond.wait(wait)
+                    self._wait(due)
             heartbeat._begin()
+
+    def _wait(self, until: float) -> None:
+        """Waits (the condition's lock held) until ``until`` on the monotonic clock, or a notify."""
+        self._wake_at = until
+        try:
+            self._cond.wait(None if until == math.inf else max(0.0, until - time.monotonic()))
+        finally:
+            self._wake_at = -math.inf
 
 
 _DISPATCHER = _Dispatcher()
