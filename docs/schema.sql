@@ -1198,7 +1198,7 @@ CREATE INDEX runs_schedule_active_idx ON public.runs USING btree (schedule_id) W
 
 CREATE INDEX runs_schedule_backfill_idx ON public.runs USING btree (schedule_id, created_at DESC) WHERE (source = 'backfill'::text);
 
-CREATE INDEX runs_schedule_created_idx ON public.runs USING btree (schedule_id, created_at DESC, id DESC);
+CREATE INDEX runs_schedule_created_idx ON public.runs USING btree (schedule_id, created_at DESC, id DESC) WHERE (schedule_id IS NOT NULL);
 
 CREATE INDEX runs_slot_holders_idx ON public.runs USING btree (owner) WHERE ((state = 'running'::text) OR (admitted_at IS NOT NULL));
 

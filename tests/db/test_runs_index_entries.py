@@ -27,6 +27,7 @@ from kairos.db import Database
 from kairos.runs import moves
 from kairos.states import EventType
 from tests import factories
+from tests.support.api import Api
 
 T = datetime(2026, 3, 2, 7, 0, tzinfo=UTC)
 HISTORY = 400
@@ -228,3 +229,15 @@ def test_a_hooks_rate_window_reads_held_and_unheld_runs_by_their_dispatch_instan
                                       {"schedule_id": schedule["id"], "offset": offset, "now": now})
             expected = window[offset] if offset < len(window) else None
             assert (row["at"] if row else None) == expected, offset
+
+
+def test_a_chat_run_enters_no_schedule_index(api: Api, db: Database) -> None:
+    """Migration 0047: a chat turn (no schedule) is not in runs_schedule_created_idx, which its insert,
+    claim, end and settlement each entered with a NULL key that no reader asked for."""
+    conversation = api.conversation()
+    answer = api.alice.post(f"/v1/conversations/{conversation['id']}/messages", {"content": "hello"})
+    assert answer.status == 202, answer.text
+    with db.transaction() as conn:
+        found = _indexes_of(conn, answer.json["run_id"])
+    assert "runs_schedule_created_idx" not in found
+    assert {"runs_pkey", "runs_occurrence_id_key", "runs_owner_created_idx"} <= found
