@@ -12,7 +12,7 @@ DECLARE
 BEGIN
     SELECT w.slot_limit INTO v_limit
       FROM runs w
-     WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
+     WHERE w.owner COLLATE "C" = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
        AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
        AND (w.held_until IS NULL OR w.held_until <= coalesce(p_now, now()))
      ORDER BY w.created_at, w.id
@@ -35,7 +35,7 @@ BEGIN
     ), candidates AS (
         SELECT w.id, w.schedule_id, w.concurrency_key, w.concurrency_limit, w.created_at
           FROM runs w
-         WHERE w.owner = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
+         WHERE w.owner COLLATE "C" = p_owner AND w.state = 'queued' AND w.admitted_at IS NULL
            AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
            AND (w.held_until IS NULL OR w.held_until <= coalesce(p_now, now()))
          ORDER BY w.created_at, w.id
@@ -289,7 +289,7 @@ CREATE FUNCTION public.kairos_runs_release_slot() RETURNS trigger
 BEGIN
     PERFORM pg_advisory_xact_lock_shared(hashtextextended('kairos.owner_slots:' || NEW.owner, 0));
     PERFORM 1 FROM runs w
-      WHERE w.owner = NEW.owner AND w.state = 'queued' AND w.admitted_at IS NULL
+      WHERE w.owner COLLATE "C" = NEW.owner AND w.state = 'queued' AND w.admitted_at IS NULL
         AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
       ORDER BY w.created_at, w.id
       LIMIT 1;
@@ -1202,7 +1202,7 @@ CREATE INDEX runs_schedule_created_idx ON public.runs USING btree (schedule_id, 
 
 CREATE INDEX runs_slot_holders_idx ON public.runs USING btree (owner) WHERE ((state = 'running'::text) OR (admitted_at IS NOT NULL));
 
-CREATE INDEX runs_slot_waiting_idx ON public.runs USING btree (owner, created_at, id) WHERE ((state = 'queued'::text) AND (admitted_at IS NULL) AND (blocked_by_run_id IS NULL) AND (paused_at IS NULL));
+CREATE INDEX runs_slot_waiting_idx ON public.runs USING btree (owner COLLATE "C", created_at, id) WHERE ((state = 'queued'::text) AND (admitted_at IS NULL) AND (blocked_by_run_id IS NULL) AND (paused_at IS NULL));
 
 CREATE INDEX runs_unsettled_chat_idx ON public.runs USING btree (finished_at) WHERE ((schedule_id IS NULL) AND (finished_at IS NOT NULL) AND (settled_at IS NULL));
 

@@ -26,6 +26,7 @@ from typing import Any
 
 import psycopg
 import pytest
+from psycopg.rows import dict_row
 
 from kairos import calendar, identity, occurrences
 from kairos import db as db_module
@@ -427,3 +428,80 @@ def test_a_run_end_looks_for_waiting_runs_by_the_index(busy_owner: dict[str, Any
     assert row is not None and row["state"] == "cancelled" and row["admitted_at"] is None  # its slot given up
     # The run by its primary key, and the look: no entry in the partial index (1 here; 601 before 0044).
     assert read <= 5, read
+
+
+OWNERS_BUSY, HISTORY_EACH, FRESH_EACH, WAITING_AT_ANALYZE, ENDS = 100, 200, 200, 2, 8
+
+
+@pytest.fixture
+def long_history(db_url: str) -> list[Any]:
+    """OWNERS_BUSY owners, each with HISTORY_EACH ended runs and FRESH_EACH queued runs, every one of which
+    waited for a slot once (each left an entry, now dead, in runs_slot_waiting_idx: autovacuum held
+    off); ``runs`` analyzed while the fresh runs held a slot but WAITING_AT_ANALYZE of each owner's; then
+    those got theirs too. To the planner half of an owner's runs are queued and half have no slot, so,
+    taking the two for independent, a quarter of them wait, and the waiting index, many pages for the
+    few entries ANALYZE counted, looks dear: walking the owner's runs in creation order
+    (runs_owner_created_idx) looks cheaper. None waits, and the history comes first in that order. The
+    ids of ENDS runs of the first owner that hold a slot."""
+    sched = factories.schedule(db_url, owner="busy-0")  # the owners' runs of one schedule, for brevity
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        conn.execute("ALTER TABLE runs SET (autovacuum_enabled = false)")
+        conn.execute("""WITH o AS (
+                            INSERT INTO occurrences (id, schedule_id, source, fire_at, local_time, utc_offset,
+                                                     timezone, tzdata_version, schedule_revision, decision)
+                            SELECT gen_random_uuid(), %(s)s, 'scheduled',
+                                   %(t)s - make_interval(mins => i, secs => k / 1000.0), now(),
+                                   interval '0', 'UTC', 'test', 1, 'dispatched'
+                              FROM generate_series(0, %(owners)s - 1) AS k, generate_series(1, %(n)s) AS i
+                            RETURNING id, fire_at)
+                        INSERT INTO runs (id, occurrence_id, schedule_id, owner, source, source_conversation_id,
+                                          mode, prompt, agent, state, created_at)
+                        SELECT gen_random_uuid(), o.id, %(s)s,
+                               'busy-' || round(extract(epoch FROM %(t)s - o.fire_at) * 1000)::bigint %% 60000,
+                               'scheduled', %(c)s, 'fork', 'p', '{}', 'queued', o.fire_at
+                          FROM o ORDER BY 4, o.fire_at DESC""",
+                     {"s": sched["id"], "c": sched["conversation_id"], "n": HISTORY_EACH + FRESH_EACH,
+                      "owners": OWNERS_BUSY, "t": T})
+        conn.execute("""UPDATE runs SET state = 'succeeded', output = '{}', finished_at = created_at,
+                                        settled_at = created_at
+                         WHERE created_at <= %s - make_interval(mins => %s + 1)""", (T, FRESH_EACH))
+        conn.execute("""UPDATE runs SET admitted_at = now()
+                         WHERE state = 'queued' AND created_at <= %s - make_interval(mins => %s + 1)""",
+                     (T, WAITING_AT_ANALYZE))
+        conn.execute("ANALYZE runs")
+        conn.execute("UPDATE runs SET admitted_at = now() WHERE state = 'queued' AND admitted_at IS NULL")
+        return [r[0] for r in conn.execute("SELECT id FROM runs WHERE owner = 'busy-0' AND admitted_at IS NOT NULL"
+                                           " LIMIT %s", (ENDS,))]
+
+
+def test_a_run_end_does_not_walk_its_owners_history(long_history: list[Any], db_url: str, db: Database) -> None:
+    """The run end's look for the owner's oldest waiting run (0044) stays on runs_slot_waiting_idx under
+    statistics that make walking the owner's runs look cheap, through its custom plans and the generic
+    one PL/pgSQL takes after five (each end is its own transaction on one connection, as a worker's).
+    Its conditions are the index's predicate and its key, so the index answers it from its entries alone;
+    a walk of runs_owner_created_idx must fetch each run to check them. The tick's fire asked the same
+    in that order, with held_until besides, and was served by the walk (benchmarks, "server share")."""
+    reads = []
+    for run_id in long_history:
+        with db.transaction() as conn:
+            before = _reads(conn)
+            conn.execute("UPDATE runs SET state = 'cancelled', finished_at = now(), diagnosis = '{}' WHERE id = %s",
+                         (run_id,))
+            reads.append(_reads(conn) - before)
+    with psycopg.connect(db_url, autocommit=True) as conn:
+        row = conn.execute("SELECT count(*) FILTER (WHERE admitted_at IS NOT NULL) AS held, "
+                           "count(*) FILTER (WHERE state = 'queued' AND admitted_at IS NULL) AS waiting "
+                           "FROM runs WHERE owner = 'busy-0'").fetchone()
+    assert row == (FRESH_EACH - ENDS, 0)  # each end gave its slot up; none waits
+    # Each end: the run by its primary key, and no entry in the partial index (1 each here). A walk of
+    # the owner's runs reads its HISTORY_EACH ended runs before the first fresh one.
+    assert max(reads) <= 5, reads
+    # The count sees a walk: without the partial index, an end reads the owner's history.
+    with psycopg.connect(db_url, row_factory=dict_row) as conn:
+        conn.execute("DROP INDEX runs_slot_waiting_idx")
+        before = _reads(conn)
+        conn.execute("UPDATE runs SET state = 'cancelled', finished_at = now(), diagnosis = '{}' "
+                     "WHERE id = (SELECT id FROM runs WHERE owner = 'busy-0' AND admitted_at IS NOT NULL LIMIT 1)")
+        walked = _reads(conn) - before
+        conn.rollback()
+    assert walked >= HISTORY_EACH, walked

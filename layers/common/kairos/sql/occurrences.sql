@@ -47,8 +47,10 @@ WITH given AS (
            (SELECT count(*) FROM (SELECT 1 FROM runs h
                                    WHERE h.owner = o.owner AND (h.state = 'running' OR h.admitted_at IS NOT NULL)
                                    LIMIT %(owner_slots)s) AS n) AS held,
+           -- owner COLLATE "C": only runs_slot_waiting_idx can serve it (migration 0048), never a walk
+           -- of the owner's runs, whatever the statistics.
            EXISTS (SELECT 1 FROM runs w
-                    WHERE w.owner = o.owner AND w.state = 'queued' AND w.admitted_at IS NULL
+                    WHERE w.owner COLLATE "C" = o.owner AND w.state = 'queued' AND w.admitted_at IS NULL
                       AND w.blocked_by_run_id IS NULL AND w.paused_at IS NULL
                       AND (w.held_until IS NULL OR w.held_until <= coalesce(%(now)s::timestamptz, now()))) AS waiting
       FROM (SELECT DISTINCT owner FROM given

@@ -172,11 +172,13 @@ SELECT r.id
 SELECT DISTINCT owner FROM runs WHERE id = ANY(%(ids)s::uuid[]) ORDER BY owner;
 
 -- name: runs_waiting_owners
--- Owners with runs waiting for a slot (runs_slot_waiting_idx), for the tick's release pass.
-SELECT DISTINCT owner
+-- Owners with runs waiting for a slot (runs_slot_waiting_idx), for the tick's release pass. In the
+-- index's order (its owner key sorts by "C", migration 0048), so that the LIMIT stops the scan; the
+-- release sorts them again to take their locks.
+SELECT DISTINCT owner COLLATE "C" AS owner
   FROM runs
  WHERE state = 'queued' AND admitted_at IS NULL AND blocked_by_run_id IS NULL AND paused_at IS NULL
- ORDER BY owner
+ ORDER BY 1
  LIMIT %(limit)s;
 
 -- name: runs_admitted_sent
