@@ -314,6 +314,15 @@ def send_window(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID, *,
     return read
 
 
+def claimed_window(row: db.Row) -> Window:
+    """The window a fork's claim read with its row (``kairos.runs.moves.send_claim``'s ``window_budget``):
+    the same entries ``window`` reads of the new thread."""
+    kept = tuple(Entry(int(seq), str(role), str(content), None if run_id is None else uuid.UUID(run_id),
+                       datetime.fromisoformat(created_at))
+                 for seq, role, content, run_id, created_at in row["window_entries"] or ())
+    return Window(kept, int(row["window_elided"]))
+
+
 def latest_seq(conn: psycopg.Connection[db.Row], conversation_id: uuid.UUID) -> int:
     """The seq of the last entry of the merged transcript (inherited ones count); 0 when empty."""
     row = db.fetch_one(conn, "conversations_latest_seq", {"conversation_id": conversation_id})

@@ -153,21 +153,18 @@ def _claim_fork(database: db.Database, run_id: UUID, *, now: datetime | None, ow
     """The one-trip claim of a fork run's first attempt; None when the run is not one (or is not
     claimable: ``_claim`` then tells why, as it would have)."""
     with database.explicit() as conn:
-        # One implicit transaction (Database.trip): the claim — the one statement that writes — and
-        # the window; a prefix of it is whole, so no BEGIN and COMMIT need to be sent.
-        with database.trip(conn):
-            read_row = moves.send_claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id,
-                                        fork_only=True)
-            read_window = conversations.send_window(conn, thread_id, budget_chars=_FORK_WINDOW_CHARS,
-                                                    entry_overhead=ENTRY_OVERHEAD_CHARS, exclude_run=run_id)
-        row = read_row()
+        # One statement, its own implicit transaction: the claim, the thread, the prompt entry and the
+        # model input's window (read in the claim's snapshot, so exactly up to the fork point).
+        row = moves.send_claim(conn, run_id, now=now, owner_slots=owner_slots, thread_id=thread_id,
+                               fork_only=True, window_budget=_FORK_WINDOW_CHARS,
+                               window_overhead=ENTRY_OVERHEAD_CHARS)()
         if row is None:
             return None
         if row["refusal"] is not None:
             return _refused(run_id, row)
         moves.count("Claims")
         _log_claimed(run_id, row, conversation_id=str(thread_id), parent_id=str(row["source_conversation_id"]))
-        spent = read_window()
+        spent = conversations.claimed_window(row)
         budget = _input_budget(row)
         if budget.entries <= _FORK_WINDOW_CHARS or not spent.elided:
             window = spent.narrowed(budget.entries, ENTRY_OVERHEAD_CHARS)

@@ -82,13 +82,18 @@ def claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | Non
 
 def send_claim(conn: psycopg.Connection[db.Row], run_id: UUID, *, now: datetime | None = None,
                owner_slots: int = DEFAULT_OWNER_CONCURRENCY, thread_id: UUID | None = None,
-               fork_only: bool = False) -> Callable[[], db.Row | None]:
+               fork_only: bool = False, window_budget: int | None = None,
+               window_overhead: int = 1) -> Callable[[], db.Row | None]:
     """``claim`` sent now (queued, in a pipeline); the function returned reads the row. With
     ``fork_only`` it claims (or refuses) only a fork run's first attempt, which the statement
-    completes alone, and leaves any other run queued (None)."""
+    completes alone, and leaves any other run queued (None). With ``window_budget`` (characters, each
+    entry costing its length plus ``window_overhead``) a forked row carries its thread's model input
+    window too (``window_entries``, ``window_elided``: ``kairos.conversations.claimed_window``)."""
     return db.send(conn, "runs_claim", {"run_id": run_id, "lease_seconds": LEASE_SECONDS, "now": now,
                                         "refusals": _REFUSALS_JSON, "owner_slots": owner_slots,
-                                        "thread_id": thread_id, "fork_only": fork_only}).fetchone
+                                        "thread_id": thread_id, "fork_only": fork_only,
+                                        "window_budget": window_budget,
+                                        "window_overhead": window_overhead}).fetchone
 
 
 def lock(conn: psycopg.Connection[db.Row], run_id: UUID, fence: int) -> db.Row | None:

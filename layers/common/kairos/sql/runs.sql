@@ -34,7 +34,13 @@
 -- claim on time adds a schedule lookup and two index probes: the superseded probe walks only the
 -- schedule's newer occurrences, which a run on time has none of. The schedule row is read, never
 -- locked.
-WITH changed AS (
+-- With `window_budget` (characters; NULL: none), a forked thread's model input window comes back on the
+-- row (`window_entries`: [seq, role, content, run_id, created_at] oldest first; `window_elided`), read
+-- as conversation_entries_window reads the thread without the run's own entries: the source's
+-- entries up to the fork point, which in this statement's snapshot are all of the source's — the
+-- fork point (`thread`) is their max seq in the same snapshot. One statement, so no second one in the
+-- claim's trip.
+WITH RECURSIVE changed AS (
     UPDATE runs AS r
        SET (state, fence, attempt, lease_token, lease_expires_at, heartbeat_at, started_at, conversation_id,
             unclaimed_handoffs, diagnosis, finished_at, last_seq, updated_at, admitted_at, released_by) = (
@@ -156,8 +162,43 @@ WITH changed AS (
                          'type', 'run.' || c.state,
                          'data', jsonb_build_object('reason_code', c.refusal, 'by', 'claim'))) END
       FROM changed c
+), lineage (id, parent_id, fork_seq, upto, depth) AS (
+    -- The window (as conversation_entries_window): the thread's lineage from its source on.
+    SELECT s.id, s.parent_id, s.fork_seq, NULL::integer, 0
+      FROM changed c
+      JOIN conversations s ON s.id = c.source_conversation_id
+     WHERE c.forked AND %(window_budget)s::integer IS NOT NULL
+    UNION ALL
+    SELECT p.id, p.parent_id, p.fork_seq, least(l.upto, l.fork_seq), l.depth + 1
+      FROM lineage l
+     CROSS JOIN LATERAL (SELECT c.id, c.parent_id, c.fork_seq FROM conversations c WHERE c.id = l.parent_id
+                         LIMIT 1) p
+     WHERE l.depth < 10000
+), newest AS (
+    SELECT n.seq, n.role, n.content, n.run_id, n.created_at,
+           sum(length(n.content) + %(window_overhead)s::integer) OVER (ORDER BY n.seq DESC) AS used
+      FROM (SELECT e.seq, e.role, e.content, e.run_id, e.created_at
+              FROM lineage l
+             CROSS JOIN LATERAL (
+                   SELECT e.seq, e.role, e.content, e.run_id, e.created_at
+                     FROM conversation_entries e
+                    WHERE e.conversation_id = l.id AND e.seq <= coalesce(l.upto, 2147483647)
+                      AND (e.run_id IS NULL OR e.run_id <> %(run_id)s)
+                    ORDER BY e.seq DESC
+                    LIMIT greatest(%(window_budget)s::integer, 0) / %(window_overhead)s::integer + 1) e
+             ORDER BY e.seq DESC
+             LIMIT greatest(%(window_budget)s::integer, 0) / %(window_overhead)s::integer + 1) n
+), kept AS (
+    SELECT seq, role, content, run_id, created_at FROM newest WHERE used <= %(window_budget)s::integer
 )
-SELECT * FROM changed;
+SELECT c.*,
+       (SELECT coalesce(sum((SELECT count(*) FROM conversation_entries e
+                              WHERE e.conversation_id = l.id AND e.seq <= coalesce(l.upto, 2147483647)
+                                AND (e.run_id IS NULL OR e.run_id <> %(run_id)s))), 0)
+          FROM lineage l) - (SELECT count(*) FROM kept) AS window_elided,
+       (SELECT jsonb_agg(jsonb_build_array(k.seq, k.role, k.content, k.run_id, k.created_at) ORDER BY k.seq)
+          FROM kept k) AS window_entries
+  FROM changed c;
 
 -- name: runs_release_slots
 -- Releases the waiting runs these owners' free slots let in, oldest first (kairos_release_slots, in
