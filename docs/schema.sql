@@ -3,6 +3,63 @@
 -- regenerate with ./scripts/schema. tests/db/test_schema_file.py holds it equal to the migrations.
 -- pg_dump major version: 18
 
+CREATE DOMAIN public.kairos_effect_kind AS text
+	CONSTRAINT kairos_effect_kind_check CHECK ((VALUE = ANY (ARRAY['model_call'::text, 'http_call'::text, 'tool_call'::text])));
+
+CREATE DOMAIN public.kairos_effect_state AS text
+	CONSTRAINT kairos_effect_state_check CHECK ((VALUE = ANY (ARRAY['ambiguous'::text, 'failed'::text, 'not_sent_test'::text, 'reserved'::text, 'settled'::text])));
+
+CREATE DOMAIN public.kairos_entry_role AS text
+	CONSTRAINT kairos_entry_role_check CHECK ((VALUE = ANY (ARRAY['system'::text, 'user'::text, 'assistant'::text, 'tool'::text])));
+
+CREATE DOMAIN public.kairos_event_batch AS jsonb
+	CONSTRAINT kairos_event_batch_check CHECK (((jsonb_typeof(VALUE) = 'array'::text) AND (jsonb_array_length(VALUE) >= 1) AND (jsonb_array_length(jsonb_path_query_array(VALUE, '$[*]."type"'::jsonpath)) = jsonb_array_length(VALUE)) AND (jsonb_path_query_array(VALUE, '$[*]."type"'::jsonpath) <@ '["run.queued", "run.claimed", "step.started", "step.progress", "step.finished", "effect.reserved", "effect.settled", "output.published", "run.rescued", "run.cancel_requested", "run.deferred", "approval.waiting", "approval.approved", "approval.denied", "input.waiting", "input.answered", "corpus.phase", "corpus.partition", "run.paused", "run.resumed", "run.succeeded", "run.failed", "run.cancelled", "run.expired", "run.abandoned", "run.policy_blocked"]'::jsonb)));
+
+CREATE DOMAIN public.kairos_flow_window AS text
+	CONSTRAINT kairos_flow_window_check CHECK ((VALUE = ANY (ARRAY['debounce'::text, 'batch'::text])));
+
+CREATE DOMAIN public.kairos_fold AS smallint
+	CONSTRAINT kairos_fold_check CHECK ((VALUE = ANY (ARRAY[0, 1])));
+
+CREATE DOMAIN public.kairos_nonneg_bigint AS bigint
+	CONSTRAINT kairos_nonneg_bigint_check CHECK ((VALUE >= 0));
+
+CREATE DOMAIN public.kairos_nonneg_int AS integer
+	CONSTRAINT kairos_nonneg_int_check CHECK ((VALUE >= 0));
+
+CREATE DOMAIN public.kairos_nonneg_numeric AS numeric
+	CONSTRAINT kairos_nonneg_numeric_check CHECK ((VALUE >= (0)::numeric));
+
+CREATE DOMAIN public.kairos_occurrence_decision AS text
+	CONSTRAINT kairos_occurrence_decision_check CHECK ((VALUE = ANY (ARRAY['coalesced'::text, 'dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text, 'skipped_paused'::text])));
+
+CREATE DOMAIN public.kairos_owner AS text
+	CONSTRAINT kairos_owner_check CHECK ((VALUE <> ''::text));
+
+CREATE DOMAIN public.kairos_positive_int AS integer
+	CONSTRAINT kairos_positive_int_check CHECK ((VALUE >= 1));
+
+CREATE DOMAIN public.kairos_run_mode AS text
+	CONSTRAINT kairos_run_mode_check CHECK ((VALUE = ANY (ARRAY['fork'::text, 'append'::text, 'fresh'::text])));
+
+CREATE DOMAIN public.kairos_run_source AS text
+	CONSTRAINT kairos_run_source_check CHECK ((VALUE = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text])));
+
+CREATE DOMAIN public.kairos_run_state AS text
+	CONSTRAINT kairos_run_state_check CHECK ((VALUE = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text])));
+
+CREATE DOMAIN public.kairos_sha256_hex AS text
+	CONSTRAINT kairos_sha256_hex_check CHECK ((VALUE ~ '^[0-9a-f]{64}$'::text));
+
+CREATE DOMAIN public.kairos_step_kind AS text
+	CONSTRAINT kairos_step_kind_check CHECK ((VALUE = ANY (ARRAY['model'::text, 'tool'::text])));
+
+CREATE DOMAIN public.kairos_step_state AS text
+	CONSTRAINT kairos_step_state_check CHECK ((VALUE = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'ambiguous'::text, 'waiting_approval'::text, 'denied'::text, 'not_sent_test'::text])));
+
+CREATE DOMAIN public.kairos_stripe AS smallint
+	CONSTRAINT kairos_stripe_check CHECK (((VALUE >= 0) AND (VALUE <= 7)));
+
 CREATE FUNCTION public.kairos_admit_waiting(p_owner text, p_released_by uuid, p_now timestamp with time zone) RETURNS SETOF uuid
     LANGUAGE plpgsql
     AS $$
@@ -536,20 +593,20 @@ CREATE TABLE public.runs (
     id uuid NOT NULL,
     occurrence_id uuid NOT NULL,
     schedule_id uuid,
-    owner text NOT NULL,
-    source text NOT NULL,
+    owner public.kairos_owner NOT NULL,
+    source public.kairos_run_source NOT NULL,
     source_conversation_id uuid NOT NULL,
     conversation_id uuid,
-    mode text NOT NULL,
+    mode public.kairos_run_mode NOT NULL,
     prompt text NOT NULL,
     payload jsonb,
     agent jsonb NOT NULL,
     catch_up boolean DEFAULT false NOT NULL,
-    state text DEFAULT 'queued'::text NOT NULL,
-    attempt integer DEFAULT 0 NOT NULL,
-    max_attempts integer DEFAULT 3 NOT NULL,
-    restarts integer DEFAULT 0 NOT NULL,
-    fence bigint DEFAULT 0 NOT NULL,
+    state public.kairos_run_state DEFAULT 'queued'::text NOT NULL,
+    attempt public.kairos_nonneg_int DEFAULT 0 NOT NULL,
+    max_attempts public.kairos_positive_int DEFAULT 3 NOT NULL,
+    restarts public.kairos_nonneg_int DEFAULT 0 NOT NULL,
+    fence public.kairos_nonneg_bigint DEFAULT 0 NOT NULL,
     lease_token uuid,
     lease_expires_at timestamp with time zone,
     heartbeat_at timestamp with time zone,
@@ -557,8 +614,8 @@ CREATE TABLE public.runs (
     blocked_by_run_id uuid,
     handoff_at timestamp with time zone,
     handoff_count integer DEFAULT 0 NOT NULL,
-    last_seq integer DEFAULT 0 NOT NULL,
-    runtime_limit_seconds integer DEFAULT 600 NOT NULL,
+    last_seq public.kairos_nonneg_int DEFAULT 0 NOT NULL,
+    runtime_limit_seconds public.kairos_positive_int DEFAULT 600 NOT NULL,
     output jsonb,
     usage jsonb,
     diagnosis jsonb,
@@ -568,7 +625,7 @@ CREATE TABLE public.runs (
     updated_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
     expires_at timestamp with time zone,
-    unclaimed_handoffs integer DEFAULT 0 NOT NULL,
+    unclaimed_handoffs public.kairos_nonneg_int DEFAULT 0 NOT NULL,
     retry_of uuid,
     pruned_at timestamp with time zone,
     deferred_at timestamp with time zone,
@@ -576,47 +633,29 @@ CREATE TABLE public.runs (
     pause_requested_at timestamp with time zone,
     paused_at timestamp with time zone,
     held_until timestamp with time zone,
-    flow_window text,
+    flow_window public.kairos_flow_window,
     window_deadline timestamp with time zone,
-    deliveries integer,
+    deliveries public.kairos_positive_int,
     test boolean DEFAULT false NOT NULL,
     resumed_from integer,
-    max_steps integer DEFAULT 8 NOT NULL,
-    schedule_revision integer,
-    agent_digest text,
+    max_steps public.kairos_positive_int DEFAULT 8 NOT NULL,
+    schedule_revision public.kairos_positive_int,
+    agent_digest public.kairos_sha256_hex,
     admitted_at timestamp with time zone,
     released_by uuid,
-    slot_limit integer DEFAULT 4 NOT NULL,
+    slot_limit public.kairos_positive_int DEFAULT 4 NOT NULL,
     concurrency_key text,
-    concurrency_limit integer,
-    CONSTRAINT runs_agent_digest_check CHECK (((agent_digest IS NULL) OR (agent_digest ~ '^[0-9a-f]{64}$'::text))),
-    CONSTRAINT runs_attempt_check CHECK ((attempt >= 0)),
+    concurrency_limit public.kairos_positive_int,
     CONSTRAINT runs_concurrency_check CHECK (((concurrency_key IS NULL) OR (concurrency_limit IS NOT NULL))),
-    CONSTRAINT runs_concurrency_limit_check CHECK ((concurrency_limit >= 1)),
-    CONSTRAINT runs_deliveries_check CHECK ((deliveries >= 1)),
-    CONSTRAINT runs_failed_has_diagnosis CHECK (((state <> ALL (ARRAY['failed'::text, 'abandoned'::text])) OR (diagnosis IS NOT NULL))),
-    CONSTRAINT runs_fence_check CHECK ((fence >= 0)),
-    CONSTRAINT runs_finished_iff_terminal CHECK (((state = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text])) = (finished_at IS NOT NULL))),
-    CONSTRAINT runs_flow_window_check CHECK ((flow_window = ANY (ARRAY['debounce'::text, 'batch'::text]))),
-    CONSTRAINT runs_last_seq_check CHECK ((last_seq >= 0)),
-    CONSTRAINT runs_lease_iff_running CHECK ((((state = 'running'::text) = (lease_token IS NOT NULL)) AND ((lease_token IS NULL) = (lease_expires_at IS NULL)))),
-    CONSTRAINT runs_max_attempts_check CHECK ((max_attempts >= 1)),
-    CONSTRAINT runs_max_steps_check CHECK ((max_steps >= 1)),
-    CONSTRAINT runs_mode_check CHECK ((mode = ANY (ARRAY['fork'::text, 'append'::text, 'fresh'::text]))),
-    CONSTRAINT runs_owner_check CHECK ((owner <> ''::text)),
+    CONSTRAINT runs_failed_has_diagnosis CHECK ((((state)::text <> ALL (ARRAY['failed'::text, 'abandoned'::text])) OR (diagnosis IS NOT NULL))),
+    CONSTRAINT runs_finished_iff_terminal CHECK ((((state)::text = ANY (ARRAY['succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text])) = (finished_at IS NOT NULL))),
+    CONSTRAINT runs_lease_iff_running CHECK (((((state)::text = 'running'::text) = (lease_token IS NOT NULL)) AND ((lease_token IS NULL) = (lease_expires_at IS NULL)))),
     CONSTRAINT runs_pruned_after_finish CHECK (((pruned_at IS NULL) OR (finished_at IS NOT NULL))),
-    CONSTRAINT runs_restarts_check CHECK ((restarts >= 0)),
     CONSTRAINT runs_resumed_from_is_retry CHECK (((resumed_from IS NULL) OR ((resumed_from >= 0) AND (retry_of IS NOT NULL)))),
-    CONSTRAINT runs_runtime_limit_seconds_check CHECK ((runtime_limit_seconds > 0)),
-    CONSTRAINT runs_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
-    CONSTRAINT runs_schedule_revision_check CHECK (((schedule_revision IS NULL) OR (schedule_revision >= 1))),
+    CONSTRAINT runs_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = ((source)::text = 'chat'::text))),
     CONSTRAINT runs_settled_after_finish CHECK (((settled_at IS NULL) OR (finished_at IS NOT NULL))),
-    CONSTRAINT runs_slot_limit_check CHECK ((slot_limit >= 1)),
-    CONSTRAINT runs_source_check CHECK ((source = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text]))),
-    CONSTRAINT runs_state_check CHECK ((state = ANY (ARRAY['queued'::text, 'running'::text, 'awaiting_approval'::text, 'awaiting_input'::text, 'succeeded'::text, 'failed'::text, 'cancelled'::text, 'expired'::text, 'abandoned'::text, 'policy_blocked'::text]))),
-    CONSTRAINT runs_succeeded_has_output CHECK (((state <> 'succeeded'::text) OR (output IS NOT NULL))),
-    CONSTRAINT runs_test_iff_source CHECK ((test = (source = 'test'::text))),
-    CONSTRAINT runs_unclaimed_handoffs_nonneg CHECK ((unclaimed_handoffs >= 0)),
+    CONSTRAINT runs_succeeded_has_output CHECK ((((state)::text <> 'succeeded'::text) OR (output IS NOT NULL))),
+    CONSTRAINT runs_test_iff_source CHECK ((test = ((source)::text = 'test'::text))),
     CONSTRAINT runs_window_shape CHECK ((((flow_window IS NULL) = (deliveries IS NULL)) AND ((flow_window IS NULL) OR (held_until IS NOT NULL))))
 )
 WITH (fillfactor='50');
@@ -642,7 +681,15 @@ CREATE FUNCTION public.kairos_widen_check(tbl regclass, col text, added text[]) 
 DECLARE
     con record;
     allowed text;
+    dom regtype;
 BEGIN
+    SELECT t.oid INTO dom
+      FROM pg_attribute a JOIN pg_type t ON t.oid = a.atttypid
+     WHERE a.attrelid = tbl AND a.attname = col AND t.typtype = 'd';
+    IF dom IS NOT NULL THEN
+        PERFORM kairos_widen_domain(dom, added);
+        RETURN;
+    END IF;
     SELECT c.conname, pg_get_constraintdef(c.oid) AS def INTO con
       FROM pg_constraint c
      WHERE c.conrelid = tbl AND c.contype = 'c'
@@ -657,6 +704,28 @@ BEGIN
     EXECUTE format('ALTER TABLE %s DROP CONSTRAINT %I', tbl, con.conname);
     EXECUTE format('ALTER TABLE %s ADD CONSTRAINT %I CHECK (%I = ANY (ARRAY[%s]))',
                    tbl, con.conname, col, allowed);
+END;
+$$;
+
+CREATE FUNCTION public.kairos_widen_domain(dom regtype, added text[]) RETURNS void
+    LANGUAGE plpgsql
+    AS $$
+DECLARE
+    con record;
+    allowed text;
+BEGIN
+    SELECT c.conname, pg_get_constraintdef(c.oid) AS def INTO con
+      FROM pg_constraint c
+     WHERE c.contypid = dom AND c.contype = 'c' AND pg_get_constraintdef(c.oid) ~ '\mVALUE\M = ANY'
+     LIMIT 1;
+    IF con IS NULL THEN
+        RAISE EXCEPTION 'no IN-list check constraint on domain %', dom;
+    END IF;
+    SELECT string_agg(quote_literal(v), ', ' ORDER BY v) INTO allowed
+      FROM (SELECT (regexp_matches(con.def, '''([^'']+)''::text', 'g'))[1] AS v
+            UNION SELECT unnest(added)) AS vals;  -- UNION: each value once
+    EXECUTE format('ALTER DOMAIN %s DROP CONSTRAINT %I', dom, con.conname);
+    EXECUTE format('ALTER DOMAIN %s ADD CONSTRAINT %I CHECK (VALUE = ANY (ARRAY[%s]))', dom, con.conname, allowed);
 END;
 $$;
 
@@ -683,27 +752,23 @@ CREATE TABLE public.approvals (
 
 CREATE TABLE public.conversation_entries (
     conversation_id uuid NOT NULL,
-    seq integer NOT NULL,
-    role text NOT NULL,
+    seq public.kairos_positive_int NOT NULL,
+    role public.kairos_entry_role NOT NULL,
     content text NOT NULL,
     run_id uuid,
-    created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT conversation_entries_role_check CHECK ((role = ANY (ARRAY['system'::text, 'user'::text, 'assistant'::text, 'tool'::text]))),
-    CONSTRAINT conversation_entries_seq_check CHECK ((seq >= 1))
+    created_at timestamp with time zone DEFAULT now() NOT NULL
 );
 
 CREATE TABLE public.conversations (
     id uuid NOT NULL,
-    owner text NOT NULL,
+    owner public.kairos_owner NOT NULL,
     title text,
     agent jsonb NOT NULL,
     parent_id uuid,
-    fork_seq integer,
+    fork_seq public.kairos_nonneg_int,
     origin_run_id uuid,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    CONSTRAINT conversations_fork_point CHECK (((parent_id IS NULL) = (fork_seq IS NULL))),
-    CONSTRAINT conversations_fork_seq_nonneg CHECK (((fork_seq IS NULL) OR (fork_seq >= 0))),
-    CONSTRAINT conversations_owner_check CHECK ((owner <> ''::text))
+    CONSTRAINT conversations_fork_point CHECK (((parent_id IS NULL) = (fork_seq IS NULL)))
 );
 
 CREATE TABLE public.corpus_exports (
@@ -791,26 +856,21 @@ CREATE TABLE public.effects (
     fence bigint NOT NULL,
     attempt integer NOT NULL,
     step text NOT NULL,
-    kind text NOT NULL,
+    kind public.kairos_effect_kind NOT NULL,
     mutation boolean DEFAULT true NOT NULL,
     target text NOT NULL,
     request_digest text NOT NULL,
-    state text DEFAULT 'reserved'::text NOT NULL,
+    state public.kairos_effect_state DEFAULT 'reserved'::text NOT NULL,
     usage jsonb,
     error_code text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
     settled_at timestamp with time zone,
     charge_day date,
-    charge_tokens bigint,
-    charge_cost_usd numeric,
-    charge_stripe smallint,
-    CONSTRAINT effects_charge_cost_usd_check CHECK ((charge_cost_usd >= (0)::numeric)),
-    CONSTRAINT effects_charge_stripe_check CHECK (((charge_stripe >= 0) AND (charge_stripe <= 7))),
-    CONSTRAINT effects_charge_tokens_check CHECK ((charge_tokens >= 0)),
+    charge_tokens public.kairos_nonneg_bigint,
+    charge_cost_usd public.kairos_nonneg_numeric,
+    charge_stripe public.kairos_stripe,
     CONSTRAINT effects_charge_whole CHECK ((((charge_day IS NULL) = (charge_tokens IS NULL)) AND ((charge_day IS NULL) = (charge_cost_usd IS NULL)))),
-    CONSTRAINT effects_kind_check CHECK ((kind = ANY (ARRAY['model_call'::text, 'http_call'::text, 'tool_call'::text]))),
-    CONSTRAINT effects_settled_iff_final CHECK (((state = 'reserved'::text) = (settled_at IS NULL))),
-    CONSTRAINT effects_state_check CHECK ((state = ANY (ARRAY['ambiguous'::text, 'failed'::text, 'not_sent_test'::text, 'reserved'::text, 'settled'::text])))
+    CONSTRAINT effects_settled_iff_final CHECK ((((state)::text = 'reserved'::text) = (settled_at IS NULL)))
 )
 WITH (fillfactor='90');
 
@@ -898,48 +958,41 @@ CREATE TABLE public.notify_deliveries (
 CREATE TABLE public.occurrences (
     id uuid NOT NULL,
     schedule_id uuid,
-    source text NOT NULL,
+    source public.kairos_run_source NOT NULL,
     fire_at timestamp with time zone NOT NULL,
     local_time timestamp without time zone NOT NULL,
     utc_offset interval NOT NULL,
-    fold smallint DEFAULT 0 NOT NULL,
+    fold public.kairos_fold DEFAULT 0 NOT NULL,
     timezone text NOT NULL,
     tzdata_version text NOT NULL,
     schedule_revision integer NOT NULL,
-    decision text NOT NULL,
+    decision public.kairos_occurrence_decision NOT NULL,
     covers_from timestamp with time zone,
     covers_until timestamp with time zone,
-    covers_count integer DEFAULT 1 NOT NULL,
+    covers_count public.kairos_positive_int DEFAULT 1 NOT NULL,
     idempotency_key text,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    key_generation integer DEFAULT 0 NOT NULL,
+    key_generation public.kairos_nonneg_int DEFAULT 0 NOT NULL,
     coalesced_into uuid,
     dispatch_at timestamp with time zone,
-    CONSTRAINT occurrences_coalesced_shape CHECK (((decision = 'coalesced'::text) = (coalesced_into IS NOT NULL))),
-    CONSTRAINT occurrences_covers_count_check CHECK ((covers_count >= 1)),
-    CONSTRAINT occurrences_decision_check CHECK ((decision = ANY (ARRAY['coalesced'::text, 'dispatched'::text, 'expired'::text, 'queued_behind'::text, 'skipped_budget'::text, 'skipped_late'::text, 'skipped_overlap'::text, 'skipped_paused'::text]))),
-    CONSTRAINT occurrences_fold_check CHECK ((fold = ANY (ARRAY[0, 1]))),
-    CONSTRAINT occurrences_key_generation_check CHECK ((key_generation >= 0)),
-    CONSTRAINT occurrences_keyed CHECK (((source <> ALL (ARRAY['webhook'::text, 'manual'::text, 'test'::text])) OR (idempotency_key IS NOT NULL))),
-    CONSTRAINT occurrences_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = (source = 'chat'::text))),
-    CONSTRAINT occurrences_source_check CHECK ((source = ANY (ARRAY['backfill'::text, 'chat'::text, 'manual'::text, 'scheduled'::text, 'test'::text, 'webhook'::text])))
+    CONSTRAINT occurrences_coalesced_shape CHECK ((((decision)::text = 'coalesced'::text) = (coalesced_into IS NOT NULL))),
+    CONSTRAINT occurrences_keyed CHECK ((((source)::text <> ALL (ARRAY['webhook'::text, 'manual'::text, 'test'::text])) OR (idempotency_key IS NOT NULL))),
+    CONSTRAINT occurrences_schedule_iff_not_chat CHECK (((schedule_id IS NULL) = ((source)::text = 'chat'::text)))
 );
 
 CREATE TABLE public.run_event_batches (
     run_id uuid NOT NULL,
     last_seq integer NOT NULL,
     at timestamp with time zone NOT NULL,
-    attempt integer NOT NULL,
+    attempt public.kairos_nonneg_int NOT NULL,
     fence bigint DEFAULT 0 NOT NULL,
-    events jsonb NOT NULL,
-    CONSTRAINT run_event_batches_attempt_check CHECK ((attempt >= 0)),
-    CONSTRAINT run_event_batches_seq_check CHECK (((jsonb_typeof(events) = 'array'::text) AND (jsonb_array_length(events) >= 1) AND (last_seq >= jsonb_array_length(events)))),
-    CONSTRAINT run_event_batches_type_check CHECK (((jsonb_array_length(jsonb_path_query_array(events, '$[*]."type"'::jsonpath)) = jsonb_array_length(events)) AND (jsonb_path_query_array(events, '$[*]."type"'::jsonpath) <@ '["run.queued", "run.claimed", "step.started", "step.progress", "step.finished", "effect.reserved", "effect.settled", "output.published", "run.rescued", "run.cancel_requested", "run.deferred", "approval.waiting", "approval.approved", "approval.denied", "input.waiting", "input.answered", "corpus.phase", "corpus.partition", "run.paused", "run.resumed", "run.succeeded", "run.failed", "run.cancelled", "run.expired", "run.abandoned", "run.policy_blocked"]'::jsonb)))
+    events public.kairos_event_batch NOT NULL,
+    CONSTRAINT run_event_batches_seq_check CHECK (((jsonb_typeof((events)::jsonb) = 'array'::text) AND (jsonb_array_length((events)::jsonb) >= 1) AND (last_seq >= jsonb_array_length((events)::jsonb))))
 );
 
 CREATE VIEW public.run_events AS
  SELECT b.run_id,
-    (((b.last_seq - jsonb_array_length(b.events)) + x.ord))::integer AS seq,
+    (((b.last_seq - jsonb_array_length((b.events)::jsonb)) + x.ord))::integer AS seq,
     (x.event ->> 'type'::text) AS type,
     b.at,
     b.attempt,
@@ -947,21 +1000,21 @@ CREATE VIEW public.run_events AS
     (x.event ->> 'step'::text) AS step,
     COALESCE((x.event -> 'data'::text), '{}'::jsonb) AS data
    FROM (public.run_event_batches b
-     CROSS JOIN LATERAL jsonb_array_elements(b.events) WITH ORDINALITY x(event, ord));
+     CROSS JOIN LATERAL jsonb_array_elements((b.events)::jsonb) WITH ORDINALITY x(event, ord));
 
 COMMENT ON VIEW public.run_events IS 'Each run''s append-only, gap-free trace, one row per event (stored as run_event_batches).';
 
 CREATE TABLE public.run_steps (
     run_id uuid NOT NULL,
-    n integer NOT NULL,
-    kind text NOT NULL,
+    n public.kairos_positive_int NOT NULL,
+    kind public.kairos_step_kind NOT NULL,
     name text NOT NULL,
     call_id text,
     record jsonb,
     attempt integer NOT NULL,
     fence bigint NOT NULL,
     created_at timestamp with time zone DEFAULT now() NOT NULL,
-    state text DEFAULT 'succeeded'::text NOT NULL,
+    state public.kairos_step_state DEFAULT 'succeeded'::text NOT NULL,
     started_at timestamp with time zone DEFAULT now() NOT NULL,
     finished_at timestamp with time zone,
     input jsonb,
@@ -970,11 +1023,8 @@ CREATE TABLE public.run_steps (
     usage jsonb,
     effect_id uuid,
     pruned_at timestamp with time zone,
-    CONSTRAINT run_steps_finished_when_ended CHECK (((finished_at IS NULL) = (state = ANY (ARRAY['running'::text, 'waiting_approval'::text])))),
-    CONSTRAINT run_steps_kind_check CHECK ((kind = ANY (ARRAY['model'::text, 'tool'::text]))),
-    CONSTRAINT run_steps_n_check CHECK ((n >= 1)),
-    CONSTRAINT run_steps_state_check CHECK ((state = ANY (ARRAY['running'::text, 'succeeded'::text, 'failed'::text, 'ambiguous'::text, 'waiting_approval'::text, 'denied'::text, 'not_sent_test'::text]))),
-    CONSTRAINT run_steps_succeeded_has_record CHECK (((state <> 'succeeded'::text) OR (record IS NOT NULL) OR (pruned_at IS NOT NULL)))
+    CONSTRAINT run_steps_finished_when_ended CHECK (((finished_at IS NULL) = ((state)::text = ANY (ARRAY['running'::text, 'waiting_approval'::text])))),
+    CONSTRAINT run_steps_succeeded_has_record CHECK ((((state)::text <> 'succeeded'::text) OR (record IS NOT NULL) OR (pruned_at IS NOT NULL)))
 );
 
 CREATE TABLE public.schedule_revisions (
@@ -986,42 +1036,33 @@ CREATE TABLE public.schedule_revisions (
 );
 
 CREATE TABLE public.usage_ledger_stripes (
-    owner text CONSTRAINT usage_ledger_owner_not_null NOT NULL,
+    owner public.kairos_owner CONSTRAINT usage_ledger_owner_not_null NOT NULL,
     day date CONSTRAINT usage_ledger_day_not_null NOT NULL,
-    reserved_tokens bigint DEFAULT 0 CONSTRAINT usage_ledger_reserved_tokens_not_null NOT NULL,
-    reserved_cost_usd numeric DEFAULT 0 CONSTRAINT usage_ledger_reserved_cost_usd_not_null NOT NULL,
-    input_tokens bigint DEFAULT 0 CONSTRAINT usage_ledger_input_tokens_not_null NOT NULL,
-    output_tokens bigint DEFAULT 0 CONSTRAINT usage_ledger_output_tokens_not_null NOT NULL,
-    cost_usd numeric DEFAULT 0 CONSTRAINT usage_ledger_cost_usd_not_null NOT NULL,
-    calls integer DEFAULT 0 CONSTRAINT usage_ledger_calls_not_null NOT NULL,
-    runs integer DEFAULT 0 CONSTRAINT usage_ledger_runs_not_null NOT NULL,
-    stripe smallint DEFAULT 0 NOT NULL,
+    reserved_tokens public.kairos_nonneg_bigint DEFAULT 0 CONSTRAINT usage_ledger_reserved_tokens_not_null NOT NULL,
+    reserved_cost_usd public.kairos_nonneg_numeric DEFAULT 0 CONSTRAINT usage_ledger_reserved_cost_usd_not_null NOT NULL,
+    input_tokens public.kairos_nonneg_bigint DEFAULT 0 CONSTRAINT usage_ledger_input_tokens_not_null NOT NULL,
+    output_tokens public.kairos_nonneg_bigint DEFAULT 0 CONSTRAINT usage_ledger_output_tokens_not_null NOT NULL,
+    cost_usd public.kairos_nonneg_numeric DEFAULT 0 CONSTRAINT usage_ledger_cost_usd_not_null NOT NULL,
+    calls public.kairos_nonneg_int DEFAULT 0 CONSTRAINT usage_ledger_calls_not_null NOT NULL,
+    runs public.kairos_nonneg_int DEFAULT 0 CONSTRAINT usage_ledger_runs_not_null NOT NULL,
+    stripe public.kairos_stripe DEFAULT 0 NOT NULL,
     allowance_tokens bigint,
     allowance_cost_usd numeric,
     ceiling_tokens bigint,
-    ceiling_cost_usd numeric,
-    CONSTRAINT usage_ledger_calls_check CHECK ((calls >= 0)),
-    CONSTRAINT usage_ledger_cost_usd_check CHECK ((cost_usd >= (0)::numeric)),
-    CONSTRAINT usage_ledger_input_tokens_check CHECK ((input_tokens >= 0)),
-    CONSTRAINT usage_ledger_output_tokens_check CHECK ((output_tokens >= 0)),
-    CONSTRAINT usage_ledger_owner_check CHECK ((owner <> ''::text)),
-    CONSTRAINT usage_ledger_reserved_cost_usd_check CHECK ((reserved_cost_usd >= (0)::numeric)),
-    CONSTRAINT usage_ledger_reserved_tokens_check CHECK ((reserved_tokens >= 0)),
-    CONSTRAINT usage_ledger_runs_check CHECK ((runs >= 0)),
-    CONSTRAINT usage_ledger_stripes_stripe_check CHECK (((stripe >= 0) AND (stripe <= 7)))
+    ceiling_cost_usd numeric
 )
 WITH (fillfactor='50');
 
 CREATE VIEW public.usage_ledger AS
  SELECT owner,
     day,
-    (sum(reserved_tokens))::bigint AS reserved_tokens,
-    sum(reserved_cost_usd) AS reserved_cost_usd,
-    (sum(input_tokens))::bigint AS input_tokens,
-    (sum(output_tokens))::bigint AS output_tokens,
-    sum(cost_usd) AS cost_usd,
-    (sum(calls))::integer AS calls,
-    (sum(runs))::integer AS runs
+    (sum((reserved_tokens)::bigint))::bigint AS reserved_tokens,
+    sum((reserved_cost_usd)::numeric) AS reserved_cost_usd,
+    (sum((input_tokens)::bigint))::bigint AS input_tokens,
+    (sum((output_tokens)::bigint))::bigint AS output_tokens,
+    sum((cost_usd)::numeric) AS cost_usd,
+    (sum((calls)::integer))::integer AS calls,
+    (sum((runs)::integer))::integer AS runs
    FROM public.usage_ledger_stripes
   GROUP BY owner, day;
 
@@ -1033,15 +1074,15 @@ CREATE VIEW public.usage_reservations AS
     e.charge_tokens AS tokens,
     e.charge_cost_usd AS cost_usd,
         CASE
-            WHEN (e.state = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'input_tokens'::text))::bigint, (0)::bigint), (0)::bigint)
+            WHEN ((e.state)::text = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'input_tokens'::text))::bigint, (0)::bigint), (0)::bigint)
             ELSE NULL::bigint
         END AS input_tokens,
         CASE
-            WHEN (e.state = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'output_tokens'::text))::bigint, (0)::bigint), (0)::bigint)
+            WHEN ((e.state)::text = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'output_tokens'::text))::bigint, (0)::bigint), (0)::bigint)
             ELSE NULL::bigint
         END AS output_tokens,
         CASE
-            WHEN (e.state = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'cost_usd'::text))::numeric, (0)::numeric), (0)::numeric)
+            WHEN ((e.state)::text = 'settled'::text) THEN GREATEST(COALESCE(((e.usage ->> 'cost_usd'::text))::numeric, (0)::numeric), (0)::numeric)
             ELSE NULL::numeric
         END AS used_cost_usd,
     e.settled_at
@@ -1170,21 +1211,21 @@ CREATE INDEX notify_deliveries_due_idx ON public.notify_deliveries USING btree (
 
 CREATE INDEX notify_deliveries_schedule_idx ON public.notify_deliveries USING btree (schedule_id);
 
-CREATE UNIQUE INDEX occurrences_keyed_key ON public.occurrences USING btree (schedule_id, source, idempotency_key, key_generation) WHERE (source = ANY (ARRAY['webhook'::text, 'manual'::text]));
+CREATE UNIQUE INDEX occurrences_keyed_key ON public.occurrences USING btree (schedule_id, source, idempotency_key, key_generation) WHERE ((source)::text = ANY (ARRAY['webhook'::text, 'manual'::text]));
 
 CREATE INDEX occurrences_schedule_idx ON public.occurrences USING btree (schedule_id, fire_at DESC, id DESC);
 
-CREATE UNIQUE INDEX occurrences_timed_key ON public.occurrences USING btree (schedule_id, source, fire_at) WHERE (source = ANY (ARRAY['scheduled'::text, 'backfill'::text]));
+CREATE UNIQUE INDEX occurrences_timed_key ON public.occurrences USING btree (schedule_id, source, fire_at) WHERE ((source)::text = ANY (ARRAY['scheduled'::text, 'backfill'::text]));
 
 CREATE INDEX runs_blocked_idx ON public.runs USING btree (blocked_by_run_id) WHERE (blocked_by_run_id IS NOT NULL);
 
-CREATE INDEX runs_conversation_chat_idx ON public.runs USING btree (source_conversation_id, created_at) WHERE (source = 'chat'::text);
+CREATE INDEX runs_conversation_chat_idx ON public.runs USING btree (source_conversation_id, created_at) WHERE ((source)::text = 'chat'::text);
 
-CREATE INDEX runs_handoff_idx ON public.runs USING btree (created_at) WHERE ((state = 'queued'::text) AND (blocked_by_run_id IS NULL) AND (max_attempts >= 1));
+CREATE INDEX runs_handoff_idx ON public.runs USING btree (created_at) WHERE (((state)::text = 'queued'::text) AND (blocked_by_run_id IS NULL) AND ((max_attempts)::integer >= 1));
 
-CREATE INDEX runs_hook_dispatch_idx ON public.runs USING btree (schedule_id, held_until) WHERE ((source = 'webhook'::text) AND (held_until IS NOT NULL));
+CREATE INDEX runs_hook_dispatch_idx ON public.runs USING btree (schedule_id, held_until) WHERE (((source)::text = 'webhook'::text) AND (held_until IS NOT NULL));
 
-CREATE INDEX runs_owner_active_idx ON public.runs USING btree (owner, state) WHERE ((state = ANY (ARRAY['queued'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (owner IS NOT NULL));
+CREATE INDEX runs_owner_active_idx ON public.runs USING btree (owner, state) WHERE (((state)::text = ANY (ARRAY['queued'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (owner IS NOT NULL));
 
 CREATE INDEX runs_owner_created_idx ON public.runs USING btree (owner, created_at DESC, id DESC);
 
@@ -1194,15 +1235,15 @@ CREATE INDEX runs_released_by_idx ON public.runs USING btree (released_by) WHERE
 
 CREATE UNIQUE INDEX runs_retry_of_idx ON public.runs USING btree (retry_of) WHERE (retry_of IS NOT NULL);
 
-CREATE INDEX runs_schedule_active_idx ON public.runs USING btree (schedule_id) WHERE ((state = ANY (ARRAY['queued'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (schedule_id IS NOT NULL));
+CREATE INDEX runs_schedule_active_idx ON public.runs USING btree (schedule_id) WHERE (((state)::text = ANY (ARRAY['queued'::text, 'awaiting_approval'::text, 'awaiting_input'::text])) AND (schedule_id IS NOT NULL));
 
-CREATE INDEX runs_schedule_backfill_idx ON public.runs USING btree (schedule_id, created_at DESC) WHERE (source = 'backfill'::text);
+CREATE INDEX runs_schedule_backfill_idx ON public.runs USING btree (schedule_id, created_at DESC) WHERE ((source)::text = 'backfill'::text);
 
 CREATE INDEX runs_schedule_created_idx ON public.runs USING btree (schedule_id, created_at DESC, id DESC) WHERE (schedule_id IS NOT NULL);
 
-CREATE INDEX runs_slot_holders_idx ON public.runs USING btree (owner) WHERE ((state = 'running'::text) OR (admitted_at IS NOT NULL));
+CREATE INDEX runs_slot_holders_idx ON public.runs USING btree (owner) WHERE (((state)::text = 'running'::text) OR (admitted_at IS NOT NULL));
 
-CREATE INDEX runs_slot_waiting_idx ON public.runs USING btree (owner COLLATE "C", created_at, id) WHERE ((state = 'queued'::text) AND (admitted_at IS NULL) AND (blocked_by_run_id IS NULL) AND (paused_at IS NULL));
+CREATE INDEX runs_slot_waiting_idx ON public.runs USING btree (owner COLLATE "C", created_at, id) WHERE (((state)::text = 'queued'::text) AND (admitted_at IS NULL) AND (blocked_by_run_id IS NULL) AND (paused_at IS NULL));
 
 CREATE INDEX runs_unsettled_chat_idx ON public.runs USING btree (finished_at) WHERE ((schedule_id IS NULL) AND (finished_at IS NOT NULL) AND (settled_at IS NULL));
 
@@ -1230,7 +1271,7 @@ CREATE TRIGGER conversations_no_delete BEFORE DELETE ON public.conversations FOR
 
 CREATE TRIGGER conversations_no_truncate BEFORE TRUNCATE ON public.conversations FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_parent_delete();
 
-CREATE CONSTRAINT TRIGGER effects_settle_usage AFTER UPDATE OF state ON public.effects DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN (((old.state = 'reserved'::text) AND (new.state <> 'reserved'::text))) EXECUTE FUNCTION public.kairos_settle_usage();
+CREATE CONSTRAINT TRIGGER effects_settle_usage AFTER UPDATE OF state ON public.effects DEFERRABLE INITIALLY DEFERRED FOR EACH ROW WHEN ((((old.state)::text = 'reserved'::text) AND ((new.state)::text <> 'reserved'::text))) EXECUTE FUNCTION public.kairos_settle_usage();
 
 CREATE TRIGGER occurrences_immutable BEFORE UPDATE ON public.occurrences FOR EACH ROW EXECUTE FUNCTION public.kairos_refuse_update();
 
@@ -1254,13 +1295,13 @@ CREATE TRIGGER run_events_prune INSTEAD OF DELETE ON public.run_events FOR EACH 
 
 CREATE TRIGGER run_steps_no_delete BEFORE DELETE ON public.run_steps FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_delete();
 
-CREATE TRIGGER runs_give_up_slot BEFORE UPDATE ON public.runs FOR EACH ROW WHEN (((new.admitted_at IS NOT NULL) AND ((new.state <> ALL (ARRAY['queued'::text, 'running'::text])) OR (new.paused_at IS NOT NULL)))) EXECUTE FUNCTION public.kairos_runs_give_up_slot();
+CREATE TRIGGER runs_give_up_slot BEFORE UPDATE ON public.runs FOR EACH ROW WHEN (((new.admitted_at IS NOT NULL) AND (((new.state)::text <> ALL (ARRAY['queued'::text, 'running'::text])) OR (new.paused_at IS NOT NULL)))) EXECUTE FUNCTION public.kairos_runs_give_up_slot();
 
 CREATE TRIGGER runs_no_delete BEFORE DELETE ON public.runs FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_parent_delete();
 
 CREATE TRIGGER runs_no_truncate BEFORE TRUNCATE ON public.runs FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_parent_delete();
 
-CREATE TRIGGER runs_release_slot AFTER UPDATE ON public.runs FOR EACH ROW WHEN ((((old.state = 'running'::text) OR (old.admitted_at IS NOT NULL)) AND (NOT ((new.state = 'running'::text) OR (new.admitted_at IS NOT NULL))))) EXECUTE FUNCTION public.kairos_runs_release_slot();
+CREATE TRIGGER runs_release_slot AFTER UPDATE ON public.runs FOR EACH ROW WHEN (((((old.state)::text = 'running'::text) OR (old.admitted_at IS NOT NULL)) AND (NOT (((new.state)::text = 'running'::text) OR (new.admitted_at IS NOT NULL))))) EXECUTE FUNCTION public.kairos_runs_release_slot();
 
 CREATE TRIGGER schedule_revisions_immutable BEFORE UPDATE ON public.schedule_revisions FOR EACH STATEMENT EXECUTE FUNCTION public.kairos_refuse_revision_change();
 

@@ -16,11 +16,22 @@ from tests import factories
 
 
 def _check_values(url: str, table: str, column: str) -> set[str]:
-    """The literal values a check constraint allows for ``column`` (``column IN ('a', 'b')``): the
-    column's own ``<table>_<column>_check`` when there is one (migrations that widen a list keep that
-    name), else the first IN-list check on it."""
+    """The literal values a check constraint allows for ``column`` (``column IN ('a', 'b')``): its
+    domain's check when the column has a domain, else the column's own ``<table>_<column>_check`` when
+    there is one (migrations that widen a list keep that name), else the first IN-list check on it."""
     with psycopg.connect(url) as conn:
-        defs = [
+        # A column of a domain (0049): the domain's check holds the list.
+        domain = [
+            r[0]
+            for r in conn.execute(
+                """SELECT pg_get_constraintdef(c.oid) FROM pg_attribute a
+                     JOIN pg_type d ON d.oid = a.atttypid AND d.typtype = 'd'
+                     JOIN pg_constraint c ON c.contypid = d.oid AND c.contype = 'c'
+                    WHERE a.attrelid = %s::regclass AND a.attname = %s""",
+                (table, column),
+            )
+        ]
+        defs = domain or [
             r[0]
             for r in conn.execute(
                 """SELECT pg_get_constraintdef(c.oid) FROM pg_constraint c
@@ -29,8 +40,9 @@ def _check_values(url: str, table: str, column: str) -> set[str]:
                 (table, f"{table}_{column}_check"),
             )
         ]
+    name = "VALUE" if domain else column
     for d in defs:
-        if re.search(rf"\(?{column}\)? = ANY", d) and "ARRAY" in d and "state <> " not in d:
+        if re.search(rf"\(?{name}\)? = ANY", d) and "ARRAY" in d and "state <> " not in d:
             found = set(re.findall(r"'([a-z_.]+)'::text", d))
             if found:
                 return found

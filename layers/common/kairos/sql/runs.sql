@@ -998,7 +998,7 @@ RETURNING r.id, r.held_until, r.deliveries,
 -- held_until; a window's run also gets its kind, its latest close and its first delivery counted.
 UPDATE runs
    SET held_until = %(held_until)s,
-       flow_window = %(window)s,
+       flow_window = %(window)s::text,
        window_deadline = %(deadline)s,
        deliveries = CASE WHEN %(window)s::text IS NULL THEN NULL ELSE 1 END,
        updated_at = coalesce(%(now)s::timestamptz, now())
