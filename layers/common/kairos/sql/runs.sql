@@ -715,8 +715,8 @@ SELECT seq, type, at, attempt, fence, step, data FROM run_events WHERE run_id = 
 -- runs whose handoff never happened or is stale (the tick's repair picks both up). The queued runs
 -- are read from runs_owner_active_idx, the running ones from runs_slot_holders_idx (migration 0043).
 -- The index serves only a query whose conditions imply its predicate, `owner IS NOT NULL` included
--- (that conjunct keeps the claim off it, 0017). `owner <> ''` is true of every row (runs_owner_check)
--- and, a strict comparison, implies it; stating `owner IS NOT NULL` itself does not do on PostgreSQL 17
+-- (that conjunct keeps the claim off it, 0017). `owner <> ''` is true of every row (its domain's
+-- check, kairos_owner_check) and, a strict comparison, implies it; stating `owner IS NOT NULL` itself does not do on PostgreSQL 17
 -- and later, which drop an IS NOT NULL condition on a NOT NULL column before they match indexes.
 SELECT q.queued, r.running, q.oldest_queued_at, r.lease_expired, q.handoff_pending
   FROM (SELECT count(*) AS queued,
