@@ -1,7 +1,7 @@
 """State sets and the moves allowed between them.
 
 Each state set is a StrEnum whose values are exactly those of the schema's check constraints (on the
-run path's tables the column's domain's check, migration 0048; a test reads them back from
+run path's tables the column's domain's check, migration 0049; a test reads them back from
 PostgreSQL). Each state's comment says which component moves a row out of
 it. Moves are applied by single guarded ``UPDATE … WHERE state = …`` statements in the SQL files;
 ``RUN_MOVES`` and ``SCHEDULE_MOVES`` are the tables those statements follow; docs/architecture.md draws
