@@ -6,6 +6,7 @@ OpenAI-compatible server, on real PostgreSQL."""
 from __future__ import annotations
 
 import json
+import uuid
 from datetime import UTC, datetime, timedelta
 from typing import Any
 
@@ -18,6 +19,7 @@ from kairos import agents, conversations
 from kairos.db import QUERIES as db_queries
 from kairos.db import Database
 from kairos.execution.execute import process
+from kairos.runs import moves
 from tests import factories
 from tests.support.executors import OPENAI_SETTINGS as SETTINGS
 from tests.support.executors import FakeOpenAI, openai_agent
@@ -144,6 +146,33 @@ def test_the_window_spans_a_fork_and_its_parent_newest_first(db: Database, db_ur
     assert [e.content for e in window.entries] == ["p09", "p10", "c11", "c12", "c13", "c14", "c15"]
     assert window.elided == 8
     assert (nothing.entries, nothing.elided) == ((), 15)
+
+
+def test_the_fork_claims_window_is_the_threads_window(db: Database, db_url: str) -> None:
+    # Given a schedule on a fork (at 10 of its parent, 5 entries of its own; the parent went on after it)
+    parent = factories.conversation(db_url, entries=[("user", f"p{seq:02d}") for seq in range(1, 11)])
+    with db.transaction() as conn:
+        source = conversations.fork(conn, parent["id"])
+        for n in range(11, 16):
+            conversations.append(conn, source.id, role="user", content=f"c{n:02d}")
+        conversations.append(conn, parent["id"], role="user", content="p11-after-the-fork")
+    sched = factories.schedule(db_url, conversation_id=source.id, prompt="Brief me.", mode="fork")
+    run = factories.run(db_url, schedule_row=sched)
+    thread_id = uuid.uuid4()
+
+    # When its first attempt is claimed by the one statement that also reads a window of 7 entries
+    with db.transaction() as conn:
+        row = moves.send_claim(conn, run["id"], thread_id=thread_id, fork_only=True,
+                               window_budget=7 * 19, window_overhead=16)()
+    assert row is not None and row["forked"]
+    claimed = conversations.claimed_window(row)
+
+    # Then it is the window read of the new thread afterwards, without the run's prompt entry
+    with db.transaction() as conn:
+        after = conversations.window(conn, thread_id, budget_chars=7 * 19, entry_overhead=16,
+                                     exclude_run=run["id"])
+    assert [e.content for e in claimed.entries] == ["p09", "p10", "c11", "c12", "c13", "c14", "c15"]
+    assert claimed == after
 
 
 def test_the_window_reads_each_ancestor_by_its_key_whatever_the_statistics(db_url: str) -> None:
