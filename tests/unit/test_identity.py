@@ -7,6 +7,8 @@ replaying a fire recorded before the upgrade would then record it twice.
 
 from __future__ import annotations
 
+import copy
+import pickle
 import random
 import string
 import uuid
@@ -46,8 +48,14 @@ def test_the_hand_made_uuid5_is_the_standard_one() -> None:
     names += ["".join(rng.choice(alphabet) for _ in range(rng.randrange(0, 120))) for _ in range(3000)]
     for name in names:
         made = identity._uuid5(name)
-        assert made == uuid.uuid5(identity.NAMESPACE, name), name
+        standard = uuid.uuid5(identity.NAMESPACE, name)
+        assert made == standard, name
         assert (made.version, made.variant) == (5, uuid.RFC_4122)
+        # Made without UUID.__init__: the same object in every other way.
+        assert (str(made), hash(made), made.is_safe) == (str(standard), hash(standard), standard.is_safe)
+        assert pickle.loads(pickle.dumps(made)) == standard and copy.deepcopy(made) == standard
+    with pytest.raises(TypeError):
+        made.int = 0  # type: ignore[misc]  # as immutable as any UUID
 
 
 @pytest.mark.parametrize("at", [

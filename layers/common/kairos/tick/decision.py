@@ -34,7 +34,7 @@ from __future__ import annotations
 
 from collections.abc import Mapping
 from dataclasses import dataclass
-from datetime import datetime, timedelta
+from datetime import UTC, datetime, timedelta
 from functools import lru_cache
 from typing import Any
 from uuid import UUID
@@ -75,7 +75,8 @@ class Due:
 
     @classmethod
     def from_row(cls, row: Mapping[str, Any]) -> Due:
-        rule = calendar.Rule.of(row)
+        rule = _rule_of(row["kind"], row["cron"], row["interval_seconds"], _utc(row["starts_at"]),
+                        _utc(row["ends_at"]), row["timezone"], row["dst_gap"], row["dst_fold"])
         return cls(
             id=row["id"],
             kind=rule.kind,
@@ -90,6 +91,22 @@ class Due:
             active_run_id=row.get("active_run_id"),
             waiting_run_id=row.get("waiting_run_id"),
         )
+
+
+def _utc(instant: datetime | None) -> datetime | None:
+    return None if instant is None else instant.astimezone(UTC)
+
+
+@lru_cache(maxsize=16384)
+def _rule_of(kind: str, cron: str | None, interval_seconds: int | None, starts_at: datetime | None,
+             ends_at: datetime | None, timezone: str, dst_gap: str, dst_fold: str) -> calendar.Rule:
+    """``calendar.Rule.of`` a row's rule columns, remembered: the schedules of one rule share one ``Rule``
+    (built once, its enums parsed once; ``_scan``'s cache then compares it with itself). Keyed with the
+    instants in UTC: two aware datetimes of one zone that differ only by ``fold`` compare and hash equal,
+    two UTC ones only when they are the same instant (the calendar reads rules' instants as instants)."""
+    return calendar.Rule.of({"kind": kind, "cron": cron, "interval_seconds": interval_seconds,
+                             "starts_at": starts_at, "ends_at": ends_at, "timezone": timezone,
+                             "dst_gap": dst_gap, "dst_fold": dst_fold})
 
 
 @dataclass(frozen=True, slots=True)
@@ -207,15 +224,19 @@ def _due_scan(due: Due, now: datetime) -> tuple[_Window | None, calendar.Fire | 
     Dispatch instants keep the fires' order, so only the latest nominally due fire can be waiting; it
     is cut off by scanning again up to just before it (a loop, so a rule whose gaps fell under twice
     the jitter after it was checked still ends right). The cursor itself waiting means nothing is due.
+
+    ``_scan`` is memoized, so it is asked in UTC: the row's instants come in the session's zone, where
+    the two passes through a repeated wall time compare and hash equal (they differ only by ``fold``).
     """
-    window, following = _scan(due.rule, due.next_fire_at, now)
+    cursor, now = due.next_fire_at.astimezone(UTC), now.astimezone(UTC)
+    window, following = _scan(due.rule, cursor, now)
     if due.jitter_seconds <= 0:
         return window, following
     while window is not None and identity.dispatch_at(due.id, window.latest.fire_at, due.jitter_seconds) > now:
         following = window.latest
-        if following.fire_at <= due.next_fire_at:
+        if following.fire_at <= cursor:
             return None, following
-        window, _ = _scan(due.rule, due.next_fire_at, following.fire_at - _MICROSECOND)
+        window, _ = _scan(due.rule, cursor, following.fire_at - _MICROSECOND)
     return window, following
 
 

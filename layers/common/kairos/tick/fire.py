@@ -155,7 +155,8 @@ class Fire:
             plans, broken = self._decide(rows, db_now)
             moved = self._advance(conn, plans, now)
             conflicts = len(plans) - len(moved)
-            plans = [p for p in plans if p.schedule_id in moved]
+            if conflicts:
+                plans = [p for p in plans if p.schedule_id in moved]
             self.probes.fire("after_cursor")
             # The runs a cancel_replace may end, locked before the owners' slot locks (see above).
             overlap.lock_holding(conn, sorted({o.replaces_run_id for p in plans for o in p.occurrences
@@ -170,7 +171,8 @@ class Fire:
         # Only runs that hold a slot go: those inserted holding one, and those a cancel (of a replaced
         # run, or of a new run blocked as not replace-safe) released into the slot it gave up. The
         # rest wait queued until a run of their owner ends, or the repair releases them (kairos.budgets).
-        to_send = [row["run_id"] for row in inserted if row["admitted"] and row["run_id"] not in blocked]
+        to_send = [row["run_id"] for row in inserted
+                   if row["admitted"] and (not blocked or row["run_id"] not in blocked)]
         ended = [*replaced, *blocked]
         if ended:
             admit_started = time.perf_counter()
@@ -211,6 +213,8 @@ class Fire:
         ]
         rows = db.fetch_all(conn, "schedules_advance_cursor", {"moves": json.dumps(moves), "now": now})
         moved = {row["id"] for row in rows}
+        if len(moved) == len(plans):  # each plan's schedule once, and only theirs come back: all moved
+            return moved
         for plan in plans:
             if plan.schedule_id not in moved:
                 logger.warning("cursor moved by someone else; nothing recorded for this schedule",
@@ -232,9 +236,11 @@ class Fire:
                  now: datetime | None) -> tuple[set[UUID], list[UUID]]:
         """cancel_replace: each new run replaces its schedule's active run (the replaced are returned
         second: their cancel may have released a waiting run, this tick's to send), or is blocked (first)."""
-        recorded = {row["run_id"] for row in inserted if row["run_id"] is not None}
         blocked: set[UUID] = set()
         replaced: list[UUID] = []
+        if not any(o.replaces_run_id is not None for plan in plans for o in plan.occurrences):
+            return blocked, replaced  # no cancel_replace fire in the batch (the usual one)
+        recorded = {row["run_id"] for row in inserted if row["run_id"] is not None}
         for plan in plans:
             for o in plan.occurrences:
                 new, old = o.run_id, o.replaces_run_id
