@@ -315,15 +315,16 @@ def _field_value(token: str, index: int, errors: list[str]) -> int | None:
 
 
 @lru_cache(maxsize=4096)
-def _check_field(text: str, index: int) -> tuple[str, frozenset[int], tuple[str, ...]]:
+def _check_field(text: str, index: int) -> tuple[str, frozenset[int], tuple[str, ...], tuple[int, ...]]:
     """Vixie syntax of one field: comma-separated ``*``, ``a``, ``a-b``, each with an optional ``/step``;
     ``a/step`` means ``a-max/step``.
 
     Returns the field in canonical form (``*`` parts as written, everything else as explicit
     numbers: what the croniter test oracle reads), the values it allows (``*`` and ``*/N`` expanded
-    over the field's range, day-of-week 0-6 with 7 read as 0) and the problems found (one message
-    each). Memoized per (text, position): distinct expressions share most fields (``*``, an hour), and
-    a tick meets most rules for the first time that day (a daily rule), compiling each from here."""
+    over the field's range, day-of-week 0-6 with 7 read as 0), the problems found (one message
+    each) and the allowed values ascending (what ``_compile`` keeps of the minute, hour and month
+    fields). Memoized per (text, position): distinct expressions share most fields (``*``, an hour),
+    and a tick meets most rules for the first time that day (a daily rule), compiling each from here."""
     name, low, high = _FIELDS[index]
     errors: list[str] = []
     parts: list[str] = []
@@ -373,7 +374,8 @@ def _check_field(text: str, index: int) -> tuple[str, frozenset[int], tuple[str,
         # one-value range ('5-5', '1-1/1') as the whole field, and values leave nothing to interpret.
         values.update(v % 7 if index == 4 else v for v in range(a, (a if b is None else b) + 1, int(step or 1)))
     parts.extend(str(v) for v in sorted(values))
-    return ",".join(parts), frozenset(values | starred), tuple(errors)
+    allowed = frozenset(values | starred)
+    return ",".join(parts), allowed, tuple(errors), tuple(sorted(allowed))
 
 
 @lru_cache(maxsize=16384)  # a tick of 10,000 distinct rules compiles each once per container
@@ -396,14 +398,16 @@ def _compile(expression: str) -> _Cron:
                 )
             ]
         )
-    checked = [_check_field(text, index) for index, text in enumerate(fields)]
-    if any(errors for _, _, errors in checked):
+    minute, hour, dom, month, dow = checked = (_check_field(fields[0], 0), _check_field(fields[1], 1),
+                                               _check_field(fields[2], 2), _check_field(fields[3], 3),
+                                               _check_field(fields[4], 4))
+    if minute[2] or hour[2] or dom[2] or month[2] or dow[2]:
         raise ValidationFailed(
-            [FieldError("cron", "cron_syntax", message) for _, _, errors in checked for message in errors]
+            [FieldError("cron", "cron_syntax", message) for field in checked for message in field[2]]
         )
-    canonical = [field_text for field_text, _, _ in checked]
-    minute_set, hour_set, doms, months, dows = (values for _, values, _ in checked)
-    minutes, hours = tuple(sorted(minute_set)), tuple(sorted(hour_set))
+    canonical = [minute[0], hour[0], dom[0], month[0], dow[0]]
+    doms, months, dows = dom[1], month[1], dow[1]
+    minutes, hours = minute[3], hour[3]
     day_and = fields[2].startswith("*") or fields[4].startswith("*")
     day_or = not day_and
     if day_or and (len(doms) == 31 or len(dows) == 7):
@@ -422,9 +426,10 @@ def _compile(expression: str) -> _Cron:
         months=months,
         dows=dows,
         day_and=day_and,
-        month_list=tuple(sorted(months)),
+        month_list=month[3],
     )
-    _check_fires(spec, expression)
+    if day_and and dom[3][0] > _SHORTEST_MONTH:  # else _check_fires returns at once (the usual case)
+        _check_fires(spec, expression)
     return spec
 
 
