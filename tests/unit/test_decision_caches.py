@@ -78,3 +78,12 @@ def test_a_rule_with_an_unknown_policy_is_refused_every_time() -> None:
         except ValueError:
             continue
         raise AssertionError("an unknown dst_gap was accepted")
+
+
+
+def test_a_naive_window_is_kept_as_it_is() -> None:
+    # Only aware instants are put in UTC for the key: a naive one (never from a timestamptz column) is
+    # not read as the host's local time, it stays naive for the calendar's check to refuse.
+    naive = datetime(2026, 11, 1, 5, 30)
+    rule = Due.from_row(_row(10, FIRST_PASS, ends_at=naive)).rule
+    assert rule.ends_at == naive and rule.ends_at is not None and rule.ends_at.tzinfo is None

@@ -94,7 +94,10 @@ class Due:
 
 
 def _utc(instant: datetime | None) -> datetime | None:
-    return None if instant is None else instant.astimezone(UTC)
+    """An aware instant in UTC; anything else as it is (the calendar's check refuses a naive one)."""
+    if instant is None or instant.tzinfo is None:
+        return instant
+    return instant.astimezone(UTC)
 
 
 @lru_cache(maxsize=16384)
