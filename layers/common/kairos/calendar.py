@@ -321,10 +321,9 @@ def _check_field(text: str, index: int) -> tuple[str, frozenset[int], tuple[str,
 
     Returns the field in canonical form (``*`` parts as written, everything else as explicit
     numbers: what the croniter test oracle reads), the values it allows (``*`` and ``*/N`` expanded
-    over the field's range, day-of-week 0-6 with 7 read as 0), the problems found (one message
-    each) and the allowed values ascending (what ``_compile`` keeps of the minute, hour and month
-    fields). Memoized per (text, position): distinct expressions share most fields (``*``, an hour),
-    and a tick meets most rules for the first time that day (a daily rule), compiling each from here."""
+    over the field's range, day-of-week 0-6 with 7 read as 0), the problems found (one message each)
+    and the allowed values ascending. Memoized per (text, position): distinct expressions share most
+    fields (``*``, an hour); a tick meets most rules first that day (a daily rule), compiling each here."""
     name, low, high = _FIELDS[index]
     errors: list[str] = []
     parts: list[str] = []
@@ -374,8 +373,7 @@ def _check_field(text: str, index: int) -> tuple[str, frozenset[int], tuple[str,
         # one-value range ('5-5', '1-1/1') as the whole field, and values leave nothing to interpret.
         values.update(v % 7 if index == 4 else v for v in range(a, (a if b is None else b) + 1, int(step or 1)))
     parts.extend(str(v) for v in sorted(values))
-    allowed = frozenset(values | starred)
-    return ",".join(parts), allowed, tuple(errors), tuple(sorted(allowed))
+    return ",".join(parts), (allowed := frozenset(values | starred)), tuple(errors), tuple(sorted(allowed))
 
 
 @lru_cache(maxsize=16384)  # a tick of 10,000 distinct rules compiles each once per container
