@@ -163,9 +163,10 @@ def _state(url: str, run_id: uuid.UUID) -> dict[str, Any]:
             """SELECT r.state, r.fence, r.conversation_id, r.output, r.last_seq,
                       (SELECT max(seq) FROM run_events e WHERE e.run_id = r.id) AS max_seq,
                       (SELECT count(*) FROM run_events e WHERE e.run_id = r.id) AS events,
-                      (SELECT array_agg(role ORDER BY seq) FROM conversation_entries e WHERE e.run_id = r.id) AS roles,
+                      (SELECT array_agg(role::text ORDER BY seq) FROM conversation_entries e
+                        WHERE e.run_id = r.id) AS roles,
                       (SELECT c.parent_id FROM conversations c WHERE c.origin_run_id = r.id) AS thread_parent,
-                      (SELECT array_agg(state) FROM effects f WHERE f.run_id = r.id) AS effects,
+                      (SELECT array_agg(state::text) FROM effects f WHERE f.run_id = r.id) AS effects,
                       (SELECT count(*) FROM usage_reservations u WHERE u.run_id = r.id) AS reservations
                  FROM runs r WHERE r.id = %s""", (run_id,)).fetchone()
     assert row is not None
