@@ -31,20 +31,20 @@ SETTINGS = Settings()
 # Before issue 14: 22 round trips, 22 statements (BEGIN and COMMIT included), 3 commits — the claim
 # transaction alone was 11 statements (slot lock, claim, a savepoint around the fork and the run's
 # conversation update, the conversation lock and the prompt entry, the window), each its own trip.
-# Now: the claim writes the thread and the prompt entry itself and is one trip in pipeline mode —
-# [claim, window] (the claim takes the slot lock itself, only for a run nobody released: it was a
-# statement of its own before), one implicit transaction committed by the pipeline's Sync (no BEGIN or
-# COMMIT statements; kairos.db.Database.trip); the effect with its budget charge is one statement
-# in autocommit (effects_reserve_charged): one trip, its own commit; the answer was two trips of five
+# Now: the claim writes the thread and the prompt entry itself and reads the model's input window from
+# the new thread in the same statement (runs_claim's window_budget; a second statement of its trip
+# before), and takes the slot lock itself, only for a run nobody released: one statement, one trip,
+# committed by the pipeline's Sync (kairos.db.Database.trip); the effect with its budget charge is one
+# statement in autocommit (effects_reserve_charged): one trip, its own commit; the answer was two trips of five
 # statements — [BEGIN, run and conversation lock, answer] [settle, terminal update, COMMIT] — and is
 # one of two, an implicit transaction too: [run and conversation lock, runs_publish (the answer entry,
 # the settlement, the terminal update and its events in one statement)].
 ROUND_TRIPS = 3
-STATEMENTS = 5
+STATEMENTS = 4
 COMMITS = 3  # the claim; the effect reserved before the call; the answer with the terminal state
-# Without pipeline mode every statement is its own trip, and the fork claim and the answer spell out
-# BEGIN and COMMIT.
-STATEMENTS_WITHOUT_PIPELINE = STATEMENTS + 4
+# Without pipeline mode every statement is its own trip, and the answer spells out BEGIN and COMMIT (the
+# fork claim, one statement, commits on its own).
+STATEMENTS_WITHOUT_PIPELINE = STATEMENTS + 2
 
 
 @pytest.fixture
