@@ -564,6 +564,16 @@ def test_check_rule_names_field_and_rule(rule: Rule, expected: tuple[str, str]) 
     assert expected in errors_of(rule)
 
 
+def test_a_window_across_the_two_passes_of_a_repeated_wall_time_is_valid() -> None:
+    """01:30 EDT then 01:30 EST (New York, 2026-11-01): an hour apart, though Python compares the two
+    datetimes of one zone by wall time and finds them equal."""
+    zone = ZoneInfo("America/New_York")
+    first, second = datetime(2026, 11, 1, 1, 30, tzinfo=zone), datetime(2026, 11, 1, 1, 30, fold=1, tzinfo=zone)
+    assert second.astimezone(UTC) - first.astimezone(UTC) == timedelta(hours=1)
+    check_rule(cron("*/5 * * * *", starts_at=first, ends_at=second))  # valid: raises nothing
+    assert ("ends_at", "after_starts_at") in errors_of(cron("*/5 * * * *", starts_at=second, ends_at=first))
+
+
 @pytest.mark.parametrize(
     ("rule", "expected"),
     [

@@ -765,7 +765,10 @@ def _shared_problems(rule: Rule) -> list[FieldError]:
         elif value is not None and (bound := out_of_range(value, field)) is not None:
             errors.append(bound)
     aware = not any(e.field in ("starts_at", "ends_at") for e in errors)
-    if aware and rule.starts_at is not None and rule.ends_at is not None and rule.ends_at <= rule.starts_at:
+    # Compared as instants: Python compares two datetimes of one tzinfo by their wall times, so the two
+    # passes through a repeated wall time (fold 0 and 1, an hour apart) would compare equal.
+    if (aware and rule.starts_at is not None and rule.ends_at is not None
+            and rule.ends_at.astimezone(UTC) <= rule.starts_at.astimezone(UTC)):
         errors.append(
             FieldError(
                 "ends_at",
