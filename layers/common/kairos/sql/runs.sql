@@ -39,7 +39,8 @@
 -- as conversation_entries_window reads the thread without the run's own entries: the source's
 -- entries up to the fork point, which in this statement's snapshot are all of the source's — the
 -- fork point (`thread`) is their max seq in the same snapshot. One statement, so no second one in the
--- claim's trip.
+-- claim's trip. The window's CTEs repeat conversation_entries_window's; tests/db/test_runs_model_input.py
+-- (test_the_fork_claims_window_is_the_threads_window) holds the two answers equal.
 WITH RECURSIVE changed AS (
     UPDATE runs AS r
        SET (state, fence, attempt, lease_token, lease_expires_at, heartbeat_at, started_at, conversation_id,
@@ -716,8 +717,9 @@ SELECT seq, type, at, attempt, fence, step, data FROM run_events WHERE run_id = 
 -- are read from runs_owner_active_idx, the running ones from runs_slot_holders_idx (migration 0043).
 -- The index serves only a query whose conditions imply its predicate, `owner IS NOT NULL` included
 -- (that conjunct keeps the claim off it, 0017). `owner <> ''` is true of every row (its domain's
--- check, kairos_owner_check) and, a strict comparison, implies it; stating `owner IS NOT NULL` itself does not do on PostgreSQL 17
--- and later, which drop an IS NOT NULL condition on a NOT NULL column before they match indexes.
+-- check, kairos_owner_check) and, a strict comparison, implies it. Stating `owner IS NOT NULL` itself
+-- does not serve on PostgreSQL 17 and later, which drop an IS NOT NULL condition on a NOT NULL column
+-- before they match indexes.
 SELECT q.queued, r.running, q.oldest_queued_at, r.lease_expired, q.handoff_pending
   FROM (SELECT count(*) AS queued,
                min(created_at) AS oldest_queued_at,
