@@ -426,7 +426,7 @@ def _compile(expression: str) -> _Cron:
         day_and=day_and,
         month_list=month[3],
     )
-    if day_and and dom[3][0] > _SHORTEST_MONTH:  # else _check_fires returns at once (the usual case)
+    if day_and and dom[3][0] > _SHORTEST_MONTH:  # else a day every month has is listed: the usual case
         _check_fires(spec, expression)
     return spec
 
@@ -436,10 +436,9 @@ def _check_fires(spec: _Cron, expression: str) -> None:
 
     Under OR any listed weekday matches some day of every month. Under AND each (month, day) pair
     that exists meets every weekday within the 400-year Gregorian cycle, so it is enough that one
-    month in the month field has one listed day.
+    month in the month field has one listed day. So ``_compile`` asks only for an AND rule whose
+    smallest listed day is not in every month.
     """
-    if not spec.day_and or min(spec.doms) <= _SHORTEST_MONTH:  # a day every month has: the usual case
-        return
     if any(d <= _MONTH_DAYS[m - 1] for m in spec.months for d in spec.doms):
         return
     months = ",".join(str(m) for m in sorted(spec.months))
